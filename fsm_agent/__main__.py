@@ -1,0 +1,3 @@
+from fsm_agent.cli import main
+
+raise SystemExit(main())

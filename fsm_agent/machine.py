@@ -1,0 +1,280 @@
+"""The run machine: one transition table, declared as data.
+
+This table is the single source of truth. The runtime fires it, the diagram draws it,
+the trace checker verifies traces against it and the coverage report counts its edges.
+Nothing else in the package declares an edge.
+
+Reading the table
+-----------------
+Each :class:`Transition` is one edge: ``trigger`` fired in ``source`` moves the run to
+``dest`` when every guard holds. A guard written ``"!name"`` must be false. Transitions
+that share a trigger and a source are tried in the order they are listed here, and that
+order is their priority: the first whose guards all hold wins, so every such group ends
+with an unguarded fallback (checked at import). ``reason`` is the stop reason recorded
+when the edge enters a terminal state, ``action`` names the :class:`~fsm_agent.run.Run`
+method run after the edge is taken, and ``rule`` says which rule of SPEC.md §2 the edge
+encodes.
+
+Triggers are fired by the runtime (the I/O shell) when it has news:
+
+``model_replied`` / ``model_failed``  the model answered / raised
+``validate``                          the decision and its whole batch are checked
+``dispatch``                          one call of the batch is about to run
+``tool_returned``                     that call's tool returned or raised
+``retry``                             the backoff before a retry has elapsed
+``observe``                           the call's result has been paired with its id
+``resume``                            a trusted caller settled a ``review_required`` run
+
+Changing the table changes :data:`MACHINE_HASH`, which every trace records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from transitions import Machine
+
+from fsm_agent.guards import GUARDS
+
+__all__ = [
+    "INITIAL_STATE",
+    "MACHINE_HASH",
+    "RUN_MACHINE",
+    "STATES",
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "WORKING_STATES",
+    "Transition",
+    "definition",
+    "transitions_from",
+]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One edge of the run machine."""
+
+    trigger: str
+    source: str
+    dest: str
+    guards: tuple[str, ...] = ()
+    reason: str | None = None
+    action: str | None = None
+    rule: str = ""
+
+    @property
+    def conditions(self) -> list[str]:
+        return [g for g in self.guards if not g.startswith("!")]
+
+    @property
+    def unless(self) -> list[str]:
+        return [g[1:] for g in self.guards if g.startswith("!")]
+
+    @property
+    def label(self) -> str:
+        """``trigger [guard, !guard]``, as drawn on the diagram."""
+        return f"{self.trigger} [{', '.join(self.guards)}]" if self.guards else self.trigger
+
+
+INITIAL_STATE = "deciding"
+WORKING_STATES: tuple[str, ...] = ("deciding", "validating", "executing", "retry_wait", "observing")
+TERMINAL_STATES: tuple[str, ...] = ("done", "budget_exhausted", "protocol_error", "review_required")
+STATES: tuple[str, ...] = WORKING_STATES + TERMINAL_STATES
+
+T = Transition
+
+TRANSITIONS: tuple[Transition, ...] = (
+    # ── deciding: the model has been asked ──────────────────────────────────────────
+    T("model_replied", "deciding", "budget_exhausted", ("tokens_spent",), "tokens",
+      "stop", "R9: a reply that takes tokens past the budget executes nothing new"),
+    T("model_replied", "deciding", "budget_exhausted", ("cost_spent",), "cost",
+      "stop", "R9: a reply that takes cost past the budget executes nothing new"),
+    T("model_replied", "deciding", "validating", (), None,
+      None, "R1: every decision is checked before anything in it runs"),
+    T("model_failed", "deciding", "protocol_error", (), "model_error",
+      "stop", "a model that raises or returns no message ends the run with its error"),
+
+    # ── validating: the whole batch, before any call runs ───────────────────────────
+    T("validate", "validating", "protocol_error", ("decision_malformed",), "malformed_decision",
+      "stop", "R1: a decision that is not an assistant message of well-formed calls is refused"),
+    T("validate", "validating", "done", ("!has_tool_calls", "has_answer"), "final_answer",
+      "finish", "done means no new tool call and a non-empty answer"),
+    T("validate", "validating", "protocol_error", ("!has_tool_calls",), "empty_answer",
+      "stop", "no tool call and no answer is not an ending"),
+    T("validate", "validating", "protocol_error", ("call_id_missing",), "missing_tool_call_id",
+      "stop", "R1: a call without an id can never be paired; the whole batch is refused"),
+    T("validate", "validating", "protocol_error", ("call_id_duplicate",), "duplicate_tool_call_id",
+      "stop", "R1: results are bound by id, so ids must be unique; the whole batch is refused"),
+    T("validate", "validating", "budget_exhausted", ("tool_rounds_spent",), "tool_rounds",
+      "stop", "R9: no tool round past the round budget; the model may answer before it"),
+    T("validate", "validating", "budget_exhausted", ("round_too_large",), "calls_per_round",
+      "stop", "R9: a batch larger than the per-round limit runs nothing"),
+    T("validate", "validating", "budget_exhausted", ("total_calls_spent",), "total_calls",
+      "stop", "R9: a batch that takes total calls past the budget runs nothing"),
+    T("validate", "validating", "protocol_error", ("strict_policy", "batch_has_unknown_tool"),
+      "unknown_tool", "stop", "R10: under the strict policy an unknown tool stops the run"),
+    T("validate", "validating", "protocol_error", ("strict_policy", "batch_has_denied_call"),
+      "permission_denied", "stop", "R4/R10: under the strict policy a call outside "
+      "allowed_tools stops the run"),
+    T("validate", "validating", "protocol_error", ("strict_policy", "batch_has_invalid_arguments"),
+      "invalid_arguments", "stop", "R3/R10: under the strict policy invalid arguments stop "
+      "the run"),
+    T("validate", "validating", "review_required", ("batch_needs_approval",), "approval_required",
+      "stop", "R8: a write without an approval bound to its exact arguments runs nothing"),
+    T("validate", "validating", "executing", (), None,
+      "start_batch", "R1: the batch is accepted whole; its calls run one by one"),
+
+    # ── executing: one call, checked again just before it runs ──────────────────────
+    T("dispatch", "executing", "observing", ("!call_admitted",), None,
+      "answer_refusal", "R3/R4/R10: an unknown tool, a denied call or invalid arguments is "
+      "answered as a structured error and never runs"),
+    T("dispatch", "executing", "budget_exhausted", ("wall_clock_spent",), "wall_clock",
+      "stop", "R9: no tool call once the wall-clock budget is spent"),
+    T("dispatch", "executing", "review_required", ("idempotency_conflict",),
+      "idempotency_conflict", "stop", "R7: the same idempotency key with different arguments "
+      "is never overwritten"),
+    T("dispatch", "executing", "review_required", ("idempotency_pending",), "outcome_unknown",
+      "stop", "R6/R7: an earlier write under this key may have taken effect; it is not run again"),
+    T("dispatch", "executing", "observing", ("idempotent_replay",), None,
+      "answer_replay", "R7: the same key and arguments return the stored result, executing "
+      "nothing"),
+    T("dispatch", "executing", "executing", (), None,
+      "start_attempt", "the call is admitted and its tool runs now"),
+
+    # ── executing: the tool has returned or raised ──────────────────────────────────
+    T("tool_returned", "executing", "observing", ("call_succeeded",), None,
+      "answer_result", "R1: the result is bound to its call id"),
+    T("tool_returned", "executing", "observing", ("call_rejected",), None,
+      "answer_failure", "R6: a definite rejection means nothing happened; the model is told"),
+    T("tool_returned", "executing", "retry_wait",
+      ("is_retryable", "attempts_left", "retry_fits_deadline"), None,
+      "schedule_retry", "R5: only a read (or deduplicated write) is retried, only when "
+      "transient, within max_attempts and the deadline"),
+    T("tool_returned", "executing", "review_required", ("is_write",), "outcome_unknown",
+      "stop", "R6: a write that failed in an unknown way may have happened; stop for review"),
+    T("tool_returned", "executing", "observing", (), None,
+      "answer_failure", "R5: a read that failed for good is answered as an error"),
+
+    T("retry", "retry_wait", "executing", (), None,
+      None, "R5: after the backoff the same call is dispatched again"),
+
+    # ── observing: the result is paired; what next? ─────────────────────────────────
+    T("observe", "observing", "budget_exhausted", ("output_budget_spent",), "tool_output",
+      "stop", "R9: tool output past its size budget ends the run"),
+    T("observe", "observing", "executing", ("batch_has_more_calls",), None,
+      "next_call", "R1: the next call of the accepted batch"),
+    T("observe", "observing", "budget_exhausted", ("model_calls_spent",), "model_calls",
+      "stop", "R9: no model call past the model-call budget"),
+    T("observe", "observing", "budget_exhausted", ("wall_clock_spent",), "wall_clock",
+      "stop", "R9: no model call once the wall-clock budget is spent"),
+    T("observe", "observing", "deciding", (), None,
+      "end_batch", "R2: every call is answered, so the model may be asked again"),
+)
+
+del T
+
+
+def transitions_from(source: str, trigger: str) -> tuple[Transition, ...]:
+    """The edges of ``trigger`` fired in ``source``, in priority order."""
+    return _BY_SOURCE_TRIGGER.get((source, trigger), ())
+
+
+def definition() -> dict[str, Any]:
+    """The structural part of the table (what :data:`MACHINE_HASH` covers)."""
+    return {
+        "initial": INITIAL_STATE,
+        "states": list(STATES),
+        "terminal": list(TERMINAL_STATES),
+        "transitions": [
+            [t.trigger, t.source, t.dest, list(t.guards), t.reason] for t in TRANSITIONS
+        ],
+    }
+
+
+def _hash_definition() -> str:
+    text = json.dumps(definition(), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_table() -> None:
+    """Fail at import, not at the first unlucky trigger, if the table is inconsistent.
+
+    (Action names are checked against :class:`~fsm_agent.run.Run` when that module loads.)
+    """
+    problems: list[str] = []
+    for t in TRANSITIONS:
+        for name in (*t.conditions, *t.unless):
+            if name not in GUARDS:
+                problems.append(f"{t.label} ({t.source}->{t.dest}): unknown guard {name!r}")
+        for state in (t.source, t.dest):
+            if state not in STATES:
+                problems.append(f"{t.label}: unknown state {state!r}")
+        if (t.dest in TERMINAL_STATES) != (t.reason is not None):
+            problems.append(f"{t.label} ({t.source}->{t.dest}): reason and terminal disagree")
+        if t.source in TERMINAL_STATES and t.trigger != "resume":
+            problems.append(f"{t.label}: only 'resume' may leave a terminal state")
+    for (source, trigger), group in _BY_SOURCE_TRIGGER.items():
+        if group[-1].guards:
+            problems.append(f"{trigger} in {source}: the last edge must be an unguarded fallback")
+        if any(not t.guards for t in group[:-1]):
+            problems.append(f"{trigger} in {source}: an unguarded edge shadows later edges")
+    reachable = {INITIAL_STATE}
+    frontier = [INITIAL_STATE]
+    while frontier:
+        state = frontier.pop()
+        for t in TRANSITIONS:
+            if t.source == state and t.dest not in reachable:
+                reachable.add(t.dest)
+                frontier.append(t.dest)
+    problems += [f"state {s!r} is unreachable" for s in STATES if s not in reachable]
+    if problems:
+        raise RuntimeError("invalid run machine table:\n  " + "\n  ".join(problems))
+
+
+class _Taken:
+    """``after`` callback that tells the run which edge fired (several share source+dest)."""
+
+    __slots__ = ("transition",)
+
+    def __init__(self, transition: Transition) -> None:
+        self.transition = transition
+
+    def __call__(self, run: Any) -> None:
+        run.taken = self.transition
+
+
+def _build() -> Machine:
+    # Guards are passed as callables, not names: the shell fires ``trigger(run, run)`` so
+    # each guard and the ``after`` hook receive the run without a getattr per check.
+    machine = Machine(
+        model=None,
+        states=list(STATES),
+        initial=INITIAL_STATE,
+        auto_transitions=False,
+        send_event=False,
+        ignore_invalid_triggers=False,
+    )
+    for t in TRANSITIONS:
+        machine.add_transition(
+            t.trigger, t.source, t.dest,
+            conditions=[GUARDS[g] for g in t.conditions],
+            unless=[GUARDS[g] for g in t.unless],
+            after=[_Taken(t)],
+        )
+    return machine
+
+
+_BY_SOURCE_TRIGGER: dict[tuple[str, str], tuple[Transition, ...]] = {}
+for _t in TRANSITIONS:
+    _BY_SOURCE_TRIGGER[(_t.source, _t.trigger)] = (
+        *_BY_SOURCE_TRIGGER.get((_t.source, _t.trigger), ()), _t,
+    )
+del _t
+
+MACHINE_HASH: str = _hash_definition()
+_check_table()
+#: The one shared ``transitions`` machine; runs are fired through ``RUN_MACHINE.events``.
+RUN_MACHINE: Machine = _build()

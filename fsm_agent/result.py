@@ -1,0 +1,39 @@
+"""What a run returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunResult"]
+
+
+@dataclass
+class RunResult:
+    """The end of a run: where it stopped and everything it did.
+
+    ``status`` is the terminal state (``done``, ``budget_exhausted``, ``protocol_error``,
+    ``review_required``) and ``reason`` why; ``messages`` is the provider-valid history
+    (every tool call answered exactly once); ``events`` is the trace.
+    """
+
+    run_id: str
+    status: str
+    reason: str
+    answer: str | None
+    messages: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    counters: dict[str, Any]
+    detail: str = ""
+    pending: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+    @property
+    def path(self) -> list[str]:
+        """The states the run went through, starting with the initial one."""
+        states = [e["source"] for e in self.events if e["type"] == "transition"][:1]
+        states += [e["dest"] for e in self.events if e["type"] == "transition"]
+        return states

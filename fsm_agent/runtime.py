@@ -1,0 +1,282 @@
+"""The runtime: the I/O shell around the machine.
+
+It asks the model, calls tools, sleeps between retries and reads the clock; the run
+(``run.py``) decides everything else through the machine. ``run()`` and ``arun()`` drive
+the same generator, so both obey every rule identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from fsm_agent.approvals import Approval
+from fsm_agent.budget import Budget, RetryPolicy
+from fsm_agent.errors import ToolRejected, TransientToolError
+from fsm_agent.result import RunResult
+from fsm_agent.run import ModelRequest, Request, Run, SleepRequest, ToolOutcome, ToolRequest
+from fsm_agent.store import MemoryStore, Store
+from fsm_agent.trace import JsonlTrace, Redactor, TraceSink
+
+__all__ = ["Model", "Runtime"]
+
+Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
+Policy = Literal["default", "strict"]
+TraceArg = str | os.PathLike[str] | TraceSink | None
+
+
+def _is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 - an instance with an async __call__
+
+
+class Runtime:
+    """Runs agent loops under the rules of SPEC §2. Configuration errors raise ValueError.
+
+    ``allowed_tools`` is the trusted caller's allow-list: nothing a model writes widens it.
+    ``approvals`` bind a write tool to exact arguments. ``store`` keeps idempotency
+    records across runs (a fresh :class:`MemoryStore` per runtime by default). ``trace_dir``
+    writes one ``<run_id>.jsonl`` per run; ``redact`` rewrites each event before it leaves.
+    ``clock`` and ``sleep`` exist so tests can run backoffs and deadlines without waiting.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        tools: Any,
+        allowed_tools: Iterable[str],
+        budget: Budget | None = None,
+        retry: RetryPolicy | None = None,
+        approvals: Iterable[Approval] = (),
+        policy: Policy = "default",
+        store: Store | None = None,
+        trace_dir: str | os.PathLike[str] | None = None,
+        redact: Redactor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] | None = None,
+    ) -> None:
+        from fsm_agent.tools import ToolRegistry
+
+        if not callable(model):
+            raise ValueError(f"model must be callable as (messages, tool_specs), got {model!r}")
+        if not isinstance(tools, ToolRegistry):
+            raise ValueError("tools must be a ToolRegistry")
+        if isinstance(allowed_tools, str):
+            raise ValueError("allowed_tools must be a collection of tool names, not one string")
+        allowed = frozenset(allowed_tools)
+        unknown = sorted(allowed - set(tools.names()))
+        if unknown:
+            raise ValueError(f"allowed_tools names unregistered tools: {', '.join(unknown)} "
+                             f"(registered: {', '.join(tools.names()) or 'none'})")
+        approvals = tuple(approvals)
+        for a in approvals:
+            if not isinstance(a, Approval):
+                raise ValueError(f"approvals must be Approval objects, got {a!r}")
+            if a.tool not in tools:
+                raise ValueError(f"approval for unregistered tool {a.tool!r}")
+        if policy not in ("default", "strict"):
+            raise ValueError(f"policy must be 'default' or 'strict', got {policy!r}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise ValueError(f"budget must be a Budget, got {budget!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ValueError(f"retry must be a RetryPolicy, got {retry!r}")
+        if redact is not None and not callable(redact):
+            raise ValueError("redact must be a function of one event")
+        self.model = model
+        self.tools = tools
+        self.allowed_tools = allowed
+        self.budget = budget or Budget()
+        self.retry = retry or RetryPolicy()
+        self.approvals = approvals
+        self.policy: Policy = policy
+        self.store: Store = store if store is not None else MemoryStore()
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else None
+        self.redact = redact
+        self.clock = clock
+        self.sleep = sleep
+        self._approved = frozenset(a.digest for a in approvals)
+        self._specs = [t.spec() for t in tools if t.name in allowed]
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # ── public entry points ───────────────────────────────────────────────────────
+
+    def run(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
+            trace: TraceArg = None) -> RunResult:
+        """Run to a terminal state synchronously. Bad model output never raises."""
+        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
+        if _is_async_callable(self.model) or blocking:
+            what = f"async tools {blocking}" if blocking else "an async model"
+            raise ValueError(f"run() cannot drive {what}; use 'await runtime.arun(...)'")
+        run, sink = self._new_run(task, run_id, trace)
+        try:
+            steps = run.steps()
+            request = next(steps)
+            while True:
+                request = steps.send(self._do(request))
+        except StopIteration:
+            pass
+        finally:
+            if sink is not None:
+                sink.close()
+        return self._result(run)
+
+    async def arun(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
+                   trace: TraceArg = None) -> RunResult:
+        """Run to a terminal state; sync or async models and tools both work."""
+        run, sink = self._new_run(task, run_id, trace)
+        try:
+            steps = run.steps()
+            request = next(steps)
+            while True:
+                request = steps.send(await self._ado(request))
+        except StopIteration:
+            pass
+        finally:
+            if sink is not None:
+                sink.close()
+        return self._result(run)
+
+    # ── set-up and results ────────────────────────────────────────────────────────
+
+    def _new_run(self, task: str | list[dict[str, Any]], run_id: str | None,
+                 trace: TraceArg) -> tuple[Run, TraceSink | None]:
+        if isinstance(task, str):
+            messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        elif isinstance(task, list) and all(isinstance(m, dict) for m in task):
+            messages = [dict(m) for m in task]
+        else:
+            raise ValueError("task must be a string or a list of message dicts")
+        run_id = run_id or uuid.uuid4().hex
+        sink: TraceSink | None
+        if trace is None and self.trace_dir is not None:
+            trace = self.trace_dir / f"{run_id}.jsonl"
+        if trace is None or hasattr(trace, "write"):
+            sink = trace  # type: ignore[assignment]
+        else:
+            sink = JsonlTrace(trace)  # type: ignore[arg-type]
+        run = Run(run_id=run_id, messages=messages, registry=self.tools,
+                  allowed=self.allowed_tools, approved=self._approved, tool_specs=self._specs,
+                  budget=self.budget, retry=self.retry, policy=self.policy, store=self.store,
+                  clock=self.clock, sink=sink, redact=self.redact)
+        run.start({"tools": {t.name: {"effect": t.effect, "requires_approval":
+                                      t.requires_approval, "idempotent":
+                                      t.idempotency_key is not None, "dedup": t.dedup,
+                                      "timeout_s": t.timeout_s} for t in self.tools}})
+        return run, sink
+
+    @staticmethod
+    def _result(run: Run) -> RunResult:
+        return RunResult(run_id=run.run_id, status=run.status or run.state,
+                         reason=run.reason or "", answer=run.answer, messages=run.messages,
+                         events=run.events, counters=run.counters.as_dict(),
+                         detail=run.detail, pending=dict(run.placeholders))
+
+    # ── the sync driver ───────────────────────────────────────────────────────────
+
+    def _do(self, request: Request) -> Any:
+        if isinstance(request, ModelRequest):
+            try:
+                reply = self.model(request.messages, request.tool_specs)
+            except Exception as exc:
+                return exc
+            if inspect.isawaitable(reply):
+                _close(reply)
+                return TypeError("the model returned an awaitable; use runtime.arun()")
+            return reply
+        if isinstance(request, ToolRequest):
+            return self._call_tool(request)
+        assert isinstance(request, SleepRequest)
+        (self.sleep or time.sleep)(request.seconds)
+        return None
+
+    def _call_tool(self, request: ToolRequest) -> ToolOutcome:
+        call, timeout = request.call, request.timeout_s
+        fn = call.tool.fn  # type: ignore[union-attr]
+        kwargs = call.arguments or {}
+        try:
+            if timeout is None:
+                value = fn(**kwargs)
+            else:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=4, thread_name_prefix="fsm-agent-tool")
+                future = self._executor.submit(fn, **kwargs)
+                try:
+                    value = future.result(timeout=timeout)
+                except concurrent.futures.TimeoutError:
+                    # The thread cannot be killed; it runs on, and a write may still land.
+                    return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
+            if inspect.isawaitable(value):
+                _close(value)
+                return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
+            return ToolOutcome("ok", value)
+        except Exception as exc:
+            return _classify(exc)
+
+    # ── the async driver ──────────────────────────────────────────────────────────
+
+    async def _ado(self, request: Request) -> Any:
+        if isinstance(request, ModelRequest):
+            try:
+                reply = self.model(request.messages, request.tool_specs)
+                if inspect.isawaitable(reply):
+                    reply = await reply
+            except Exception as exc:
+                return exc
+            return reply
+        if isinstance(request, ToolRequest):
+            return await self._acall_tool(request)
+        assert isinstance(request, SleepRequest)
+        if self.sleep is not None:
+            slept = self.sleep(request.seconds)
+            if inspect.isawaitable(slept):
+                await slept
+        else:
+            await asyncio.sleep(request.seconds)
+        return None
+
+    async def _acall_tool(self, request: ToolRequest) -> ToolOutcome:
+        call, timeout = request.call, request.timeout_s
+        tool = call.tool
+        assert tool is not None
+        kwargs = call.arguments or {}
+        try:
+            pending: Awaitable[Any]
+            if tool.is_async:
+                pending = tool.fn(**kwargs)
+            elif timeout is None:
+                return ToolOutcome("ok", tool.fn(**kwargs))
+            else:
+                pending = asyncio.to_thread(tool.fn, **kwargs)
+            try:
+                value = await asyncio.wait_for(pending, timeout)
+            except asyncio.TimeoutError:
+                return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
+            return ToolOutcome("ok", value)
+        except Exception as exc:
+            return _classify(exc)
+
+
+def _classify(exc: Exception) -> ToolOutcome:
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ToolRejected):
+        return ToolOutcome("rejected", error=text)
+    if isinstance(exc, TransientToolError):
+        return ToolOutcome("transient", error=text)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return ToolOutcome("timeout", error=text)
+    return ToolOutcome("error", error=text)
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
