@@ -27,6 +27,10 @@ __all__ = ["SCHEMA", "Counters", "ModelRequest", "Run", "SleepRequest", "ToolOut
 SCHEMA = "fsm-agent.trace/1"
 
 _EVENTS = RUN_MACHINE.events
+
+#: Functions called with ``(run, transition)`` after every transition of every run in
+#: the process (the pytest plugin's transition coverage uses this). Keep them cheap.
+TRANSITION_LISTENERS: list[Callable[[Run, Transition], None]] = []
 _TERMINAL = frozenset(TERMINAL_STATES)
 _EMPTY = Decision()
 
@@ -173,6 +177,8 @@ class Run:
         self.guard_log = {}
         _EVENTS[trigger].trigger(self, self)
         t = self.taken
+        for listener in TRANSITION_LISTENERS:
+            listener(self, t)
         event: dict[str, Any] = {"type": "transition", "trigger": trigger, "source": source,
                                  "dest": self.state, "guards": self.guard_log,
                                  "t": round(self.now - self.started, 6)}

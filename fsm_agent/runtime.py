@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
+from fsm_agent.context import reset_deadline, set_deadline
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.result import RunResult
 from fsm_agent.run import ModelRequest, Request, Run, SleepRequest, ToolOutcome, ToolRequest
@@ -120,7 +121,7 @@ class Runtime:
             steps = run.steps()
             request = next(steps)
             while True:
-                request = steps.send(self._do(request))
+                request = steps.send(self._do(request, run))
         except StopIteration:
             pass
         finally:
@@ -136,7 +137,7 @@ class Runtime:
             steps = run.steps()
             request = next(steps)
             while True:
-                request = steps.send(await self._ado(request))
+                request = steps.send(await self._ado(request, run))
         except StopIteration:
             pass
         finally:
@@ -181,12 +182,22 @@ class Runtime:
 
     # ── the sync driver ───────────────────────────────────────────────────────────
 
-    def _do(self, request: Request) -> Any:
+    def _deadline(self, run: Run) -> float | None:
+        limit = self.budget.max_wall_clock_s
+        if limit is None:
+            return None
+        # The run's clock may be a test clock; adapters measure on time.monotonic().
+        return time.monotonic() + max(limit - (self.clock() - run.started), 0.0)
+
+    def _do(self, request: Request, run: Run) -> Any:
         if isinstance(request, ModelRequest):
+            token = set_deadline(self._deadline(run))
             try:
                 reply = self.model(request.messages, request.tool_specs)
             except Exception as exc:
                 return exc
+            finally:
+                reset_deadline(token)
             if inspect.isawaitable(reply):
                 _close(reply)
                 return TypeError("the model returned an awaitable; use runtime.arun()")
@@ -223,14 +234,17 @@ class Runtime:
 
     # ── the async driver ──────────────────────────────────────────────────────────
 
-    async def _ado(self, request: Request) -> Any:
+    async def _ado(self, request: Request, run: Run) -> Any:
         if isinstance(request, ModelRequest):
+            token = set_deadline(self._deadline(run))
             try:
                 reply = self.model(request.messages, request.tool_specs)
                 if inspect.isawaitable(reply):
                     reply = await reply
             except Exception as exc:
                 return exc
+            finally:
+                reset_deadline(token)
             return reply
         if isinstance(request, ToolRequest):
             return await self._acall_tool(request)
