@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench diagrams clean
+.PHONY: venv demo test lint bench diagrams clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
+
+# Long property-based run of the run invariants (FUZZ_EXAMPLES, default 50000).
+fuzz: $(STAMP)
+	$(PY) benchmarks/fuzz.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check fsm_agent tests benchmarks

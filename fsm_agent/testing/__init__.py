@@ -1,0 +1,66 @@
+"""Testing toolkit for fsm-agent runs: fault tools, scripted decisions, assertions,
+paths through the machine and per-transition scenarios.
+
+The pytest plugin (``fsm_agent.testing.plugin``, registered through the ``pytest11``
+entry point) adds fixtures and ``--fsm-coverage``. Hypothesis strategies live in
+``fsm_agent.testing.strategies`` and are imported only when asked for, so this package
+needs neither pytest nor Hypothesis.
+"""
+
+from fsm_agent.testing.assertions import (
+    assert_history_valid,
+    assert_no_duplicate_writes,
+    assert_path,
+    assert_stopped,
+    assert_trace_legal,
+    duplicate_writes,
+)
+from fsm_agent.testing.decisions import answer, call, decide
+from fsm_agent.testing.faults import BEHAVIOURS, FakeClock, FaultyTool, FaultyTools, SideEffect
+from fsm_agent.testing.paths import (
+    Path,
+    edge_of,
+    index_of,
+    paths,
+    shortest_paths,
+    trace_problems,
+)
+from fsm_agent.testing.scenarios import (
+    Scenario,
+    ScenarioRun,
+    record_transitions,
+    scenario_for,
+    scenarios,
+    scripted_runtime,
+    unbuildable,
+)
+
+__all__ = [
+    "BEHAVIOURS",
+    "FakeClock",
+    "FaultyTool",
+    "FaultyTools",
+    "Path",
+    "Scenario",
+    "ScenarioRun",
+    "SideEffect",
+    "answer",
+    "assert_history_valid",
+    "assert_no_duplicate_writes",
+    "assert_path",
+    "assert_stopped",
+    "assert_trace_legal",
+    "call",
+    "decide",
+    "duplicate_writes",
+    "edge_of",
+    "index_of",
+    "paths",
+    "record_transitions",
+    "scenario_for",
+    "scenarios",
+    "scripted_runtime",
+    "shortest_paths",
+    "trace_problems",
+    "unbuildable",
+]
