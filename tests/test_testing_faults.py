@@ -1,0 +1,111 @@
+"""Fault tools behave as scripted, and the runtime classifies each behaviour as SPEC says."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from fsm_agent import Budget, Runtime
+from fsm_agent.testing import (
+    BEHAVIOURS,
+    FakeClock,
+    FaultyTool,
+    FaultyTools,
+    answer,
+    assert_history_valid,
+    assert_path,
+    assert_stopped,
+    call,
+    decide,
+)
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def test_fake_clock_moves_only_when_told() -> None:
+    clock = FakeClock(start=5.0)
+    assert clock() == 5.0
+    clock.sleep(0.25)
+    clock.advance(1.0)
+    assert clock() == 6.25
+    assert clock.slept == [0.25]
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.advance(-1)
+
+
+def test_fault_tool_validates_its_script() -> None:
+    with pytest.raises(ValueError, match="unknown behaviours \\['explode'\\]"):
+        FaultyTool("t", faults=["explode"])
+    with pytest.raises(ValueError, match="need a FakeClock"):
+        FaultyTool("t", faults=["timeout"])
+    assert set(BEHAVIOURS) >= {"ok", "transient", "rejected", "timeout", "oversized"}
+
+
+def test_transient_read_is_retried_without_real_waiting(
+        fsm_tools: FaultyTools, fsm_runtime: MakeRuntime, fsm_clock: FakeClock) -> None:
+    lookup = fsm_tools.read("lookup", faults=["transient", "transient"])
+    result = fsm_runtime([decide(call("lookup", {"key": "A"})), answer("ok")]).run("?")
+    assert lookup.attempts == 2  # default RetryPolicy: 2 attempts in total
+    assert fsm_clock.slept == [0.05]
+    assert_stopped(result, "done", "final_answer")
+    observation = json.loads(result.messages[2]["content"])
+    assert observation["error"] == "tool_failed" and observation["attempts"] == 2
+
+
+@pytest.mark.parametrize(("behaviour", "reason", "effects"), [
+    ("error", "outcome_unknown", 0),
+    ("error_after_effect", "outcome_unknown", 1),
+    ("timeout_after_effect", "outcome_unknown", 1),
+    ("transient", "outcome_unknown", 0),
+])
+def test_write_failures_stop_for_review(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime,
+                                        behaviour: str, reason: str, effects: int) -> None:
+    ticket = fsm_tools.write("ticket", faults=[behaviour])
+    fsm_tools.read("lookup")
+    script = [decide(call("ticket", {"key": "K"}), call("lookup", {"key": "A"}))]
+    result = fsm_runtime(script).run("?")
+    assert_stopped(result, "review_required", reason)
+    assert ticket.attempts == 1 and len(ticket.effects) == effects
+    assert fsm_tools["lookup"].attempts == 0
+    assert_history_valid(result)
+    errors = [json.loads(m["content"])["error"] for m in result.messages if m["role"] == "tool"]
+    assert errors == ["outcome_unknown", "skipped_pending_review"]
+
+
+def test_rejected_write_is_an_observation(fsm_tools: FaultyTools,
+                                          fsm_runtime: MakeRuntime) -> None:
+    ticket = fsm_tools.write("ticket", faults=["rejected"])
+    result = fsm_runtime([decide(call("ticket", {"key": "K"})), answer("refused")]).run("?")
+    assert_stopped(result, "done")
+    assert ticket.effects == []
+    assert json.loads(result.messages[2]["content"])["error"] == "rejected"
+
+
+def test_timeout_spends_the_fake_clock(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime,
+                                       fsm_clock: FakeClock) -> None:
+    fsm_tools.read("lookup", faults=["timeout"], timeout_s=3.0)
+    result = fsm_runtime([decide(call("lookup", {"key": "A"}))],
+                         budget=Budget(max_wall_clock_s=2.0)).run("?")
+    assert_stopped(result, "budget_exhausted", "wall_clock")
+    assert_path(result, ["executing", "observing", "budget_exhausted"], exact=False)
+    assert fsm_clock() == 1003.0
+
+
+def test_oversized_and_hostile_output(fsm_tools: FaultyTools,
+                                      fsm_runtime: MakeRuntime) -> None:
+    fsm_tools.read("big", faults=["oversized"], oversized_bytes=5000)
+    fsm_tools.read("evil", faults=["hostile"])
+    result = fsm_runtime([decide(call("evil", {"key": "A"})), answer("ok")],
+                         allowed_tools=["evil"]).run("?")
+    assert_stopped(result, "done")  # text in output grants nothing
+    assert "SYSTEM OVERRIDE" in result.messages[2]["content"]
+    result = fsm_runtime([decide(call("big", {"key": "A"}))],
+                         budget=Budget(max_output_bytes=1000)).run("?")
+    assert_stopped(result, "budget_exhausted", "tool_output")
+
+
+def test_fsm_model_fixture(fsm_model: Callable[..., object]) -> None:
+    model = fsm_model([answer("hi")])
+    assert model([], []) == answer("hi")  # type: ignore[operator]

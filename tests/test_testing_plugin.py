@@ -1,0 +1,123 @@
+"""The pytest plugin: options, usage errors, the coverage report and the HTML output."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fsm_agent.machine import TRANSITIONS
+from fsm_agent.testing.coverage import TransitionCoverage, to_dot
+
+pytest_plugins = ["pytester"]
+
+ONE_RUN = """
+from fsm_agent.testing import answer, assert_stopped
+
+def test_answer(fsm_runtime):
+    assert_stopped(fsm_runtime([answer("hi")]).run("?"), "done", "final_answer")
+"""
+
+
+def test_coverage_report_lists_every_transition(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(ONE_RUN)
+    result = pytester.runpytest_inprocess("--fsm-coverage", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "fsm-agent transition coverage" in out
+    assert f"transition coverage: 2/{len(TRANSITIONS)} = " in out
+    result.stdout.fnmatch_lines([
+        "2 *model_replied*deciding -> validating*-*1",
+        "5 *validate*validating -> done*!has_tool_calls, has_answer*1",
+        "never taken: #0 model_replied [tokens_spent] (deciding -> budget_exhausted)",
+    ])
+
+
+def test_fail_under_fails_the_session_below_the_share(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(ONE_RUN)
+    result = pytester.runpytest_inprocess("--fsm-coverage-fail-under=50")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["FAIL: transition coverage 5.9% is below "
+                                 "--fsm-coverage-fail-under=50"])
+    passing = pytester.runpytest_inprocess("--fsm-coverage-fail-under=5")
+    assert passing.ret == pytest.ExitCode.OK
+
+
+def test_without_the_option_nothing_is_reported(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(ONE_RUN)
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(passed=1)
+    assert "transition coverage" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("value", ["abc", "101", "-1", "nan", "inf", ""])
+def test_bad_fail_under_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile(ONE_RUN)
+    result = pytester.runpytest_inprocess(f"--fsm-coverage-fail-under={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --fsm-coverage-fail-under must be a number from 0 "
+                                 f"to 100, got '{value}'"])
+
+
+def test_html_writes_the_diagram_and_table(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(ONE_RUN)
+    out = tmp_path / "cov" / "html"
+    result = pytester.runpytest_inprocess(f"--fsm-coverage-html={out}")
+    result.assert_outcomes(passed=1)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    dot = (out / "coverage.dot").read_text(encoding="utf-8")
+    assert "Transition coverage: 5.9%" in page
+    assert page.count("<tr><td>") == len(TRANSITIONS)
+    assert '"validating" -> "done"' in dot and "×1" in dot
+    assert dot.count(" -> ") == len(TRANSITIONS) + 1  # every edge plus the start arrow
+    result.stdout.fnmatch_lines([f"wrote {out / 'index.html'}"])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_html_dir_is_a_usage_error_unprivileged(pytester: pytest.Pytester,
+                                                           tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    pytester.makepyfile(ONE_RUN)
+    result = pytester.runpytest_inprocess(f"--fsm-coverage-html={locked}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_html_dir_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester,
+                                                  tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    pytester.makepyfile(ONE_RUN)
+    result = pytester.runpytest_inprocess(f"--fsm-coverage-html={blocker / 'sub'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --fsm-coverage-html: cannot write to directory "
+                                 f"'{blocker / 'sub'}': Not a directory"])
+
+
+def test_dot_colours_never_taken_edges_red() -> None:
+    hits = [0] * len(TRANSITIONS)
+    hits[2] = 20
+    hits[5] = 1
+    dot = to_dot(hits)
+    lines = [line for line in dot.splitlines() if "[label=\"#" in line]
+    assert len(lines) == len(TRANSITIONS)
+    assert 'color="#d62728"' in lines[0]
+    assert 'color="#08519c"' in lines[2] and 'color="#9ecae1"' in lines[5]
+
+
+def test_coverage_counts_only_while_installed() -> None:
+    from fsm_agent.testing import answer, scripted_runtime
+    from fsm_agent.testing.faults import FaultyTools
+
+    cov = TransitionCoverage()
+    runtime = scripted_runtime(FaultyTools(), [answer("a"), answer("b")])
+    runtime.run("?")
+    assert cov.percent == 0.0
+    cov.install()
+    cov.install()  # idempotent: a transition is counted once
+    try:
+        scripted_runtime(FaultyTools(), [answer("a")]).run("?")
+    finally:
+        cov.uninstall()
+    assert cov.hits[2] == 1 and cov.hits[5] == 1 and sum(cov.hits) == 2
