@@ -20,9 +20,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
 
-# Long property-based run of the run invariants (FUZZ_EXAMPLES, default 50000).
+# Long property-based run of the run invariants: FUZZ_EXAMPLES examples split over
+# FUZZ_WORKERS processes; prints examples/s and whether any invariant broke.
+FUZZ_EXAMPLES ?= 50000
+FUZZ_WORKERS  ?= 2
 fuzz: $(STAMP)
-	$(PY) benchmarks/fuzz.py
+	$(PY) benchmarks/fuzz.py --examples $(FUZZ_EXAMPLES) --workers $(FUZZ_WORKERS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check fsm_agent tests benchmarks
