@@ -207,7 +207,9 @@ class Runtime:
             token = set_deadline(self._deadline(run))
             try:
                 reply = model(request.messages, request.tool_specs)
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, _PROPAGATE):
+                    raise
                 return exc
             finally:
                 reset_deadline(token)
@@ -242,7 +244,9 @@ class Runtime:
                 _close(value)
                 return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
             return ToolOutcome("ok", value)
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, _PROPAGATE):
+                raise
             return _classify(exc)
 
     # ── the async driver ──────────────────────────────────────────────────────────
@@ -254,7 +258,9 @@ class Runtime:
                 reply = model(request.messages, request.tool_specs)
                 if inspect.isawaitable(reply):
                     reply = await reply
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, _PROPAGATE):
+                    raise
                 return exc
             finally:
                 reset_deadline(token)
@@ -288,11 +294,18 @@ class Runtime:
             except asyncio.TimeoutError:
                 return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
             return ToolOutcome("ok", value)
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, _PROPAGATE):
+                raise
             return _classify(exc)
 
 
-def _classify(exc: Exception) -> ToolOutcome:
+# A tool raising anything else (SystemExit included) is an outcome of that tool; these
+# belong to the process and its event loop, not to the tool.
+_PROPAGATE = (KeyboardInterrupt, GeneratorExit, asyncio.CancelledError)
+
+
+def _classify(exc: BaseException) -> ToolOutcome:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ToolRejected):
         return ToolOutcome("rejected", error=text)
