@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from transitions import Machine
 from transitions import Transition as TransitionsEdge
@@ -242,7 +243,7 @@ def check_table(
     return problems
 
 
-class _Edge(TransitionsEdge):  # type: ignore[misc]
+class _Edge(TransitionsEdge):
     """A ``transitions`` edge that knows its table row.
 
     The stock ``execute`` logs at debug level and runs (empty) prepare/before/after
@@ -258,7 +259,7 @@ class _Edge(TransitionsEdge):  # type: ignore[misc]
         run = event_data.model
         log = run.guard_log
         for condition in self.conditions:
-            func = condition.func
+            func = cast(Callable[[Any], bool], condition.func)  # _build passes callables
             value = func(run)
             log[func.__name__] = value
             if value != condition.target:
@@ -268,7 +269,7 @@ class _Edge(TransitionsEdge):  # type: ignore[misc]
         return True
 
 
-class _RunMachine(Machine):  # type: ignore[misc]
+class _RunMachine(Machine):
     transition_cls = _Edge
 
 
@@ -288,7 +289,7 @@ def _build() -> Machine:
             conditions=[GUARDS[g] for g in t.conditions],
             unless=[GUARDS[g] for g in t.unless],
         )
-        machine.events[t.trigger].transitions[t.source][-1].row = t
+        cast(_Edge, machine.events[t.trigger].transitions[t.source][-1]).row = t
     return machine
 
 

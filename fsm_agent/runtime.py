@@ -169,13 +169,10 @@ class Runtime:
         else:
             raise ValueError("task must be a string or a list of message dicts")
         run_id = run_id or uuid.uuid4().hex
-        sink: TraceSink | None
         if trace is None and self.trace_dir is not None:
             trace = self.trace_dir / f"{run_id}.jsonl"
-        if trace is None or hasattr(trace, "write"):
-            sink = trace  # type: ignore[assignment]
-        else:
-            sink = JsonlTrace(trace)  # type: ignore[arg-type]
+        sink: TraceSink | None = (
+            JsonlTrace(trace) if isinstance(trace, (str, os.PathLike)) else trace)
         run = Run(run_id=run_id, messages=messages, registry=self.tools,
                   allowed=self.allowed_tools, approved=self._approved, tool_specs=self._specs,
                   budget=self.budget, retry=self.retry, policy=self.policy, store=self.store,

@@ -123,7 +123,7 @@ def test_an_async_model_in_sync_run_is_a_clear_error() -> None:
         return say("hi")
 
     tools = Backend().registry()
-    with pytest.raises(ValueError, match="use 'await runtime.arun"):
+    with pytest.raises(ValueError, match=r"use 'await runtime\.arun"):
         Runtime(model=model, tools=tools, allowed_tools={"lookup"}).run("x")
 
 

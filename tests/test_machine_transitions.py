@@ -19,7 +19,6 @@ from conftest import (
     Backend,
     Budget,
     FakeClock,
-    RetryPolicy,
     ToolRejected,
     TransientToolError,
     assert_valid_run,
