@@ -276,6 +276,8 @@ class Run:
             self._count_usage(usage)
         self.decision = parse_decision(reply)
         self.batch_appended = False
+        # Ids need only be unique within a batch: a new batch may reuse an earlier one's ids.
+        self.answered = set()
 
     def _count_usage(self, usage: dict[str, Any]) -> None:
         def whole(*names: str) -> int:
