@@ -109,3 +109,31 @@ def test_oversized_and_hostile_output(fsm_tools: FaultyTools,
 def test_fsm_model_fixture(fsm_model: Callable[..., object]) -> None:
     model = fsm_model([answer("hi")])
     assert model([], []) == answer("hi")  # type: ignore[operator]
+
+
+def test_interrupts_end_the_run_in_a_defined_state(fsm_tools: FaultyTools,
+                                                   fsm_runtime: MakeRuntime) -> None:
+    from fsm_agent.testing.scenarios import run_through_interrupts
+
+    ticket = fsm_tools.write("ticket", faults=["interrupt_after_effect"])
+    fsm_tools.read("lookup")
+    runtime = fsm_runtime([decide(call("ticket", {"key": "K"}), call("lookup", {"key": "A"}))])
+    with pytest.raises(KeyboardInterrupt):
+        runtime.run("?")
+    assert len(ticket.effects) == 1
+    result, interrupted = run_through_interrupts(
+        fsm_runtime([decide(call("lookup", {"key": "A"}))]), "?", run_id="r")
+    assert not interrupted and result.status == "protocol_error"  # the script ran out
+    ticket.faults.append("interrupt")
+    result, interrupted = run_through_interrupts(
+        fsm_runtime([decide(call("ticket", {"key": "K"}))]), "?", run_id="r2")
+    assert interrupted
+    assert_stopped(result, "review_required", "outcome_unknown")  # a write was in flight
+    assert_history_valid(result)
+
+
+def test_clock_interrupt_fires_once(fsm_clock: FakeClock) -> None:
+    fsm_clock.interrupt_next_read()
+    with pytest.raises(KeyboardInterrupt):
+        fsm_clock()
+    assert fsm_clock() == 1000.0

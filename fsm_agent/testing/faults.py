@@ -21,6 +21,8 @@ Behaviours (:data:`BEHAVIOURS`):
 ``slow``                 advance the fake clock by ``timeout_s``, then behave as ``ok``
 ``oversized``            perform the effect, return ``oversized_bytes`` of text
 ``hostile``              perform the effect, return text that pretends to be an instruction
+``interrupt``            raise ``KeyboardInterrupt`` before any effect (Ctrl-C mid-call)
+``interrupt_after_effect`` perform the effect, then raise ``KeyboardInterrupt``
 
 Timeouts use the fake clock instead of real waiting: an adapter that enforces its own
 timeout raises ``TimeoutError``, which the runtime classifies exactly like its own.
@@ -40,7 +42,8 @@ __all__ = ["BEHAVIOURS", "DEFAULT_SCHEMA", "HOSTILE_TEXT", "FakeClock", "FaultyT
 
 BEHAVIOURS: tuple[str, ...] = (
     "ok", "transient", "rejected", "error", "error_after_effect", "timeout",
-    "timeout_after_effect", "slow", "oversized", "hostile",
+    "timeout_after_effect", "slow", "oversized", "hostile", "interrupt",
+    "interrupt_after_effect",
 )
 
 #: One required string field: easy to call right, easy to call wrong.
@@ -60,9 +63,18 @@ class FakeClock:
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
         self.slept: list[float] = []
+        self.interrupt_armed = False
 
     def __call__(self) -> float:
+        if self.interrupt_armed:
+            self.interrupt_armed = False
+            raise KeyboardInterrupt("interrupted by FakeClock.interrupt_next_read()")
         return self.now
+
+    def interrupt_next_read(self) -> None:
+        """Make the next reading raise ``KeyboardInterrupt``: Ctrl-C at the moment the
+        runtime next looks at the time (how a test cancels a run in a given state)."""
+        self.interrupt_armed = True
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:
@@ -125,6 +137,8 @@ class FaultyTool:
             raise ToolRejected(f"{self.name}: refused, nothing was changed")
         if behaviour == "error":
             raise RuntimeError(f"{self.name}: connection reset")
+        if behaviour == "interrupt":
+            raise KeyboardInterrupt
         if behaviour in ("timeout", "slow"):
             self._tick()
             if behaviour == "timeout":
@@ -132,6 +146,8 @@ class FaultyTool:
         self._perform(arguments)
         if behaviour == "error_after_effect":
             raise RuntimeError(f"{self.name}: connection reset after the request was sent")
+        if behaviour == "interrupt_after_effect":
+            raise KeyboardInterrupt
         if behaviour == "timeout_after_effect":
             self._tick()
             raise TimeoutError(f"{self.name}: no answer within {self.timeout_s}s")
@@ -175,24 +191,34 @@ class FaultyTools:
     def write(self, name: str, *, faults: Sequence[str] = (),
               schema: dict[str, Any] | None = None, idempotent: bool = False,
               dedup: bool = False, requires_approval: bool = False,
-              **options: Any) -> FaultyTool:
-        """A ``write`` tool; ``idempotent=True`` keys it by its ``key`` argument."""
+              interrupt_key: bool = False, **options: Any) -> FaultyTool:
+        """A ``write`` tool; ``idempotent=True`` keys it by its ``key`` argument.
+        ``interrupt_key=True`` raises ``KeyboardInterrupt`` while the runtime derives the
+        key, i.e. while it validates the batch."""
         return self._add(name, "write", faults, schema, idempotent=idempotent or dedup,
-                         dedup=dedup, requires_approval=requires_approval, **options)
+                         dedup=dedup, requires_approval=requires_approval,
+                         interrupt_key=interrupt_key, **options)
 
     def _add(self, name: str, effect: str, faults: Sequence[str],
              schema: dict[str, Any] | None, *, idempotent: bool, dedup: bool = False,
              requires_approval: bool = False, key_field: str = "key",
-             registry_timeout_s: float | None = None, **options: Any) -> FaultyTool:
+             interrupt_key: bool = False, registry_timeout_s: float | None = None,
+             **options: Any) -> FaultyTool:
         tool = FaultyTool(name=name, effect=effect, faults=list(faults), clock=self.clock,
                           idempotency_field=key_field if idempotent else None, dedup=dedup,
                           **options)
         field_name = key_field
+
+        def key(arguments: dict[str, Any]) -> Any:
+            if interrupt_key:
+                raise KeyboardInterrupt
+            return arguments[field_name]
+
         self.registry.register(
             tool, name=name, schema=schema if schema is not None else DEFAULT_SCHEMA,
             effect="write" if effect == "write" else "read", description=f"fault tool {name}",
             requires_approval=requires_approval,
-            idempotency_key=(lambda args: args[field_name]) if idempotent else None,
+            idempotency_key=key if idempotent or interrupt_key else None,
             dedup=dedup, timeout_s=registry_timeout_s,
         )
         self.tools[name] = tool

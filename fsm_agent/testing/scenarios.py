@@ -14,6 +14,7 @@ there (and fails the engine's test suite) instead of being skipped.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
@@ -30,8 +31,8 @@ from fsm_agent.store import MemoryStore, Store
 from fsm_agent.testing.decisions import answer, call, decide
 from fsm_agent.testing.faults import FaultyTools
 
-__all__ = ["Scenario", "ScenarioRun", "edge_key", "record_transitions", "scenario_for",
-           "scenarios", "scripted_runtime", "stale_recipes", "unbuildable"]
+__all__ = ["Scenario", "ScenarioRun", "edge_key", "record_transitions", "run_through_interrupts",
+           "scenario_for", "scenarios", "scripted_runtime", "stale_recipes", "unbuildable"]
 
 EdgeKey = tuple[str, str, str, tuple[str, ...]]
 Setup = Callable[[FaultyTools], list[list[Step]]]
@@ -80,6 +81,30 @@ def record_transitions() -> Iterator[list[Transition]]:
         TRANSITION_LISTENERS.remove(listener)
 
 
+def run_through_interrupts(runtime: Runtime, task: str, *, run_id: str,
+                           use_async: bool = False) -> tuple[RunResult, bool]:
+    """``runtime.run(task)`` (or ``arun`` in a fresh event loop), and when the run is
+    interrupted (``KeyboardInterrupt``: the run cancels itself, then re-raises) the
+    result it had reached. Returns ``(result, interrupted)``."""
+    runs: dict[str, Any] = {}
+
+    def keep(run: Any, transition: Transition) -> None:
+        runs[run.run_id] = run
+
+    TRANSITION_LISTENERS.append(keep)
+    try:
+        if use_async:
+            return asyncio.run(runtime.arun(task, run_id=run_id)), False
+        return runtime.run(task, run_id=run_id), False
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        run = runs.get(run_id)
+        if run is None:
+            raise
+        return Runtime._result(run), True
+    finally:
+        TRANSITION_LISTENERS.remove(keep)
+
+
 @dataclass
 class ScenarioRun:
     """What running a scenario did: the results, its tools, and the edges taken."""
@@ -88,6 +113,7 @@ class ScenarioRun:
     kit: FaultyTools
     results: list[RunResult]
     taken: list[Transition]
+    interrupted: list[bool] = field(default_factory=list)
 
     @property
     def result(self) -> RunResult:
@@ -97,7 +123,11 @@ class ScenarioRun:
 
 @dataclass
 class Scenario:
-    """A recipe that drives runs through ``target`` (trigger, source, dest, guards)."""
+    """A recipe that drives runs through ``target`` (trigger, source, dest, guards).
+
+    ``cancel_on_entering`` names a state: when a run enters it, the fake clock is armed
+    to raise ``KeyboardInterrupt`` at its next reading (Ctrl-C in that state).
+    """
 
     name: str
     target: EdgeKey
@@ -105,18 +135,34 @@ class Scenario:
     options: dict[str, Any] = field(default_factory=dict)
     allowed_tools: Sequence[str] | None = None
     task: str = "Please help with order A17."
+    cancel_on_entering: str | None = None
 
     def run(self) -> ScenarioRun:
         kit = FaultyTools()
         scripts = self.setup(kit)
         store = MemoryStore()
-        results = []
+        outcome = ScenarioRun(self, kit, [], [])
+
+        def arm(run: Any, transition: Transition) -> None:
+            if transition.dest == self.cancel_on_entering:
+                kit.clock.interrupt_next_read()
+
         with record_transitions() as taken:
-            for n, script in enumerate(scripts, 1):
-                runtime = scripted_runtime(kit, script, allowed_tools=self.allowed_tools,
-                                           store=store, **self.options)
-                results.append(runtime.run(self.task, run_id=f"{self.name}-{n}"))
-        return ScenarioRun(self, kit, results, list(taken))
+            if self.cancel_on_entering is not None:
+                TRANSITION_LISTENERS.append(arm)
+            try:
+                for n, script in enumerate(scripts, 1):
+                    runtime = scripted_runtime(kit, script, allowed_tools=self.allowed_tools,
+                                               store=store, **self.options)
+                    result, interrupted = run_through_interrupts(
+                        runtime, self.task, run_id=f"{self.name}-{n}")
+                    outcome.results.append(result)
+                    outcome.interrupted.append(interrupted)
+            finally:
+                if arm in TRANSITION_LISTENERS:
+                    TRANSITION_LISTENERS.remove(arm)
+        outcome.taken = list(taken)
+        return outcome
 
 
 _RECIPES: list[Scenario] = []
@@ -352,6 +398,44 @@ def _read_timeout_spends_clock(kit: FaultyTools) -> list[list[Step]]:
 def _observe_then_decide(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup()), decide(_lookup("A18")), answer("Both are in transit.")]]
+
+
+# ── cancel: Ctrl-C wherever the run is ─────────────────────────────────────────────
+
+@_recipe("cancel", "deciding", "cancelled")
+def _cancel_while_deciding(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit)
+    return [[decide(_lookup()), KeyboardInterrupt()]]
+
+
+@_recipe("cancel", "validating", "cancelled")
+def _cancel_while_validating(kit: FaultyTools) -> list[list[Step]]:
+    kit.write("create_ticket", schema=TICKET_SCHEMA, interrupt_key=True)
+    return [[decide(_ticket())]]
+
+
+@_recipe("cancel", "executing", "review_required", ("write_in_flight",))
+def _cancel_write_in_flight(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit, ticket=["interrupt_after_effect"])
+    return [[decide(_ticket(), _lookup())]]
+
+
+@_recipe("cancel", "executing", "cancelled")
+def _cancel_read_in_flight(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit, lookup=["interrupt"])
+    return [[decide(_lookup(), _lookup("A18"))]]
+
+
+@_recipe("cancel", "retry_wait", "cancelled", cancel_on_entering="retry_wait")
+def _cancel_during_backoff(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit, lookup=["transient"])
+    return [[decide(_lookup()), answer("never asked")]]
+
+
+@_recipe("cancel", "observing", "cancelled", cancel_on_entering="observing")
+def _cancel_while_observing(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit)
+    return [[decide(_lookup(), _lookup("A18")), answer("never asked")]]
 
 
 # ── resolution against the table ────────────────────────────────────────────────────

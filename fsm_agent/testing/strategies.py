@@ -19,7 +19,6 @@ Importing this module needs Hypothesis (a ``dev`` extra); the rest of the toolki
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,7 @@ from fsm_agent.store import MemoryStore
 from fsm_agent.testing.assertions import duplicate_writes
 from fsm_agent.testing.faults import BEHAVIOURS, FaultyTools
 from fsm_agent.testing.paths import trace_problems
-from fsm_agent.testing.scenarios import TICKET_SCHEMA, scripted_runtime
+from fsm_agent.testing.scenarios import TICKET_SCHEMA, run_through_interrupts, scripted_runtime
 
 __all__ = ["TOOL_NAMES", "FuzzCase", "FuzzOutcome", "ModelStep", "ToolConfig", "arguments",
            "budgets", "cases", "decisions", "invariant_problems", "run_case",
@@ -62,12 +61,13 @@ class ToolConfig:
 
 @dataclass(frozen=True)
 class ModelStep:
-    """A model step: a reply (any value), or ``raise_error``; ``delay_s`` moves the fake
-    clock first (a slow model)."""
+    """A model step: a reply (any value), or ``raise_error``, or ``interrupt`` (Ctrl-C
+    while the model is thinking); ``delay_s`` moves the fake clock first (a slow model)."""
 
     reply: Any = None
     raise_error: bool = False
     delay_s: float = 0.0
+    interrupt: bool = False
 
 
 @dataclass
@@ -278,8 +278,11 @@ def _model_steps(draw: st.DrawFn) -> list[ModelStep]:
     steps = []
     for _ in range(draw(st.integers(1, 6))):
         delay = draw(_DELAYS)
-        if draw(st.integers(0, 24)) == 0:
+        kind = draw(st.integers(0, 49))
+        if kind <= 1:
             steps.append(ModelStep(raise_error=True, delay_s=delay))
+        elif kind == 2:
+            steps.append(ModelStep(interrupt=True, delay_s=delay))
         else:
             steps.append(ModelStep(draw(_DECISIONS), delay_s=delay))
     return steps
@@ -323,6 +326,8 @@ def _step(kit: FaultyTools, spec: ModelStep) -> Step:
         kit.clock.advance(spec.delay_s)
         if spec.raise_error:
             raise ConnectionError("model endpoint reset")
+        if spec.interrupt:
+            raise KeyboardInterrupt
         return spec.reply
     return step
 
@@ -348,10 +353,8 @@ def run_case(case: FuzzCase) -> FuzzOutcome:
         model = runtime.model
         assert isinstance(model, ScriptedModel)
         outcome.models.append(model)
-        if case.use_async:
-            result = asyncio.run(runtime.arun("Help with A17.", run_id=f"fuzz-{n}"))
-        else:
-            result = runtime.run("Help with A17.", run_id=f"fuzz-{n}")
+        result, _ = run_through_interrupts(runtime, "Help with A17.", run_id=f"fuzz-{n}",
+                                           use_async=case.use_async)
         outcome.results.append(result)
     return outcome
 
