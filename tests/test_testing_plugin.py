@@ -124,3 +124,14 @@ def test_coverage_counts_only_while_installed() -> None:
     finally:
         cov.uninstall()
     assert cov.hits[2] == 1 and cov.hits[5] == 1 and sum(cov.hits) == 2
+
+
+def test_importing_the_package_and_toolkit_needs_neither_pytest_nor_hypothesis() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, fsm_agent, fsm_agent.testing; "
+            "print(sorted(m for m in ('pytest', 'hypothesis', '_pytest') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == "[]"
