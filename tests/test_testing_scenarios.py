@@ -15,6 +15,7 @@ from fsm_agent.testing import (
     assert_trace_legal,
     edge_of,
     index_of,
+    is_path,
     paths,
     scenario_for,
     scenarios,
@@ -46,8 +47,10 @@ def test_a_scenario_drives_a_run_through_each_transition(transition: Transition)
         assert result.status in TERMINAL_STATES
     assert_no_duplicate_writes(outcome.kit)
     # The trace alone identifies the edge: events matched to the table give the same
-    # edges, in the same order, as the runtime's listener saw.
-    from_events = [edge_of(e) for r in outcome.results for e in r.events
+    # edges, in the same order, as the runtime's listener saw. (A resumed run's trace
+    # holds its earlier events too, so each run counts by its last result.)
+    last = {r.run_id: r for r in outcome.results}
+    from_events = [edge_of(e) for r in last.values() for e in r.events
                    if e["type"] == "transition"]
     assert from_events == outcome.taken
 
@@ -73,16 +76,42 @@ def test_scenarios_take_the_edge_they_aim_at_and_stop_where_it_leads() -> None:
             assert outcome.result.status == scenario.target[2], scenario.name
 
 
+def _segments(walk: tuple[Transition, ...]) -> list[tuple[Transition, ...]]:
+    """A walk cut after each terminal state (a resumed run continues past one)."""
+    out: list[tuple[Transition, ...]] = [()]
+    for t in walk:
+        out[-1] += (t,)
+        if t.dest in TERMINAL_STATES:
+            out.append(())
+    return [s for s in out if s]
+
+
 def test_recorded_runs_follow_enumerated_paths() -> None:
-    """Every run a scenario makes is one of the walks ``paths()`` enumerates."""
+    """Every run a scenario makes is a walk ``paths()`` enumerates (a resumed run: such a
+    walk, then walks from where each resume picked it up)."""
     for scenario in scenarios():
         with record_transitions() as taken:
             outcome = scenario.run()
         assert taken == outcome.taken
         for result in outcome.results:
-            walk = tuple(edge_of(e) for e in result.events if e["type"] == "transition")
-            enumerated = {p.edges for p in paths(len(walk)) if len(p) == len(walk)}
-            assert walk in enumerated, f"{scenario.name}: {result.path}"
+            walk = tuple(e for e in (edge_of(e) for e in result.events
+                                     if e["type"] == "transition") if e is not None)
+            first, *rest = _segments(walk)
+            assert is_path(first), f"{scenario.name}: {result.path}"
+            for segment in rest:
+                assert is_path(segment, start=segment[0].source), scenario.name
+            if len(first) <= 7:  # cross-check the checker against the enumeration
+                assert first in {p.edges for p in paths(len(first)) if len(p) == len(first)}
+
+
+def test_is_path_agrees_with_the_enumeration() -> None:
+    found = list(paths(4))
+    assert found and all(is_path(p.edges) for p in found)
+    a_path = found[-1].edges
+    assert not is_path(a_path[:-1])  # stops short of a terminal state
+    assert not is_path(a_path[1:])  # does not start at the initial state
+    assert not is_path(a_path + a_path)  # goes on past a terminal state
+    assert not is_path(())
 
 
 def test_paths_start_at_the_initial_state_and_end_terminal() -> None:

@@ -10,16 +10,20 @@ An edge is identified by its position in the table (``index_of``). A trace event
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fsm_agent.machine import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
 
-__all__ = ["Path", "edge_of", "index_of", "paths", "shortest_paths", "trace_problems"]
+__all__ = ["Path", "edge_of", "index_of", "is_path", "paths", "shortest_paths",
+           "trace_problems"]
 
 _INDEX: dict[int, int] = {id(t): i for i, t in enumerate(TRANSITIONS)}
 _TERMINAL = frozenset(TERMINAL_STATES)
+#: Terminal states a ``resume`` edge leaves (read from the table, so none until one does).
+_RESUMABLE = frozenset(t.source for t in TRANSITIONS if t.trigger == "resume")
 
 
 def index_of(transition: Transition) -> int:
@@ -78,6 +82,18 @@ def paths(max_depth: int, *, start: str = INITIAL_STATE) -> Iterator[Path]:
         frontier = grown
 
 
+def is_path(edges: Sequence[Transition], *, start: str = INITIAL_STATE) -> bool:
+    """Whether ``edges`` is one of the walks :func:`paths` enumerates from ``start``:
+    each edge leaves the state the previous one entered, and only the last enters a
+    terminal state (checked without enumerating, so it works for any length)."""
+    if not edges or edges[0].source != start:
+        return False
+    for before, after in itertools.pairwise(edges):
+        if before.dest != after.source or before.dest in _TERMINAL:
+            return False
+    return edges[-1].dest in _TERMINAL
+
+
 def shortest_paths() -> dict[int, Path]:
     """For each reachable edge (by index), a shortest path from the initial state through
     it to a terminal state: the least a scenario must do to take that edge."""
@@ -117,8 +133,9 @@ def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
     Checks: a ``run_start`` header with ``seq`` 0, then contiguous ``seq``; every
     transition is an edge of the table leaving the state the previous one entered, with
     the guard outcomes that edge needs and no earlier-priority edge that also held; the
-    first leaves the initial state; ``run_end`` comes once, right after the transition into
-    a terminal state, and nothing follows it.
+    first leaves the initial state; ``run_end`` follows the transition into a terminal
+    state and nothing follows it, except that a run stopped in a state a ``resume`` edge
+    leaves may go on with that edge (after review events).
     """
     problems: list[str] = []
     if not events:
@@ -127,20 +144,32 @@ def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
         problems.append("event 0: expected the run_start header with seq 0")
     state = INITIAL_STATE
     ended_at: int | None = None
+    held: list[str] = []  # events after a review_required run_end, until a resume
     for n, event in enumerate(events[1:], 1):
         kind = event.get("type")
         if event.get("seq") != n:
             problems.append(f"event {n}: seq {event.get('seq')!r}, expected {n}")
         if ended_at is not None:
-            problems.append(f"event {n} ({kind}): after run_end (event {ended_at})")
-            continue
+            # A run stopped for review may be resumed by a trusted caller (SPEC §5): its
+            # review events and the ``resume`` edge continue the same trace.
+            if state in _RESUMABLE and kind == "transition" and event.get(
+                    "trigger") == "resume":
+                ended_at, held = None, []
+            else:
+                note = f"event {n} ({kind}): after run_end (event {ended_at})"
+                if state in _RESUMABLE and kind != "transition":
+                    held.append(note)
+                else:
+                    problems += [*held, note]
+                    held = []
+                continue
         if kind == "transition":
             where = f"event {n} ({event.get('trigger')} {event.get('source')}->" \
                     f"{event.get('dest')})"
             if event.get("source") != state:
                 problems.append(f"{where}: leaves {event.get('source')!r} but the run was in "
                                 f"{state!r}")
-            if state in _TERMINAL:
+            if state in _TERMINAL and event.get("trigger") != "resume":
                 problems.append(f"{where}: the run had already stopped in {state!r}")
             edge = edge_of(event)
             if edge is None:
@@ -156,6 +185,7 @@ def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
             elif event.get("status") != state:
                 problems.append(f"event {n}: run_end status {event.get('status')!r} but the "
                                 f"run is in {state!r}")
+    problems += held
     if ended_at is None:
         problems.append(f"no run_end (the run is in {state!r})")
     return problems

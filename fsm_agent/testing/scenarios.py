@@ -31,8 +31,9 @@ from fsm_agent.store import MemoryStore, Store
 from fsm_agent.testing.decisions import answer, call, decide
 from fsm_agent.testing.faults import FaultyTools
 
-__all__ = ["Scenario", "ScenarioRun", "edge_key", "record_transitions", "run_through_interrupts",
-           "scenario_for", "scenarios", "scripted_runtime", "stale_recipes", "unbuildable"]
+__all__ = ["ProcessDied", "Scenario", "ScenarioRun", "edge_key", "record_transitions",
+           "run_through_interrupts", "scenario_for", "scenarios", "scripted_runtime",
+           "stale_recipes", "unbuildable"]
 
 EdgeKey = tuple[str, str, str, tuple[str, ...]]
 Setup = Callable[[FaultyTools], list[list[Step]]]
@@ -105,6 +106,16 @@ def run_through_interrupts(runtime: Runtime, task: str, *, run_id: str,
         TRANSITION_LISTENERS.remove(keep)
 
 
+class ProcessDied(BaseException):
+    """The process dying mid-run, as far as the engine can tell: nothing catches it
+    (unlike ``KeyboardInterrupt``, which cancels the run cleanly)."""
+
+
+#: What a trusted caller does with a run after it stopped or its process died
+#: (``runtime.resume(run_id)``, ``runtime.approve(run_id, call_id)``, ...).
+Review = Callable[[Runtime, str], list[RunResult]]
+
+
 @dataclass
 class ScenarioRun:
     """What running a scenario did: the results, its tools, and the edges taken."""
@@ -127,6 +138,9 @@ class Scenario:
 
     ``cancel_on_entering`` names a state: when a run enters it, the fake clock is armed
     to raise ``KeyboardInterrupt`` at its next reading (Ctrl-C in that state).
+    ``die_at`` names a trigger: the process dies (:class:`ProcessDied`) the first time a
+    run takes an edge of it, before that edge is saved. ``review`` then runs after each
+    script's run, as the trusted caller who resumes or settles it.
     """
 
     name: str
@@ -136,43 +150,63 @@ class Scenario:
     allowed_tools: Sequence[str] | None = None
     task: str = "Please help with order A17."
     cancel_on_entering: str | None = None
+    die_at: str | None = None
+    review: Review | None = None
 
     def run(self) -> ScenarioRun:
         kit = FaultyTools()
         scripts = self.setup(kit)
         store = MemoryStore()
         outcome = ScenarioRun(self, kit, [], [])
+        died: list[str] = []
 
-        def arm(run: Any, transition: Transition) -> None:
+        def faults(run: Any, transition: Transition) -> None:
             if transition.dest == self.cancel_on_entering:
                 kit.clock.interrupt_next_read()
+            if transition.trigger == self.die_at and not died:
+                died.append(run.run_id)
+                raise ProcessDied(f"the process died at {transition.label}")
 
         with record_transitions() as taken:
-            if self.cancel_on_entering is not None:
-                TRANSITION_LISTENERS.append(arm)
+            # First in line: a transition the process died in is never saved, so no
+            # other listener (recorder, coverage) should count it either.
+            TRANSITION_LISTENERS.insert(0, faults)
             try:
                 for n, script in enumerate(scripts, 1):
                     runtime = scripted_runtime(kit, script, allowed_tools=self.allowed_tools,
                                                store=store, **self.options)
-                    result, interrupted = run_through_interrupts(
-                        runtime, self.task, run_id=f"{self.name}-{n}")
-                    outcome.results.append(result)
-                    outcome.interrupted.append(interrupted)
+                    run_id = f"{self.name}-{n}"
+                    try:
+                        result, interrupted = run_through_interrupts(
+                            runtime, self.task, run_id=run_id)
+                        outcome.results.append(result)
+                        outcome.interrupted.append(interrupted)
+                    except ProcessDied:
+                        pass  # only what the store saved remains; ``review`` resumes it
+                    for result in self.review(runtime, run_id) if self.review else ():
+                        outcome.results.append(result)
+                        outcome.interrupted.append(False)
             finally:
-                if arm in TRANSITION_LISTENERS:
-                    TRANSITION_LISTENERS.remove(arm)
+                TRANSITION_LISTENERS.remove(faults)
         outcome.taken = list(taken)
         return outcome
 
 
 _RECIPES: list[Scenario] = []
+_TABLE_KEYS = {edge_key(t) for t in TRANSITIONS}
 
 
-def _recipe(trigger: str, source: str, dest: str, guards: tuple[str, ...] = (),
+def _recipe(trigger: str, source: str, dest: str, guards: tuple[str, ...] = (), *,
+            if_in_table: bool = False, needs: bool = True,
             **scenario: Any) -> Callable[[Setup], Setup]:
+    """Register a recipe aimed at an edge. ``if_in_table`` recipes are for edges that
+    another part of the engine adds (durable runs): they register only once the table
+    has their edge and ``needs`` (the API they drive) holds."""
     def register(setup: Setup) -> Setup:
         name = setup.__name__.strip("_")
-        _RECIPES.append(Scenario(name, (trigger, source, dest, guards), setup, **scenario))
+        target = (trigger, source, dest, guards)
+        if not if_in_table or (needs and target in _TABLE_KEYS):
+            _RECIPES.append(Scenario(name, target, setup, **scenario))
         return setup
     return register
 
@@ -436,6 +470,44 @@ def _cancel_during_backoff(kit: FaultyTools) -> list[list[Step]]:
 def _cancel_while_observing(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup(), _lookup("A18")), answer("never asked")]]
+
+
+# ── resume: durable runs picked up again (registered when the table has these edges) ──
+
+def _resume(runtime: Runtime, run_id: str) -> list[RunResult]:
+    resume: Callable[[str], RunResult] = getattr(runtime, "resume")  # noqa: B009
+    return [resume(run_id)]
+
+
+def _approve_c1(runtime: Runtime, run_id: str) -> list[RunResult]:
+    approve: Callable[[str, str], RunResult] = getattr(runtime, "approve")  # noqa: B009
+    return [approve(run_id, "c1")]
+
+
+_DURABLE = hasattr(Runtime, "resume") and hasattr(Runtime, "approve")
+
+
+@_recipe("resume", "executing", "review_required", ("write_outcome_lost",),
+         if_in_table=True, needs=_DURABLE, die_at="tool_returned", review=_resume)
+def _resume_after_death_mid_write(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit)
+    return [[decide(_ticket(), _lookup()), answer("never asked")]]
+
+
+@_recipe("resume", "executing", "executing", (), if_in_table=True, needs=_DURABLE,
+         die_at="tool_returned", review=_resume)
+def _resume_after_death_with_result_stored(kit: FaultyTools) -> list[list[Step]]:
+    # The keyed write's result reached the idempotency record before the process died:
+    # resumed, the write is dispatched again and replays instead of running twice.
+    _kit(kit, idempotent=True)
+    return [[decide(_ticket()), answer("Ticket filed.")]]
+
+
+@_recipe("resume", "review_required", "observing", (), if_in_table=True, needs=_DURABLE,
+         review=_approve_c1)
+def _approve_then_resume(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit, requires_approval=True)
+    return [[decide(_ticket()), answer("Ticket filed.")]]
 
 
 # ── resolution against the table ────────────────────────────────────────────────────
