@@ -95,18 +95,44 @@ def is_path(edges: Sequence[Transition], *, start: str = INITIAL_STATE) -> bool:
 
 
 def shortest_paths() -> dict[int, Path]:
-    """For each reachable edge (by index), a shortest path from the initial state through
-    it to a terminal state: the least a scenario must do to take that edge."""
-    found: dict[int, Path] = {}
-    depth = 1
-    while len(found) < len(TRANSITIONS) and depth <= 4 * len(TRANSITIONS):
-        for path in paths(depth):
-            if len(path) < depth:
+    """For each reachable edge (by index), a shortest walk from the initial state through
+    it to a terminal state: the least a scenario must do to take that edge.
+
+    An edge that leaves a terminal state (``resume``) lies on no path of :func:`paths`;
+    its walk reaches that state first, then goes on through the edge.
+    """
+    by_source: dict[str, list[Transition]] = {}
+    for t in TRANSITIONS:
+        by_source.setdefault(t.source, []).append(t)
+    # Shortest ways in: through working states first, and through a terminal state (by a
+    # resume edge) only to reach what nothing else reaches.
+    prefix: dict[str, tuple[Transition, ...]] = {INITIAL_STATE: ()}
+    for through_terminal in (False, True):
+        frontier = list(prefix)
+        while frontier:
+            grown = []
+            for state in frontier:
+                if state in _TERMINAL and not through_terminal:
+                    continue
+                for t in by_source.get(state, ()):
+                    if t.dest not in prefix:
+                        prefix[t.dest] = (*prefix[state], t)
+                        grown.append(t.dest)
+            frontier = grown
+    # Shortest ways out to a terminal state, through working states only.
+    suffix: dict[str, tuple[Transition, ...]] = {state: () for state in TERMINAL_STATES}
+    changed = True
+    while changed:
+        changed = False
+        for t in TRANSITIONS:
+            if t.source in _TERMINAL or t.dest not in suffix:
                 continue
-            for i in path.indexes:
-                found.setdefault(i, path)
-        depth += 1
-    return found
+            way = (t, *suffix[t.dest])
+            if t.source not in suffix or len(way) < len(suffix[t.source]):
+                suffix[t.source] = way
+                changed = True
+    return {i: Path((*prefix[t.source], t, *suffix[t.dest]))
+            for i, t in enumerate(TRANSITIONS) if t.source in prefix and t.dest in suffix}
 
 
 def edge_of(event: Mapping[str, Any]) -> Transition | None:
