@@ -43,6 +43,8 @@ def _fuzz(examples: int, seed_value: int) -> dict[str, Any]:
     @given(cases())
     def check(case: FuzzCase) -> None:
         stats["examples"] += 1
+        if stats["examples"] % 5000 == 0:  # a long run says it is alive
+            print(f"  seed {seed_value}: {stats['examples']} examples", flush=True)
         outcome = run_case(case)
         stats["runs"] += len(outcome.results)
         for result in outcome.results:
