@@ -176,6 +176,19 @@ def idempotent_replay(run: Run) -> bool:
     return record is not None and record.status == "committed"
 
 
+@guard
+def write_in_flight(run: Run) -> bool:
+    """The process died while this write (without downstream dedup) was running, and no
+    committed result under its idempotency key says how it ended."""
+    call = run.call
+    if call.effect != "write" or call.tool_dedup:
+        return False
+    if call.idempotency_key is None:
+        return True
+    # No record: the intent is written before the tool runs, so it never started.
+    return call.record is not None and call.record.status == "pending"
+
+
 # ── the current call, after its tool returned ─────────────────────────────────────
 
 
@@ -230,8 +243,10 @@ def output_budget_spent(run: Run) -> bool:
 
 @guard
 def batch_has_more_calls(run: Run) -> bool:
-    """The accepted batch still has calls that have not been dispatched."""
-    return run.index + 1 < len(run.decision.calls)
+    """The accepted batch still has calls that have been neither dispatched nor answered."""
+    # After a review, later calls may already be answered (denied, reconciled).
+    answered = run.answered
+    return any(c.id not in answered for c in run.decision.calls[run.index + 1:])
 
 
 @guard

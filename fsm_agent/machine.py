@@ -158,6 +158,16 @@ TRANSITIONS: tuple[Transition, ...] = (
     T("tool_returned", "executing", "observing", (), None,
       "answer_failure", "R5: a read that failed for good is answered as an error"),
 
+    # ── resume: a stored run is picked up again (durable.py fires these) ───────────
+    T("resume", "executing", "review_required", ("write_in_flight",), "outcome_unknown",
+      "stop", "R6/§5: a write that was running when the process died may have happened; "
+      "it is never run again"),
+    T("resume", "executing", "executing", (), None,
+      None, "§5: a read, or a write known not to have started, is dispatched again"),
+    T("resume", "review_required", "observing", (), None,
+      "apply_review", "§5: a reviewer settled every paused call; placeholders are replaced "
+      "and the skipped calls run afresh"),
+
     T("retry", "retry_wait", "executing", (), None,
       None, "R5: after the backoff the same call is dispatched again"),
 

@@ -144,6 +144,12 @@ class Run:
         self.answered: set[str] = set()
         #: call id -> index in ``messages`` of a synthetic result a reviewer may replace.
         self.placeholders: dict[str, int] = {}
+        # Durable runs (durable.py): reviewers' decisions per paused call id, indexes of
+        # messages replaced in place since the last checkpoint, and the hook that saves
+        # a checkpoint after every transition (None: nothing is saved).
+        self.reviews: dict[str, dict[str, Any]] = {}
+        self.rewritten: list[int] = []
+        self.checkpoint: Callable[[Run], None] | None = None
         self.status: str | None = None
         self.reason: str | None = None
         self.detail = ""
@@ -199,6 +205,8 @@ class Run:
             self.emit({"type": "run_end", "status": self.status, "reason": self.reason,
                        "detail": self.detail, "answer": self.answer,
                        "counters": self.counters.as_dict()})
+        if self.checkpoint is not None:
+            self.checkpoint(self)
 
     # ── the loop ──────────────────────────────────────────────────────────────────
 
@@ -259,6 +267,7 @@ class Run:
             self._count_usage(usage)
         self.decision = parse_decision(reply)
         self.batch_appended = False
+        self.answered = set()  # ids are unique per batch only; models reuse "call_1"
 
     def _count_usage(self, usage: dict[str, Any]) -> None:
         def whole(*names: str) -> int:
@@ -300,7 +309,10 @@ class Run:
         self._select(0)
 
     def next_call(self, payloads: list[dict[str, Any]]) -> None:
-        self._select(self.index + 1)
+        index = self.index + 1
+        while self.decision.calls[index].id in self.answered:  # settled by a reviewer
+            index += 1
+        self._select(index)
 
     def end_batch(self, payloads: list[dict[str, Any]]) -> None:
         self.decision = _EMPTY
@@ -366,10 +378,37 @@ class Run:
                 error, detail = "skipped_pending_review", f"the run stopped for review: {reason}"
             else:
                 error, detail = "not_executed", f"the run stopped: {self.status}/{reason}"
+            at = self._answer(payloads, {"ok": False, "error": error, "detail": detail},
+                              call=call, synthetic=True)
             if review:
-                self.placeholders[call.id] = len(self.messages)
-            self._answer(payloads, {"ok": False, "error": error, "detail": detail},
-                         call=call, synthetic=True)
+                self.placeholders[call.id] = at
+
+    def apply_review(self, payloads: list[dict[str, Any]]) -> None:
+        """Settle the paused batch with the reviewers' decisions (recorded by durable.py):
+        a denied call is answered as denied, a reconciled one with the observed result;
+        approved and skipped calls keep their placeholder until they run afresh."""
+        if self.reason == "approval_required":  # the pause came before the batch started
+            self.counters.tool_rounds += 1
+            self.counters.tool_calls += len(self.decision.calls)
+        for call in self.decision.calls:
+            if call.id not in self.placeholders:
+                continue
+            review = self.reviews.get(call.id, {})
+            action = review.get("action")
+            if action == "deny":
+                self._answer(payloads, {"ok": False, "error": "denied",
+                                        "detail": review.get("reason") or "denied by review"},
+                             call=call, synthetic=True)
+            elif action == "reconcile":
+                self._answer(payloads, {"ok": True, "value": review.get("result"),
+                                        "reconciled": True}, call=call)
+            else:
+                self.answered.discard(call.id)
+        self.reviews = {}
+        self.index, self.attempt = -1, 0  # next_call picks the first call still to run
+        self.call = PreparedCall(-1, "", "", "")
+        self.status = self.reason = None
+        self.detail = ""
 
     # ── helpers ───────────────────────────────────────────────────────────────────
 
@@ -384,15 +423,23 @@ class Run:
             self.batch_appended = True
 
     def _answer(self, payloads: list[dict[str, Any]], result: dict[str, Any], *,
-                call: PreparedCall | None = None, synthetic: bool = False) -> None:
+                call: PreparedCall | None = None, synthetic: bool = False) -> int:
         call = call or self.call
         content = _content(result)
-        self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        message = {"role": "tool", "tool_call_id": call.id, "content": content}
+        at = self.placeholders.pop(call.id, None)
+        if at is None:
+            at = len(self.messages)
+            self.messages.append(message)
+        else:  # a reviewed batch: the real answer takes the placeholder's place
+            self.messages[at] = message
+            self.rewritten.append(at)
         self.answered.add(call.id)
         if not synthetic:
             self.counters.output_bytes += len(content.encode("utf-8"))
         payloads.append({"type": "observation", "call_id": call.id, "tool": call.name,
                          "result": _json_safe(result), "synthetic": synthetic})
+        return at
 
     def _set_stop(self) -> None:
         self.status, self.reason = self.state, self.taken.reason
@@ -427,6 +474,8 @@ class Run:
             "outcome_unknown": lambda: (
                 f"{self.call.name!r} ({self.call.id}) may have taken effect: "
                 + (self.outcome.error if self.taken.trigger == "tool_returned" else
+                   "the process stopped while it was running" if self.taken.trigger ==
+                   "resume" else
                    f"an earlier write under key {self.call.idempotency_key!r} never reported")),
         }
         for kind in ("unknown_tool", "permission_denied", "invalid_arguments"):

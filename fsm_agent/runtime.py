@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from fsm_agent import durable
 from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.context import reset_deadline, set_deadline
@@ -145,6 +146,59 @@ class Runtime:
                 sink.close()
         return self._result(run)
 
+    # ── durable runs: resume and review (SPEC §5; the logic lives in durable.py) ──
+
+    def resume(self, run_id: str) -> RunResult:
+        """Continue a stored run from its last checkpoint with this runtime's model and
+        tools (after a crash, or after reviewers settled a ``review_required`` run).
+
+        A write that was running when the process died is never run again: the run stops
+        in ``review_required/outcome_unknown``. A terminal run is returned as stored.
+        Raises ``RunNotFound``, ``RunBusy`` (another live process drives it) or
+        ``StoreError``; the store is left unchanged by any of them.
+        """
+        run, journal = durable.prepare_resume(self, run_id)
+        try:
+            steps = durable.steps(run)
+            request = next(steps)
+            while True:
+                request = steps.send(self._do(request, run))
+        except StopIteration:
+            pass
+        finally:
+            journal.close()
+        return self._result(run)
+
+    async def aresume(self, run_id: str) -> RunResult:
+        """:meth:`resume` for async models and tools."""
+        run, journal = durable.prepare_resume(self, run_id)
+        try:
+            steps = durable.steps(run)
+            request = next(steps)
+            while True:
+                request = steps.send(await self._ado(request, run))
+        except StopIteration:
+            pass
+        finally:
+            journal.close()
+        return self._result(run)
+
+    def approve(self, run_id: str, call_id: str) -> RunResult:
+        """Approve a paused call for its exact arguments, then :meth:`resume`."""
+        durable.record_review(self.store, run_id, call_id, "approve")
+        return self.resume(run_id)
+
+    def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
+        """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
+        durable.record_review(self.store, run_id, call_id, "deny", reason=reason)
+        return self.resume(run_id)
+
+    def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
+        """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
+        ticket exists), then :meth:`resume`; the write is not run again."""
+        durable.record_review(self.store, run_id, call_id, "reconcile", result=result)
+        return self.resume(run_id)
+
     # ── set-up and results ────────────────────────────────────────────────────────
 
     def _new_run(self, task: str | list[dict[str, Any]], run_id: str | None,
@@ -171,7 +225,7 @@ class Runtime:
                                       t.requires_approval, "idempotent":
                                       t.idempotency_key is not None, "dedup": t.dedup,
                                       "timeout_s": t.timeout_s} for t in self.tools}})
-        return run, sink
+        return run, durable.attach(self, run, sink)  # checkpoints if the store keeps runs
 
     @staticmethod
     def _result(run: Run) -> RunResult:

@@ -1,0 +1,362 @@
+"""Durable runs: checkpoints, crash-safe resume and review (SPEC §5).
+
+The trace is the log. A :class:`Journal` sits in the run's trace-sink slot: it passes
+every event on to the caller's sink and, after every transition, saves the events of
+that transition together with a checkpoint (the small context the loop needs to go on,
+plus the history rows added or replaced) in one store transaction. A process killed at
+any point therefore leaves the store at the state after some whole transition, and the
+events stored are exactly the trace up to it.
+
+Resuming (:func:`prepare_resume`) rebuilds a :class:`~fsm_agent.run.Run` from the last
+checkpoint and hands it back to the runtime's usual drivers. Two cases need a decision
+before the loop goes on, and both are edges of the table (trigger ``resume``):
+
+* the last transition started a tool attempt (the process died while it ran): a write
+  whose outcome nothing records stops in ``review_required/outcome_unknown`` and is never
+  run again; a read (or a write whose intent was never recorded) is dispatched again;
+* the run is paused for review and reviewers have settled every blocking call
+  (:func:`record_review`): the placeholders of the paused batch are replaced, skipped
+  calls run afresh, and the loop continues.
+
+Only one process drives a run at a time: resuming and reviewing claim the run in the
+store first, and a live claim held elsewhere raises :class:`~fsm_agent.store.RunBusy`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from fsm_agent.budget import Budget, RetryPolicy
+from fsm_agent.canonical import ArgumentsError, digest, parse_arguments
+from fsm_agent.decision import PreparedCall, admit_calls, parse_decision
+from fsm_agent.machine import MACHINE_HASH, TERMINAL_STATES, TRANSITIONS
+from fsm_agent.run import _EMPTY, Request, Run, ToolOutcome
+from fsm_agent.store import (
+    Checkpoint,
+    IdempotencyRecord,
+    ReviewError,
+    Store,
+    StoreError,
+    StoredRun,
+    owner_token,
+)
+from fsm_agent.trace import TraceSink
+
+if TYPE_CHECKING:
+    from fsm_agent.runtime import Runtime
+
+__all__ = ["BLOCKING", "Journal", "attach", "pending_calls", "prepare_resume",
+           "record_review", "settled", "supports_runs"]
+
+#: Placeholder errors that a reviewer must settle before a paused run can go on
+#: (``skipped_pending_review`` calls simply run afresh).
+BLOCKING = frozenset({"approval_required", "outcome_unknown", "idempotency_conflict"})
+
+#: Which review action fits which placeholder.
+_FITS: dict[str, frozenset[str]] = {
+    "approve": frozenset({"approval_required"}),
+    "reconcile": frozenset({"outcome_unknown"}),
+    "deny": BLOCKING | {"skipped_pending_review"},
+}
+_TERMINAL = frozenset(TERMINAL_STATES)
+
+
+def supports_runs(store: Any) -> bool:
+    """Whether ``store`` keeps runs (older third-party stores keep idempotency only)."""
+    return all(callable(getattr(store, name, None))
+               for name in ("create_run", "save", "load_run", "claim", "release"))
+
+
+# ── checkpoints ───────────────────────────────────────────────────────────────────
+
+
+def snapshot(run: Run) -> dict[str, Any]:
+    """The context a run needs to continue (messages and events are stored apart)."""
+    t = run.taken
+    return {
+        "state": run.state, "seq": run.seq, "status": run.status, "reason": run.reason,
+        "detail": run.detail, "answer": run.answer, "model_error": run.model_error,
+        "counters": run.counters.as_dict(), "elapsed": run.now - run.started,
+        "decision": None if run.decision is _EMPTY else run.decision.message,
+        "batch_appended": run.batch_appended, "index": run.index,
+        "call_index": run.call.index, "attempt": run.attempt,
+        "outcome": [run.outcome.kind, run.outcome.error], "cost_unknown": run.cost_unknown,
+        "answered": list(run.answered), "placeholders": run.placeholders,
+        "taken": [t.trigger, t.source, t.dest, t.action], "reviews": run.reviews,
+    }
+
+
+class Journal:
+    """The run's trace sink when its store keeps runs: events go on to ``inner`` at once
+    and to the store with the checkpoint after each transition, in one transaction."""
+
+    def __init__(self, store: Store, run: Run, inner: TraceSink | None, owner: str,
+                 saved_messages: int) -> None:
+        self.store, self.inner, self.owner = store, inner, owner
+        self.run_id = run.run_id
+        self.every = bool(getattr(store, "checkpoint_every_transition", True))
+        self.buffer: list[dict[str, Any]] = []
+        self.saved = saved_messages
+
+    def write(self, event: dict[str, Any]) -> None:
+        self.buffer.append(event)
+        if self.inner is not None:
+            self.inner.write(event)
+
+    def close(self) -> None:
+        try:
+            if self.inner is not None:
+                self.inner.close()
+        finally:
+            self.store.release(self.run_id, self.owner)
+
+    def checkpoint(self, run: Run) -> None:
+        """Save the transition just taken (``Run.fire`` calls this after each one)."""
+        if not self.every and run.state not in _TERMINAL:
+            return  # a memory store only needs the states a reviewer can act on
+        self.store.save(run.run_id, self.owner, self.buffer,
+                        Checkpoint(snapshot(run), self._messages(run)))
+        self.buffer = []
+
+    def _messages(self, run: Run) -> list[tuple[int, dict[str, Any]]]:
+        messages, saved = run.messages, self.saved
+        rows = [(i, messages[i]) for i in range(saved, len(messages))]
+        rows += [(i, messages[i]) for i in run.rewritten if i < saved]
+        run.rewritten.clear()
+        self.saved = len(messages)
+        return rows
+
+
+def attach(runtime: Runtime, run: Run, sink: TraceSink | None) -> TraceSink | None:
+    """Make a new run durable in the runtime's store; returns the sink the run now uses."""
+    store = runtime.store
+    if not supports_runs(store):
+        return sink
+    journal = Journal(store, run, sink, owner_token(), 0)
+    # The header is stored apart from the (possibly redacted) run_start event: resume
+    # needs the exact budget, retry policy, policy and allow-list the run started with.
+    header = {"machine_hash": MACHINE_HASH, "budget": run.budget.to_dict(),
+              "retry": run.retry.to_dict(), "policy": run.policy,
+              "allowed_tools": sorted(run.allowed)}
+    store.create_run(run.run_id, header, journal.owner, list(run.events),
+                     Checkpoint(snapshot(run), journal._messages(run)))
+    run.sink, run.checkpoint = journal, journal.checkpoint
+    return journal
+
+
+# ── resume ────────────────────────────────────────────────────────────────────────
+
+
+def _restore(runtime: Runtime, stored: StoredRun) -> Run:
+    header, ctx = stored.header, stored.ctx
+    try:
+        budget = Budget(**header["budget"])
+        retry = RetryPolicy(**header["retry"])
+        policy = header["policy"]
+        stored_allowed = frozenset(header["allowed_tools"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"run {stored.run_id!r}: unreadable stored configuration "
+                         f"({exc})") from None
+    # The resuming caller may narrow the allow-list, never widen it.
+    allowed = stored_allowed & runtime.allowed_tools
+    approved = runtime._approved | {d for _, _, d in stored.approvals}
+    run = Run(run_id=stored.run_id, messages=stored.messages, registry=runtime.tools,
+              allowed=allowed, approved=approved,
+              tool_specs=[t.spec() for t in runtime.tools if t.name in allowed],
+              budget=budget, retry=retry, policy=policy, store=runtime.store,
+              clock=runtime.clock, redact=runtime.redact)
+    run.events = stored.events
+    run.state, run.seq = ctx["state"], ctx["seq"]
+    run.status, run.reason, run.detail = ctx["status"], ctx["reason"], ctx["detail"]
+    run.answer, run.model_error = ctx["answer"], ctx["model_error"]
+    for name, value in ctx["counters"].items():
+        setattr(run.counters, name, value)
+    # Wall-clock budgets count the time the run was alive, not the time it lay stored.
+    run.now = runtime.clock()
+    run.started = run.now - ctx["elapsed"]
+    if ctx["decision"] is not None:
+        run.decision = parse_decision(ctx["decision"])
+        if run.state != "validating" and run.decision.calls:  # validating admits itself
+            admit_calls(run.decision, run.registry, run.allowed, run.approved)
+    run.batch_appended, run.index, run.attempt = (ctx["batch_appended"], ctx["index"],
+                                                   ctx["attempt"])
+    if ctx["call_index"] >= 0:
+        run.call = run.decision.calls[ctx["call_index"]]
+    run.outcome = ToolOutcome(ctx["outcome"][0], error=ctx["outcome"][1])
+    run.cost_unknown = ctx["cost_unknown"]
+    run.answered = set(ctx["answered"])
+    run.placeholders = dict(ctx["placeholders"])
+    run.reviews = dict(ctx["reviews"])
+    trigger, source, dest, action = ctx["taken"]
+    run.taken = next((t for t in TRANSITIONS if (t.trigger, t.source, t.dest, t.action)
+                      == (trigger, source, dest, action)), TRANSITIONS[0])
+    return run
+
+
+def _in_flight(run: Run) -> bool:
+    """The last saved transition started a tool attempt whose end was never saved."""
+    return run.state == "executing" and run.taken.action == "start_attempt"
+
+
+def prepare_resume(runtime: Runtime, run_id: str) -> tuple[Run, Journal]:
+    """Claim a stored run, rebuild it, and take the ``resume`` edge if one applies.
+
+    The caller drives ``run.steps()`` when the run is not terminal, then closes the
+    journal (which releases the claim).
+    """
+    store = runtime.store
+    if not supports_runs(store):
+        raise StoreError(f"{type(store).__name__} does not keep runs; use a MemoryStore "
+                         "or SqliteStore")
+    owner = owner_token()
+    store.claim(run_id, owner)
+    try:
+        stored = store.load_run(run_id)
+        run = _restore(runtime, stored)
+        journal = Journal(store, run, None, owner, len(stored.messages))
+        run.sink, run.checkpoint = journal, journal.checkpoint
+        if _in_flight(run):
+            call = run.call
+            if call.idempotency_key is not None:
+                call.record = store.get_idempotency(call.name, call.idempotency_key)
+            run.now = run.clock()
+            run.fire("resume")
+        elif run.state == "review_required" and settled(run):
+            _commit_reconciled(run)
+            run.now = run.clock()
+            run.fire("resume")
+    except BaseException:
+        store.release(run_id, owner)
+        raise
+    return run, journal
+
+
+def _commit_reconciled(run: Run) -> None:
+    """A reconciled write's observed result becomes its idempotency record, so the same
+    request later replays it instead of running again."""
+    store = run.store
+    for call in run.decision.calls:
+        review = run.reviews.get(call.id)
+        if not review or review["action"] != "reconcile" or call.idempotency_key is None:
+            continue
+        record = store.get_idempotency(call.name, call.idempotency_key)
+        if record is not None and record.status == "committed":
+            continue
+        if record is None:
+            store.begin_idempotency(IdempotencyRecord(
+                call.name, call.idempotency_key, call.args_digest, "pending", run.run_id,
+                call.id))
+        store.commit_idempotency(call.name, call.idempotency_key, review.get("result"))
+
+
+def steps(run: Run) -> Generator[Request, Any, None]:
+    """The run's loop, or nothing when it is already terminal."""
+    if run.state not in _TERMINAL:
+        yield from run.steps()
+
+
+# ── review ────────────────────────────────────────────────────────────────────────
+
+
+def _error_of(message: dict[str, Any]) -> str:
+    try:
+        content = json.loads(message.get("content") or "")
+    except (TypeError, ValueError):
+        return ""
+    return str(content.get("error", "")) if isinstance(content, dict) else ""
+
+
+def settled(run: Run) -> bool:
+    """Every blocking placeholder of the paused batch has a reviewer's decision."""
+    if not run.reviews:
+        return False
+    return all(call_id in run.reviews for call_id, at in run.placeholders.items()
+               if _error_of(run.messages[at]) in BLOCKING)
+
+
+def pending_calls(stored: StoredRun) -> list[dict[str, Any]]:
+    """The paused batch's calls a reviewer may act on, with what blocks each."""
+    ctx = stored.ctx
+    calls = {c.get("id"): c for c in ((ctx.get("decision") or {}).get("tool_calls") or [])}
+    out = []
+    for call_id, at in (ctx.get("placeholders") or {}).items():
+        call = calls.get(call_id, {})
+        fn = call.get("function") or {}
+        out.append({"call_id": call_id, "tool": fn.get("name"),
+                    "arguments": fn.get("arguments"),
+                    "waiting_for": _error_of(stored.messages[at]),
+                    "review": (ctx.get("reviews") or {}).get(call_id)})
+    return out
+
+
+def record_review(store: Store, run_id: str, call_id: str, action: str, *,
+                  reason: str | None = None, result: Any = None) -> dict[str, Any]:
+    """Record a reviewer's decision on a paused call; returns the ``review`` event.
+
+    Nothing runs here (this works without the run's model and tools, e.g. from the CLI);
+    the next resume applies the decisions once every blocking call is settled. Anything
+    that does not fit raises :class:`ReviewError` and changes nothing.
+    """
+    if action not in _FITS:
+        raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
+    if not supports_runs(store):
+        raise StoreError(f"{type(store).__name__} does not keep runs")
+    owner = owner_token()
+    store.claim(run_id, owner)
+    try:
+        stored = store.load_run(run_id)
+        ctx = stored.ctx
+        if ctx.get("state") != "review_required":
+            raise ReviewError(f"run {run_id!r} is {ctx.get('state')}"
+                              f"{'/' + ctx['reason'] if ctx.get('reason') else ''}, "
+                              "not waiting for review")
+        placeholders: dict[str, int] = ctx.get("placeholders") or {}
+        if call_id not in placeholders:
+            raise ReviewError(f"call {call_id!r} is not pending in run {run_id!r} (pending: "
+                              f"{', '.join(placeholders) or 'none'})")
+        reviews: dict[str, Any] = ctx.setdefault("reviews", {})
+        if call_id in reviews:
+            raise ReviewError(f"call {call_id!r} of run {run_id!r} was already "
+                              f"{reviews[call_id]['action']}d")
+        waiting = _error_of(stored.messages[placeholders[call_id]])
+        if waiting not in _FITS[action]:
+            fits = sorted(a for a, errors in _FITS.items() if waiting in errors)
+            raise ReviewError(f"call {call_id!r} is waiting for {waiting or 'nothing'}: "
+                              f"{action} does not apply (use {' or '.join(fits)})")
+        call = _stored_call(ctx, call_id)
+        event: dict[str, Any] = {"type": "review", "action": action, "call_id": call_id,
+                                 "tool": call.name}
+        decision: dict[str, Any] = {"action": action}
+        approvals: list[tuple[str, str, str]] = []
+        if action == "approve":
+            try:
+                bound = digest(call.name, parse_arguments(call.raw_arguments))
+            except ArgumentsError as exc:
+                raise ReviewError(f"call {call_id!r} has unusable arguments: {exc}") from None
+            event["digest"] = decision["digest"] = bound
+            approvals.append((call_id, call.name, bound))
+        elif action == "deny":
+            event["reason"] = decision["reason"] = reason or "denied by review"
+        else:
+            try:
+                json.dumps(result, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ReviewError(f"the reconciled result must be JSON data: {exc}") from None
+            event["result"] = decision["result"] = result
+        ctx["seq"] += 1
+        event["seq"] = ctx["seq"]
+        reviews[call_id] = decision
+        store.save(run_id, owner, [event], Checkpoint(ctx, [], approvals))
+        return event
+    finally:
+        store.release(run_id, owner)
+
+
+def _stored_call(ctx: dict[str, Any], call_id: str) -> PreparedCall:
+    decision = parse_decision(ctx.get("decision") or {})
+    for call in decision.calls:
+        if call.id == call_id:
+            return call
+    raise ReviewError(f"call {call_id!r} is not part of the paused batch")
