@@ -38,8 +38,8 @@ from fsm_agent.store import (
     IdempotencyRecord,
     ReviewError,
     Store,
-    StoreError,
     StoredRun,
+    StoreError,
     owner_token,
 )
 from fsm_agent.trace import TraceSink

@@ -186,8 +186,8 @@ class SqliteStore:
         if "locked" in text or "busy" in text:
             return StoreError(f"{self.path}: database is locked by another process "
                               f"(waited {self.timeout:g}s)")
-        if "not a database" in text or "malformed" in text or isinstance(
-                exc, sqlite3.DatabaseError) and "corrupt" in text:
+        if "not a database" in text or "malformed" in text or (isinstance(
+                exc, sqlite3.DatabaseError) and "corrupt" in text):
             return StoreError(f"{self.path}: not an SQLite database or corrupt ({text})")
         if "unable to open" in text:
             return StoreError(f"{self.path}: cannot open the database file ({text})")
