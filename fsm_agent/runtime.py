@@ -155,35 +155,41 @@ class Runtime:
 
     # ── durable runs: resume and review (SPEC §5; the logic lives in durable.py) ──
 
-    def resume(self, run_id: str) -> RunResult:
+    def resume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """Continue a stored run from its last checkpoint with this runtime's model and
         tools (after a crash, or after reviewers settled a ``review_required`` run).
 
         A write that was running when the process died is never run again: the run stops
-        in ``review_required/outcome_unknown``. A terminal run is returned as stored.
-        Raises ``RunNotFound``, ``RunBusy`` (another live process drives it) or
-        ``StoreError``; the store is left unchanged by any of them.
+        in ``review_required/outcome_unknown``. A terminal run, or one still waiting for
+        a reviewer, is returned as stored. Raises ``RunNotFound``, ``RunBusy`` (another
+        live process drives it) or ``StoreError``, changing nothing in the store.
         """
+        model = self._model_for(model)
+        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
+        if _is_async_callable(model) or blocking:
+            what = f"async tools {blocking}" if blocking else "an async model"
+            raise ValueError(f"resume() cannot drive {what}; use 'await runtime.aresume(...)'")
         run, journal = durable.prepare_resume(self, run_id)
         try:
             steps = durable.steps(run)
             request = next(steps)
             while True:
-                request = steps.send(self._do(request, run))
+                request = steps.send(self._do(request, run, model))
         except StopIteration:
             pass
         finally:
             journal.close()
         return self._result(run)
 
-    async def aresume(self, run_id: str) -> RunResult:
+    async def aresume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """:meth:`resume` for async models and tools."""
+        model = self._model_for(model)
         run, journal = durable.prepare_resume(self, run_id)
         try:
             steps = durable.steps(run)
             request = next(steps)
             while True:
-                request = steps.send(await self._ado(request, run))
+                request = steps.send(await self._ado(request, run, model))
         except StopIteration:
             pass
         finally:
