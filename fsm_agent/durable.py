@@ -61,6 +61,8 @@ _FITS: dict[str, frozenset[str]] = {
     "deny": BLOCKING | {"skipped_pending_review"},
 }
 _TERMINAL = frozenset(TERMINAL_STATES)
+#: Transitions after which a checkpoint is committed (see ``Journal.checkpoint``).
+_COMMIT_TRIGGERS = frozenset({"model_replied", "model_failed", "resume"})
 
 
 def supports_runs(store: Any) -> bool:
@@ -113,11 +115,29 @@ class Journal:
             self.store.release(self.run_id, self.owner)
 
     def checkpoint(self, run: Run) -> None:
-        """Save the transition just taken (``Run.fire`` calls this after each one)."""
+        """Save the transition just taken (``Run.fire`` calls this after each one).
+
+        A transaction is committed only where losing the transitions since the last one
+        would matter: after a model reply (it cost tokens), around a write's attempt (it
+        may change the world), and at every end or resume. Everything in between is pure
+        or a read: a crash there resumes from the last commit and takes the same edges
+        again, re-running at most a read, which is safe by declaration.
+        """
+        t = run.taken
+        if not (t.trigger in _COMMIT_TRIGGERS or run.state in _TERMINAL or (
+                run.call.effect == "write" and (t.action == "start_attempt"
+                                                or t.trigger == "tool_returned"))):
+            return
         if not self.every and run.state not in _TERMINAL:
             return  # a memory store only needs the states a reviewer can act on
-        self.store.save(run.run_id, self.owner, self.buffer,
-                        Checkpoint(snapshot(run), self._messages(run)))
+        checkpoint = Checkpoint(snapshot(run), self._messages(run))
+        call = run.call
+        if t.action == "start_attempt" and call.idempotency_key is not None:
+            # The write's intent goes in with the checkpoint that starts it: one commit.
+            checkpoint.intents.append(IdempotencyRecord(
+                call.name, call.idempotency_key, call.args_digest, "pending", run.run_id,
+                call.id))
+        self.store.save(run.run_id, self.owner, self.buffer, checkpoint)
         self.buffer = []
 
     def _messages(self, run: Run) -> list[tuple[int, dict[str, Any]]]:

@@ -236,9 +236,11 @@ def output_budget_spent(run: Run) -> bool:
 @guard
 def batch_has_more_calls(run: Run) -> bool:
     """The accepted batch still has calls that have been neither dispatched nor answered."""
+    calls, answered, nxt = run.decision.calls, run.answered, run.index + 1
+    if nxt >= len(calls):
+        return False
     # After a review, later calls may already be answered (denied, reconciled).
-    answered = run.answered
-    return any(c.id not in answered for c in run.decision.calls[run.index + 1:])
+    return calls[nxt].id not in answered or any(c.id not in answered for c in calls[nxt:])
 
 
 @guard

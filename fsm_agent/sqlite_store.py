@@ -47,14 +47,16 @@ _MIGRATIONS: tuple[str, ...] = (
         state       TEXT NOT NULL,
         reason      TEXT NOT NULL DEFAULT '',
         pending     INTEGER NOT NULL DEFAULT 0,
-        header      TEXT NOT NULL,
         ctx         TEXT NOT NULL,
         owner       TEXT,
         lease_until REAL NOT NULL DEFAULT 0,
         created     REAL NOT NULL,
         updated     REAL NOT NULL
     );
-    CREATE INDEX runs_by_state ON runs (state, updated);
+    CREATE TABLE headers (
+        run_id TEXT PRIMARY KEY,
+        body   TEXT NOT NULL
+    );
     CREATE TABLE events (
         run_id TEXT NOT NULL,
         seq    INTEGER NOT NULL,
@@ -235,14 +237,22 @@ class SqliteStore:
                                  None if result is None else json.loads(result))
 
     def begin_idempotency(self, record: IdempotencyRecord) -> None:
+        current = self.get_idempotency(record.tool, record.key)
+        if current is not None and current.status == "pending" and (
+                current.args_digest, current.owner) == (record.args_digest, record.owner):
+            return  # stored with the checkpoint that started this attempt
         with self._write() as c:
-            row = c.execute("SELECT status, args_digest FROM idempotency WHERE tool = ? AND "
-                            "key = ?", (record.tool, record.key)).fetchone()
-            if row is not None and (row[0] == "committed" or row[1] != record.args_digest):
-                raise ValueError(f"idempotency key {record.key!r} of {record.tool!r} is taken")
-            c.execute("INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, 'pending', ?, ?, "
-                      "NULL, ?)", (record.tool, record.key, record.args_digest, record.run_id,
-                                   record.call_id, time.time()))
+            self._begin(c, record)
+
+    @staticmethod
+    def _begin(c: sqlite3.Connection, record: IdempotencyRecord) -> None:
+        row = c.execute("SELECT status, args_digest FROM idempotency WHERE tool = ? AND "
+                        "key = ?", (record.tool, record.key)).fetchone()
+        if row is not None and (row[0] == "committed" or row[1] != record.args_digest):
+            raise ValueError(f"idempotency key {record.key!r} of {record.tool!r} is taken")
+        c.execute("INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, 'pending', ?, ?, "
+                  "NULL, ?)", (record.tool, record.key, record.args_digest, record.run_id,
+                               record.call_id, time.time()))
 
     def commit_idempotency(self, tool: str, key: str, result: Any) -> None:
         with self._write() as c:
@@ -266,10 +276,13 @@ class SqliteStore:
             if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 raise ValueError(f"run id {run_id!r} is already stored in {self.path}")
             ctx = checkpoint.ctx
-            c.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            # The header is written once, apart: the runs row stays small because every
+            # checkpoint rewrites it (no index on it either, for the same reason).
+            c.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (run_id, ctx.get("state", ""), ctx.get("reason") or "",
-                       len(ctx.get("placeholders") or ()), _dumps(header), _dumps(ctx),
-                       owner, now + self.lease_s, now, now))
+                       len(ctx.get("placeholders") or ()), _dumps(ctx), owner,
+                       now + self.lease_s, now, now))
+            c.execute("INSERT INTO headers VALUES (?, ?)", (run_id, _dumps(header)))
             self._append(c, run_id, events, checkpoint)
 
     def save(self, run_id: str, owner: str, events: list[dict[str, Any]],
@@ -287,9 +300,11 @@ class SqliteStore:
                 self._not_owner(c, run_id)
             self._append(c, run_id, events, checkpoint)
 
-    @staticmethod
-    def _append(c: sqlite3.Connection, run_id: str, events: list[dict[str, Any]],
+    @classmethod
+    def _append(cls, c: sqlite3.Connection, run_id: str, events: list[dict[str, Any]],
                 checkpoint: Checkpoint) -> None:
+        for record in checkpoint.intents:
+            cls._begin(c, record)
         if events:
             c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
                           [(run_id, e["seq"], e["type"], _dumps(e)) for e in events])
@@ -311,7 +326,8 @@ class SqliteStore:
 
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
-            rows = self._read("SELECT header, ctx FROM runs WHERE run_id = ?", (run_id,))
+            rows = self._read("SELECT h.body, r.ctx FROM runs r JOIN headers h USING (run_id) "
+                              "WHERE run_id = ?", (run_id,))
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
             messages = self._read("SELECT body FROM messages WHERE run_id = ? ORDER BY idx",

@@ -69,11 +69,15 @@ class Checkpoint:
     ``messages`` are ``(index, message)`` rows to insert or replace, so the history is
     written append-only except where a reviewer's decision replaces a placeholder.
     ``approvals`` are ``(call_id, tool, digest)`` granted by a reviewer for this run.
+    ``intents`` are ``pending`` idempotency records of a write about to run, stored in
+    the same transaction as the checkpoint that starts its attempt (a durable store may
+    do so to save a transaction; ``begin_idempotency`` then finds them already there).
     """
 
     ctx: dict[str, Any]
     messages: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     approvals: list[tuple[str, str, str]] = field(default_factory=list)
+    intents: list[IdempotencyRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -234,8 +238,7 @@ class MemoryStore:
                               "this process stopped driving it")
             self._save(row, events, checkpoint, time.time())
 
-    @staticmethod
-    def _save(row: dict[str, Any], events: list[dict[str, Any]], checkpoint: Checkpoint,
+    def _save(self, row: dict[str, Any], events: list[dict[str, Any]], checkpoint: Checkpoint,
               now: float) -> None:
         # References, not copies: a run never mutates an event or message dict once
         # emitted (a replaced placeholder is a new dict) and ``ctx`` is built fresh for
@@ -249,6 +252,8 @@ class MemoryStore:
                 messages[index] = message
         row["ctx"] = checkpoint.ctx
         row["approvals"].extend(checkpoint.approvals)
+        for record in checkpoint.intents:  # callers hold self._lock
+            self._records[(record.tool, record.key)] = record
         row["updated"] = now
 
     def load_run(self, run_id: str) -> StoredRun:
