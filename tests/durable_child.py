@@ -11,9 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import durable_scenario as scenario  # noqa: E402
+import durable_scenario as scenario
 
-from fsm_agent.store import RunBusy  # noqa: E402
+from fsm_agent.store import RunBusy
 
 
 def main() -> int:

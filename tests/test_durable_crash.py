@@ -40,7 +40,7 @@ def child(tmp: Path, crash: str, mode: str = "start",
 
 def run_child(tmp: Path, crash: str, mode: str = "start") -> int:
     proc = child(tmp, crash, mode)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, -signal.SIGKILL), err
     return proc.returncode
 
