@@ -66,9 +66,10 @@ _COMMIT_TRIGGERS = frozenset({"model_replied", "model_failed", "resume"})
 
 
 def supports_runs(store: Any) -> bool:
-    """Whether ``store`` keeps runs (older third-party stores keep idempotency only)."""
-    return all(callable(getattr(store, name, None))
-               for name in ("create_run", "save", "load_run", "claim", "release"))
+    """Whether ``store`` keeps runs (stores may keep idempotency records only)."""
+    return getattr(store, "keeps_runs", True) and all(
+        callable(getattr(store, name, None))
+        for name in ("create_run", "save", "load_run", "claim", "release"))
 
 
 # ── checkpoints ───────────────────────────────────────────────────────────────────

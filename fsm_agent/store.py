@@ -147,8 +147,7 @@ class Store(Protocol):
     def abort_idempotency(self, tool: str, key: str) -> None:
         """Forget a pending record whose write definitely did not happen."""
 
-    #: True when the store survives the process: checkpoint after every transition.
-    #: False (memory): only terminal states are checkpointed, for in-process review.
+    #: False: the store only needs terminal states (checkpoints elsewhere are skipped).
     checkpoint_every_transition: bool
 
     def create_run(self, run_id: str, header: dict[str, Any], owner: str,
@@ -180,13 +179,17 @@ class Store(Protocol):
 class MemoryStore:
     """An in-process :class:`Store` (thread-safe).
 
-    Runs are checkpointed only when they reach a terminal state (a process that dies
-    loses its memory anyway), which is what an in-process approve/deny/reconcile needs.
+    It keeps runs like a durable store does, so a run stopped by an exception (a
+    ``KeyboardInterrupt`` in a tool, say) or paused for review can be resumed in the
+    same process; nothing survives the process.
     """
 
-    checkpoint_every_transition = False
+    checkpoint_every_transition = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_runs: bool = True) -> None:
+        #: ``keep_runs=False`` keeps idempotency records only: runs are not saved (about
+        #: 8 µs less per tool round) and cannot be resumed or reviewed.
+        self.keeps_runs = keep_runs
         self._records: dict[tuple[str, str], IdempotencyRecord] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, dict[str, Any]] = {}

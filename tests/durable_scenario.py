@@ -139,7 +139,8 @@ def runtime(store: SqliteStore, effects_path: Path) -> Runtime:
                    store=store)
 
 
-def trace_problems(events: list[dict[str, Any]]) -> list[str]:
+def trace_problems(events: list[dict[str, Any]],
+                   writes: tuple[str, ...] = ("create_ticket", "notify")) -> list[str]:
     """The invariants ``fsm-agent check`` verifies, for traces with resumes and reviews:
     contiguous seq, every transition a legal edge from the state the last one left, only
     a review or a ``resume`` edge after a ``review_required`` end, nothing after any other
@@ -165,8 +166,7 @@ def trace_problems(events: list[dict[str, Any]]) -> list[str]:
             if event["source"] != state:
                 problems.append(f"event {i}: leaves {event['source']} but the run is in {state}")
             state, ended = event["dest"], None
-            if event["trigger"] == "tool_returned" and event.get("tool") in ("create_ticket",
-                                                                            "notify"):
+            if event["trigger"] == "tool_returned" and event.get("tool") in writes:
                 write_returns[event["call_id"]] = write_returns.get(event["call_id"], 0) + 1
         elif kind == "run_end":
             if event.get("status") != state:

@@ -1,0 +1,212 @@
+"""Resume and review, in one process: every ``resume`` edge of the table is driven by a
+run here, with its state, reason, history, trace and counters checked, against both the
+in-memory store and SQLite. (A process dying is simulated by an exception that no part
+of the engine catches; ``test_durable_crash.py`` kills real processes.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Backend, assert_valid_run, call, calls, edges, make_runtime, say
+from durable_scenario import trace_problems
+
+from fsm_agent import MemoryStore, RunResult
+from fsm_agent.canonical import digest
+from fsm_agent.run import TRANSITION_LISTENERS
+from fsm_agent.sqlite_store import SqliteStore
+
+WRITE = {"request_id": "R-1", "title": "A17 is late"}
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStore()
+    else:
+        with SqliteStore(tmp_path / "runs.db") as sqlite:
+            yield sqlite
+
+
+def content(result: RunResult, call_id: str) -> dict[str, Any]:
+    (message,) = [m for m in result.messages if m.get("tool_call_id") == call_id]
+    parsed: dict[str, Any] = json.loads(message["content"])
+    return parsed
+
+
+def check(result: RunResult) -> None:
+    assert_valid_run(result)
+    assert trace_problems(result.events, writes=("write",)) == []
+
+
+# ── resume executing -> review_required [write_in_flight] ──────────────────────────
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_write_that_was_running_when_the_process_died_stops_for_review(
+        store: Any, backend: Backend, keyed: bool) -> None:
+    backend.fail_writes.append((KeyboardInterrupt(), True))  # dies after its side effect
+    script = [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A17")),
+              say("Filed.")]
+    rt = make_runtime(script, backend, store=store, keyed=keyed)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run("file it", run_id="r1")
+
+    paused = rt.resume("r1")
+    assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
+    assert edges(paused)[-1] == ("resume", "executing", "review_required")
+    assert "the process stopped while it was running" in paused.detail
+    assert len(backend.writes) == 1 and backend.lookups == []  # never run a second time
+    assert paused.counters["write_attempts"] == 1
+    assert content(paused, "c1")["error"] == "outcome_unknown"
+    assert content(paused, "c2")["error"] == "skipped_pending_review"
+    assert set(paused.pending) == {"c1", "c2"}
+    check(paused)
+    assert rt.resume("r1").events == paused.events  # nothing to do until a reviewer acts
+
+    done = rt.reconcile("r1", "c1", {"ticket": "T-1"})
+    assert (done.status, done.reason, done.answer) == ("done", "final_answer", "Filed.")
+    assert ("resume", "review_required", "observing") in edges(done)
+    assert len(backend.writes) == 1 and backend.lookups == ["A17"]  # skipped call ran afresh
+    assert content(done, "c1") == {"ok": True, "value": {"ticket": "T-1"}, "reconciled": True}
+    assert content(done, "c2")["ok"] is True
+    assert done.pending == {}
+    assert done.counters["tool_rounds"] == 1 and done.counters["write_attempts"] == 1
+    check(done)
+
+
+# ── resume executing -> executing (fallback) ──────────────────────────────────────
+
+
+def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
+        store: Any, backend: Backend) -> None:
+    def die_on_result(run: Any, transition: Any) -> None:
+        if transition.trigger == "tool_returned":
+            raise KeyboardInterrupt  # the result is in the idempotency record, not the run
+
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
+                      store=store)
+    TRANSITION_LISTENERS.append(die_on_result)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rt.run("file it", run_id="r1")
+    finally:
+        TRANSITION_LISTENERS.remove(die_on_result)
+
+    done = rt.resume("r1")
+    assert (done.status, done.reason) == ("done", "final_answer")
+    assert ("resume", "executing", "executing") in edges(done)
+    assert len(backend.writes) == 1
+    assert content(done, "c1") == {"ok": True, "value": {"ticket": "T-1"}, "replayed": True}
+    assert done.counters["replays"] == 1
+    check(done)
+
+
+def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) -> None:
+    backend.fail_writes.append((KeyboardInterrupt(), False))  # dies before its side effect
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
+                      store=store, dedup=True)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run("file it", run_id="r1")
+    done = rt.resume("r1")
+    assert (done.status, done.reason) == ("done", "final_answer")
+    assert ("resume", "executing", "executing") in edges(done)
+    assert len(backend.writes) == 1  # the downstream dedupes by key, so a re-run is safe
+    assert done.counters["tool_attempts"] == {"write": 2}
+    check(done)
+
+
+def test_a_read_that_died_is_simply_run_again(store: Any, backend: Backend) -> None:
+    backend.fail_reads.append(KeyboardInterrupt())
+    rt = make_runtime([calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
+                      backend, store=store)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run("where?", run_id="r1")
+    done = rt.resume("r1")
+    assert (done.status, done.answer) == ("done", "In transit.")
+    assert backend.lookups == ["A17", "A17"]
+    assert not any(t == "resume" for t, _, _ in edges(done))  # reads are not checkpointed
+    check(done)
+
+
+# ── resume review_required -> observing (apply_review) ─────────────────────────────
+
+
+def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
+        store: Any, backend: Backend) -> None:
+    script = [calls(call("c1", "lookup", order_id="A17"), call("c2", "write", **WRITE),
+                    call("c3", "lookup", order_id="B2")), say("Filed.")]
+    rt = make_runtime(script, backend, store=store, approval=True)
+    paused = rt.run("file it", run_id="r1")
+    assert (paused.status, paused.reason) == ("review_required", "approval_required")
+    assert paused.counters["tool_rounds"] == 0 and backend.lookups == []
+
+    done = rt.approve("r1", "c2")
+    assert (done.status, done.reason) == ("done", "final_answer")
+    assert backend.lookups == ["A17", "B2"] and len(backend.writes) == 1
+    assert done.counters["tool_rounds"] == 1 and done.counters["tool_calls"] == 3
+    review = [e for e in done.events if e["type"] == "review"]
+    assert review == [{"type": "review", "action": "approve", "call_id": "c2", "tool": "write",
+                       "digest": digest("write", WRITE), "seq": review[0]["seq"]}]
+    assert store.load_run("r1").approvals == [("c2", "write", digest("write", WRITE))]
+    assert all(content(done, c)["ok"] for c in ("c1", "c2", "c3"))
+    check(done)
+
+
+def test_a_run_waits_until_every_call_needing_approval_is_settled(
+        store: Any, backend: Backend) -> None:
+    other = {"request_id": "R-2", "title": "B2 is late"}
+    script = [calls(call("c1", "write", **WRITE), call("c2", "write", **other)), say("Done.")]
+    rt = make_runtime(script, backend, store=store, approval=True)
+    rt.run("file both", run_id="r1")
+    half = rt.approve("r1", "c1")
+    assert (half.status, half.reason) == ("review_required", "approval_required")
+    assert not any(t == "resume" for t, _, _ in edges(half)) and backend.writes == []
+    done = rt.deny("r1", "c2", "R-2 is a duplicate")
+    assert done.status == "done"
+    assert backend.writes == [WRITE]
+    assert content(done, "c2") == {"ok": False, "error": "denied",
+                                   "detail": "R-2 is a duplicate"}
+    check(done)
+
+
+def test_deny_settles_an_idempotency_conflict(store: Any, backend: Backend) -> None:
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
+                      store=store)
+    assert rt.run("file it").status == "done"
+    changed = {**WRITE, "title": "something else"}
+    rt2 = make_runtime([calls(call("c1", "write", **changed)), say("Not filed.")], backend,
+                       store=store)
+    paused = rt2.run("file it again", run_id="r2")
+    assert (paused.status, paused.reason) == ("review_required", "idempotency_conflict")
+    done = rt2.deny("r2", "c1", "R-1 was filed with another title")
+    assert (done.status, done.answer) == ("done", "Not filed.")
+    assert len(backend.writes) == 1
+    check(done)
+
+
+def test_a_reconciled_result_is_replayed_by_later_runs(store: Any, backend: Backend) -> None:
+    backend.fail_writes.append((RuntimeError("connection reset"), True))
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
+                      store=store)
+    paused = rt.run("file it", run_id="r1")
+    assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
+    done = rt.reconcile("r1", "c1", {"ticket": "T-9"})
+    assert done.status == "done" and len(backend.writes) == 1
+    check(done)
+    later = make_runtime([calls(call("c1", "write", **WRITE)), say("Already filed.")],
+                         backend, store=store).run("file it")
+    assert content(later, "c1") == {"ok": True, "value": {"ticket": "T-9"}, "replayed": True}
+    assert len(backend.writes) == 1
+
+
+def test_resuming_a_finished_run_returns_it_unchanged(store: Any, backend: Backend) -> None:
+    rt = make_runtime([calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
+                      backend, store=store)
+    first = rt.run("where?", run_id="r1")
+    again = rt.resume("r1")
+    assert (again.status, again.answer, again.events) == ("done", "In transit.", first.events)
+    assert again.messages == first.messages and backend.lookups == ["A17"]
