@@ -169,7 +169,7 @@ def idempotent_replay(run: Run) -> bool:
 
 
 @guard
-def write_in_flight(run: Run) -> bool:
+def write_outcome_lost(run: Run) -> bool:
     """The process died while this write (without downstream dedup) was running, and no
     committed result under its idempotency key says how it ended."""
     call = run.call
@@ -215,6 +215,12 @@ def retry_fits_deadline(run: Run) -> bool:
     """The backoff before the next attempt ends inside the wall-clock budget."""
     limit = run.budget.max_wall_clock_s
     return limit is None or (run.now - run.started) + run.next_backoff() < limit
+
+
+@guard
+def write_in_flight(run: Run) -> bool:
+    """A write tool was started and has not reported back."""
+    return run.in_flight and run.call.effect == "write"
 
 
 @guard

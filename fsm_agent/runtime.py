@@ -131,6 +131,9 @@ class Runtime:
                 request = steps.send(self._do(request, run, model))
         except StopIteration:
             pass
+        except KeyboardInterrupt:
+            run.cancel()
+            raise
         finally:
             if sink is not None:
                 sink.close()
@@ -148,6 +151,9 @@ class Runtime:
                 request = steps.send(await self._ado(request, run, model))
         except StopIteration:
             pass
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            run.cancel()  # the trace ends cleanly and every open call is answered
+            raise
         finally:
             if sink is not None:
                 sink.close()

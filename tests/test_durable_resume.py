@@ -22,6 +22,11 @@ from fsm_agent.sqlite_store import SqliteStore
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
 
+class Died(BaseException):
+    """The process dying, as far as the engine can tell: nothing catches it (unlike
+    ``Died``, which cancels the run cleanly)."""
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if request.param == "memory":
@@ -42,17 +47,17 @@ def check(result: RunResult) -> None:
     assert trace_problems(result.events, writes=("write",)) == []
 
 
-# ── resume executing -> review_required [write_in_flight] ──────────────────────────
+# ── resume executing -> review_required [write_outcome_lost] ──────────────────────────
 
 
 @pytest.mark.parametrize("keyed", [True, False])
 def test_a_write_that_was_running_when_the_process_died_stops_for_review(
         store: Any, backend: Backend, keyed: bool) -> None:
-    backend.fail_writes.append((KeyboardInterrupt(), True))  # dies after its side effect
+    backend.fail_writes.append((Died(), True))  # dies after its side effect
     script = [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A17")),
               say("Filed.")]
     rt = make_runtime(script, backend, store=store, keyed=keyed)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Died):
         rt.run("file it", run_id="r1")
 
     paused = rt.resume("r1")
@@ -85,13 +90,13 @@ def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
         store: Any, backend: Backend) -> None:
     def die_on_result(run: Any, transition: Any) -> None:
         if transition.trigger == "tool_returned":
-            raise KeyboardInterrupt  # the result is in the idempotency record, not the run
+            raise Died  # the result is in the idempotency record, not the run
 
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
                       store=store)
     TRANSITION_LISTENERS.append(die_on_result)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(Died):
             rt.run("file it", run_id="r1")
     finally:
         TRANSITION_LISTENERS.remove(die_on_result)
@@ -106,10 +111,10 @@ def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
 
 
 def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) -> None:
-    backend.fail_writes.append((KeyboardInterrupt(), False))  # dies before its side effect
+    backend.fail_writes.append((Died(), False))  # dies before its side effect
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
                       store=store, dedup=True)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Died):
         rt.run("file it", run_id="r1")
     done = rt.resume("r1")
     assert (done.status, done.reason) == ("done", "final_answer")
@@ -120,10 +125,10 @@ def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) 
 
 
 def test_a_read_that_died_is_simply_run_again(store: Any, backend: Backend) -> None:
-    backend.fail_reads.append(KeyboardInterrupt())
+    backend.fail_reads.append(Died())
     rt = make_runtime([calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
                       backend, store=store)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Died):
         rt.run("where?", run_id="r1")
     done = rt.resume("r1")
     assert (done.status, done.answer) == ("done", "In transit.")
