@@ -183,6 +183,9 @@ class Runtime:
                 request = steps.send(self._do(request, run, model))
         except StopIteration:
             pass
+        except KeyboardInterrupt:
+            run.cancel()
+            raise
         finally:
             journal.close()
         return self._result(run)
@@ -198,6 +201,9 @@ class Runtime:
                 request = steps.send(await self._ado(request, run, model))
         except StopIteration:
             pass
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            run.cancel()
+            raise
         finally:
             journal.close()
         return self._result(run)

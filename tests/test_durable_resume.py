@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
 class Died(BaseException):
     """The process dying, as far as the engine can tell: nothing catches it (unlike
-    ``Died``, which cancels the run cleanly)."""
+    ``KeyboardInterrupt``, which cancels the run cleanly)."""
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -34,6 +35,35 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     else:
         with SqliteStore(tmp_path / "runs.db") as sqlite:
             yield sqlite
+
+
+@contextmanager
+def dies_at(trigger: str) -> Iterator[None]:
+    """The process dies at the first ``trigger`` transition, before it is saved."""
+
+    def die(run: Any, transition: Any) -> None:
+        if transition.trigger == trigger:
+            raise Died
+
+    TRANSITION_LISTENERS.append(die)
+    try:
+        yield
+    finally:
+        TRANSITION_LISTENERS.remove(die)
+
+
+@contextmanager
+def dies_before_result_is_stored(store: Any) -> Iterator[None]:
+    """The process dies after a keyed write ran, before its result is recorded."""
+
+    def die(*args: Any) -> None:
+        raise Died
+
+    store.commit_idempotency = die
+    try:
+        yield
+    finally:
+        del store.commit_idempotency
 
 
 def content(result: RunResult, call_id: str) -> dict[str, Any]:
@@ -53,12 +83,13 @@ def check(result: RunResult) -> None:
 @pytest.mark.parametrize("keyed", [True, False])
 def test_a_write_that_was_running_when_the_process_died_stops_for_review(
         store: Any, backend: Backend, keyed: bool) -> None:
-    backend.fail_writes.append((Died(), True))  # dies after its side effect
     script = [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A17")),
               say("Filed.")]
     rt = make_runtime(script, backend, store=store, keyed=keyed)
-    with pytest.raises(Died):
+    with pytest.raises(Died), (dies_before_result_is_stored(store) if keyed
+                               else dies_at("tool_returned")):
         rt.run("file it", run_id="r1")
+    assert len(backend.writes) == 1
 
     paused = rt.resume("r1")
     assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
@@ -88,18 +119,10 @@ def test_a_write_that_was_running_when_the_process_died_stops_for_review(
 
 def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
         store: Any, backend: Backend) -> None:
-    def die_on_result(run: Any, transition: Any) -> None:
-        if transition.trigger == "tool_returned":
-            raise Died  # the result is in the idempotency record, not the run
-
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
                       store=store)
-    TRANSITION_LISTENERS.append(die_on_result)
-    try:
-        with pytest.raises(Died):
-            rt.run("file it", run_id="r1")
-    finally:
-        TRANSITION_LISTENERS.remove(die_on_result)
+    with pytest.raises(Died), dies_at("tool_returned"):  # the result is in the record only
+        rt.run("file it", run_id="r1")
 
     done = rt.resume("r1")
     assert (done.status, done.reason) == ("done", "final_answer")
@@ -111,24 +134,23 @@ def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
 
 
 def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) -> None:
-    backend.fail_writes.append((Died(), False))  # dies before its side effect
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
                       store=store, dedup=True)
-    with pytest.raises(Died):
+    with pytest.raises(Died), dies_before_result_is_stored(store):
         rt.run("file it", run_id="r1")
     done = rt.resume("r1")
     assert (done.status, done.reason) == ("done", "final_answer")
     assert ("resume", "executing", "executing") in edges(done)
-    assert len(backend.writes) == 1  # the downstream dedupes by key, so a re-run is safe
+    # Sent twice under one key: the registrar declared that the downstream dedupes it.
+    assert [w["request_id"] for w in backend.writes] == ["R-1", "R-1"]
     assert done.counters["tool_attempts"] == {"write": 2}
     check(done)
 
 
 def test_a_read_that_died_is_simply_run_again(store: Any, backend: Backend) -> None:
-    backend.fail_reads.append(Died())
     rt = make_runtime([calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
                       backend, store=store)
-    with pytest.raises(Died):
+    with pytest.raises(Died), dies_at("tool_returned"):
         rt.run("where?", run_id="r1")
     done = rt.resume("r1")
     assert (done.status, done.answer) == ("done", "In transit.")
