@@ -339,8 +339,9 @@ def record_review(store: Store, run_id: str, call_id: str, action: str, *,
                               f"{', '.join(placeholders) or 'none'})")
         reviews: dict[str, Any] = ctx.setdefault("reviews", {})
         if call_id in reviews:
+            done = {"approve": "approved", "deny": "denied", "reconcile": "reconciled"}
             raise ReviewError(f"call {call_id!r} of run {run_id!r} was already "
-                              f"{reviews[call_id]['action']}d")
+                              f"{done.get(reviews[call_id]['action'], 'decided')}")
         waiting = _error_of(stored.messages[placeholders[call_id]])
         if waiting not in _FITS[action]:
             fits = sorted(a for a, errors in _FITS.items() if waiting in errors)
