@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/durable.py
 
 clean:
 	rm -rf $(VENV) traces .pytest_cache .mypy_cache .ruff_cache

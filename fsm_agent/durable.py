@@ -1,11 +1,15 @@
 """Durable runs: checkpoints, crash-safe resume and review (SPEC §5).
 
 The trace is the log. A :class:`Journal` sits in the run's trace-sink slot: it passes
-every event on to the caller's sink and, after every transition, saves the events of
-that transition together with a checkpoint (the small context the loop needs to go on,
-plus the history rows added or replaced) in one store transaction. A process killed at
-any point therefore leaves the store at the state after some whole transition, and the
-events stored are exactly the trace up to it.
+every event on to the caller's sink and, after a transition, saves the events since the
+last save together with a checkpoint (the small context the loop needs to go on, plus
+the history rows added or replaced) in one store transaction. It does so after every
+transition that follows or precedes something outside the machine (a model reply, a
+write's attempt and its result, a write's intent rides in the same transaction) and at
+every end; the pure transitions between them, and reads, ride with the next save (see
+:meth:`Journal.checkpoint`). A process killed at any point therefore leaves the store at
+the state after some whole transition, the events stored are exactly the trace up to
+it, and resuming from there repeats nothing but model calls and reads.
 
 Resuming (:func:`prepare_resume`) rebuilds a :class:`~fsm_agent.run.Run` from the last
 checkpoint and hands it back to the runtime's usual drivers. Two cases need a decision

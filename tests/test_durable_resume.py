@@ -237,3 +237,24 @@ def test_resuming_a_finished_run_returns_it_unchanged(store: Any, backend: Backe
     again = rt.resume("r1")
     assert (again.status, again.answer, again.events) == ("done", "In transit.", first.events)
     assert again.messages == first.messages and backend.lookups == ["A17"]
+
+
+def test_aresume_drives_async_models_after_a_recorded_review(
+        store: Any, backend: Backend) -> None:
+    import asyncio
+
+    from fsm_agent.durable import record_review
+
+    async def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
+        asked = sum(m["role"] == "assistant" for m in messages)
+        return calls(call("c1", "write", **WRITE)) if asked == 0 else say("Filed.")
+
+    rt = make_runtime([], backend, store=store, approval=True)
+    paused = asyncio.run(rt.arun("file it", run_id="r1", model=model))
+    assert paused.reason == "approval_required"
+    with pytest.raises(ValueError, match="use 'await runtime.aresume"):
+        rt.resume("r1", model=model)
+    record_review(store, "r1", "c1", "approve")  # what the CLI does
+    done = asyncio.run(rt.aresume("r1", model=model))
+    assert (done.status, done.answer) == ("done", "Filed.") and backend.writes == [WRITE]
+    check(done)
