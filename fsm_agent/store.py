@@ -186,10 +186,13 @@ class MemoryStore:
 
     checkpoint_every_transition = True
 
-    def __init__(self, *, keep_runs: bool = True) -> None:
+    def __init__(self, *, keep_runs: bool = True, max_runs: int = 1000) -> None:
         #: ``keep_runs=False`` keeps idempotency records only: runs are not saved (about
         #: 8 µs less per tool round) and cannot be resumed or reviewed.
         self.keeps_runs = keep_runs
+        #: Past this many runs the oldest finished ones are forgotten (runs waiting for
+        #: review and runs being driven are kept), so a long-lived process stays bounded.
+        self.max_runs = max_runs
         self._records: dict[tuple[str, str], IdempotencyRecord] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, dict[str, Any]] = {}
@@ -226,6 +229,8 @@ class MemoryStore:
         with self._lock:
             if run_id in self._runs:
                 raise ValueError(f"run id {run_id!r} is already stored")
+            if len(self._runs) >= self.max_runs:
+                self._forget_finished()
             now = time.time()
             self._runs[run_id] = {
                 "header": copy.deepcopy(header), "ctx": {}, "messages": [], "events": [],
@@ -258,6 +263,13 @@ class MemoryStore:
         for record in checkpoint.intents:  # callers hold self._lock
             self._records[(record.tool, record.key)] = record
         row["updated"] = now
+
+    def _forget_finished(self) -> None:
+        excess = len(self._runs) - self.max_runs + 1
+        for run_id in [r for r, row in self._runs.items()  # oldest first
+                       if row["owner"] is None and row["ctx"].get("state") != "review_required"
+                       ][:excess]:
+            del self._runs[run_id]
 
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:

@@ -256,3 +256,13 @@ def test_idempotency_records(store: Any) -> None:
     assert store.get_idempotency("write", "R-2") is None
     with pytest.raises(KeyError):
         store.commit_idempotency("write", "R-3", 1)
+
+
+def test_a_memory_store_forgets_its_oldest_finished_runs(backend: Backend) -> None:
+    store = MemoryStore(max_runs=3)
+    paused_run(store, backend)  # r1 waits for review: kept
+    for n in range(2, 7):
+        make_runtime([say("hi")], backend, store=store).run("hi", run_id=f"r{n}")
+    assert sorted(r.run_id for r in store.list_runs()) == ["r1", "r5", "r6"]
+    with pytest.raises(RunNotFound):
+        store.load_run("r2")
