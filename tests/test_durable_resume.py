@@ -252,7 +252,7 @@ def test_aresume_drives_async_models_after_a_recorded_review(
     rt = make_runtime([], backend, store=store, approval=True)
     paused = asyncio.run(rt.arun("file it", run_id="r1", model=model))
     assert paused.reason == "approval_required"
-    with pytest.raises(ValueError, match="use 'await runtime.aresume"):
+    with pytest.raises(ValueError, match=r"use 'await runtime\.aresume"):
         rt.resume("r1", model=model)
     record_review(store, "r1", "c1", "approve")  # what the CLI does
     done = asyncio.run(rt.aresume("r1", model=model))
