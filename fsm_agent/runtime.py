@@ -170,11 +170,7 @@ class Runtime:
         a reviewer, is returned as stored. Raises ``RunNotFound``, ``RunBusy`` (another
         live process drives it) or ``StoreError``, changing nothing in the store.
         """
-        model = self._model_for(model)
-        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
-        if _is_async_callable(model) or blocking:
-            what = f"async tools {blocking}" if blocking else "an async model"
-            raise ValueError(f"resume() cannot drive {what}; use 'await runtime.aresume(...)'")
+        model = self._sync_model(model)
         run, journal = durable.prepare_resume(self, run_id)
         try:
             steps = durable.steps(run)
@@ -209,20 +205,34 @@ class Runtime:
         return self._result(run)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
-        """Approve a paused call for its exact arguments, then :meth:`resume`."""
+        """Approve a paused call for its exact arguments, then :meth:`resume`.
+        (Async runtimes: ``durable.record_review(...)``, then ``await aresume(...)``.)"""
+        self._sync_model(None)
         durable.record_review(self.store, run_id, call_id, "approve")
         return self.resume(run_id)
 
     def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
+        self._sync_model(None)
         durable.record_review(self.store, run_id, call_id, "deny", reason=reason)
         return self.resume(run_id)
 
     def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists), then :meth:`resume`; the write is not run again."""
+        self._sync_model(None)
         durable.record_review(self.store, run_id, call_id, "reconcile", result=result)
         return self.resume(run_id)
+
+    def _sync_model(self, model: Model | None) -> Model:
+        """The model for a synchronous resume; refuses what only ``aresume`` can drive
+        before anything is recorded."""
+        model = self._model_for(model)
+        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
+        if _is_async_callable(model) or blocking:
+            what = f"async tools {blocking}" if blocking else "an async model"
+            raise ValueError(f"resume() cannot drive {what}; use 'await runtime.aresume(...)'")
+        return model
 
     # ── set-up and results ────────────────────────────────────────────────────────
 
