@@ -181,6 +181,14 @@ def write_outcome_lost(run: Run) -> bool:
     return call.record is not None and call.record.status == "pending"
 
 
+@guard
+def write_result_stored(run: Run) -> bool:
+    """This very call's write committed its result under its key before the process died."""
+    record = run.call.record
+    return (record is not None and record.status == "committed"
+            and record.owner == (run.run_id, run.call.id))
+
+
 # ── the current call, after its tool returned ─────────────────────────────────────
 
 

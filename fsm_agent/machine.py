@@ -167,6 +167,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     T("resume", "executing", "review_required", ("write_outcome_lost",), "outcome_unknown",
       "stop", "R6/§5: a write that was running when the process died may have happened; "
       "it is never run again"),
+    T("resume", "executing", "observing", ("write_result_stored",), None,
+      "answer_stored", "§5: the write finished and its result was stored before the process "
+      "died: that result is its answer, and it is not run again"),
     T("resume", "executing", "executing", (), None,
       None, "§5: a read, or a write known not to have started, is dispatched again"),
     T("resume", "review_required", "observing", (), None,

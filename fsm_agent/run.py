@@ -403,6 +403,12 @@ class Run:
             if review:
                 self.placeholders[call.id] = at
 
+    def answer_stored(self, payloads: list[dict[str, Any]]) -> None:
+        """The result a write stored (idempotency record) before the process died."""
+        record = self.call.record
+        assert record is not None
+        self._answer(payloads, {"ok": True, "value": record.result})
+
     def apply_review(self, payloads: list[dict[str, Any]]) -> None:
         """Settle the paused batch with the reviewers' decisions (recorded by durable.py):
         a denied call is answered as denied, a reconciled one with the observed result;

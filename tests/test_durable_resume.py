@@ -114,10 +114,10 @@ def test_a_write_that_was_running_when_the_process_died_stops_for_review(
     check(done)
 
 
-# ── resume executing -> executing (fallback) ──────────────────────────────────────
+# ── resume executing -> observing [write_result_stored] ─────────────────────────────
 
 
-def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
+def test_a_write_whose_result_was_stored_before_the_crash_is_answered_with_it(
         store: Any, backend: Backend) -> None:
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
                       store=store)
@@ -126,11 +126,14 @@ def test_a_write_whose_result_was_stored_before_the_crash_is_replayed(
 
     done = rt.resume("r1")
     assert (done.status, done.reason) == ("done", "final_answer")
-    assert ("resume", "executing", "executing") in edges(done)
+    assert ("resume", "executing", "observing") in edges(done)
     assert len(backend.writes) == 1
-    assert content(done, "c1") == {"ok": True, "value": {"ticket": "T-1"}, "replayed": True}
-    assert done.counters["replays"] == 1
+    assert content(done, "c1") == {"ok": True, "value": {"ticket": "T-1"}}
+    assert done.counters["replays"] == 0 and done.counters["write_attempts"] == 1
     check(done)
+
+
+# ── resume executing -> executing (fallback) ──────────────────────────────────────
 
 
 def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) -> None:
