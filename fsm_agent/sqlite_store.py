@@ -40,10 +40,15 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 APPLICATION_ID = 0x46534D41
 
 #: Migrations in order: ``_MIGRATIONS[n]`` takes the schema from version n to n + 1.
+#: Events and history rows are keyed ``run number << 32 | seq`` in rowid tables with no
+#: secondary index, so a checkpoint appends at the right edge of each B-tree and writes
+#: few pages (keyed by the text run id, runs interleave and split pages mid-tree: measured
+#: 8 pages per commit against about 4 this way).
 _MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE runs (
-        run_id      TEXT PRIMARY KEY,
+        num         INTEGER PRIMARY KEY,
+        run_id      TEXT NOT NULL UNIQUE,
         state       TEXT NOT NULL,
         reason      TEXT NOT NULL DEFAULT '',
         pending     INTEGER NOT NULL DEFAULT 0,
@@ -54,29 +59,25 @@ _MIGRATIONS: tuple[str, ...] = (
         updated     REAL NOT NULL
     );
     CREATE TABLE headers (
-        run_id TEXT PRIMARY KEY,
-        body   TEXT NOT NULL
+        num  INTEGER PRIMARY KEY,
+        body TEXT NOT NULL
     );
     CREATE TABLE events (
-        run_id TEXT NOT NULL,
-        seq    INTEGER NOT NULL,
-        type   TEXT NOT NULL,
-        body   TEXT NOT NULL,
-        PRIMARY KEY (run_id, seq)
-    ) WITHOUT ROWID;
+        key  INTEGER PRIMARY KEY,
+        type TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
     CREATE TABLE messages (
-        run_id TEXT NOT NULL,
-        idx    INTEGER NOT NULL,
-        body   TEXT NOT NULL,
-        PRIMARY KEY (run_id, idx)
-    ) WITHOUT ROWID;
+        key  INTEGER PRIMARY KEY,
+        body TEXT NOT NULL
+    );
     CREATE TABLE approvals (
-        run_id  TEXT NOT NULL,
+        num     INTEGER NOT NULL,
         call_id TEXT NOT NULL,
         tool    TEXT NOT NULL,
         digest  TEXT NOT NULL,
         granted REAL NOT NULL,
-        PRIMARY KEY (run_id, call_id)
+        PRIMARY KEY (num, call_id)
     );
     CREATE TABLE idempotency (
         tool        TEXT NOT NULL,
@@ -91,6 +92,8 @@ _MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     """,
 )
+
+_SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -277,44 +280,55 @@ class SqliteStore:
                 raise ValueError(f"run id {run_id!r} is already stored in {self.path}")
             ctx = checkpoint.ctx
             # The header is written once, apart: the runs row stays small because every
-            # checkpoint rewrites it (no index on it either, for the same reason).
-            c.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (run_id, ctx.get("state", ""), ctx.get("reason") or "",
-                       len(ctx.get("placeholders") or ()), _dumps(ctx), owner,
-                       now + self.lease_s, now, now))
-            c.execute("INSERT INTO headers VALUES (?, ?)", (run_id, _dumps(header)))
-            self._append(c, run_id, events, checkpoint)
+            # checkpoint rewrites it.
+            num = c.execute(
+                "INSERT INTO runs (run_id, state, reason, pending, ctx, owner, lease_until, "
+                "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, ctx.get("state", ""), ctx.get("reason") or "",
+                 len(ctx.get("placeholders") or ()), _dumps(ctx), owner,
+                 now + self.lease_s, now, now)).lastrowid
+            assert num is not None
+            c.execute("INSERT INTO headers VALUES (?, ?)", (num, _dumps(header)))
+            self._append(c, num, events, checkpoint)
 
     def save(self, run_id: str, owner: str, events: list[dict[str, Any]],
              checkpoint: Checkpoint) -> None:
         ctx = checkpoint.ctx
         now = time.time()
         with self._write() as c:
+            num = self._num(c, run_id)
             cur = c.execute(
                 "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, updated = ?, "
-                "lease_until = ? WHERE run_id = ? AND owner = ?",
+                "lease_until = ? WHERE num = ? AND owner = ?",
                 (ctx.get("state", ""), ctx.get("reason") or "",
                  len(ctx.get("placeholders") or ()), _dumps(ctx), now, now + self.lease_s,
-                 run_id, owner))
+                 num, owner))
             if cur.rowcount != 1:
                 self._not_owner(c, run_id)
-            self._append(c, run_id, events, checkpoint)
+            self._append(c, num, events, checkpoint)
+
+    def _num(self, c: sqlite3.Connection, run_id: str) -> int:
+        row = c.execute("SELECT num FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r} in {self.path}")
+        return int(row[0])
 
     @classmethod
-    def _append(cls, c: sqlite3.Connection, run_id: str, events: list[dict[str, Any]],
+    def _append(cls, c: sqlite3.Connection, num: int, events: list[dict[str, Any]],
                 checkpoint: Checkpoint) -> None:
         for record in checkpoint.intents:
             cls._begin(c, record)
+        base = num << _SHIFT
         if events:
-            c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
-                          [(run_id, e["seq"], e["type"], _dumps(e)) for e in events])
+            c.executemany("INSERT INTO events VALUES (?, ?, ?)",
+                          [(base + e["seq"], e["type"], _dumps(e)) for e in events])
         if checkpoint.messages:
-            c.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
-                          [(run_id, i, _dumps(m)) for i, m in checkpoint.messages])
+            c.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?)",
+                          [(base + i, _dumps(m)) for i, m in checkpoint.messages])
         if checkpoint.approvals:
             now = time.time()
             c.executemany("INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?)",
-                          [(run_id, call_id, tool, digest, now)
+                          [(num, call_id, tool, digest, now)
                            for call_id, tool, digest in checkpoint.approvals])
 
     def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
@@ -326,17 +340,19 @@ class SqliteStore:
 
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
-            rows = self._read("SELECT h.body, r.ctx FROM runs r JOIN headers h USING (run_id) "
-                              "WHERE run_id = ?", (run_id,))
+            rows = self._read("SELECT r.num, h.body, r.ctx FROM runs r JOIN headers h "
+                              "USING (num) WHERE r.run_id = ?", (run_id,))
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
-            messages = self._read("SELECT body FROM messages WHERE run_id = ? ORDER BY idx",
-                                  (run_id,))
-            events = self._read("SELECT body FROM events WHERE run_id = ? ORDER BY seq",
-                                (run_id,))
+            num, header, ctx = rows[0]
+            span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
+            messages = self._read("SELECT body FROM messages WHERE key BETWEEN ? AND ? "
+                                  "ORDER BY key", span)
+            events = self._read("SELECT body FROM events WHERE key BETWEEN ? AND ? "
+                                "ORDER BY key", span)
             approvals = self._read("SELECT call_id, tool, digest FROM approvals WHERE "
-                                   "run_id = ? ORDER BY granted", (run_id,))
-        return StoredRun(run_id, json.loads(rows[0][0]), json.loads(rows[0][1]),
+                                   "num = ? ORDER BY granted", (num,))
+        return StoredRun(run_id, json.loads(header), json.loads(ctx),
                          [json.loads(m) for (m,) in messages],
                          [json.loads(e) for (e,) in events],
                          [(a, b, d) for a, b, d in approvals])
