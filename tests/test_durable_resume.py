@@ -261,3 +261,25 @@ def test_aresume_drives_async_models_after_a_recorded_review(
     done = asyncio.run(rt.aresume("r1", model=model))
     assert (done.status, done.answer) == ("done", "Filed.") and backend.writes == [WRITE]
     check(done)
+
+
+def test_a_write_left_pending_by_a_dead_run_is_settled_once_for_both_runs(
+        store: Any, backend: Backend) -> None:
+    first = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
+                         store=store)
+    with pytest.raises(Died), dies_before_result_is_stored(store):
+        first.run("file it", run_id="r1")  # R-1 is left pending: did it happen?
+    second = make_runtime([calls(call("k1", "write", **WRITE)), say("Filed too.")], backend,
+                          store=store)
+    paused = second.run("file it", run_id="r2")
+    assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
+    assert "never reported" in paused.detail and len(backend.writes) == 1
+
+    done = second.reconcile("r2", "k1", {"ticket": "T-1"})  # a reviewer found the ticket
+    assert done.status == "done" and len(backend.writes) == 1
+    resumed = first.resume("r1")  # the dead run's own call is answered with that fact
+    assert (resumed.status, resumed.answer) == ("done", "Filed.")
+    assert ("resume", "executing", "observing") in edges(resumed)
+    assert content(resumed, "c1") == {"ok": True, "value": {"ticket": "T-1"}}
+    assert len(backend.writes) == 1
+    check(resumed)
