@@ -85,11 +85,18 @@ class SleepRequest:
 Request = ModelRequest | ToolRequest | SleepRequest
 
 
-def _content(result: dict[str, Any]) -> str:
+def _content(result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The tool message text of a result, and a JSON-safe copy of it for the trace."""
     try:
-        return json.dumps(result, ensure_ascii=False, default=str)
+        return json.dumps(result, ensure_ascii=False, allow_nan=False), result
+    except (TypeError, ValueError):
+        pass
+    try:  # objects that are not JSON: their str(), as the model will see them
+        text = json.dumps(result, ensure_ascii=False, default=str)
     except (TypeError, ValueError):  # circular data and the like: keep a readable form
-        return json.dumps({**result, "value": repr(result.get("value"))}, ensure_ascii=False)
+        text = json.dumps({**result, "value": repr(result.get("value"))}, ensure_ascii=False)
+    safe: dict[str, Any] = json.loads(text)
+    return text, safe
 
 
 def _json_safe(value: Any) -> Any:
@@ -175,7 +182,7 @@ class Run:
         """Take the first edge of ``trigger`` whose guards hold, record it, run its action."""
         source = self.state
         self.guard_log = {}
-        _EVENTS[trigger].trigger(self, self)
+        _EVENTS[trigger].trigger(self)
         t = self.taken
         for listener in TRANSITION_LISTENERS:
             listener(self, t)
@@ -386,13 +393,13 @@ class Run:
     def _answer(self, payloads: list[dict[str, Any]], result: dict[str, Any], *,
                 call: PreparedCall | None = None, synthetic: bool = False) -> None:
         call = call or self.call
-        content = _content(result)
+        content, safe = _content(result)
         self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         self.answered.add(call.id)
         if not synthetic:
             self.counters.output_bytes += len(content.encode("utf-8"))
         payloads.append({"type": "observation", "call_id": call.id, "tool": call.name,
-                         "result": _json_safe(result), "synthetic": synthetic})
+                         "result": safe, "synthetic": synthetic})
 
     def _set_stop(self) -> None:
         self.status, self.reason = self.state, self.taken.reason
