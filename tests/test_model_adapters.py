@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fake_provider import Answer, FakeProvider
+from provider_shapes import APIS
 
 from fsm_agent import Budget, Runtime, ToolRegistry
 from fsm_agent.models import ModelRetry, Price
-from tests.fake_provider import Answer, FakeProvider
-from tests.provider_shapes import APIS
 
 api_params = pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fake_provider import FakeProvider
+from provider_shapes import APIS
 
 from fsm_agent.cli import main
-from tests.fake_provider import FakeProvider
-from tests.provider_shapes import APIS
 
 FLAG = {"openai-chat": "openai-compatible", "openai-responses": "openai-responses",
         "anthropic": "anthropic"}

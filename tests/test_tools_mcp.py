@@ -15,6 +15,8 @@ from typing import Any
 
 import openai
 import pytest
+from fake_provider import FakeProvider
+from provider_shapes import ChatApi
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.models import AsyncOpenAIChatModel
@@ -24,8 +26,6 @@ from fsm_agent.tools_mcp import (
     stdio_client,
     suggested_effects,
 )
-from tests.fake_provider import FakeProvider
-from tests.provider_shapes import ChatApi
 
 SERVER = str(Path(__file__).with_name("mcp_shop_server.py"))
 
