@@ -12,7 +12,14 @@ from typing import Any
 import anthropic
 import openai
 
-from fsm_agent.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
+from fsm_agent.models import (
+    AnthropicModel,
+    AsyncAnthropicModel,
+    AsyncOpenAIChatModel,
+    AsyncOpenAIResponsesModel,
+    OpenAIChatModel,
+    OpenAIResponsesModel,
+)
 
 Call = tuple[str | None, str, Any]  # (id, tool name, arguments as a JSON value)
 
@@ -25,6 +32,10 @@ class ChatApi:
     def adapter(self, url: str, **kw: Any) -> OpenAIChatModel:
         client = openai.OpenAI(base_url=url + "/v1", api_key="test", max_retries=0)
         return OpenAIChatModel(kw.pop("model", self.model), client=client, **kw)
+
+    def async_adapter(self, url: str, **kw: Any) -> AsyncOpenAIChatModel:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="test", max_retries=0)
+        return AsyncOpenAIChatModel(self.model, client=client, **kw)
 
     def usage(self, inp: int, out: int) -> dict[str, Any]:
         return {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
@@ -62,6 +73,10 @@ class ResponsesApi:
         client = openai.OpenAI(base_url=url + "/v1", api_key="test", max_retries=0)
         return OpenAIResponsesModel(kw.pop("model", self.model), client=client, **kw)
 
+    def async_adapter(self, url: str, **kw: Any) -> AsyncOpenAIResponsesModel:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="test", max_retries=0)
+        return AsyncOpenAIResponsesModel(self.model, client=client, **kw)
+
     def usage(self, inp: int, out: int) -> dict[str, Any]:
         return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
 
@@ -98,6 +113,10 @@ class AnthropicApi:
     def adapter(self, url: str, **kw: Any) -> AnthropicModel:
         client = anthropic.Anthropic(base_url=url, api_key="test", max_retries=0)
         return AnthropicModel(kw.pop("model", self.model), client=client, **kw)
+
+    def async_adapter(self, url: str, **kw: Any) -> AsyncAnthropicModel:
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="test", max_retries=0)
+        return AsyncAnthropicModel(self.model, client=client, **kw)
 
     def usage(self, inp: int, out: int) -> dict[str, Any]:
         return {"input_tokens": inp, "output_tokens": out}

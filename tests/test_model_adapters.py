@@ -3,6 +3,7 @@ through full ``Runtime.run`` loops: the behaviour the three must share."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -245,3 +246,20 @@ def test_invalid_arguments_follow_the_policy(api: Any, server: FakeProvider, pol
     if policy == "default":
         observed = json.loads(next(m for m in result.messages if m["role"] == "tool")["content"])
         assert observed["error"] == "invalid_arguments"
+
+
+@api_params
+def test_async_twin_runs_the_same_loop(api: Any, server: FakeProvider) -> None:
+    server.queue(Answer(429, {"error": {"message": "slow down"}}),
+                 api.calls([("call_1", "check_order", {"order_id": "A17"})]),
+                 api.text("In transit."))
+    waits: list[float] = []
+
+    async def asleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    executed: list[dict[str, Any]] = []
+    model = api.async_adapter(server.url, sleep=asleep, retry=ModelRetry(backoff_s=0.1))
+    result = asyncio.run(runtime(model, executed).arun("Where is A17?"))
+    assert (result.status, result.answer) == ("done", "In transit.")
+    assert executed == [{"order_id": "A17"}] and waits == [0.1] and len(server.received) == 3

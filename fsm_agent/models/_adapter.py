@@ -11,6 +11,7 @@ of it; only ``__call__`` differs, so ``Runtime.run`` sees a plain callable and
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
@@ -20,6 +21,7 @@ from fsm_agent.models._common import (
     ModelRetry,
     SdkErrors,
     acall_with_retries,
+    body_text,
     call_with_retries,
     decode_body,
 )
@@ -95,9 +97,13 @@ class SyncCall(ProviderCodec):
 
     def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         request = self.build_request(messages, tool_specs)
-        body = call_with_retries(
-            lambda timeout: decode_body(self._send(request, timeout), self.provider),
-            provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep)
+
+        def send(timeout: float) -> Message:
+            raw = self._send(request, timeout)
+            return decode_body(body_text(raw), raw.status_code, self.provider)
+
+        body = call_with_retries(send, provider=self.provider, errors=self.errors,
+                                 retry=self.retry, sleep=self.sleep)
         return self.read_reply(body, messages)
 
 
@@ -117,7 +123,11 @@ class AsyncCall(ProviderCodec):
         request = self.build_request(messages, tool_specs)
 
         async def send(timeout: float) -> Message:
-            return decode_body(await self._asend(request, timeout), self.provider)
+            raw = await self._asend(request, timeout)
+            text = body_text(raw)
+            if inspect.isawaitable(text):
+                text = await text
+            return decode_body(text, raw.status_code, self.provider)
 
         body = await acall_with_retries(send, provider=self.provider, errors=self.errors,
                                         retry=self.retry, sleep=self.sleep)

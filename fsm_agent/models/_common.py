@@ -197,16 +197,19 @@ async def acall_with_retries(send: Callable[[float], Awaitable[T]], *, provider:
             await sleep(_next_wait(failure, retry, provider, attempt, exc))
 
 
-def decode_body(raw: Any, provider: str) -> dict[str, Any]:
-    """The JSON object of a raw SDK response; :class:`ModelResponseError` otherwise.
+def body_text(raw: Any) -> Any:
+    """A raw SDK response's text: a str, or an awaitable of one (anthropic's async
+    response has ``async text()``, its sync one ``text()``, openai's a property)."""
+    text = raw.text
+    return text() if callable(text) else text
+
+
+def decode_body(text: str, status: Any, provider: str) -> dict[str, Any]:
+    """The JSON object of a response body; :class:`ModelResponseError` otherwise.
 
     The adapters read raw bodies rather than the SDKs' models because those accept
     almost anything silently; we want to say exactly what was wrong.
     """
-    text = raw.text
-    if callable(text):  # anthropic's raw response has text(), openai's a property
-        text = text()
-    status = getattr(raw, "status_code", "?")
     if not text or not text.strip():
         raise ModelResponseError(f"{provider}: the response body is empty (HTTP {status})")
     try:
