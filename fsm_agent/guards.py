@@ -205,6 +205,12 @@ def retry_fits_deadline(run: Run) -> bool:
 
 
 @guard
+def write_in_flight(run: Run) -> bool:
+    """A write tool was started and has not reported back."""
+    return run.in_flight and run.call.effect == "write"
+
+
+@guard
 def is_write(run: Run) -> bool:
     """The current call's tool is declared ``write`` by its registrar."""
     return run.call.effect == "write"

@@ -23,6 +23,7 @@ Triggers are fired by the runtime (the I/O shell) when it has news:
 ``tool_returned``                     that call's tool returned or raised
 ``retry``                             the backoff before a retry has elapsed
 ``observe``                           the call's result has been paired with its id
+``cancel``                            the caller cancelled the run (asyncio cancel, Ctrl-C)
 ``resume``                            a trusted caller settled a ``review_required`` run
 
 Changing the table changes :data:`MACHINE_HASH`, which every trace records.
@@ -84,7 +85,8 @@ class Transition:
 
 INITIAL_STATE = "deciding"
 WORKING_STATES: tuple[str, ...] = ("deciding", "validating", "executing", "retry_wait", "observing")
-TERMINAL_STATES: tuple[str, ...] = ("done", "budget_exhausted", "protocol_error", "review_required")
+TERMINAL_STATES: tuple[str, ...] = (
+    "done", "budget_exhausted", "protocol_error", "review_required", "cancelled")
 STATES: tuple[str, ...] = WORKING_STATES + TERMINAL_STATES
 
 T = Transition
@@ -175,6 +177,13 @@ TRANSITIONS: tuple[Transition, ...] = (
       "stop", "R9: no model call once the wall-clock budget is spent"),
     T("observe", "observing", "deciding", (), None,
       "end_batch", "R2: every call is answered, so the model may be asked again"),
+
+    # ── cancel: the caller stopped waiting; the history must still be valid ─────────
+    T("cancel", "executing", "review_required", ("write_in_flight",), "outcome_unknown",
+      "stop", "R6: a write cancelled mid-flight may still land; stop for review"),
+    *(T("cancel", state, "cancelled", (), "cancelled", "stop",
+        "R2: a cancelled run answers every open call so its history stays valid")
+      for state in WORKING_STATES),
 )
 
 del T

@@ -145,6 +145,7 @@ class Run:
         self.call: PreparedCall = PreparedCall(-1, "", "", "")
         self.attempt = 0
         self.outcome = ToolOutcome("ok")
+        self.in_flight = False
         self.cost_unknown = False
         self.guard_log: dict[str, bool] = {}
         self.taken: Transition = TRANSITIONS[0]
@@ -242,7 +243,9 @@ class Run:
                     self.store.begin_idempotency(IdempotencyRecord(
                         call.name, call.idempotency_key, call.args_digest, "pending",
                         self.run_id, call.id))
+                self.in_flight = True
                 self.outcome = yield ToolRequest(call, self._timeout(tool.timeout_s))
+                self.in_flight = False
                 self.now = self.clock()
                 if call.idempotency_key is not None:
                     if self.outcome.kind == "ok":
@@ -259,6 +262,13 @@ class Run:
                 self.now = self.clock()
                 self.fire("observe")
 
+    def cancel(self) -> None:
+        """The driver was interrupted (task cancelled, Ctrl-C): end the run in a defined
+        state with every open call answered. No-op once the run is over."""
+        if self.state not in _TERMINAL:
+            self.now = self.clock()
+            self.fire("cancel")
+
     def _take_reply(self, reply: Any) -> None:
         usage = reply.get("usage") if isinstance(reply, dict) else None
         self.emit({"type": "decision", "message": _json_safe(reply)})
@@ -266,6 +276,8 @@ class Run:
             self._count_usage(usage)
         self.decision = parse_decision(reply)
         self.batch_appended = False
+        # Ids need only be unique within a batch: a new batch may reuse an earlier one's ids.
+        self.answered = set()
 
     def _count_usage(self, usage: dict[str, Any]) -> None:
         def whole(*names: str) -> int:
@@ -365,7 +377,9 @@ class Run:
         for call in d.calls:
             if call.id in self.answered:
                 continue
-            if reason == "approval_required" and call.needs_approval:
+            if reason == "cancelled":
+                error, detail = "cancelled", "the run was cancelled before this call ran"
+            elif reason == "approval_required" and call.needs_approval:
                 error, detail = "approval_required", "no approval matches these exact arguments"
             elif review and call is self.call and reason != "approval_required":
                 error, detail = reason or "", self._stop_detail()
@@ -432,9 +446,12 @@ class Run:
             "idempotency_conflict": lambda: f"key {self.call.idempotency_key!r} of "
                                             f"{self.call.name!r} was used with other arguments",
             "outcome_unknown": lambda: (
-                f"{self.call.name!r} ({self.call.id}) may have taken effect: "
-                + (self.outcome.error if self.taken.trigger == "tool_returned" else
-                   f"an earlier write under key {self.call.idempotency_key!r} never reported")),
+                f"{self.call.name!r} ({self.call.id}) may have taken effect: " + {
+                    "tool_returned": self.outcome.error,
+                    "cancel": "the run was cancelled while it ran",
+                }.get(self.taken.trigger, f"an earlier write under key "
+                                          f"{self.call.idempotency_key!r} never reported")),
+            "cancelled": lambda: f"cancelled by the caller in {self.taken.source}",
         }
         for kind in ("unknown_tool", "permission_denied", "invalid_arguments"):
             details[kind] = lambda kind=kind: "; ".join(  # type: ignore[misc]
