@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from fake_provider import Answer, FakeProvider
-from provider_shapes import APIS
+from provider_shapes import APIS, AnthropicApi
 
 from fsm_agent import Budget, Runtime, ToolRegistry
-from fsm_agent.models import ModelRetry, Price
+from fsm_agent.models import HistoryError, ModelRetry, Price, check_openai_chat
 
 api_params = pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
 
@@ -97,11 +97,18 @@ def test_call_without_id_executes_nothing(api: Any, server: FakeProvider) -> Non
 
 
 @api_params
-def test_call_id_reused_from_history_is_a_protocol_error(api: Any, server: FakeProvider) -> None:
+def test_call_id_reused_from_history(api: Any, server: FakeProvider) -> None:
+    """Responses and Anthropic key results by id across the whole input, so a reused id
+    is a protocol error there; Chat Completions pairs per message and accepts it."""
     server.queue(api.calls([("call_1", "check_order", {"order_id": "A1"})]),
-                 api.calls([("call_1", "check_order", {"order_id": "B2"})]))
+                 api.calls([("call_1", "check_order", {"order_id": "B2"})]),
+                 api.text("Both in transit."))
     executed: list[dict[str, Any]] = []
     result = runtime(api.adapter(server.url), executed).run("A1 then B2")
+    if api.name == "openai-chat":
+        assert result.status == "done" and executed == [{"order_id": "A1"}, {"order_id": "B2"}]
+        assert check_openai_chat(api.sent_messages(server.received[2].body)) == []
+        return
     assert (result.status, result.reason) == ("protocol_error", "model_error")
     assert "reuses call id 'call_1'" in result.detail and executed == [{"order_id": "A1"}]
 
@@ -204,9 +211,23 @@ def test_invalid_history_is_refused_before_any_request(api: Any, server: FakePro
                    {"id": "call_9", "type": "function",
                     "function": {"name": "check_order", "arguments": "{}"}}]},
                {"role": "user", "content": "and?"}]
-    result = runtime(api.adapter(server.url), []).run(history)
-    assert result.detail.startswith("HistoryError:") and "call_9" in result.detail
+    with pytest.raises(HistoryError, match="call_9"):
+        api.adapter(server.url)(history, [])
     assert server.received == []
+
+
+def test_a_provider_only_rule_stops_the_run_before_sending(server: FakeProvider) -> None:
+    """Valid Chat Completions, invalid for Anthropic (tool_use ids allow no spaces): the
+    runtime accepts the history, the adapter refuses it before any request."""
+    history = [{"role": "user", "content": "x"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call 9", "type": "function",
+                    "function": {"name": "check_order", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "call 9", "content": "{}"}]
+    result = runtime(AnthropicApi().adapter(server.url), []).run(history)
+    assert (result.status, result.reason) == ("protocol_error", "model_error")
+    assert result.detail.startswith("HistoryError: anthropic: refusing to send")
+    assert "'call 9' must match" in result.detail and server.received == []
 
 
 @api_params

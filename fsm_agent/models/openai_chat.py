@@ -24,7 +24,6 @@ from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCal
 from fsm_agent.models._common import (
     ModelResponseError,
     SdkErrors,
-    check_fresh_ids,
     need,
     whole,
 )
@@ -73,9 +72,9 @@ class _ChatCodec(ProviderCodec):
         reply: Message = {"role": "assistant", "content": message.get("content")}
         calls = message.get("tool_calls")
         if calls:
+            # Chat Completions pairs results per assistant message, so an id reused from an
+            # earlier round is legal here (some compatible servers number calls per round).
             reply["tool_calls"] = calls
-            if isinstance(calls, list):
-                check_fresh_ids([c for c in calls if isinstance(c, dict)], messages, p)
         usage = body.get("usage")
         model = self.reply_model(body)
         if isinstance(usage, Mapping):
