@@ -24,6 +24,7 @@ rejections in ``rejected_on_error``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,8 @@ from fsm_agent.tools import Effect, Tool, ToolRegistry
 __all__ = ["McpToolError", "McpToolInfo", "list_mcp_tools", "register_mcp_tools",
            "stdio_client", "suggested_effects"]
 
+#: What OpenAI and Anthropic accept as a function / tool name.
+_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 #: JSON-RPC errors that mean the server refused the request before running anything.
 _REFUSED = (INVALID_PARAMS, METHOD_NOT_FOUND)
 _MAX_PAGES = 100
@@ -164,6 +167,10 @@ async def register_mcp_tools(
         hints = ", ".join(f"{n} (server hints {_hint(listed[n])})" for n in unconfirmed)
         raise ValueError(f"confirm the effect of every MCP tool: no effect given for {hints}; "
                          f"suggested_effects(...) gives a starting point to review")
+    bad = [prefix + n for n in wanted if not _FUNCTION_NAME.match(prefix + n)]
+    if bad:
+        raise ValueError(f"not valid tool names for model APIs ({_FUNCTION_NAME.pattern}): "
+                         f"{', '.join(bad)}; leave them out with only=, or pick another prefix")
     tools = []
     for name in wanted:
         info = listed[name]

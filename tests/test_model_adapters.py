@@ -13,7 +13,14 @@ from fake_provider import Answer, FakeProvider
 from provider_shapes import APIS, AnthropicApi
 
 from fsm_agent import Budget, Runtime, ToolRegistry
-from fsm_agent.models import HistoryError, ModelRetry, Price, check_openai_chat
+from fsm_agent.models import (
+    AnthropicModel,
+    HistoryError,
+    ModelRetry,
+    OpenAIChatModel,
+    Price,
+    check_openai_chat,
+)
 
 api_params = pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
 
@@ -284,3 +291,18 @@ def test_async_twin_runs_the_same_loop(api: Any, server: FakeProvider) -> None:
     result = asyncio.run(runtime(model, executed).arun("Where is A17?"))
     assert (result.status, result.answer) == ("done", "In transit.")
     assert executed == [{"order_id": "A17"}] and waits == [0.1] and len(server.received) == 3
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: OpenAIChatModel("", api_key="k"), "model must be a non-empty model name"),
+    (lambda: OpenAIChatModel("m", api_key="k", prices={"m": (1, 2)}),
+     "prices must map model names to Price"),
+    (lambda: OpenAIChatModel("m", api_key="k", retry=3), "retry must be a ModelRetry"),
+    (lambda: AnthropicModel("m", api_key="k", max_tokens=0), "max_tokens must be a whole"),
+    (lambda: ModelRetry(max_attempts=0), "max_attempts must be a whole number >= 1"),
+    (lambda: ModelRetry(backoff_s=-1), "backoff_s must be a number >= 0"),
+    (lambda: Price(input=-1, output=1), "Price.input must be a number >= 0"),
+])
+def test_configuration_errors_say_what_is_wrong(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()

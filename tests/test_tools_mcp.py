@@ -63,6 +63,9 @@ def test_mcp_tools_with_a_real_adapter(tmp_path: Path) -> None:
                 await register_mcp_tools(tools, client, effects={"get_stock": "read"})
             with pytest.raises(ValueError, match="does not list get_stok"):
                 await register_mcp_tools(tools, client, effects={"get_stok": "read"})
+            with pytest.raises(ValueError, match=r"not valid tool names .*shop\.get_stock"):
+                await register_mcp_tools(tools, client, prefix="shop.",
+                                         effects={"get_stock": "read", "place_order": "write"})
             await register_mcp_tools(tools, client, prefix="shop_",
                                      effects={"get_stock": "read", "place_order": "write"})
             assert tools["shop_get_stock"].effect == "read"

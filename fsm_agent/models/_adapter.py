@@ -45,6 +45,10 @@ class ProviderCodec:
             raise ValueError(f"{self.provider}: model must be a non-empty model name")
         if retry is not None and not isinstance(retry, ModelRetry):
             raise ValueError(f"{self.provider}: retry must be a ModelRetry, got {retry!r}")
+        if prices is not None and not (isinstance(prices, Mapping) and all(
+                isinstance(k, str) and isinstance(v, Price) for k, v in prices.items())):
+            raise ValueError(f"{self.provider}: prices must map model names to Price, got "
+                             f"{prices!r}")
         self.model = model
         self.prices: Mapping[str, Price] = DEFAULT_PRICES if prices is None else prices
         self.retry = retry or ModelRetry()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fsm_agent.context import time_left
+from fsm_agent.models.validate import recognise_history_rejection
 
 __all__ = ["HistoryError", "ModelAuthError", "ModelError", "ModelRequestError",
            "ModelResponseError", "ModelRetry", "ModelUnavailableError"]
@@ -125,8 +126,6 @@ def _retry_after(exc: Exception) -> float | None:
 
 def classify(exc: Exception, provider: str, errors: SdkErrors) -> _Failure:
     """Decide whether a failed call is worth retrying, and the error to raise if not."""
-    from fsm_agent.models.validate import recognise_history_rejection
-
     if isinstance(exc, errors.status):
         status = int(getattr(exc, "status_code", 0))
         detail = _detail(exc)
