@@ -24,10 +24,14 @@ rejections in ``rejected_on_error``.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import re
-from collections.abc import Callable, Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 try:
     import mcp
@@ -39,8 +43,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from fsm_agent.errors import ToolRejected
 from fsm_agent.tools import Effect, Tool, ToolRegistry
 
-__all__ = ["McpToolError", "McpToolInfo", "list_mcp_tools", "register_mcp_tools",
-           "stdio_client", "suggested_effects"]
+__all__ = ["McpBridge", "McpToolError", "McpToolInfo", "list_mcp_tools",
+           "register_mcp_tools", "stdio_client", "suggested_effects"]
+
+T = TypeVar("T")
 
 #: What OpenAI and Anthropic accept as a function / tool name.
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -133,9 +139,21 @@ def _caller(client: mcp.Client, name: str, remote: str, rejects: bool) -> Callab
     return call
 
 
-async def register_mcp_tools(
+async def register_mcp_tools(registry: ToolRegistry, client: mcp.Client,
+                             **options: Any) -> list[Tool]:
+    """Register the server's tools as async tools (for ``Runtime.arun``).
+
+    Options: ``effects`` (required: every registered tool's confirmed effect), ``only``,
+    ``prefix``, ``requires_approval``, ``idempotency_keys``, ``rejected_on_error``,
+    ``timeout_s`` (see :func:`_register`).
+    """
+    return await _register(registry, client, None, **options)
+
+
+async def _register(
     registry: ToolRegistry,
     client: mcp.Client,
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None,
     *,
     effects: Mapping[str, Effect],
     only: Collection[str] | None = None,
@@ -174,8 +192,9 @@ async def register_mcp_tools(
     tools = []
     for name in wanted:
         info = listed[name]
+        fn = _caller(client, prefix + name, name, name in rejected_on_error)
         tools.append(registry.register(
-            _caller(client, prefix + name, name, name in rejected_on_error),
+            fn if wrap is None else wrap(fn),
             name=prefix + name, schema=info.input_schema, effect=effects[name],
             description=info.description, requires_approval=name in requires_approval,
             idempotency_key=keys.get(name), timeout_s=timeout_s))
@@ -188,3 +207,89 @@ def _hint(info: McpToolInfo) -> str:
     if info.read_only_hint is False:
         return "destructive" if info.destructive_hint is not False else "not read-only"
     return "nothing"
+
+
+class McpBridge:
+    """An MCP client kept on a private event-loop thread, so that the synchronous
+    ``Runtime.run`` can call its tools::
+
+        with McpBridge(stdio_client(sys.executable, "server.py")) as server:
+            server.register(tools, effects={"get_stock": "read"})
+            result = runtime.run("...")
+
+    The client is entered and left by one long-lived task (its task groups require
+    that); each tool call runs as its own task on that loop, and the calling thread
+    waits for it.
+    """
+
+    def __init__(self, client: mcp.Client, *, startup_timeout_s: float = 30.0) -> None:
+        self.client = client
+        self.startup_timeout_s = startup_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._main: concurrent.futures.Future[None] | None = None
+
+    def __enter__(self) -> McpBridge:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="fsm-agent-mcp")
+        self._thread.start()
+        self._main = asyncio.run_coroutine_threadsafe(self._hold(), self._loop)
+        try:
+            self._ready.result(timeout=self.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _hold(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            async with self.client:
+                self._ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            raise
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the bridge's loop and wait for its result."""
+        if self._loop is None or self._main is None or self._main.done():
+            coro.close()
+            raise RuntimeError("the MCP bridge is not open (use it as 'with McpBridge(...)')")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def list_tools(self) -> list[McpToolInfo]:
+        return self.run(list_mcp_tools(self.client))
+
+    def register(self, registry: ToolRegistry, **options: Any) -> list[Tool]:
+        """:func:`register_mcp_tools`, registering blocking tools (for ``Runtime.run``)."""
+        return self.run(_register(registry, self.client, self._blocking, **options))
+
+    def _blocking(self, fn: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+        def call(**arguments: Any) -> Any:
+            return self.run(fn(**arguments))
+
+        call.__name__ = fn.__name__
+        return call
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if self._stop is not None:
+            loop.call_soon_threadsafe(self._stop.set)
+        if self._main is not None:
+            with contextlib.suppress(BaseException):  # its failure was reported on entry
+                self._main.result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        loop.close()
+        self._loop = None

@@ -21,6 +21,7 @@ from provider_shapes import ChatApi
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.models import AsyncOpenAIChatModel
 from fsm_agent.tools_mcp import (
+    McpBridge,
     list_mcp_tools,
     register_mcp_tools,
     stdio_client,
@@ -146,3 +147,30 @@ def test_strict_policy_and_write_errors(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert [c["arguments"]["quantity"] for c in logged(log)] == [500, 500]
+
+
+def test_bridge_lets_sync_run_call_mcp_tools(tmp_path: Path) -> None:
+    log = tmp_path / "calls.jsonl"
+    with McpBridge(stdio_client(sys.executable, SERVER, env={"CALL_LOG": str(log)})) as server:
+        assert [i.name for i in server.list_tools()] == ["get_stock", "place_order"]
+        tools = ToolRegistry()
+        server.register(tools, effects={"get_stock": "read"}, only=["get_stock"])
+        runtime = Runtime(model=ScriptedModel([
+            calls(call("c1", "get_stock", {"sku": "A1", "quantity": "3"})),
+            calls(call("c2", "get_stock", {"sku": "A1", "quantity": 9})),
+            {"role": "assistant", "content": "Not enough stock."}]),
+            tools=tools, allowed_tools={"get_stock"})
+        result = runtime.run("Is A1 in stock?")
+    assert (result.status, result.answer) == ("done", "Not enough stock.")
+    first, second = results(result.messages)
+    assert first["error"] == "invalid_arguments"
+    assert second["value"] == {"sku": "A1", "in_stock": False}
+    assert logged(log) == [{"tool": "get_stock", "arguments": {"sku": "A1", "quantity": 9}}]
+    with pytest.raises(RuntimeError, match="not open"):
+        server.list_tools()
+
+
+def test_bridge_reports_a_server_that_cannot_start(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no-such-server"), McpBridge(
+            stdio_client(str(tmp_path / "no-such-server"))):
+        pass
