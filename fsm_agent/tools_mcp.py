@@ -8,7 +8,8 @@ fields like every other tool, and our strict validation runs before the server s
 anything: MCP servers typically coerce ``"3"`` to ``3`` and drop unknown keys, which
 would let a malformed call execute as a different one.
 
-MCP calls are async, so drive these tools with ``await runtime.arun(...)``::
+MCP calls are async, so drive these tools with ``await runtime.arun(...)`` (or register
+them through :class:`McpBridge` for the synchronous ``runtime.run``)::
 
     async with stdio_client(sys.executable, "server.py") as client:
         tools = ToolRegistry()
