@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -306,3 +307,17 @@ def test_async_twin_runs_the_same_loop(api: Any, server: FakeProvider) -> None:
 def test_configuration_errors_say_what_is_wrong(make: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@api_params
+def test_connection_errors_are_retried(api: Any) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    waits: list[float] = []
+    model = api.adapter(f"http://127.0.0.1:{port}", sleep=no_sleep(waits),
+                        retry=ModelRetry(max_attempts=2, backoff_s=0.25))
+    result = runtime(model, []).run("x")
+    assert result.detail.startswith(f"ModelUnavailableError: gave up after 2 attempts: "
+                                    f"{api.name}: APIConnectionError")
+    assert waits == [0.25]
