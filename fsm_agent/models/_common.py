@@ -132,7 +132,7 @@ def classify(exc: Exception, provider: str, errors: SdkErrors) -> _Failure:
         where = f"{provider} answered HTTP {status}: {detail}"
         if status in (401, 403):
             return _Failure(False, ModelAuthError(where))
-        if status in (408, 409, 429) or status >= 500:
+        if status in (408, 409, 429) or status >= 500:  # the set the SDKs themselves retry
             return _Failure(True, ModelUnavailableError(where), _retry_after(exc))
         if recognise_history_rejection(detail):
             return _Failure(False, HistoryError(f"{where} (the provider rejected the history: "
@@ -152,9 +152,10 @@ def _request_timeout(retry: ModelRetry, provider: str, attempt: int) -> float:
     return retry.request_timeout_s if left is None else min(retry.request_timeout_s, left)
 
 
-def _next_wait(failure: _Failure, retry: ModelRetry, provider: str, attempt: int,
-               exc: Exception) -> float:
+def _next_wait(failure: _Failure, retry: ModelRetry, attempt: int, exc: Exception) -> float:
     if not failure.retryable:
+        if failure.error is exc:  # already ours (an unreadable body): no chain to itself
+            raise exc
         raise failure.error from exc
     if attempt >= retry.max_attempts:
         raise ModelUnavailableError(f"gave up after {attempt} attempts: {failure.error}") from exc
@@ -178,7 +179,7 @@ def call_with_retries(send: Callable[[float], T], *, provider: str, errors: SdkE
             return send(timeout)
         except Exception as exc:
             failure = classify(exc, provider, errors)
-            sleep(_next_wait(failure, retry, provider, attempt, exc))
+            sleep(_next_wait(failure, retry, attempt, exc))
 
 
 async def acall_with_retries(send: Callable[[float], Awaitable[T]], *, provider: str,
@@ -193,7 +194,7 @@ async def acall_with_retries(send: Callable[[float], Awaitable[T]], *, provider:
             return await send(timeout)
         except Exception as exc:
             failure = classify(exc, provider, errors)
-            await sleep(_next_wait(failure, retry, provider, attempt, exc))
+            await sleep(_next_wait(failure, retry, attempt, exc))
 
 
 def body_text(raw: Any) -> Any:
