@@ -96,21 +96,22 @@ def snapshot(run: Run) -> dict[str, Any]:
 
 
 class Journal:
-    """The run's trace sink when its store keeps runs: events go on to ``inner`` at once
-    and to the store with the checkpoint after each transition, in one transaction."""
+    """Saves a run to its store: the events the run emitted since the last save (read
+    from ``run.events``, after any redaction) with the checkpoint after a transition, in
+    one transaction. The runtime closes it like a trace sink, which releases the claim."""
 
-    def __init__(self, store: Store, run: Run, inner: TraceSink | None, owner: str,
-                 saved_messages: int) -> None:
-        self.store, self.inner, self.owner = store, inner, owner
-        self.run_id = run.run_id
-        self.every = bool(getattr(store, "checkpoint_every_transition", True))
-        self.buffer: list[dict[str, Any]] = []
-        self.saved = saved_messages
+    def __init__(self, store: Store, run: Run, owner: str, saved_messages: int,
+                 saved_events: int) -> None:
+        self.store, self.owner, self.run_id = store, owner, run.run_id
+        # A store that does not outlive the process skips the commits after model
+        # replies: it only has to protect writes and what a reviewer acts on.
+        every = bool(getattr(store, "checkpoint_every_transition", True))
+        self.always = _ALWAYS_SAVED if every else _ALWAYS_SAVED_IN_PROCESS
+        self.saved, self.saved_events = saved_messages, saved_events
+        self.inner: TraceSink | None = None  # the caller's own sink, closed with this
 
     def write(self, event: dict[str, Any]) -> None:
-        self.buffer.append(event)
-        if self.inner is not None:
-            self.inner.write(event)
+        """Events reach the store through ``run.events``; nothing to do per event."""
 
     def close(self) -> None:
         try:
@@ -128,22 +129,20 @@ class Journal:
         or a read: a crash there resumes from the last commit and takes the same edges
         again, re-running at most a read, which is safe by declaration.
         """
-        t = run.taken
-        if not (t.trigger in _COMMIT_TRIGGERS or run.state in _TERMINAL or (
-                run.call.effect == "write" and (t.action == "start_attempt"
-                                                or t.trigger == "tool_returned"))):
+        edge = id(run.taken)
+        if edge not in self.always and not (
+                edge in _SAVED_FOR_WRITES and run.call.effect == "write"):
             return
-        if not self.every and run.state not in _TERMINAL:
-            return  # a memory store only needs the states a reviewer can act on
         checkpoint = Checkpoint(snapshot(run), self._messages(run))
         call = run.call
-        if t.action == "start_attempt" and call.idempotency_key is not None:
+        if run.taken.action == "start_attempt" and call.idempotency_key is not None:
             # The write's intent goes in with the checkpoint that starts it: one commit.
             checkpoint.intents.append(IdempotencyRecord(
                 call.name, call.idempotency_key, call.args_digest, "pending", run.run_id,
                 call.id))
-        self.store.save(run.run_id, self.owner, self.buffer, checkpoint)
-        self.buffer = []
+        events = run.events
+        self.store.save(run.run_id, self.owner, events[self.saved_events:], checkpoint)
+        self.saved_events = len(events)
 
     def _messages(self, run: Run) -> list[tuple[int, dict[str, Any]]]:
         messages, saved = run.messages, self.saved
@@ -154,12 +153,24 @@ class Journal:
         return rows
 
 
+#: Edges after which ``Journal.checkpoint`` always commits, and those after which it
+#: commits when the current call is a write (by identity: checked on every transition).
+_ALWAYS_SAVED = frozenset(id(t) for t in TRANSITIONS
+                          if t.trigger in _COMMIT_TRIGGERS or t.dest in _TERMINAL)
+_ALWAYS_SAVED_IN_PROCESS = frozenset(id(t) for t in TRANSITIONS
+                                     if t.trigger == "resume" or t.dest in _TERMINAL)
+_SAVED_FOR_WRITES = frozenset(id(t) for t in TRANSITIONS
+                              if t.action == "start_attempt" or t.trigger == "tool_returned")
+
+
 def attach(runtime: Runtime, run: Run, sink: TraceSink | None) -> TraceSink | None:
-    """Make a new run durable in the runtime's store; returns the sink the run now uses."""
+    """Make a new run durable in the runtime's store; returns what the runtime closes
+    when the run ends (the journal, which also closes ``sink``)."""
     store = runtime.store
     if not supports_runs(store):
         return sink
-    journal = Journal(store, run, sink, owner_token(), 0)
+    journal = Journal(store, run, owner_token(), 0, len(run.events))
+    journal.inner = sink
     # The header is stored apart from the (possibly redacted) run_start event: resume
     # needs the exact budget, retry policy, policy and allow-list the run started with.
     header = {"machine_hash": MACHINE_HASH, "budget": run.budget.to_dict(),
@@ -167,7 +178,7 @@ def attach(runtime: Runtime, run: Run, sink: TraceSink | None) -> TraceSink | No
               "allowed_tools": sorted(run.allowed)}
     store.create_run(run.run_id, header, journal.owner, list(run.events),
                      Checkpoint(snapshot(run), journal._messages(run)))
-    run.sink, run.checkpoint = journal, journal.checkpoint
+    run.checkpoint = journal.checkpoint
     return journal
 
 
@@ -240,8 +251,8 @@ def prepare_resume(runtime: Runtime, run_id: str) -> tuple[Run, Journal]:
     try:
         stored = store.load_run(run_id)
         run = _restore(runtime, stored)
-        journal = Journal(store, run, None, owner, len(stored.messages))
-        run.sink, run.checkpoint = journal, journal.checkpoint
+        journal = Journal(store, run, owner, len(stored.messages), len(stored.events))
+        run.checkpoint = journal.checkpoint
         if _in_flight(run):
             call = run.call
             if call.idempotency_key is not None:

@@ -147,7 +147,8 @@ class Store(Protocol):
     def abort_idempotency(self, tool: str, key: str) -> None:
         """Forget a pending record whose write definitely did not happen."""
 
-    #: False: the store only needs terminal states (checkpoints elsewhere are skipped).
+    #: True for a store that outlives the process: a checkpoint is also committed after
+    #: every model reply. False (memory): only around writes, at ends and on resume.
     checkpoint_every_transition: bool
 
     def create_run(self, run_id: str, header: dict[str, Any], owner: str,
@@ -179,12 +180,13 @@ class Store(Protocol):
 class MemoryStore:
     """An in-process :class:`Store` (thread-safe).
 
-    It keeps runs like a durable store does, so a run stopped by an exception (a
-    ``KeyboardInterrupt`` in a tool, say) or paused for review can be resumed in the
-    same process; nothing survives the process.
+    It keeps runs like a durable store does, so a run paused for review, or abandoned
+    by an exception no part of the engine catches, can be resumed in the same process
+    (nothing survives the process). It checkpoints around writes and at every end, not
+    after each model reply: a resume may ask the model again, never run a write twice.
     """
 
-    checkpoint_every_transition = True
+    checkpoint_every_transition = False
 
     def __init__(self, *, keep_runs: bool = True, max_runs: int = 1000) -> None:
         #: ``keep_runs=False`` keeps idempotency records only: runs are not saved (about

@@ -151,14 +151,20 @@ def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) 
 
 
 def test_a_read_that_died_is_simply_run_again(store: Any, backend: Backend) -> None:
-    rt = make_runtime([calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
-                      backend, store=store)
+    def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
+        asked = sum(m["role"] == "assistant" for m in messages)
+        return calls(call("c1", "lookup", order_id="A17")) if asked == 0 else say("In transit.")
+
+    rt = make_runtime([], backend, store=store)
     with pytest.raises(Died), dies_at("tool_returned"):
-        rt.run("where?", run_id="r1")
-    done = rt.resume("r1")
+        rt.run("where?", run_id="r1", model=model)
+    done = rt.resume("r1", model=model)
     assert (done.status, done.answer) == ("done", "In transit.")
     assert backend.lookups == ["A17", "A17"]
-    assert not any(t == "resume" for t, _, _ in edges(done))  # reads are not checkpointed
+    # Reads are not checkpointed: the run goes on from the model's reply (SQLite) or
+    # asks the model again (memory), so no resume edge is needed.
+    assert not any(t == "resume" for t, _, _ in edges(done))
+    assert done.counters["model_calls"] == 2
     check(done)
 
 
