@@ -176,8 +176,13 @@ def attach(runtime: Runtime, run: Run, sink: TraceSink | None) -> TraceSink | No
     header = {"machine_hash": MACHINE_HASH, "budget": run.budget.to_dict(),
               "retry": run.retry.to_dict(), "policy": run.policy,
               "allowed_tools": sorted(run.allowed)}
-    store.create_run(run.run_id, header, journal.owner, list(run.events),
-                     Checkpoint(snapshot(run), journal._messages(run)))
+    try:
+        store.create_run(run.run_id, header, journal.owner, list(run.events),
+                         Checkpoint(snapshot(run), journal._messages(run)))
+    except BaseException:
+        if sink is not None:  # the runtime never sees it, so it would never close it
+            sink.close()
+        raise
     run.checkpoint = journal.checkpoint
     return journal
 
