@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent import IdempotencyRecord, MemoryStore
+from fsm_agent import IdempotencyRecord, JsonlTrace, MemoryStore
 from fsm_agent.durable import record_review
 from fsm_agent.sqlite_store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from fsm_agent.store import ReviewError, RunBusy, RunNotFound, StoreError
@@ -140,11 +140,15 @@ def test_unknown_run_ids(store: Any, backend: Backend) -> None:
     assert store.list_runs() == []
 
 
-def test_a_run_id_cannot_be_stored_twice(store: Any, backend: Backend) -> None:
+def test_a_run_id_cannot_be_stored_twice(store: Any, backend: Backend,
+                                         tmp_path: Path) -> None:
     rt = make_runtime([say("hi"), say("again")], backend, store=store)
     rt.run("hi", run_id="r1")
+    trace = JsonlTrace(tmp_path / "again.jsonl")
     with pytest.raises(ValueError, match="already stored"):
-        rt.run("hi", run_id="r1")
+        rt.run("hi", run_id="r1", trace=trace)
+    assert trace._file is None  # the caller's sink is closed, not leaked
+    assert len(store.load_run("r1").events) == len(rt.resume("r1").events)
 
 
 def test_list_filters_by_state(store: Any, backend: Backend) -> None:
