@@ -191,23 +191,24 @@ def attach(runtime: Runtime, run: Run, sink: TraceSink | None) -> TraceSink | No
 
 
 def _restore(runtime: Runtime, stored: StoredRun) -> Run:
-    header, ctx = stored.header, stored.ctx
     try:
-        budget = Budget(**header["budget"])
-        retry = RetryPolicy(**header["retry"])
-        policy = header["policy"]
-        stored_allowed = frozenset(header["allowed_tools"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StoreError(f"run {stored.run_id!r}: unreadable stored configuration "
-                         f"({exc})") from None
+        return _rebuild(runtime, stored)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise StoreError(f"run {stored.run_id!r}: unreadable checkpoint ({type(exc).__name__}: "
+                         f"{exc})") from None
+
+
+def _rebuild(runtime: Runtime, stored: StoredRun) -> Run:
+    header, ctx = stored.header, stored.ctx
     # The resuming caller may narrow the allow-list, never widen it.
-    allowed = stored_allowed & runtime.allowed_tools
+    allowed = frozenset(header["allowed_tools"]) & runtime.allowed_tools
     approved = runtime._approved | {d for _, _, d in stored.approvals}
     run = Run(run_id=stored.run_id, messages=stored.messages, registry=runtime.tools,
               allowed=allowed, approved=approved,
               tool_specs=[t.spec() for t in runtime.tools if t.name in allowed],
-              budget=budget, retry=retry, policy=policy, store=runtime.store,
-              clock=runtime.clock, redact=runtime.redact)
+              budget=Budget(**header["budget"]), retry=RetryPolicy(**header["retry"]),
+              policy=header["policy"], store=runtime.store, clock=runtime.clock,
+              redact=runtime.redact)
     run.events = stored.events
     run.state, run.seq = ctx["state"], ctx["seq"]
     run.status, run.reason, run.detail = ctx["status"], ctx["reason"], ctx["detail"]
@@ -230,9 +231,15 @@ def _restore(runtime: Runtime, stored: StoredRun) -> Run:
     run.answered = set(ctx["answered"])
     run.placeholders = dict(ctx["placeholders"])
     run.reviews = dict(ctx["reviews"])
-    trigger, source, dest, action = ctx["taken"]
-    run.taken = next((t for t in TRANSITIONS if (t.trigger, t.source, t.dest, t.action)
-                      == (trigger, source, dest, action)), TRANSITIONS[0])
+    taken = tuple(ctx["taken"])
+    for t in TRANSITIONS:
+        if (t.trigger, t.source, t.dest, t.action) == taken:
+            run.taken = t
+            break
+    else:  # guessing here could mean running a write twice: refuse instead
+        raise ValueError(f"its last transition {taken} is not an edge of this machine "
+                         f"(recorded by machine {header.get('machine_hash')}, this is "
+                         f"{MACHINE_HASH})")
     return run
 
 

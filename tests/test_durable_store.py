@@ -4,6 +4,7 @@ not fit) giving a clear error with nothing changed in the store."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -270,3 +271,23 @@ def test_a_memory_store_forgets_its_oldest_finished_runs(backend: Backend) -> No
     assert sorted(r.run_id for r in store.list_runs()) == ["r1", "r5", "r6"]
     with pytest.raises(RunNotFound):
         store.load_run("r2")
+
+
+def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path,
+                                                          backend: Backend) -> None:
+    path = tmp_path / "runs.db"
+    with SqliteStore(path) as store:
+        rt = paused_run(store, backend)
+        with sqlite3.connect(path) as db:
+            ctx = json.loads(db.execute("SELECT ctx FROM runs").fetchone()[0])
+            ctx["taken"] = ["validate", "validating", "nowhere", None]
+            db.execute("UPDATE runs SET ctx = ?", (json.dumps(ctx),))
+        before = snapshot(store)
+        with pytest.raises(StoreError, match=r"unreadable checkpoint .* not an edge of this "
+                                             r"machine"):
+            rt.resume("r1")
+        assert snapshot(store) == before
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE runs SET ctx = '{}'")
+        with pytest.raises(StoreError, match="unreadable checkpoint \\(KeyError"):
+            rt.resume("r1")
