@@ -24,7 +24,8 @@ Triggers are fired by the runtime (the I/O shell) when it has news:
 ``retry``                             the backoff before a retry has elapsed
 ``observe``                           the call's result has been paired with its id
 ``cancel``                            the caller cancelled the run (asyncio cancel, Ctrl-C)
-``resume``                            a trusted caller settled a ``review_required`` run
+``resume``                            a stored run is picked up again (durable.py): its
+                                      process died, or reviewers settled it
 
 Changing the table changes :data:`MACHINE_HASH`, which every trace records.
 """
