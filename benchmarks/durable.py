@@ -4,9 +4,10 @@ The scenario of ``overhead.py`` (100 tool rounds, one read call per round, then 
 answer) runs with (a) the default in-memory store and (b) ``SqliteStore`` on a fresh
 file in a temporary directory (WAL, ``synchronous=NORMAL``): one commit per read round
 (after the model's reply). The second line runs rounds whose call is an idempotent
-write: three commits per round (the reply, the attempt with its intent, the result)
-and one for the idempotency record's result. Both stores are measured in the same
-process run. Target (issue "Durable runs"): ≤ 500 µs per tool round durable.
+write: two commits per round (the attempt with its intent, then the idempotency
+record's result, which is also the call's answer should the process die). Both stores
+are measured in the same process run. Target (issue "Durable runs"): ≤ 500 µs per tool
+round durable.
 """
 
 from __future__ import annotations

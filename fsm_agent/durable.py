@@ -3,10 +3,10 @@
 The trace is the log. A :class:`Journal` sits in the run's trace-sink slot: it passes
 every event on to the caller's sink and, after a transition, saves the events since the
 last save together with a checkpoint (the small context the loop needs to go on, plus
-the history rows added or replaced) in one store transaction. It does so after every
-transition that follows or precedes something outside the machine (a model reply, a
-write's attempt and its result, a write's intent rides in the same transaction) and at
-every end; the pure transitions between them, and reads, ride with the next save (see
+the history rows added or replaced) in one store transaction. It does so after the
+transitions that follow or precede something outside the machine (a model reply, a
+write's attempt, with its idempotency intent, and its result) and at every end; the pure
+transitions between them, and reads, ride with the next save (see
 :meth:`Journal.checkpoint`). A process killed at any point therefore leaves the store at
 the state after some whole transition, the events stored are exactly the trace up to
 it, and resuming from there repeats nothing but model calls and reads.
@@ -65,8 +65,6 @@ _FITS: dict[str, frozenset[str]] = {
     "deny": BLOCKING | {"skipped_pending_review"},
 }
 _TERMINAL = frozenset(TERMINAL_STATES)
-#: Transitions after which a checkpoint is committed (see ``Journal.checkpoint``).
-_COMMIT_TRIGGERS = frozenset({"model_replied", "model_failed", "resume"})
 
 
 def supports_runs(store: Any) -> bool:
@@ -107,6 +105,7 @@ class Journal:
         # replies: it only has to protect writes and what a reviewer acts on.
         every = bool(getattr(store, "checkpoint_every_transition", True))
         self.always = _ALWAYS_SAVED if every else _ALWAYS_SAVED_IN_PROCESS
+        self.replies = every
         self.saved, self.saved_events = saved_messages, saved_events
         self.inner: TraceSink | None = None  # the caller's own sink, closed with this
 
@@ -124,14 +123,32 @@ class Journal:
         """Save the transition just taken (``Run.fire`` calls this after each one).
 
         A transaction is committed only where losing the transitions since the last one
-        would matter: after a model reply (it cost tokens), around a write's attempt (it
-        may change the world), and at every end or resume. Everything in between is pure
-        or a read: a crash there resumes from the last commit and takes the same edges
-        again, re-running at most a read, which is safe by declaration.
+        would matter, before anything outside the machine happens that it would hide:
+
+        * after a model reply (it cost tokens), unless no I/O comes before the next
+          commit anyway (a final answer, or a batch that starts with a write);
+        * when a write's attempt starts (with its idempotency intent) and when it
+          returned, unless its committed idempotency record already holds the result;
+        * at every end, and on resume.
+
+        Everything in between is pure or a read: a crash there resumes from the last
+        commit and takes the same edges again, re-running at most a read or a model call.
         """
         edge = id(run.taken)
-        if edge not in self.always and not (
-                edge in _SAVED_FOR_WRITES and run.call.effect == "write"):
+        if edge in self.always:
+            pass
+        elif edge in _SAVED_FOR_WRITES:
+            call = run.call
+            if call.effect != "write" or (
+                    run.taken.trigger == "tool_returned" and run.outcome.kind == "ok"
+                    and call.idempotency_key is not None):
+                return  # a read, or a write whose record holds its result (steps() wrote it)
+        elif edge in _SAVED_AFTER_REPLIES and self.replies:
+            calls = run.decision.calls
+            first = run.registry.get(calls[0].name) if calls else None
+            if not calls or (first is not None and first.effect == "write"):
+                return  # the next commit comes before any I/O
+        else:
             return
         checkpoint = Checkpoint(snapshot(run), self._messages(run))
         call = run.call
@@ -153,12 +170,14 @@ class Journal:
         return rows
 
 
-#: Edges after which ``Journal.checkpoint`` always commits, and those after which it
-#: commits when the current call is a write (by identity: checked on every transition).
+#: Edges after which ``Journal.checkpoint`` always commits (a store that outlives the
+#: process, one that does not), may commit after a model reply, or may commit when the
+#: current call is a write (by identity: this is checked on every transition).
 _ALWAYS_SAVED = frozenset(id(t) for t in TRANSITIONS
-                          if t.trigger in _COMMIT_TRIGGERS or t.dest in _TERMINAL)
+                          if t.trigger in ("model_failed", "resume") or t.dest in _TERMINAL)
 _ALWAYS_SAVED_IN_PROCESS = frozenset(id(t) for t in TRANSITIONS
                                      if t.trigger == "resume" or t.dest in _TERMINAL)
+_SAVED_AFTER_REPLIES = frozenset(id(t) for t in TRANSITIONS if t.trigger == "model_replied")
 _SAVED_FOR_WRITES = frozenset(id(t) for t in TRANSITIONS
                               if t.action == "start_attempt" or t.trigger == "tool_returned")
 
