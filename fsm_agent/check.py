@@ -255,11 +255,11 @@ class _Checker:
                             "follow the transition that produced them")
         call_id = event.get("call_id")
         status = self.batch.get(call_id) if isinstance(call_id, str) else None
-        if status is None:
+        if status is None or not isinstance(call_id, str):
             self.fail(line, f"observation for {call_id!r}, which is not a call of the current "
                             "batch (an orphan result)")
             return
-        if status == _ANSWERED or status == _PLACEHOLDER:
+        if status in (_ANSWERED, _PLACEHOLDER):
             self.fail(line, f"call {call_id!r} answered a second time")
             return
         synthetic = bool(event.get("synthetic"))

@@ -66,7 +66,7 @@ def _edge_label(edge: DrawnEdge, overlay: Overlay | None) -> str:
     if overlay is not None:
         index = {t: TRANSITIONS.index(t) for t in edge.transitions}
         lines = [f"{text}  ×{overlay.counts[index[t]]}" if overlay.counts.get(index[t]) else text
-                 for text, t in zip(lines, edge.transitions)]
+                 for text, t in zip(lines, edge.transitions, strict=True)]
     # "\l" ends a left-justified line in DOT, so priorities line up under each other.
     return "".join(line.replace("\\", "\\\\") + "\\l" for line in lines)
 
@@ -84,7 +84,8 @@ def _node_attrs(state: str, overlay: Overlay | None) -> dict[str, str]:
     if state == overlay.current:
         attrs.update(fillcolor=_CURRENT_FILL, penwidth="3", fontname=f"{_FONT}-Bold")
     elif state not in overlay.visited:
-        attrs.update(color=_FADED, fontcolor=_FADED, fillcolor="#f5f5f5", style="rounded,filled,dashed")
+        attrs.update(color=_FADED, fontcolor=_FADED, fillcolor="#f5f5f5",
+                     style="rounded,filled,dashed")
     return attrs
 
 
@@ -139,4 +140,4 @@ def machine_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
 
 def machine_dot(overlay: Overlay | None = None) -> str:
     """DOT source of the machine (deterministic: committed as ``diagrams/run_machine.dot``)."""
-    return machine_graph(overlay).source
+    return str(machine_graph(overlay).source)

@@ -63,7 +63,8 @@ _PAGE = """<!DOCTYPE html>
 <head>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy"
-      content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+      content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline';
+               img-src data:">
 <title>{{TITLE}}</title>
 <style>
   body { font-family: system-ui, sans-serif; margin: 0; display: flex; flex-direction: column;
