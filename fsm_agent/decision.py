@@ -160,6 +160,12 @@ def admit_calls(
 
 
 def _describe(error: Any) -> str:
+    """``path: message``, with a huge offending value shortened so the reason survives."""
     path = "/".join(str(p) for p in error.absolute_path)
-    message = error.message if len(error.message) <= 200 else error.message[:200] + "..."
+    message = error.message
+    shown = repr(error.instance)
+    if len(shown) > 60 and shown in message:
+        message = message.replace(shown, f"{shown[:40]}... ({len(shown)} chars)")
+    if len(message) > 300:
+        message = f"{message[:300]}... (fails {error.validator!r})"
     return f"{path or '(root)'}: {message}"

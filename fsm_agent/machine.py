@@ -48,6 +48,7 @@ __all__ = [
     "TRANSITIONS",
     "WORKING_STATES",
     "Transition",
+    "check_table",
     "definition",
     "transitions_from",
 ]
@@ -199,39 +200,45 @@ def _hash_definition() -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _check_table() -> None:
-    """Fail at import, not at the first unlucky trigger, if the table is inconsistent.
+def check_table(
+    transitions: tuple[Transition, ...], states: tuple[str, ...] = STATES,
+    terminal: tuple[str, ...] = TERMINAL_STATES, initial: str = INITIAL_STATE,
+) -> list[str]:
+    """The inconsistencies of a table: unknown guards or states, reasons that disagree
+    with terminality, shadowed or missing fallbacks, unreachable states.
 
-    (Action names are checked against :class:`~fsm_agent.run.Run` when that module loads.)
+    Run at import so a bad table fails at once, not at the first unlucky trigger. (Action
+    names are checked against :class:`~fsm_agent.run.Run` when that module loads.)
     """
     problems: list[str] = []
-    for t in TRANSITIONS:
+    groups: dict[tuple[str, str], list[Transition]] = {}
+    for t in transitions:
+        groups.setdefault((t.source, t.trigger), []).append(t)
         for name in (*t.conditions, *t.unless):
             if name not in GUARDS:
                 problems.append(f"{t.label} ({t.source}->{t.dest}): unknown guard {name!r}")
         for state in (t.source, t.dest):
-            if state not in STATES:
+            if state not in states:
                 problems.append(f"{t.label}: unknown state {state!r}")
-        if (t.dest in TERMINAL_STATES) != (t.reason is not None):
+        if (t.dest in terminal) != (t.reason is not None):
             problems.append(f"{t.label} ({t.source}->{t.dest}): reason and terminal disagree")
-        if t.source in TERMINAL_STATES and t.trigger != "resume":
+        if t.source in terminal and t.trigger != "resume":
             problems.append(f"{t.label}: only 'resume' may leave a terminal state")
-    for (source, trigger), group in _BY_SOURCE_TRIGGER.items():
+    for (source, trigger), group in groups.items():
         if group[-1].guards:
             problems.append(f"{trigger} in {source}: the last edge must be an unguarded fallback")
         if any(not t.guards for t in group[:-1]):
             problems.append(f"{trigger} in {source}: an unguarded edge shadows later edges")
-    reachable = {INITIAL_STATE}
-    frontier = [INITIAL_STATE]
+    reachable = {initial}
+    frontier = [initial]
     while frontier:
         state = frontier.pop()
-        for t in TRANSITIONS:
+        for t in transitions:
             if t.source == state and t.dest not in reachable:
                 reachable.add(t.dest)
                 frontier.append(t.dest)
-    problems += [f"state {s!r} is unreachable" for s in STATES if s not in reachable]
-    if problems:
-        raise RuntimeError("invalid run machine table:\n  " + "\n  ".join(problems))
+    problems += [f"state {s!r} is unreachable" for s in states if s not in reachable]
+    return problems
 
 
 class _Taken:
@@ -275,6 +282,8 @@ for _t in TRANSITIONS:
 del _t
 
 MACHINE_HASH: str = _hash_definition()
-_check_table()
+_problems = check_table(TRANSITIONS)
+if _problems:
+    raise RuntimeError("invalid run machine table:\n  " + "\n  ".join(_problems))
 #: The one shared ``transitions`` machine; runs are fired through ``RUN_MACHINE.events``.
 RUN_MACHINE: Machine = _build()

@@ -110,10 +110,15 @@ class Runtime:
     # ── public entry points ───────────────────────────────────────────────────────
 
     def run(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
-            trace: TraceArg = None) -> RunResult:
-        """Run to a terminal state synchronously. Bad model output never raises."""
+            trace: TraceArg = None, model: Model | None = None) -> RunResult:
+        """Run to a terminal state synchronously. Bad model output never raises.
+
+        ``model`` replaces the runtime's model for this run only (same tools, store and
+        policy); ``trace`` is a path or a sink for this run's events.
+        """
+        model = self._model_for(model)
         blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
-        if _is_async_callable(self.model) or blocking:
+        if _is_async_callable(model) or blocking:
             what = f"async tools {blocking}" if blocking else "an async model"
             raise ValueError(f"run() cannot drive {what}; use 'await runtime.arun(...)'")
         run, sink = self._new_run(task, run_id, trace)
@@ -121,7 +126,7 @@ class Runtime:
             steps = run.steps()
             request = next(steps)
             while True:
-                request = steps.send(self._do(request, run))
+                request = steps.send(self._do(request, run, model))
         except StopIteration:
             pass
         finally:
@@ -130,14 +135,15 @@ class Runtime:
         return self._result(run)
 
     async def arun(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
-                   trace: TraceArg = None) -> RunResult:
+                   trace: TraceArg = None, model: Model | None = None) -> RunResult:
         """Run to a terminal state; sync or async models and tools both work."""
+        model = self._model_for(model)
         run, sink = self._new_run(task, run_id, trace)
         try:
             steps = run.steps()
             request = next(steps)
             while True:
-                request = steps.send(await self._ado(request, run))
+                request = steps.send(await self._ado(request, run, model))
         except StopIteration:
             pass
         finally:
@@ -146,6 +152,13 @@ class Runtime:
         return self._result(run)
 
     # ── set-up and results ────────────────────────────────────────────────────────
+
+    def _model_for(self, model: Model | None) -> Model:
+        if model is None:
+            return self.model
+        if not callable(model):
+            raise ValueError(f"model must be callable as (messages, tool_specs), got {model!r}")
+        return model
 
     def _new_run(self, task: str | list[dict[str, Any]], run_id: str | None,
                  trace: TraceArg) -> tuple[Run, TraceSink | None]:
@@ -189,12 +202,14 @@ class Runtime:
         # The run's clock may be a test clock; adapters measure on time.monotonic().
         return time.monotonic() + max(limit - (self.clock() - run.started), 0.0)
 
-    def _do(self, request: Request, run: Run) -> Any:
+    def _do(self, request: Request, run: Run, model: Model) -> Any:
         if isinstance(request, ModelRequest):
             token = set_deadline(self._deadline(run))
             try:
-                reply = self.model(request.messages, request.tool_specs)
-            except Exception as exc:
+                reply = model(request.messages, request.tool_specs)
+            except BaseException as exc:
+                if isinstance(exc, _PROPAGATE):
+                    raise
                 return exc
             finally:
                 reset_deadline(token)
@@ -229,19 +244,23 @@ class Runtime:
                 _close(value)
                 return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
             return ToolOutcome("ok", value)
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, _PROPAGATE):
+                raise
             return _classify(exc)
 
     # ── the async driver ──────────────────────────────────────────────────────────
 
-    async def _ado(self, request: Request, run: Run) -> Any:
+    async def _ado(self, request: Request, run: Run, model: Model) -> Any:
         if isinstance(request, ModelRequest):
             token = set_deadline(self._deadline(run))
             try:
-                reply = self.model(request.messages, request.tool_specs)
+                reply = model(request.messages, request.tool_specs)
                 if inspect.isawaitable(reply):
                     reply = await reply
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, _PROPAGATE):
+                    raise
                 return exc
             finally:
                 reset_deadline(token)
@@ -275,11 +294,18 @@ class Runtime:
             except asyncio.TimeoutError:
                 return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
             return ToolOutcome("ok", value)
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, _PROPAGATE):
+                raise
             return _classify(exc)
 
 
-def _classify(exc: Exception) -> ToolOutcome:
+# A tool raising anything else (SystemExit included) is an outcome of that tool; these
+# belong to the process and its event loop, not to the tool.
+_PROPAGATE = (KeyboardInterrupt, GeneratorExit, asyncio.CancelledError)
+
+
+def _classify(exc: BaseException) -> ToolOutcome:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ToolRejected):
         return ToolOutcome("rejected", error=text)

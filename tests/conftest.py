@@ -1,0 +1,148 @@
+"""Shared pieces for the engine's own tests: a small tool backend and decision builders."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from fsm_agent import (
+    Approval,
+    Budget,
+    RetryPolicy,
+    Runtime,
+    ScriptedModel,
+    ToolRegistry,
+    ToolRejected,
+    TransientToolError,
+    check_history,
+)
+from fsm_agent.machine import STATES, TRANSITIONS
+
+
+def call(call_id: Any, name: str, args: Any = None, **kwargs: Any) -> dict[str, Any]:
+    arguments = args if isinstance(args, str) else json.dumps(args if args is not None else kwargs)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def calls(*tool_calls: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": list(tool_calls), **extra}
+
+
+def say(text: str | None, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **extra}
+
+
+class FakeClock:
+    """A clock that only moves when told to: deadlines and backoffs without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class Backend:
+    """Tools with observable side effects and faults on command."""
+
+    def __init__(self) -> None:
+        self.lookups: list[str] = []
+        self.writes: list[dict[str, Any]] = []
+        self.fail_reads: list[BaseException] = []  # raised by lookup, in order
+        self.fail_writes: list[tuple[BaseException, bool]] = []  # (error, after side effect?)
+        self.clock: FakeClock | None = None
+        self.read_cost_s = 0.0
+        self.output = "in_transit"
+
+    def lookup(self, order_id: str) -> dict[str, Any]:
+        self.lookups.append(order_id)
+        if self.clock is not None:
+            self.clock.now += self.read_cost_s
+        if self.fail_reads:
+            raise self.fail_reads.pop(0)
+        return {"order_id": order_id, "status": self.output}
+
+    def write(self, request_id: str, title: str) -> dict[str, Any]:
+        if self.fail_writes:
+            error, after = self.fail_writes.pop(0)
+            if after:
+                self.writes.append({"request_id": request_id, "title": title})
+            raise error
+        self.writes.append({"request_id": request_id, "title": title})
+        return {"ticket": f"T-{len(self.writes)}"}
+
+    def registry(self, *, approval: bool = False, dedup: bool = False,
+                 keyed: bool = True) -> ToolRegistry:
+        tools = ToolRegistry()
+        tools.register(self.lookup, name="lookup", effect="read", schema={
+            "type": "object", "required": ["order_id"],
+            "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}}})
+        tools.register(
+            self.write, name="write", effect="write", requires_approval=approval,
+            idempotency_key=(lambda a: a["request_id"]) if keyed else None,
+            dedup=dedup, schema={
+                "type": "object", "required": ["request_id", "title"],
+                "properties": {"request_id": {"type": "string"},
+                               "title": {"type": "string", "maxLength": 50}}})
+        tools.register(lambda: {"secret": 1}, name="admin", effect="read",
+                       schema={"type": "object"})
+        return tools
+
+
+def make_runtime(script: list[Any], backend: Backend | None = None, *,
+                 allowed: tuple[str, ...] = ("lookup", "write"), approval: bool = False,
+                 dedup: bool = False, keyed: bool = True, clock: FakeClock | None = None,
+                 **options: Any) -> Runtime:
+    backend = backend or Backend()
+    clock = clock or FakeClock()
+    backend.clock = clock
+    options.setdefault("retry", RetryPolicy(max_attempts=2, backoff_s=0.5))
+    return Runtime(model=ScriptedModel(script),
+                   tools=backend.registry(approval=approval, dedup=dedup, keyed=keyed),
+                   allowed_tools=allowed, clock=clock, sleep=clock.sleep, **options)
+
+
+def edges(result: Any) -> list[tuple[str, str, str]]:
+    return [(e["trigger"], e["source"], e["dest"])
+            for e in result.events if e["type"] == "transition"]
+
+
+def assert_valid_run(result: Any) -> None:
+    """What must hold after every run, whatever it did."""
+    assert check_history(result.messages) == [], check_history(result.messages)
+    assert result.status in STATES
+    seqs = [e["seq"] for e in result.events]
+    assert seqs == list(range(len(seqs)))
+    assert result.events[0]["type"] == "run_start"
+    assert result.events[-1]["type"] == "run_end"
+    assert result.events[-1]["status"] == result.status
+    legal = {(t.trigger, t.source, t.dest) for t in TRANSITIONS}
+    state = "deciding"
+    for event in result.events:
+        if event["type"] == "transition":
+            assert (event["trigger"], event["source"], event["dest"]) in legal
+            assert event["source"] == state
+            state = event["dest"]
+    assert state == result.status
+
+
+__all__ = ["Approval", "Backend", "Budget", "FakeClock", "RetryPolicy", "ToolRejected",
+           "TransientToolError", "assert_valid_run", "call", "calls", "edges", "make_runtime",
+           "say"]
+
+
+@pytest.fixture
+def backend() -> Backend:
+    return Backend()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

@@ -1,0 +1,84 @@
+"""The transition table resolves completely and is checked at import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from fsm_agent.guards import GUARDS
+from fsm_agent.machine import (
+    INITIAL_STATE,
+    MACHINE_HASH,
+    RUN_MACHINE,
+    STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Transition,
+    check_table,
+    definition,
+)
+from fsm_agent.run import Run
+
+
+def test_the_table_is_consistent() -> None:
+    assert check_table(TRANSITIONS) == []
+
+
+def test_every_name_in_the_table_resolves() -> None:
+    for t in TRANSITIONS:
+        for g in t.guards:
+            assert g.lstrip("!") in GUARDS, t
+        assert t.action is None or callable(getattr(Run, t.action))
+        assert t.rule, f"{t.label} does not say which rule it encodes"
+    assert set(RUN_MACHINE.states) == set(STATES)
+    assert set(RUN_MACHINE.events) == {t.trigger for t in TRANSITIONS}
+
+
+def test_no_dead_guard_and_no_state_without_edges() -> None:
+    used = {g.lstrip("!") for t in TRANSITIONS for g in t.guards}
+    assert used == set(GUARDS), f"guards never used: {set(GUARDS) - used}"
+    for state in STATES:
+        touching = [t for t in TRANSITIONS if state in (t.source, t.dest)]
+        assert touching, state
+    for state in set(STATES) - set(TERMINAL_STATES):
+        assert any(t.source == state for t in TRANSITIONS), f"{state} is a dead end"
+
+
+def test_terminal_states_carry_a_reason_and_are_left_only_by_resume() -> None:
+    for t in TRANSITIONS:
+        assert (t.dest in TERMINAL_STATES) == (t.reason is not None), t
+        assert t.source not in TERMINAL_STATES or t.trigger == "resume", t
+
+
+def test_the_machine_is_shared_and_never_attached() -> None:
+    assert RUN_MACHINE.models == []  # runs are fired through machine.events, not add_model
+    assert INITIAL_STATE == "deciding"
+
+
+def test_check_table_finds_each_kind_of_mistake() -> None:
+    bad = (
+        Transition("go", "deciding", "validating", ("no_such_guard",)),
+        Transition("go", "deciding", "done", (), "final_answer"),
+        Transition("stop", "deciding", "nowhere", (), None),
+        Transition("halt", "deciding", "done", ()),
+        Transition("shadow", "deciding", "validating", ()),
+        Transition("shadow", "deciding", "done", ("has_answer",), "final_answer"),
+        Transition("again", "done", "deciding", ()),
+    )
+    problems = "\n".join(check_table(bad))
+    assert "unknown guard 'no_such_guard'" in problems
+    assert "unknown state 'nowhere'" in problems
+    assert "halt (deciding->done): reason and terminal disagree" in problems
+    assert "shadow in deciding: the last edge must be an unguarded fallback" in problems
+    assert "shadow in deciding: an unguarded edge shadows later edges" in problems
+    assert "only 'resume' may leave a terminal state" in problems
+    assert "state 'executing' is unreachable" in problems
+
+
+def test_hash_is_stable_across_processes_and_covers_structure_only() -> None:
+    code = "import fsm_agent.machine as m; print(m.MACHINE_HASH)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PYTHONHASHSEED": "123"})
+    assert out.stdout.strip() == MACHINE_HASH
+    assert MACHINE_HASH.startswith("sha256:")
+    assert len(definition()["transitions"]) == len(TRANSITIONS)
