@@ -19,7 +19,7 @@ from typing import Any
 from fsm_agent.check import load_trace, select_edge
 from fsm_agent.machine import INITIAL_STATE, TRANSITIONS, Transition
 from fsm_agent.render.dot import Overlay
-from fsm_agent.render.edges import edge_of
+from fsm_agent.render.edges import edge_of, priority
 
 __all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
 
@@ -118,8 +118,11 @@ def describe_event(event: dict[str, Any]) -> str:
     return str(kind)
 
 
-def describe_step(replay: Replay, n: int, width: int = 100) -> list[str]:
-    """The text the stepper shows for step ``n``: state, edge and guards, payload."""
+def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]:
+    """The text the stepper shows for step ``n``: state, edge and guards, payload.
+
+    Lines are cut at ``width`` (the terminal's) when given; printed text keeps them whole.
+    """
     step = replay.step(n)
     event = step.event
     lines = [f"step {n} of {len(replay) - 1}   line {n + 1}   {describe_event(event)}",
@@ -128,7 +131,9 @@ def describe_step(replay: Replay, n: int, width: int = 100) -> list[str]:
         if step.transition is None:
             lines.append("  edge:   (not an edge of this machine: run `fsm-agent check`)")
         else:
-            lines.append(f"  edge:   {step.transition.label} -> {step.transition.dest}")
+            rank, size = priority(step.transition)
+            number = f"{rank}. " if size > 1 else ""
+            lines.append(f"  edge:   {number}{step.transition.label} -> {step.transition.dest}")
             if step.transition.rule:
                 lines.append(f"  rule:   {step.transition.rule}")
         guards = event.get("guards")
@@ -148,10 +153,10 @@ def _short(value: Any) -> str:
     return "true" if value is True else "false" if value is False else repr(value)
 
 
-def _clip(line: str, width: int) -> str:
+def _clip(line: str, width: int | None) -> str:
     # Terminal control characters in trace content must not reach the terminal raw.
     line = "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in line)
-    return line if len(line) <= width else line[: max(width - 1, 1)] + "…"
+    return line if width is None or len(line) <= width else line[: max(width - 1, 1)] + "…"
 
 
 def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:

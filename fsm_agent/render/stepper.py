@@ -22,16 +22,27 @@ _KEYS = {"n": 1, " ": 1, "\x1b[C": 1, "l": 1, "p": -1, "\x1b[D": -1, "h": -1}
 
 
 def print_steps(replay: Replay, out: TextIO, only: int | None = None) -> None:
-    """Print every step (or just step ``only``) as text."""
-    width = shutil.get_terminal_size((100, 24)).columns
+    """Print every step (or just step ``only``) as text, lines whole (for grep and less)."""
     steps = range(len(replay)) if only is None else [only]
     for n in steps:
-        out.write("\n".join(describe_step(replay, n, width)) + "\n\n")
+        out.write("\n".join(describe_step(replay, n)) + "\n\n")
+
+
+_pending: list[str] = []
 
 
 def _read_key(fd: int) -> str:
-    data = os.read(fd, 8)
-    return data.decode("utf-8", "replace")
+    """One key press; a read may carry several (typed fast, pasted), so they queue."""
+    if not _pending:
+        data = os.read(fd, 64).decode("utf-8", "replace")
+        if not data:
+            return "q"  # the terminal went away
+        i = 0
+        while i < len(data):
+            size = 3 if data.startswith("\x1b[", i) and i + 2 < len(data) else 1
+            _pending.append(data[i:i + size])
+            i += size
+    return _pending.pop(0)
 
 
 def _screen(replay: Replay, n: int, note: str) -> str:
