@@ -79,6 +79,7 @@ _PAGE = """<!DOCTYPE html>
   #details pre { white-space: pre-wrap; word-break: break-word; background: #f6f8fa;
                  padding: 8px; font-size: 12px; }
   #details dt { font-weight: 600; margin-top: 6px; }
+  #details h2 { font-size: 1.1em; }
   .node.unreached, .edge.unreached { opacity: 0.3; }
   .node.visited path, .node.visited polygon { stroke: #1a73e8; }
   .node.current path, .node.current polygon { fill: #fbbc04 !important; stroke: #000;
@@ -93,10 +94,10 @@ _PAGE = """<!DOCTYPE html>
 </head>
 <body>
 <header>
-  <button id="first" title="first step (Home)">&#x23EE;</button>
+  <button id="first" title="first step (Home)">&#xAB;</button>
   <button id="prev" title="previous step (Left arrow)">&#x25C0;</button>
   <button id="next" title="next step (Right arrow)">&#x25B6;</button>
-  <button id="last" title="last step (End)">&#x23ED;</button>
+  <button id="last" title="last step (End)">&#xBB;</button>
   <input id="slider" type="range" min="0" value="0" step="1" aria-label="step">
   <span id="position"></span>
 </header>
