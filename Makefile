@@ -38,3 +38,14 @@ diagrams: $(STAMP)
 
 clean:
 	rm -rf $(VENV) traces .pytest_cache .mypy_cache .ruff_cache
+
+# Provider adapters: translation + validation cost per model call, next to a loopback SDK call.
+.PHONY: bench-adapters test-adapters
+bench: bench-adapters
+bench-adapters: $(STAMP)
+	$(PY) benchmarks/adapters.py
+
+test-adapters: $(STAMP)
+	$(PY) -m pytest tests/test_model_adapters.py tests/test_model_cli.py \
+		tests/test_provider_validators.py tests/test_tools_mcp.py tests/test_examples_providers.py \
+		tests/test_readme_models.py

@@ -11,15 +11,17 @@ __all__ = ["Budget", "RetryPolicy"]
 def _positive_int(owner: str, name: str, value: object, *, optional: bool) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{owner}.{name} must be a whole number >= 1, got {value!r}")
 
 
 def _positive_number(owner: str, name: str, value: object, *, allow_zero: bool = False) -> None:
     if value is None:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or value != value or value < 0 or (value == 0 and not allow_zero):  # NaN != NaN
+    number = float(value) if isinstance(value, (int, float)) and not isinstance(
+        value, bool) else float("nan")
+    # NaN fails both comparisons, so it is refused along with non-numbers.
+    if not (number > 0 or (allow_zero and number == 0)):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{owner}.{name} must be a number {bound}, got {value!r}")
 

@@ -146,6 +146,8 @@ def admit_calls(
             call.refusal_detail = "; ".join(_describe(e) for e in errors[:_MAX_ERRORS])
             continue
         call.arguments = arguments
+        if tool.idempotency_key is None and not tool.requires_approval:
+            continue  # nothing binds to the arguments' hash, so it is not computed
         call.args_digest = digest(tool.name, arguments)
         if tool.idempotency_key is not None:
             try:

@@ -2,8 +2,9 @@
 
 A guard reads the run (its decision, current call, counters, budget, the time the shell
 stamped before firing) and never does I/O, so the same machine serves ``run()`` and
-``arun()``. Each call records its outcome in ``run.guard_log``; the trace event of the
-transition carries that log, so a trace shows why an edge was taken.
+``arun()``. The machine records each outcome in ``run.guard_log`` as it checks an edge;
+the trace event of the transition carries that log, so a trace shows why an edge was
+taken.
 
 The machine table names guards as strings; :data:`GUARDS` maps each name to its function.
 """
@@ -18,21 +19,12 @@ if TYPE_CHECKING:
 
 __all__ = ["GUARDS"]
 
-#: name -> predicate(run) that records its outcome in ``run.guard_log``.
+#: name -> predicate(run).
 GUARDS: dict[str, Callable[[Any], bool]] = {}
 
 
 def guard(fn: Callable[[Run], bool]) -> Callable[[Run], bool]:
-    name = fn.__name__
-
-    def logged(run: Run) -> bool:
-        value = fn(run)
-        run.guard_log[name] = value
-        return value
-
-    logged.__name__ = name
-    logged.__doc__ = fn.__doc__
-    GUARDS[name] = logged
+    GUARDS[fn.__name__] = fn
     return fn
 
 
@@ -210,6 +202,12 @@ def retry_fits_deadline(run: Run) -> bool:
     """The backoff before the next attempt ends inside the wall-clock budget."""
     limit = run.budget.max_wall_clock_s
     return limit is None or (run.now - run.started) + run.next_backoff() < limit
+
+
+@guard
+def write_in_flight(run: Run) -> bool:
+    """A write tool was started and has not reported back."""
+    return run.in_flight and run.call.effect == "write"
 
 
 @guard

@@ -85,11 +85,18 @@ class SleepRequest:
 Request = ModelRequest | ToolRequest | SleepRequest
 
 
-def _content(result: dict[str, Any]) -> str:
+def _content(result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The tool message text of a result, and a JSON-safe copy of it for the trace."""
     try:
-        return json.dumps(result, ensure_ascii=False, default=str)
+        return json.dumps(result, ensure_ascii=False, allow_nan=False), result
+    except (TypeError, ValueError):
+        pass
+    try:  # objects that are not JSON: their str(), as the model will see them
+        text = json.dumps(result, ensure_ascii=False, default=str)
     except (TypeError, ValueError):  # circular data and the like: keep a readable form
-        return json.dumps({**result, "value": repr(result.get("value"))}, ensure_ascii=False)
+        text = json.dumps({**result, "value": repr(result.get("value"))}, ensure_ascii=False)
+    safe: dict[str, Any] = json.loads(text)
+    return text, safe
 
 
 def _json_safe(value: Any) -> Any:
@@ -138,6 +145,7 @@ class Run:
         self.call: PreparedCall = PreparedCall(-1, "", "", "")
         self.attempt = 0
         self.outcome = ToolOutcome("ok")
+        self.in_flight = False
         self.cost_unknown = False
         self.guard_log: dict[str, bool] = {}
         self.taken: Transition = TRANSITIONS[0]
@@ -175,7 +183,7 @@ class Run:
         """Take the first edge of ``trigger`` whose guards hold, record it, run its action."""
         source = self.state
         self.guard_log = {}
-        _EVENTS[trigger].trigger(self, self)
+        _EVENTS[trigger].trigger(self)
         t = self.taken
         for listener in TRANSITION_LISTENERS:
             listener(self, t)
@@ -235,7 +243,9 @@ class Run:
                     self.store.begin_idempotency(IdempotencyRecord(
                         call.name, call.idempotency_key, call.args_digest, "pending",
                         self.run_id, call.id))
+                self.in_flight = True
                 self.outcome = yield ToolRequest(call, self._timeout(tool.timeout_s))
+                self.in_flight = False
                 self.now = self.clock()
                 if call.idempotency_key is not None:
                     if self.outcome.kind == "ok":
@@ -252,6 +262,13 @@ class Run:
                 self.now = self.clock()
                 self.fire("observe")
 
+    def cancel(self) -> None:
+        """The driver was interrupted (task cancelled, Ctrl-C): end the run in a defined
+        state with every open call answered. No-op once the run is over."""
+        if self.state not in _TERMINAL:
+            self.now = self.clock()
+            self.fire("cancel")
+
     def _take_reply(self, reply: Any) -> None:
         usage = reply.get("usage") if isinstance(reply, dict) else None
         self.emit({"type": "decision", "message": _json_safe(reply)})
@@ -259,6 +276,8 @@ class Run:
             self._count_usage(usage)
         self.decision = parse_decision(reply)
         self.batch_appended = False
+        # Ids need only be unique within a batch: a new batch may reuse an earlier one's ids.
+        self.answered = set()
 
     def _count_usage(self, usage: dict[str, Any]) -> None:
         def whole(*names: str) -> int:
@@ -358,7 +377,9 @@ class Run:
         for call in d.calls:
             if call.id in self.answered:
                 continue
-            if reason == "approval_required" and call.needs_approval:
+            if reason == "cancelled":
+                error, detail = "cancelled", "the run was cancelled before this call ran"
+            elif reason == "approval_required" and call.needs_approval:
                 error, detail = "approval_required", "no approval matches these exact arguments"
             elif review and call is self.call and reason != "approval_required":
                 error, detail = reason or "", self._stop_detail()
@@ -386,13 +407,13 @@ class Run:
     def _answer(self, payloads: list[dict[str, Any]], result: dict[str, Any], *,
                 call: PreparedCall | None = None, synthetic: bool = False) -> None:
         call = call or self.call
-        content = _content(result)
+        content, safe = _content(result)
         self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         self.answered.add(call.id)
         if not synthetic:
             self.counters.output_bytes += len(content.encode("utf-8"))
         payloads.append({"type": "observation", "call_id": call.id, "tool": call.name,
-                         "result": _json_safe(result), "synthetic": synthetic})
+                         "result": safe, "synthetic": synthetic})
 
     def _set_stop(self) -> None:
         self.status, self.reason = self.state, self.taken.reason
@@ -425,9 +446,12 @@ class Run:
             "idempotency_conflict": lambda: f"key {self.call.idempotency_key!r} of "
                                             f"{self.call.name!r} was used with other arguments",
             "outcome_unknown": lambda: (
-                f"{self.call.name!r} ({self.call.id}) may have taken effect: "
-                + (self.outcome.error if self.taken.trigger == "tool_returned" else
-                   f"an earlier write under key {self.call.idempotency_key!r} never reported")),
+                f"{self.call.name!r} ({self.call.id}) may have taken effect: " + {
+                    "tool_returned": self.outcome.error,
+                    "cancel": "the run was cancelled while it ran",
+                }.get(self.taken.trigger, f"an earlier write under key "
+                                          f"{self.call.idempotency_key!r} never reported")),
+            "cancelled": lambda: f"cancelled by the caller in {self.taken.source}",
         }
         for kind in ("unknown_tool", "permission_denied", "invalid_arguments"):
             details[kind] = lambda kind=kind: "; ".join(  # type: ignore[misc]

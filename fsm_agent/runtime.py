@@ -21,6 +21,7 @@ from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.context import reset_deadline, set_deadline
 from fsm_agent.errors import ToolRejected, TransientToolError
+from fsm_agent.history import check_history
 from fsm_agent.result import RunResult
 from fsm_agent.run import ModelRequest, Request, Run, SleepRequest, ToolOutcome, ToolRequest
 from fsm_agent.store import MemoryStore, Store
@@ -129,6 +130,9 @@ class Runtime:
                 request = steps.send(self._do(request, run, model))
         except StopIteration:
             pass
+        except KeyboardInterrupt:
+            run.cancel()
+            raise
         finally:
             if sink is not None:
                 sink.close()
@@ -146,6 +150,9 @@ class Runtime:
                 request = steps.send(await self._ado(request, run, model))
         except StopIteration:
             pass
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            run.cancel()  # the trace ends cleanly and every open call is answered
+            raise
         finally:
             if sink is not None:
                 sink.close()
@@ -164,18 +171,18 @@ class Runtime:
                  trace: TraceArg) -> tuple[Run, TraceSink | None]:
         if isinstance(task, str):
             messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
-        elif isinstance(task, list) and all(isinstance(m, dict) for m in task):
+        elif isinstance(task, list) and task and all(isinstance(m, dict) for m in task):
             messages = [dict(m) for m in task]
+            problems = check_history(messages)
+            if problems:
+                raise ValueError("task messages are not a valid history: " + "; ".join(problems))
         else:
-            raise ValueError("task must be a string or a list of message dicts")
+            raise ValueError("task must be a string or a non-empty list of message dicts")
         run_id = run_id or uuid.uuid4().hex
-        sink: TraceSink | None
         if trace is None and self.trace_dir is not None:
             trace = self.trace_dir / f"{run_id}.jsonl"
-        if trace is None or hasattr(trace, "write"):
-            sink = trace  # type: ignore[assignment]
-        else:
-            sink = JsonlTrace(trace)  # type: ignore[arg-type]
+        sink: TraceSink | None = (
+            JsonlTrace(trace) if isinstance(trace, (str, os.PathLike)) else trace)
         run = Run(run_id=run_id, messages=messages, registry=self.tools,
                   allowed=self.allowed_tools, approved=self._approved, tool_specs=self._specs,
                   budget=self.budget, retry=self.retry, policy=self.policy, store=self.store,

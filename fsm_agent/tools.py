@@ -55,7 +55,7 @@ class Tool:
     idempotency_key: Callable[[dict[str, Any]], Any] | None = None
     dedup: bool = False
     timeout_s: float | None = None
-    validator: Draft202012Validator = field(repr=False, default=None)  # type: ignore[assignment]
+    validator: Draft202012Validator = field(repr=False, default=None)  # type: ignore
 
     @property
     def is_async(self) -> bool:

@@ -69,7 +69,7 @@ def iter_trace(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     with handle:
         line_no = 0
         try:
-            for line_no, line in enumerate(handle, 1):  # noqa: B007 - used after the loop
+            for line_no, line in enumerate(handle, 1):
                 if not line.endswith("\n"):
                     raise TraceError(name, line_no, "truncated: the last line has no newline "
                                                     "(was the run killed mid-write?)")

@@ -127,3 +127,14 @@ def test_an_approval_binds_the_exact_arguments() -> None:
                          approval=True, approvals=[approval]).run("go")
     assert (other.status, other.reason) == ("review_required", "approval_required")
     assert len(b.writes) == 1
+
+
+def test_an_id_reused_in_a_later_round_is_answered_again_at_a_stop() -> None:
+    # Some servers number calls per turn ("call_0" every round): ids are unique per batch.
+    b = Backend()
+    script = [calls(call("call_0", "lookup", order_id="A17")),
+              calls(call("call_0", "write", request_id="R-1", title="t"))]
+    result = make_runtime(script, b, approval=True).run("go")
+    assert_valid_run(result)
+    assert (result.status, result.reason) == ("review_required", "approval_required")
+    assert [m.get("tool_call_id") for m in result.messages[-1:]] == ["call_0"]

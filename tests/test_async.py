@@ -121,3 +121,47 @@ def test_a_deduplicated_write_is_retried_under_the_same_key() -> None:
     result = rt.run("x")
     assert result.status == "done" and keys == ["R-9", "R-9"]
     assert result.counters["write_attempts"] == 2 and result.counters["retries"] == 1
+
+
+def test_cancelling_arun_mid_write_ends_the_trace_in_review() -> None:
+    tools = ToolRegistry()
+    started = asyncio.Event()
+    landed: list[str] = []
+
+    async def send(request_id: str) -> str:
+        started.set()
+        await asyncio.sleep(10)
+        landed.append(request_id)
+        return "sent"
+
+    tools.register(send, name="send", effect="write", idempotency_key=lambda a: a["request_id"],
+                   schema={"type": "object", "properties": {"request_id": {"type": "string"}}})
+    events: list[dict[str, Any]] = []
+
+    class Sink:
+        def write(self, event: dict[str, Any]) -> None:
+            events.append(event)
+
+        def close(self) -> None:
+            pass
+
+    rt = Runtime(model=ScriptedModel([calls(call("c1", "send", request_id="R-1"),
+                                            call("c2", "send", request_id="R-2"))]),
+                 tools=tools, allowed_tools={"send"})
+
+    async def main() -> None:
+        task = asyncio.create_task(rt.arun("go", trace=Sink()))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    end = events[-1]
+    assert (end["type"], end["status"], end["reason"]) == (
+        "run_end", "review_required", "outcome_unknown")
+    answers = [(e["call_id"], e["result"]["error"]) for e in events if e["type"] ==
+               "observation"]
+    assert answers == [("c1", "outcome_unknown"), ("c2", "skipped_pending_review")]
+    record = rt.store.get_idempotency("send", "R-1")
+    assert record is not None and record.status == "pending"  # never redone under R-1

@@ -123,7 +123,7 @@ def test_an_async_model_in_sync_run_is_a_clear_error() -> None:
         return say("hi")
 
     tools = Backend().registry()
-    with pytest.raises(ValueError, match="use 'await runtime.arun"):
+    with pytest.raises(ValueError, match=r"use 'await runtime\.arun"):
         Runtime(model=model, tools=tools, allowed_tools={"lookup"}).run("x")
 
 
@@ -218,3 +218,25 @@ def test_a_failing_idempotency_key_function_is_an_invalid_arguments_answer() -> 
     assert_valid_run(result)
     assert "idempotency key could not be derived" in result.messages[2]["content"]
     assert result.counters["write_attempts"] == 0
+
+
+@pytest.mark.parametrize("task, message", [
+    ([], "non-empty list of message dicts"),
+    (["hi"], "non-empty list of message dicts"),
+    (42, "must be a string or a non-empty list"),
+    ([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c9", "content": "{}"}],
+     "orphan tool result for 'c9'"),
+    ([{"role": "user", "content": "x"}, calls(call("c1", "lookup", order_id="A"))],
+     "tool_call_id 'c1' is never answered"),
+])
+def test_a_bad_task_history_is_refused_before_the_model_sees_it(task: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_runtime([say("hi")]).run(task)
+
+
+def test_a_valid_history_continues() -> None:
+    history = [{"role": "user", "content": "x"}, calls(call("c1", "lookup", order_id="A")),
+               {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+               say("first answer"), {"role": "user", "content": "and now?"}]
+    result = make_runtime([say("second answer")]).run(history)
+    assert result.answer == "second answer" and result.messages[:5] == history

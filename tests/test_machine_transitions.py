@@ -19,7 +19,6 @@ from conftest import (
     Backend,
     Budget,
     FakeClock,
-    RetryPolicy,
     ToolRejected,
     TransientToolError,
     assert_valid_run,
@@ -29,7 +28,7 @@ from conftest import (
     say,
 )
 
-from fsm_agent import RunResult
+from fsm_agent import RunResult, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.machine import TRANSITIONS, Transition
 from fsm_agent.run import TRANSITION_LISTENERS
 
@@ -57,6 +56,7 @@ class Case:
     reason: str
     counters: dict[str, Any] = field(default_factory=dict)
     task: str = "Where is order A17?"
+    interrupted: bool = False  # the run is cancelled: run() re-raises, the trace is checked
 
 
 CASES: list[Case] = []
@@ -66,7 +66,7 @@ def case(trigger: str, source: str, dest: str, guard: str | None, status: str,
          reason: str, **counters: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(build: Callable[[], Any]) -> Callable[[], Any]:
         CASES.append(Case(edge(trigger, source, dest, guard, reason), build, status, reason,
-                          counters))
+                          counters, interrupted=trigger == "cancel"))
         return build
     return register
 
@@ -412,6 +412,113 @@ def _next_round() -> Any:
     return make_runtime([calls(LOOKUP), say("ok")], b), b
 
 
+# ── cancel: Ctrl-C or a cancelled task, wherever the run is ───────────────────────
+
+class InterruptingClock(FakeClock):
+    """Raises KeyboardInterrupt at its first reading once armed."""
+
+    armed = False
+
+    def __call__(self) -> float:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return self.now
+
+
+def _arm_on(clock: InterruptingClock, state: str) -> Callable[[Any, Transition], None]:
+    def listener(run: Any, t: Transition) -> None:
+        if t.dest == state:
+            clock.armed = True
+    return listener
+
+
+@case("cancel", "deciding", "cancelled", None, "cancelled", "cancelled", model_calls=1)
+def _cancel_deciding() -> Any:
+    b = Backend()
+    return make_runtime([calls(LOOKUP), KeyboardInterrupt()], b), b
+
+
+@case("cancel", "validating", "cancelled", None, "cancelled", "cancelled", write_attempts=0)
+def _cancel_validating() -> Any:
+    b = Backend()
+    tools = ToolRegistry()
+    def interrupted_key(arguments: dict[str, Any]) -> str:
+        raise KeyboardInterrupt  # Ctrl-C while the batch is being checked
+    tools.register(b.write, name="write", effect="write", idempotency_key=interrupted_key,
+                   schema={"type": "object"}, allow_extra_fields=True)
+    return Runtime(model=ScriptedModel([calls(WRITE)]), tools=tools,
+                   allowed_tools={"write"}), b
+
+
+@case("cancel", "executing", "review_required", "write_in_flight", "review_required",
+      "outcome_unknown", write_attempts=1)
+def _cancel_write() -> Any:
+    b = Backend()
+    b.fail_writes.append((KeyboardInterrupt(), True))
+    def check(r: RunResult, b: Backend) -> None:
+        assert "cancelled while it ran" in r.detail and len(b.writes) == 1
+    return make_runtime([calls(WRITE, LOOKUP)], b), b, check
+
+
+@case("cancel", "executing", "cancelled", None, "cancelled", "cancelled",
+      tool_attempts={"lookup": 1})
+def _cancel_read() -> Any:
+    b = Backend()
+    b.fail_reads.append(KeyboardInterrupt())
+    return make_runtime([calls(LOOKUP, call("c2", "lookup", order_id="A18"))], b), b
+
+
+@case("cancel", "retry_wait", "cancelled", None, "cancelled", "cancelled", retries=1)
+def _cancel_retry_wait() -> Any:
+    b = Backend()
+    b.fail_reads.append(TransientToolError("busy"))
+    rt = make_runtime([calls(LOOKUP)], b)
+    def sleep(seconds: float) -> None:
+        raise KeyboardInterrupt
+    rt.sleep = sleep
+    return rt, b
+
+
+@case("cancel", "observing", "cancelled", None, "cancelled", "cancelled",
+      tool_attempts={"lookup": 1})
+def _cancel_observing() -> Any:
+    b = Backend()
+    clock = InterruptingClock()
+    rt = make_runtime([calls(LOOKUP, call("c2", "lookup", order_id="A18"))], b, clock=clock)
+    TRANSITION_LISTENERS.append(_arm_on(clock, "observing"))  # the harness restores them
+    def check(r: RunResult, b: Backend) -> None:
+        assert b.lookups == ["A17"]
+    return rt, b, check
+
+
+def _result_from_trace(events: list[dict[str, Any]]) -> RunResult:
+    """What a caller can still see after an interrupted run: its trace."""
+    messages = list(events[0]["messages"])
+    for e in events:
+        if e["type"] == "decision" and isinstance(e.get("message"), dict):
+            if any(o["type"] == "observation" for o in events if o["seq"] > e["seq"]) or (
+                    not e["message"].get("tool_calls")):
+                messages.append(e["message"])
+        elif e["type"] == "observation":
+            messages.append({"role": "tool", "tool_call_id": e["call_id"], "content": "{}"})
+    end = events[-1]
+    return RunResult(run_id=events[0]["run_id"], status=end["status"], reason=end["reason"],
+                     answer=end["answer"], messages=messages, events=events,
+                     counters=end["counters"], detail=end["detail"])
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def write(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
 # ── the tests ─────────────────────────────────────────────────────────────────────
 
 def _ids() -> Iterator[str]:
@@ -422,13 +529,20 @@ def _ids() -> Iterator[str]:
 
 @pytest.mark.parametrize("case", CASES, ids=list(_ids()))
 def test_transition(case: Case) -> None:
+    listeners = list(TRANSITION_LISTENERS)
     runtime, backend, *check = case.build()
     taken: list[Transition] = []
     TRANSITION_LISTENERS.append(lambda run, t: taken.append(t))
     try:
-        result = runtime.run(case.task)
+        if case.interrupted:
+            sink = ListSink()
+            with pytest.raises(KeyboardInterrupt):
+                runtime.run(case.task, trace=sink)
+            result = _result_from_trace(sink.events)
+        else:
+            result = runtime.run(case.task)
     finally:
-        TRANSITION_LISTENERS.pop()
+        TRANSITION_LISTENERS[:] = listeners
     assert case.edge in taken, f"edge not taken; path was {result.path}"
     assert (result.status, result.reason) == (case.status, case.reason), result.detail
     assert_valid_run(result)

@@ -81,7 +81,7 @@ def test_ground_truth_trajectory_replays_cleanly(task: dict[str, Any]) -> None:
     assert (result.status, result.reason) == ("done", "final_answer"), result.detail
     answers = [json.loads(m["content"]) for m in result.messages if m["role"] == "tool"]
     assert len(answers) == len(task["steps"])
-    for step, answer in zip(task["steps"], answers):
+    for step, answer in zip(task["steps"], answers, strict=True):
         if step["error"]:
             assert answer["ok"] is False and step["output"] in answer["detail"]
         else:

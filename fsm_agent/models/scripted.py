@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 __all__ = ["ScriptedModel"]
 
-Step = Union[dict[str, Any], Callable[[list[dict[str, Any]]], Any], BaseException]
+Step = dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | BaseException
 
 
 class ScriptedModel:

@@ -1,0 +1,117 @@
+"""Overhead per tool round: fsm-agent against a hand-written loop, in one process run.
+
+One scripted scenario of 100 tool rounds (one read call per round, then an answer) runs
+through (a) a minimal hand-written loop doing the same work the engine must do per round
+(strict JSON parsing, compiled jsonschema validation, whole-batch id checks, pairing the
+result by id) and (b) ``Runtime.run`` with its in-memory trace. Both use the same model
+script and the same tool. Printed: µs per tool round for each, their ratio, and the cold
+``import fsm_agent`` time (fresh interpreters). Targets (issue "Core run engine"):
+≤ 60 µs per round, import ≤ 100 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
+from fsm_agent.canonical import parse_arguments
+
+ROUNDS = 100
+REPEATS = 30
+SCHEMA = {"type": "object", "required": ["order_id"], "additionalProperties": False,
+          "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}}}
+
+
+def lookup(order_id: str) -> dict[str, Any]:
+    return {"order_id": order_id, "status": "in_transit"}
+
+
+def script() -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call-{i}", "type": "function",
+             "function": {"name": "lookup", "arguments": json.dumps({"order_id": f"A{i}"})}}]}
+        for i in range(ROUNDS)]
+    steps.append({"role": "assistant", "content": "All orders are in transit."})
+    return steps
+
+
+VALIDATOR = Draft202012Validator(SCHEMA)
+TOOLS = ToolRegistry()  # built once, as an application does; the runtime is per run
+TOOLS.register(lookup, schema=SCHEMA, effect="read")
+
+
+def hand_written(steps: list[dict[str, Any]]) -> str:
+    """The same work with no machine, no trace, no budgets beyond a round count."""
+    validator = VALIDATOR
+    tools = {"lookup": lookup}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Where are my orders?"}]
+    for decision in steps:
+        tool_calls = decision.get("tool_calls") or []
+        if not tool_calls:
+            return "done" if decision.get("content") else "protocol_error"
+        ids = [c.get("id") for c in tool_calls]
+        if not all(ids) or len(set(ids)) != len(ids):
+            return "protocol_error"
+        messages.append(decision)
+        for c in tool_calls:
+            name = c["function"]["name"]
+            args = parse_arguments(c["function"]["arguments"])
+            if name not in tools or any(True for _ in validator.iter_errors(args)):
+                content = json.dumps({"ok": False, "error": "invalid_arguments"})
+            else:
+                content = json.dumps({"ok": True, "value": tools[name](**args)})
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": content})
+    return "budget_exhausted"
+
+
+def engine(steps: list[dict[str, Any]]) -> str:
+    runtime = Runtime(model=ScriptedModel(steps), tools=TOOLS, allowed_tools={"lookup"},
+                      budget=Budget(max_tool_rounds=ROUNDS, max_model_calls=ROUNDS + 1,
+                                    max_total_calls=ROUNDS, max_calls_per_round=1))
+    result = runtime.run("Where are my orders?")
+    return result.status
+
+
+def per_round(fn: Any) -> float:
+    """Median µs per tool round over REPEATS full runs (set-up included)."""
+    samples = []
+    for _ in range(REPEATS):
+        steps = script()
+        start = time.perf_counter()
+        status = fn(steps)
+        samples.append((time.perf_counter() - start) / ROUNDS * 1e6)
+        assert status == "done", status
+    return statistics.median(samples)
+
+
+def import_ms() -> float:
+    code = "import time; t = time.perf_counter(); import fsm_agent; print(time.perf_counter() - t)"
+    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True).stdout) * 1000 for _ in range(5)]
+    return min(runs)
+
+
+def main() -> None:
+    engine(script())  # warm caches and lazy imports once
+    hand_written(script())
+    baseline = per_round(hand_written)
+    ours = per_round(engine)
+    imp = import_ms()
+    print(f"overhead: {ROUNDS} tool rounds x {REPEATS} runs, median per round")
+    print(f"  hand-written loop (baseline) {baseline:8.1f} µs/round")
+    print(f"  fsm-agent, in-memory trace   {ours:8.1f} µs/round   "
+          f"ratio {ours / baseline:.2f}x   target ≤ 60 µs: {'ok' if ours <= 60 else 'MISSED'}")
+    print(f"  import fsm_agent (cold, best of 5) {imp:6.1f} ms          "
+          f"target ≤ 100 ms: {'ok' if imp <= 100 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
