@@ -18,9 +18,11 @@ raises :class:`~fsm_agent.errors.TraceError` instead of producing violations.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,28 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     :func:`~fsm_agent.trace.iter_trace`, whose per-line reading names the bad line.
     """
     name = str(path)
+    # Parsing allocates millions of small dicts and strings and no cycles; the cyclic
+    # collector would rescan them over and over (measured: it triples the parse time).
+    with _no_cyclic_gc():
+        events = _parse_whole(path)
+    if events is None:
+        events = list(iter_trace(path))
+    _check_header(name, events)
+    return events
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _parse_whole(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
     events: list[dict[str, Any]] | None = None
     try:
         with open(path, encoding="utf-8") as handle:
@@ -73,9 +97,6 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 events = parsed
     except (OSError, ValueError, RecursionError):
         events = None  # the line-by-line reader reports it precisely
-    if events is None:
-        events = list(iter_trace(path))
-    _check_header(name, events)
     return events
 
 
@@ -204,50 +225,60 @@ class _Checker:
         self.attempted = set()
 
     def transition(self, line: int, event: dict[str, Any]) -> None:
-        source, trigger, dest = event.get("source"), event.get("trigger"), event.get("dest")
-        guards = event.get("guards", {})
-        if not isinstance(guards, dict):
+        # The hot path of a check (most events are transitions): one pass, few lookups.
+        get = event.get
+        source, trigger, dest, reason = get("source"), get("trigger"), get("dest"), get("reason")
+        guards = get("guards")
+        if guards is None:
+            guards = {}
+        elif not isinstance(guards, dict):
             self.fail(line, "guards is not an object of guard outcomes")
             guards = {}
-        if source != self.state:
-            self.fail(line, f"{trigger} fired in {source!r}, but the run was in {self.state}")
-        leaving_terminal = self.state in _TERMINAL
-        if not isinstance(source, str) or not isinstance(trigger, str):
-            self.fail(line, "a transition without a source or trigger")
+        state = self.state
+        if source != state:
+            self.fail(line, f"{trigger} fired in {source!r}, but the run was in {state}")
+        if not (isinstance(source, str) and isinstance(trigger, str) and isinstance(dest, str)):
+            self.fail(line, "a transition without a source, trigger or dest")
             return
         if self.ended_line and not transitions_from(source, trigger):
-            self.fail(line, f"{trigger} after the run ended in {self.state} (run_end at line "
+            self.fail(line, f"{trigger} after the run ended in {state} (run_end at line "
                             f"{self.ended_line}); the table has no such edge out of it")
-        edge = select_edge(source, trigger, dest, event.get("reason"), guards)
+        edge = select_edge(source, trigger, dest, reason, guards)
+        if edge is None or edge.dest != dest or edge.reason != reason:
+            self.wrong_edge(line, edge, event, guards)
+        if source == INITIAL_STATE:
+            # (Not every edge out of it needs a decision first: ``cancel`` fires anywhere.)
+            self.decided = False
+        call_id = get("call_id")
+        if call_id is not None:
+            if call_id not in self.batch:
+                self.fail(line, f"{trigger} for call {call_id!r}, which is not a call of the "
+                                "current batch")
+            elif edge is not None and edge.action == "start_attempt":
+                self.attempted.add(call_id)
+        self.state = dest
+        if dest in _TERMINAL:
+            self.stop_reason = reason
+        if state in _TERMINAL:  # resumed: placeholder answers may now be replaced
+            self.ended_line = 0
+            self.batch = {k: _OPEN if v == _PLACEHOLDER else v for k, v in self.batch.items()}
+
+    def wrong_edge(self, line: int, edge: Transition | None, event: dict[str, Any],
+                   guards: dict[str, Any]) -> None:
+        source, trigger = event["source"], event["trigger"]
+        dest, reason = event["dest"], event.get("reason")
         if edge is None:
-            if not transitions_from(source, trigger):
-                if not self.ended_line:
-                    self.fail(line, f"the table has no {trigger!r} edge out of {source}")
-            else:
+            if transitions_from(source, trigger):
                 self.fail(line, f"no {trigger!r} edge out of {source} has its guards satisfied "
                                 f"by {guards}")
+            elif not self.ended_line:
+                self.fail(line, f"the table has no {trigger!r} edge out of {source}")
         elif edge.dest != dest:
             self.fail(line, f"the guard outcomes select {edge.label} -> {edge.dest}, "
                             f"but the event went to {dest!r}")
-        elif edge.reason != event.get("reason"):
+        else:
             self.fail(line, f"{edge.label} -> {edge.dest} records reason {edge.reason!r}, "
-                            f"the event says {event.get('reason')!r}")
-        if source == INITIAL_STATE and not self.decided:
-            self.fail(line, f"{trigger} out of {source} without a decision event before it")
-        if source == INITIAL_STATE:
-            self.decided = False
-        call_id = event.get("call_id")
-        if call_id is not None and call_id not in self.batch:
-            self.fail(line, f"{trigger} for call {call_id!r}, which is not a call of the "
-                            "current batch")
-        if edge is not None and edge.action == "start_attempt" and isinstance(call_id, str):
-            self.attempted.add(call_id)
-        self.state = dest if isinstance(dest, str) else self.state
-        if dest in _TERMINAL:
-            self.stop_reason = event.get("reason")
-        if leaving_terminal:  # resumed: placeholder answers may now be replaced
-            self.ended_line = 0
-            self.batch = {k: _OPEN if v == _PLACEHOLDER else v for k, v in self.batch.items()}
+                            f"the event says {reason!r}")
 
     def observation(self, line: int, event: dict[str, Any]) -> None:
         if self.prev_type not in ("transition", "observation"):
@@ -316,7 +347,8 @@ class _Checker:
 
 def check_events(events: list[dict[str, Any]]) -> list[Violation]:
     """Violations in an already loaded trace (``events[0]`` is its ``run_start``)."""
-    return _Checker(events).run()
+    with _no_cyclic_gc():  # the walk allocates little, but a full collection of a large
+        return _Checker(events).run()  # trace's objects costs more than the walk
 
 
 def check_file(path: str | os.PathLike[str]) -> list[Violation]:

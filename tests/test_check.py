@@ -16,7 +16,7 @@ from conftest import (
     make_runtime,
     say,
 )
-from test_machine_transitions import CASES, Case
+from test_machine_transitions import CASES, Case, ListSink
 
 from fsm_agent import check as check_module
 from fsm_agent.check import check_events, check_file, select_edge
@@ -54,16 +54,23 @@ def messages(violations: list[Any]) -> str:
 def test_every_transition_case_conforms_and_is_identified(case: Case) -> None:
     runtime, _backend, *_ = case.build()
     taken: list[Transition] = []
+    listeners = list(TRANSITION_LISTENERS)
     TRANSITION_LISTENERS.append(lambda run, t: taken.append(t))
+    sink = ListSink()
     try:
-        result = runtime.run(case.task)
+        if case.interrupted:  # a cancelled run re-raises; its trace is complete all the same
+            with pytest.raises(KeyboardInterrupt):
+                runtime.run(case.task, trace=sink)
+            events = sink.events
+        else:
+            events = runtime.run(case.task).events
     finally:
-        TRANSITION_LISTENERS.pop()
-    assert check_events(result.events) == []
+        TRANSITION_LISTENERS[:] = listeners
+    assert check_events(events) == [], messages(check_events(events))
     # The checker's edge selection (from the recorded guard outcomes) names exactly the
     # edges the runtime took, in order: replay frames and counts rest on this.
     selected = [select_edge(e["source"], e["trigger"], e["dest"], e.get("reason"), e["guards"])
-                for e in result.events if e["type"] == "transition"]
+                for e in events if e["type"] == "transition"]
     assert selected == taken
 
 
