@@ -27,6 +27,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/check_speed.py
+	$(PY) benchmarks/replay_frame.py
 
 # The machine picture from the table, and one replay frame per demo scenario.
 DIAGRAM_TRACES := build/diagram-traces
