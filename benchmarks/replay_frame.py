@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def main() -> int:
         for route in (["dot"] if shutil.which("dot") else []) + ["wasm"]:
             argv = [sys.executable, "-m", "fsm_agent", "replay", str(path), "--step",
                     str(middle), "-o", str(Path(folder) / "frame.svg"), "--renderer", route]
-            commands[route] = best(lambda argv=argv: subprocess.run(argv, check=True))
+            commands[route] = best(partial(subprocess.run, argv, check=True))
     print(f"replay frame: {n} events; load+walk {load * 1000:.1f} ms, overlay+DOT "
           f"{frame * 1000:.1f} ms")
     routes = (["dot"] if shutil.which("dot") else []) + ["wasm"]
@@ -63,7 +64,7 @@ def main() -> int:
         except RenderError as exc:
             print(f"replay frame: {route}: not available ({exc})")
             continue
-        warm = best(lambda route=route: render(dot, "svg", route))  # type: ignore[misc]
+        warm = best(partial(render, dot, "svg", route))
         total = load + frame + warm
         print(f"replay frame: {route}: layout {warm * 1000:.0f} ms warm ({cold * 1000:.0f} ms "
               f"first call); whole frame {total * 1000:.0f} ms = {total / TARGET_S:.2f}x the "

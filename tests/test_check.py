@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from conftest import (
-    Approval,
     Backend,
     TransientToolError,
     call,
@@ -132,8 +131,8 @@ def test_an_answer_given_twice_and_an_orphan_answer_are_caught() -> None:
 
 def test_a_call_never_answered_is_reported_before_the_next_decision() -> None:
     events = two_call_batch()
-    drop = [i for i, e in enumerate(events)
-            if e["type"] == "observation" and e["call_id"] == "c2"][0]
+    drop = next(i for i, e in enumerate(events)
+                if e["type"] == "observation" and e["call_id"] == "c2")
     kept = [e for i, e in enumerate(events) if i != drop]
     for n, e in enumerate(kept):
         e["seq"] = n

@@ -7,7 +7,6 @@ import os
 import re
 import select
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ def test_frame_counts_path_current_state_and_last_edge(tmp_path: Path) -> None:
     assert frame.last is not None
     assert TRANSITIONS[frame.last] is replay.steps[n].transition
     assert frame.visited == {"deciding", *(events[i]["dest"] for i in transitions[:6])}
-    dispatch = [i for i, t in enumerate(TRANSITIONS) if t.action == "start_attempt"][0]
+    dispatch = next(i for i, t in enumerate(TRANSITIONS) if t.action == "start_attempt")
     assert frame.counts[dispatch] == 2  # the first attempt and its retry
     dot = machine_dot(frame)
     assert re.search(rf'{frame.current} \[[^]]*fillcolor="#fbbc04"', dot)
