@@ -201,3 +201,27 @@ def test_html_page_embeds_trace_content_only_as_escaped_json(tmp_path: Path) -> 
         'xmlns="http://www.w3.org/2000/svg"', "").replace(
         'xmlns:xlink="http://www.w3.org/1999/xlink"', "")
     assert not re.search(r"""(src|href)=["']https?:""", page)
+
+
+@pytest.mark.skipif(not HAS_RENDERER, reason="no Graphviz renderer installed")
+def test_regen_writes_the_machine_a_frame_per_trace_and_a_heat_map(tmp_path: Path) -> None:
+    from fsm_agent.render.regen import main as regen
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    retry_trace(traces)
+    out = tmp_path / "diagrams"
+    assert regen([str(traces), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "heatmap_demo.svg", "replay_retry.svg", "run_machine.dot", "run_machine.mmd",
+        "run_machine.svg"]
+    assert out.joinpath("run_machine.dot").read_text(encoding="utf-8") == machine_dot()
+    assert regen([str(tmp_path / "missing"), str(out)]) == 2
+
+
+def test_readme_pictures_exist() -> None:
+    root = Path(__file__).resolve().parent.parent
+    pictures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", (root / "README.md").read_text("utf-8"))
+    assert "diagrams/run_machine.svg" in pictures
+    assert any(p.startswith("diagrams/replay_") for p in pictures)
+    assert all((root / p).is_file() for p in pictures), pictures
