@@ -112,6 +112,16 @@ def test_keys_buttons_and_slider_step_through_the_run(opened: Any, page_file: Pa
     assert current(page)["slider"] == "0"
 
 
+def test_the_page_opens_at_the_requested_step(browser: Any, page_file: Path) -> None:
+    other = page_file.with_name("at3.html")
+    other.write_text(viewer_html(Replay(page_file.with_name("hostile.jsonl")), start=3),
+                     encoding="utf-8")
+    page = browser.new_page()
+    page.goto(other.as_uri())
+    assert current(page)["slider"] == "3"
+    page.close()
+
+
 def test_hostile_tool_output_shows_as_text_and_never_runs(opened: Any) -> None:
     page, dialogs, requests = opened
     for _ in range(40):  # walk the whole run so every payload is rendered once

