@@ -16,6 +16,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
+	$(PY) -m fsm_agent.render.regen traces diagrams
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -27,6 +28,16 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/durable.py
+	$(PY) benchmarks/check_speed.py
+	$(PY) benchmarks/replay_frame.py
+
+# The machine picture from the table, and one replay frame per demo scenario.
+DIAGRAM_TRACES := build/diagram-traces
+diagrams: $(STAMP)
+	rm -rf $(DIAGRAM_TRACES)
+	$(PY) -m fsm_agent demo --scenario all --trace-dir $(DIAGRAM_TRACES) > /dev/null
+	$(PY) -m fsm_agent check --quiet $(DIAGRAM_TRACES)/*.jsonl
+	$(PY) -m fsm_agent.render.regen $(DIAGRAM_TRACES) diagrams
 
 clean:
 	rm -rf $(VENV) traces .pytest_cache .mypy_cache .ruff_cache
