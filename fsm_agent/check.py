@@ -180,7 +180,8 @@ class _Checker:
 
     def run(self) -> list[Violation]:
         handlers = {"decision": self.decision, "transition": self.transition,
-                    "observation": self.observation, "run_end": self.run_end}
+                    "observation": self.observation, "run_end": self.run_end,
+                    "review": self.review}
         expected = 1
         for line, event in enumerate(self.events[1:], 2):
             seq = event.get("seq")
@@ -189,7 +190,7 @@ class _Checker:
                                 "duplicated or reordered)")
             expected = seq + 1 if isinstance(seq, int) else expected + 1
             kind = event["type"]
-            if self.ended_line and kind != "transition":
+            if self.ended_line and kind not in ("transition", "review"):
                 self.fail(line, f"{kind} event after the run ended in {self.state} "
                                 f"(run_end at line {self.ended_line})")
             handler = handlers.get(kind)
@@ -280,6 +281,17 @@ class _Checker:
             self.fail(line, f"{edge.label} -> {edge.dest} records reason {edge.reason!r}, "
                             f"the event says {reason!r}")
 
+    def review(self, line: int, event: dict[str, Any]) -> None:
+        """A reviewer's decision (durable runs): only while the run waits for review, and
+        only on a call of the paused batch that holds a placeholder answer."""
+        if not self.ended_line or self.state != "review_required":
+            self.fail(line, f"a review event while the run is in {self.state}"
+                      + ("" if self.ended_line else " and has not ended"))
+            return
+        call_id = event.get("call_id")
+        if not isinstance(call_id, str) or self.batch.get(call_id) != _PLACEHOLDER:
+            self.fail(line, f"review of {call_id!r}, which is not a paused call of the batch")
+
     def observation(self, line: int, event: dict[str, Any]) -> None:
         if self.prev_type not in ("transition", "observation"):
             self.fail(line, f"an observation right after a {self.prev_type} event; results "
@@ -298,6 +310,8 @@ class _Checker:
         self.batch[call_id] = _PLACEHOLDER if placeholder else _ANSWERED
         result = event.get("result")
         if synthetic or not isinstance(result, dict) or result.get("ok") is not True:
+            return
+        if result.get("reconciled"):  # a reviewer's observed fact, not a tool's result
             return
         if result.get("replayed"):
             if call_id in self.attempted:

@@ -116,6 +116,7 @@ def test_export_writes_a_trace_that_reads_back(
     events = read_trace(out_file)
     assert events[0]["type"] == "run_start" and events[-1]["status"] == "done"
     assert trace_problems(events, writes=("write",)) == []
+    assert main(["check", str(out_file)]) == 0  # the trace checker accepts a resumed run
 
 
 @pytest.mark.parametrize(("argv", "code", "message"), [

@@ -21,6 +21,7 @@ import durable_scenario as scenario
 import pytest
 
 from fsm_agent import RunResult, check_history
+from fsm_agent.check import check_events
 from fsm_agent.sqlite_store import SqliteStore
 
 CHILD = Path(__file__).with_name("durable_child.py")
@@ -70,6 +71,7 @@ def check_end(tmp: Path, result: RunResult) -> None:
     assert (result.status, result.reason) == ("done", "final_answer"), result.detail
     assert check_history(result.messages) == []
     assert scenario.trace_problems(result.events) == []
+    assert check_events(result.events) == []  # what `fsm-agent check` verifies
     with SqliteStore(tmp / "runs.db") as store:  # the store holds exactly that trace
         assert store.load_run("r1").events == result.events
     done = Counter(scenario.effects(tmp / "effects.db"))

@@ -17,6 +17,7 @@ from durable_scenario import trace_problems
 
 from fsm_agent import MemoryStore, RunResult
 from fsm_agent.canonical import digest
+from fsm_agent.check import check_events
 from fsm_agent.run import TRANSITION_LISTENERS
 from fsm_agent.sqlite_store import SqliteStore
 
@@ -75,6 +76,7 @@ def content(result: RunResult, call_id: str) -> dict[str, Any]:
 def check(result: RunResult) -> None:
     assert_valid_run(result)
     assert trace_problems(result.events, writes=("write",)) == []
+    assert check_events(result.events) == []  # what `fsm-agent check` verifies
 
 
 # ── resume executing -> review_required [write_outcome_lost] ──────────────────────────
