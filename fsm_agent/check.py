@@ -9,7 +9,8 @@ reason agree), ``seq`` is contiguous, and the invariants hold:
 * no write tool with an idempotency key executes successfully twice with the same
   canonical arguments (a replay is answered ``replayed`` without a tool attempt);
 * nothing happens after a terminal state except its synthetic answers and ``run_end``,
-  unless the table has an edge out of that state (``resume``) and that edge comes next.
+  unless the table has an edge out of that state (``resume``) and that edge comes next
+  (after the ``review`` events of a run paused for review, each on a paused call).
 
 Everything about edges is read from :data:`fsm_agent.machine.TRANSITIONS`. A trace that
 cannot be read at all (empty, truncated, not JSON, another schema, another machine hash)
