@@ -126,7 +126,7 @@ def test_killed_again_while_resuming(tmp_path: Path, first: str, second: str) ->
 
 def test_two_processes_resuming_one_run_only_one_drives_it(tmp_path: Path) -> None:
     assert run_child(tmp_path, "transition:1") == -signal.SIGKILL
-    procs = [child(tmp_path, "", "resume", {"FSM_MODEL_SLEEP": "1.5"}) for _ in range(2)]
+    procs = [child(tmp_path, "", "resume", {"FSM_MODEL_SLEEP": "3"}) for _ in range(2)]
     outcomes: list[Any] = [(p.wait(timeout=60), p.stdout.read(), p.stderr.read())  # type: ignore[union-attr]
                            for p in procs]
     codes = sorted(code for code, _, _ in outcomes)
