@@ -41,9 +41,12 @@ DECISIONS: list[dict[str, Any]] = [
 
 def model(messages: list[dict[str, Any]], tool_specs: list[dict[str, Any]]) -> Any:
     """Decides from how many decisions the history already holds (no hidden state).
-    ``FSM_MODEL_SLEEP`` makes it slow, so a concurrent resume finds the run claimed."""
-    time.sleep(float(os.environ.get("FSM_MODEL_SLEEP", "0")))
-    return DECISIONS[sum(1 for m in messages if m.get("role") == "assistant")]
+    ``FSM_MODEL_SLEEP`` makes its first answer slow, so a concurrent resume finds the run
+    claimed."""
+    asked = sum(1 for m in messages if m.get("role") == "assistant")
+    if asked == 0:
+        time.sleep(float(os.environ.get("FSM_MODEL_SLEEP", "0")))
+    return DECISIONS[asked]
 
 
 def effects(path: Path) -> list[tuple[str, str]]:
