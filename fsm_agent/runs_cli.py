@@ -153,7 +153,7 @@ def _list(args: argparse.Namespace) -> int:
 
 @_guarded
 def _show(args: argparse.Namespace) -> int:
-    from fsm_agent.durable import pending_calls
+    from fsm_agent.review import pending_calls
 
     with _open(args) as store:
         stored = store.load_run(args.run_id)
@@ -209,7 +209,7 @@ def _describe(e: dict[str, Any]) -> str:
 
 @_guarded
 def _review(args: argparse.Namespace) -> int:
-    from fsm_agent.durable import BLOCKING, pending_calls, record_review
+    from fsm_agent.review import BLOCKING, pending_calls, record_review
 
     with _open(args) as store:
         record_review(store, args.run_id, args.call_id, args.action,

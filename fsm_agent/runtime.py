@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from fsm_agent import durable
+from fsm_agent import durable, review
 from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.context import reset_deadline, set_deadline
@@ -206,22 +206,22 @@ class Runtime:
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
         """Approve a paused call for its exact arguments, then :meth:`resume`.
-        (Async runtimes: ``durable.record_review(...)``, then ``await aresume(...)``.)"""
+        (Async runtimes: ``review.record_review(...)``, then ``await aresume(...)``.)"""
         self._sync_model(None)
-        durable.record_review(self.store, run_id, call_id, "approve")
+        review.record_review(self.store, run_id, call_id, "approve")
         return self.resume(run_id)
 
     def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
         self._sync_model(None)
-        durable.record_review(self.store, run_id, call_id, "deny", reason=reason)
+        review.record_review(self.store, run_id, call_id, "deny", reason=reason)
         return self.resume(run_id)
 
     def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists), then :meth:`resume`; the write is not run again."""
         self._sync_model(None)
-        durable.record_review(self.store, run_id, call_id, "reconcile", result=result)
+        review.record_review(self.store, run_id, call_id, "reconcile", result=result)
         return self.resume(run_id)
 
     def _sync_model(self, model: Model | None) -> Model:

@@ -254,7 +254,7 @@ def test_aresume_drives_async_models_after_a_recorded_review(
         store: Any, backend: Backend) -> None:
     import asyncio
 
-    from fsm_agent.durable import record_review
+    from fsm_agent.review import record_review
 
     async def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
         asked = sum(m["role"] == "assistant" for m in messages)

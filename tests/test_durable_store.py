@@ -17,7 +17,7 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import IdempotencyRecord, JsonlTrace, MemoryStore
-from fsm_agent.durable import record_review
+from fsm_agent.review import record_review
 from fsm_agent.sqlite_store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from fsm_agent.store import ReviewError, RunBusy, RunNotFound, StoreError
 
