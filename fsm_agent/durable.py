@@ -1,29 +1,30 @@
-"""Durable runs: checkpoints, crash-safe resume and review (SPEC §5).
+"""Durable runs: checkpoints and crash-safe resume (SPEC §5).
 
-The trace is the log. A :class:`Journal` sits in the run's trace-sink slot: it passes
-every event on to the caller's sink and, after a transition, saves the events since the
-last save together with a checkpoint (the small context the loop needs to go on, plus
-the history rows added or replaced) in one store transaction. It does so after the
-transitions that follow or precede something outside the machine (a model reply, a
-write's attempt, with its idempotency intent, and its result) and at every end; the pure
-transitions between them, and reads, ride with the next save (see
-:meth:`Journal.checkpoint`). A process killed at any point therefore leaves the store at
-the state after some whole transition, the events stored are exactly the trace up to
-it, and resuming from there repeats nothing but model calls and reads.
+The trace is the log. A :class:`Journal` saves a run to its store: after a transition,
+the events the run emitted since the last save, together with a checkpoint (the small
+context the loop needs to go on, plus the history rows added or replaced), in one store
+transaction. It does so after the transitions that follow or precede something outside
+the machine (a model reply, a write's attempt with its idempotency intent, the write's
+result) and at every end; the pure transitions between them, and reads, ride with the
+next save (see :meth:`Journal.checkpoint`). A process killed at any point therefore
+leaves the store at the state after some whole transition, the events stored are
+exactly the trace up to it, and resuming from there repeats nothing but model calls and
+reads.
 
 Resuming (:func:`prepare_resume`) rebuilds a :class:`~fsm_agent.run.Run` from the last
 checkpoint and hands it back to the runtime's usual drivers. Two cases need a decision
 before the loop goes on, and both are edges of the table (trigger ``resume``):
 
-* the last transition started a tool attempt (the process died while it ran): a write
-  whose outcome nothing records stops in ``review_required/outcome_unknown`` and is never
-  run again; a read (or a write whose intent was never recorded) is dispatched again;
+* the last saved transition started a write's attempt (the process died while it ran):
+  a write whose outcome nothing records stops in ``review_required/outcome_unknown`` and
+  is never run again; one whose idempotency record holds its result is answered with
+  it; one whose downstream deduplicates is dispatched again;
 * the run is paused for review and reviewers have settled every blocking call
-  (:func:`~fsm_agent.review.record_review`): the placeholders of the paused batch are replaced, skipped
-  calls run afresh, and the loop continues.
+  (:func:`fsm_agent.review.record_review`): the placeholders of the paused batch are
+  replaced, skipped calls run afresh, and the loop continues.
 
-Only one process drives a run at a time: resuming and reviewing claim the run in the
-store first, and a live claim held elsewhere raises :class:`~fsm_agent.store.RunBusy`.
+Only one process drives a run at a time: running, resuming and reviewing claim the run
+in the store, and a live claim held elsewhere raises :class:`~fsm_agent.store.RunBusy`.
 """
 
 from __future__ import annotations
