@@ -40,6 +40,8 @@ from typing import Any, cast
 
 from transitions import Machine
 from transitions import Transition as TransitionsEdge
+from transitions.core import Event as TransitionsEvent
+from transitions.core import EventData
 
 from fsm_agent.guards import GUARDS
 
@@ -277,26 +279,52 @@ class _Edge(TransitionsEdge):
     """
 
     row: Transition
+    #: (guard name, predicate, required outcome), in the order transitions checks them.
+    checks: tuple[tuple[str, Callable[[Any], bool], bool], ...] = ()
 
     def execute(self, event_data: Any) -> bool:
         run = event_data.model
         log = run.guard_log
-        for condition in self.conditions:
-            func = cast(Callable[[Any], bool], condition.func)  # _build passes callables
-            value = func(run)
-            log[func.__name__] = value
-            if value != condition.target:
+        for name, predicate, target in self.checks:
+            value = predicate(run)
+            log[name] = value
+            if value != target:
                 return False
         event_data.machine.set_state(self.dest, run)
         run.taken = self.row
         return True
 
 
+class _Trigger(TransitionsEvent):
+    """A ``transitions`` event fired the way this machine is configured: unqueued, with no
+    prepare/finalize/exception callbacks (``_build`` asserts that). It finds the model's
+    state, refuses an invalid source as the stock event does, and tries the candidate
+    edges in order; it skips the stock path's empty callback lists and debug logging,
+    which cost more than the edge choice itself on the hot path. (tests/test_machine_
+    equivalence.py checks it picks what stock ``transitions`` picks.)"""
+
+    def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
+        machine = self.machine
+        event_data = EventData(None, self, machine, model, args=args, kwargs=kwargs)
+        event_data.state = machine.get_model_state(model)
+        if not self._is_valid_source(event_data.state):
+            return False
+        for edge in self.transitions[event_data.state.name]:
+            event_data.transition = edge
+            if edge.execute(event_data):
+                return True
+        return False
+
+
 class _RunMachine(Machine):
     transition_cls = _Edge
+    event_cls = _Trigger
 
 
-def _build() -> Machine:
+def _build(guards: dict[str, Callable[[Any], bool]] | None = None) -> Machine:
+    """The shared machine. ``guards`` replaces :data:`GUARDS` (tests compare this machine
+    with a stock ``transitions`` one under arbitrary guard outcomes)."""
+    guards = GUARDS if guards is None else guards
     # Guards are passed as callables taking the run, not as names: no getattr per check.
     machine = _RunMachine(
         model=None,
@@ -306,13 +334,19 @@ def _build() -> Machine:
         send_event=False,
         ignore_invalid_triggers=False,
     )
+    # _Trigger relies on these staying unset.
+    assert not (machine.has_queue or machine.prepare_event or machine.finalize_event
+                or machine.on_exception)
     for t in TRANSITIONS:
         machine.add_transition(
             t.trigger, t.source, t.dest,
-            conditions=[GUARDS[g] for g in t.conditions],
-            unless=[GUARDS[g] for g in t.unless],
+            conditions=[guards[g] for g in t.conditions],
+            unless=[guards[g] for g in t.unless],
         )
-        cast(_Edge, machine.events[t.trigger].transitions[t.source][-1]).row = t
+        edge = cast(_Edge, machine.events[t.trigger].transitions[t.source][-1])
+        edge.row = t
+        pairs = [*((g, True) for g in t.conditions), *((g, False) for g in t.unless)]
+        edge.checks = tuple((g, guards[g], target) for g, target in pairs)
     return machine
 
 
