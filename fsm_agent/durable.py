@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.decision import admit_calls, parse_decision
+from fsm_agent.effects import Request, ToolOutcome
 from fsm_agent.machine import MACHINE_HASH, TERMINAL_STATES, TRANSITIONS
 from fsm_agent.review import settled
-from fsm_agent.run import _EMPTY, Request, Run, ToolOutcome
+from fsm_agent.run import _EMPTY, Run
 from fsm_agent.store import (
     Checkpoint,
     IdempotencyRecord,

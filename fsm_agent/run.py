@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from typing import Any
 
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.decision import Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.effects import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
 from fsm_agent.machine import MACHINE_HASH, RUN_MACHINE, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent.reasons import stop_detail
 from fsm_agent.store import IdempotencyRecord, Store
 from fsm_agent.tools import ToolRegistry
 from fsm_agent.trace import Redactor, TraceSink
 
-__all__ = ["SCHEMA", "Counters", "ModelRequest", "Run", "SleepRequest", "ToolOutcome",
-           "ToolRequest"]
+__all__ = ["SCHEMA", "TRANSITION_LISTENERS", "Counters", "Run"]
 
 #: Trace schema identifier written in every ``run_start`` header.
 SCHEMA = "fsm-agent.trace/1"
@@ -53,36 +53,6 @@ class Counters:
         out = {name: getattr(self, name) for name in self.__slots__}
         out["tool_attempts"] = dict(self.tool_attempts)
         return out
-
-
-@dataclass
-class ToolOutcome:
-    """What happened when a tool ran: ``ok`` | ``rejected`` | ``transient`` | ``timeout``
-    | ``error``."""
-
-    kind: str
-    value: Any = None
-    error: str = ""
-
-
-@dataclass
-class ModelRequest:
-    messages: list[dict[str, Any]]
-    tool_specs: list[dict[str, Any]]
-
-
-@dataclass
-class ToolRequest:
-    call: PreparedCall
-    timeout_s: float | None
-
-
-@dataclass
-class SleepRequest:
-    seconds: float
-
-
-Request = ModelRequest | ToolRequest | SleepRequest
 
 
 def _content(result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -393,7 +363,7 @@ class Run:
             elif reason == "approval_required" and call.needs_approval:
                 error, detail = "approval_required", "no approval matches these exact arguments"
             elif review and call is self.call and reason != "approval_required":
-                error, detail = reason or "", self._stop_detail()
+                error, detail = reason or "", stop_detail(self)
             elif review:
                 error, detail = "skipped_pending_review", f"the run stopped for review: {reason}"
             else:
@@ -469,47 +439,7 @@ class Run:
 
     def _set_stop(self) -> None:
         self.status, self.reason = self.state, self.taken.reason
-        self.detail = self._stop_detail()
-
-    def _stop_detail(self) -> str:
-        reason, b, c, d = self.reason, self.budget, self.counters, self.decision
-        details: dict[str | None, Callable[[], str]] = {
-            "final_answer": lambda: "",
-            "model_error": lambda: self.model_error,
-            "malformed_decision": lambda: d.malformed or "",
-            "empty_answer": lambda: "the reply has neither tool calls nor text",
-            "missing_tool_call_id": lambda: d.missing_id or "",
-            "duplicate_tool_call_id": lambda: d.duplicate_id or "",
-            "tool_rounds": lambda: f"{c.tool_rounds} of {b.max_tool_rounds} tool rounds used",
-            "calls_per_round": lambda: f"{len(d.calls)} calls in one round; the limit is "
-                                       f"{b.max_calls_per_round}",
-            "total_calls": lambda: f"{c.tool_calls} calls made, {len(d.calls)} more asked; the "
-                                   f"limit is {b.max_total_calls}",
-            "model_calls": lambda: f"{c.model_calls} of {b.max_model_calls} model calls used",
-            "tokens": lambda: f"{c.tokens} tokens used; the limit is {b.max_tokens}",
-            "cost": lambda: ("a reply could not be priced" if self.cost_unknown else
-                             f"cost {c.cost:g} is past the limit {b.max_cost}"),
-            "wall_clock": lambda: f"{self.now - self.started:.3f}s elapsed; the limit is "
-                                  f"{b.max_wall_clock_s}s",
-            "tool_output": lambda: f"{c.output_bytes} bytes of tool output; the limit is "
-                                   f"{b.max_output_bytes}",
-            "approval_required": lambda: ", ".join(
-                f"{x.id} ({x.name})" for x in d.calls if x.needs_approval) + " need approval",
-            "idempotency_conflict": lambda: f"key {self.call.idempotency_key!r} of "
-                                            f"{self.call.name!r} was used with other arguments",
-            "outcome_unknown": lambda: (
-                f"{self.call.name!r} ({self.call.id}) may have taken effect: " + {
-                    "tool_returned": self.outcome.error,
-                    "cancel": "the run was cancelled while it ran",
-                    "resume": "the process stopped while it was running",
-                }.get(self.taken.trigger, f"an earlier write under key "
-                                          f"{self.call.idempotency_key!r} never reported")),
-            "cancelled": lambda: f"cancelled by the caller in {self.taken.source}",
-        }
-        for kind in ("unknown_tool", "permission_denied", "invalid_arguments"):
-            details[kind] = lambda kind=kind: "; ".join(  # type: ignore[misc]
-                f"{x.id}: {x.refusal_detail}" for x in d.calls if x.refusal == kind)
-        return details.get(reason, lambda: "")()
+        self.detail = stop_detail(self)
 
 
 def _check_actions() -> None:

@@ -21,10 +21,11 @@ from fsm_agent import durable, review
 from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.context import reset_deadline, set_deadline
+from fsm_agent.effects import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.history import check_history
 from fsm_agent.result import RunResult
-from fsm_agent.run import ModelRequest, Request, Run, SleepRequest, ToolOutcome, ToolRequest
+from fsm_agent.run import Run
 from fsm_agent.store import MemoryStore, Store
 from fsm_agent.trace import JsonlTrace, Redactor, TraceSink
 
