@@ -13,7 +13,7 @@ import inspect
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,40 +125,14 @@ class Runtime:
             what = f"async tools {blocking}" if blocking else "an async model"
             raise ValueError(f"run() cannot drive {what}; use 'await runtime.arun(...)'")
         run, sink = self._new_run(task, run_id, trace)
-        try:
-            steps = run.steps()
-            request = next(steps)
-            while True:
-                request = steps.send(self._do(request, run, model))
-        except StopIteration:
-            pass
-        except KeyboardInterrupt:
-            run.cancel()
-            raise
-        finally:
-            if sink is not None:
-                sink.close()
-        return self._result(run)
+        return self._drive(run, run.steps(), model, sink)
 
     async def arun(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
                    trace: TraceArg = None, model: Model | None = None) -> RunResult:
         """Run to a terminal state; sync or async models and tools both work."""
         model = self._model_for(model)
         run, sink = self._new_run(task, run_id, trace)
-        try:
-            steps = run.steps()
-            request = next(steps)
-            while True:
-                request = steps.send(await self._ado(request, run, model))
-        except StopIteration:
-            pass
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            run.cancel()  # the trace ends cleanly and every open call is answered
-            raise
-        finally:
-            if sink is not None:
-                sink.close()
-        return self._result(run)
+        return await self._adrive(run, run.steps(), model, sink)
 
     # ── durable runs: resume and review (SPEC §5; the logic lives in durable.py) ──
 
@@ -173,37 +147,13 @@ class Runtime:
         """
         model = self._sync_model(model)
         run, journal = durable.prepare_resume(self, run_id)
-        try:
-            steps = durable.steps(run)
-            request = next(steps)
-            while True:
-                request = steps.send(self._do(request, run, model))
-        except StopIteration:
-            pass
-        except KeyboardInterrupt:
-            run.cancel()
-            raise
-        finally:
-            journal.close()
-        return self._result(run)
+        return self._drive(run, durable.steps(run), model, journal)
 
     async def aresume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """:meth:`resume` for async models and tools."""
         model = self._model_for(model)
         run, journal = durable.prepare_resume(self, run_id)
-        try:
-            steps = durable.steps(run)
-            request = next(steps)
-            while True:
-                request = steps.send(await self._ado(request, run, model))
-        except StopIteration:
-            pass
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            run.cancel()
-            raise
-        finally:
-            journal.close()
-        return self._result(run)
+        return await self._adrive(run, durable.steps(run), model, journal)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
         """Approve a paused call for its exact arguments, then :meth:`resume`.
@@ -276,6 +226,40 @@ class Runtime:
                          reason=run.reason or "", answer=run.answer, messages=run.messages,
                          events=run.events, counters=run.counters.as_dict(),
                          detail=run.detail, pending=dict(run.placeholders))
+
+    # ── the drivers: answer the loop's requests until it ends ────────────────────
+
+    def _drive(self, run: Run, steps: Generator[Request, Any, None], model: Model,
+               closing: TraceSink | None) -> RunResult:
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(self._do(request, run, model))
+        except StopIteration:
+            pass
+        except KeyboardInterrupt:
+            run.cancel()  # the trace ends cleanly and every open call is answered
+            raise
+        finally:
+            if closing is not None:
+                closing.close()
+        return self._result(run)
+
+    async def _adrive(self, run: Run, steps: Generator[Request, Any, None], model: Model,
+                      closing: TraceSink | None) -> RunResult:
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(await self._ado(request, run, model))
+        except StopIteration:
+            pass
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            run.cancel()
+            raise
+        finally:
+            if closing is not None:
+                closing.close()
+        return self._result(run)
 
     # ── the sync driver ───────────────────────────────────────────────────────────
 
