@@ -16,6 +16,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
+	$(PY) -m fsm_agent.render.regen traces diagrams
 
 test: $(STAMP)
 	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
@@ -33,6 +34,28 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/durable.py
+	$(PY) benchmarks/check_speed.py
+	$(PY) benchmarks/replay_frame.py
+
+# The machine picture from the table, and one replay frame per demo scenario.
+DIAGRAM_TRACES := build/diagram-traces
+diagrams: $(STAMP)
+	rm -rf $(DIAGRAM_TRACES)
+	$(PY) -m fsm_agent demo --scenario all --trace-dir $(DIAGRAM_TRACES) > /dev/null
+	$(PY) -m fsm_agent check --quiet $(DIAGRAM_TRACES)/*.jsonl
+	$(PY) -m fsm_agent.render.regen $(DIAGRAM_TRACES) diagrams
 
 clean:
 	rm -rf $(VENV) traces .pytest_cache .mypy_cache .ruff_cache
+
+# Provider adapters: translation + validation cost per model call, next to a loopback SDK call.
+.PHONY: bench-adapters test-adapters
+bench: bench-adapters
+bench-adapters: $(STAMP)
+	$(PY) benchmarks/adapters.py
+
+test-adapters: $(STAMP)
+	$(PY) -m pytest tests/test_model_adapters.py tests/test_model_cli.py \
+		tests/test_provider_validators.py tests/test_tools_mcp.py tests/test_examples_providers.py \
+		tests/test_readme_models.py

@@ -20,6 +20,9 @@ __all__ = ["main"]
 #: Modules that add a subcommand, in the order they appear in ``--help``.
 COMMAND_MODULES: tuple[str, ...] = (
     "fsm_agent.demo",
+    "fsm_agent.render.cli",
+    "fsm_agent.cli_check",
+    "fsm_agent.runs_cli",
 )
 
 

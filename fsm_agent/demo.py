@@ -21,6 +21,7 @@ from typing import Any
 from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.errors import ToolRejected, TransientToolError
+from fsm_agent.models.cli import ModelArgsError, add_model_arguments, model_from_args
 from fsm_agent.models.scripted import ScriptedModel
 from fsm_agent.result import RunResult
 from fsm_agent.runtime import Model, Runtime
@@ -250,15 +251,23 @@ def register(subparsers: Any) -> None:
         "demo", help="run the scripted scenarios of the seed articles and check them",
         description="Run demo scenarios with scripted models; print one JSON line per "
                     "trace event and a summary per scenario; exit 1 on any mismatch.")
-    p.add_argument("--scenario", default="all", choices=[*SCENARIOS, "all"],
-                   help="which scenario to run (default: all)")
+    p.add_argument("--scenario", default=None, choices=[*SCENARIOS, "all"],
+                   help="which scenario to run (default: all; 'happy' with a real --model)")
     p.add_argument("--trace-dir", metavar="DIR", help="write <scenario>.jsonl traces here")
     p.add_argument("--quiet", action="store_true", help="print only the summaries")
+    add_model_arguments(p)
     p.set_defaults(handler=run_demo)
 
 
 def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if model is None and hasattr(args, "model"):  # flags of fsm_agent.models.cli
+        try:
+            model = model_from_args(args)
+        except ModelArgsError as exc:
+            print(f"demo: {exc}", file=sys.stderr)
+            return 2
+    scenario = args.scenario or ("all" if model is None else "happy")
+    names = list(SCENARIOS) if scenario == "all" else [scenario]
     failed = []
     for name in names:
         outcome = SCENARIOS[name].run(model=model, trace_dir=args.trace_dir)

@@ -168,6 +168,27 @@ def idempotent_replay(run: Run) -> bool:
     return record is not None and record.status == "committed"
 
 
+@guard
+def write_outcome_lost(run: Run) -> bool:
+    """The process died while this write (without downstream dedup) was running, and no
+    committed result under its idempotency key says how it ended."""
+    call = run.call
+    if call.effect != "write" or call.tool_dedup:
+        return False
+    if call.idempotency_key is None:
+        return True
+    # No record: the intent is written before the tool runs, so it never started.
+    return call.record is not None and call.record.status == "pending"
+
+
+@guard
+def write_result_stored(run: Run) -> bool:
+    """This very call's write committed its result under its key before the process died."""
+    record = run.call.record
+    return (record is not None and record.status == "committed"
+            and record.owner == (run.run_id, run.call.id))
+
+
 # ── the current call, after its tool returned ─────────────────────────────────────
 
 
@@ -228,8 +249,12 @@ def output_budget_spent(run: Run) -> bool:
 
 @guard
 def batch_has_more_calls(run: Run) -> bool:
-    """The accepted batch still has calls that have not been dispatched."""
-    return run.index + 1 < len(run.decision.calls)
+    """The accepted batch still has calls that have been neither dispatched nor answered."""
+    calls, answered, nxt = run.decision.calls, run.answered, run.index + 1
+    if nxt >= len(calls):
+        return False
+    # After a review, later calls may already be answered (denied, reconciled).
+    return calls[nxt].id not in answered or any(c.id not in answered for c in calls[nxt:])
 
 
 @guard

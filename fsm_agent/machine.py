@@ -24,7 +24,8 @@ Triggers are fired by the runtime (the I/O shell) when it has news:
 ``retry``                             the backoff before a retry has elapsed
 ``observe``                           the call's result has been paired with its id
 ``cancel``                            the caller cancelled the run (asyncio cancel, Ctrl-C)
-``resume``                            a trusted caller settled a ``review_required`` run
+``resume``                            a stored run is picked up again (durable.py): its
+                                      process died, or reviewers settled it
 
 Changing the table changes :data:`MACHINE_HASH`, which every trace records.
 """
@@ -39,6 +40,8 @@ from typing import Any, cast
 
 from transitions import Machine
 from transitions import Transition as TransitionsEdge
+from transitions.core import Event as TransitionsEvent
+from transitions.core import EventData
 
 from fsm_agent.guards import GUARDS
 
@@ -163,6 +166,19 @@ TRANSITIONS: tuple[Transition, ...] = (
     T("tool_returned", "executing", "observing", (), None,
       "answer_failure", "R5: a read that failed for good is answered as an error"),
 
+    # ── resume: a stored run is picked up again (durable.py fires these) ───────────
+    T("resume", "executing", "review_required", ("write_outcome_lost",), "outcome_unknown",
+      "stop", "R6/§5: a write that was running when the process died may have happened; "
+      "it is never run again"),
+    T("resume", "executing", "observing", ("write_result_stored",), None,
+      "answer_stored", "§5: the write finished and its result was stored before the process "
+      "died: that result is its answer, and it is not run again"),
+    T("resume", "executing", "executing", (), None,
+      None, "§5: a read, or a write known not to have started, is dispatched again"),
+    T("resume", "review_required", "observing", (), None,
+      "apply_review", "§5: a reviewer settled every paused call; placeholders are replaced "
+      "and the skipped calls run afresh"),
+
     T("retry", "retry_wait", "executing", (), None,
       None, "R5: after the backoff the same call is dispatched again"),
 
@@ -263,26 +279,52 @@ class _Edge(TransitionsEdge):
     """
 
     row: Transition
+    #: (guard name, predicate, required outcome), in the order transitions checks them.
+    checks: tuple[tuple[str, Callable[[Any], bool], bool], ...] = ()
 
     def execute(self, event_data: Any) -> bool:
         run = event_data.model
         log = run.guard_log
-        for condition in self.conditions:
-            func = cast(Callable[[Any], bool], condition.func)  # _build passes callables
-            value = func(run)
-            log[func.__name__] = value
-            if value != condition.target:
+        for name, predicate, target in self.checks:
+            value = predicate(run)
+            log[name] = value
+            if value != target:
                 return False
         event_data.machine.set_state(self.dest, run)
         run.taken = self.row
         return True
 
 
+class _Trigger(TransitionsEvent):
+    """A ``transitions`` event fired the way this machine is configured: unqueued, with no
+    prepare/finalize/exception callbacks (``_build`` asserts that). It finds the model's
+    state, refuses an invalid source as the stock event does, and tries the candidate
+    edges in order; it skips the stock path's empty callback lists and debug logging,
+    which cost more than the edge choice itself on the hot path. (tests/test_machine_
+    equivalence.py checks it picks what stock ``transitions`` picks.)"""
+
+    def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
+        machine = self.machine
+        event_data = EventData(None, self, machine, model, args=args, kwargs=kwargs)
+        event_data.state = machine.get_model_state(model)
+        if not self._is_valid_source(event_data.state):
+            return False
+        for edge in self.transitions[event_data.state.name]:
+            event_data.transition = edge
+            if edge.execute(event_data):
+                return True
+        return False
+
+
 class _RunMachine(Machine):
     transition_cls = _Edge
+    event_cls = _Trigger
 
 
-def _build() -> Machine:
+def _build(guards: dict[str, Callable[[Any], bool]] | None = None) -> Machine:
+    """The shared machine. ``guards`` replaces :data:`GUARDS` (tests compare this machine
+    with a stock ``transitions`` one under arbitrary guard outcomes)."""
+    guards = GUARDS if guards is None else guards
     # Guards are passed as callables taking the run, not as names: no getattr per check.
     machine = _RunMachine(
         model=None,
@@ -292,13 +334,19 @@ def _build() -> Machine:
         send_event=False,
         ignore_invalid_triggers=False,
     )
+    # _Trigger relies on these staying unset.
+    assert not (machine.has_queue or machine.prepare_event or machine.finalize_event
+                or machine.on_exception)
     for t in TRANSITIONS:
         machine.add_transition(
             t.trigger, t.source, t.dest,
-            conditions=[GUARDS[g] for g in t.conditions],
-            unless=[GUARDS[g] for g in t.unless],
+            conditions=[guards[g] for g in t.conditions],
+            unless=[guards[g] for g in t.unless],
         )
-        cast(_Edge, machine.events[t.trigger].transitions[t.source][-1]).row = t
+        edge = cast(_Edge, machine.events[t.trigger].transitions[t.source][-1])
+        edge.row = t
+        pairs = [*((g, True) for g in t.conditions), *((g, False) for g in t.unless)]
+        edge.checks = tuple((g, guards[g], target) for g, target in pairs)
     return machine
 
 

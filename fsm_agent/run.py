@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from typing import Any
 
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.decision import Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.effects import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
 from fsm_agent.machine import MACHINE_HASH, RUN_MACHINE, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent.reasons import stop_detail
 from fsm_agent.store import IdempotencyRecord, Store
 from fsm_agent.tools import ToolRegistry
 from fsm_agent.trace import Redactor, TraceSink
 
-__all__ = ["SCHEMA", "Counters", "ModelRequest", "Run", "SleepRequest", "ToolOutcome",
-           "ToolRequest"]
+__all__ = ["SCHEMA", "TRANSITION_LISTENERS", "Counters", "Run"]
 
 #: Trace schema identifier written in every ``run_start`` header.
 SCHEMA = "fsm-agent.trace/1"
@@ -53,36 +53,6 @@ class Counters:
         out = {name: getattr(self, name) for name in self.__slots__}
         out["tool_attempts"] = dict(self.tool_attempts)
         return out
-
-
-@dataclass
-class ToolOutcome:
-    """What happened when a tool ran: ``ok`` | ``rejected`` | ``transient`` | ``timeout``
-    | ``error``."""
-
-    kind: str
-    value: Any = None
-    error: str = ""
-
-
-@dataclass
-class ModelRequest:
-    messages: list[dict[str, Any]]
-    tool_specs: list[dict[str, Any]]
-
-
-@dataclass
-class ToolRequest:
-    call: PreparedCall
-    timeout_s: float | None
-
-
-@dataclass
-class SleepRequest:
-    seconds: float
-
-
-Request = ModelRequest | ToolRequest | SleepRequest
 
 
 def _content(result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -152,6 +122,12 @@ class Run:
         self.answered: set[str] = set()
         #: call id -> index in ``messages`` of a synthetic result a reviewer may replace.
         self.placeholders: dict[str, int] = {}
+        # Durable runs (durable.py): reviewers' decisions per paused call id, indexes of
+        # messages replaced in place since the last checkpoint, and the hook that saves
+        # a checkpoint after every transition (None: nothing is saved).
+        self.reviews: dict[str, dict[str, Any]] = {}
+        self.rewritten: list[int] = []
+        self.checkpoint: Callable[[Run], None] | None = None
         self.status: str | None = None
         self.reason: str | None = None
         self.detail = ""
@@ -207,6 +183,8 @@ class Run:
             self.emit({"type": "run_end", "status": self.status, "reason": self.reason,
                        "detail": self.detail, "answer": self.answer,
                        "counters": self.counters.as_dict()})
+        if self.checkpoint is not None:
+            self.checkpoint(self)
 
     # ── the loop ──────────────────────────────────────────────────────────────────
 
@@ -319,7 +297,10 @@ class Run:
         self._select(0)
 
     def next_call(self, payloads: list[dict[str, Any]]) -> None:
-        self._select(self.index + 1)
+        index = self.index + 1
+        while self.decision.calls[index].id in self.answered:  # settled by a reviewer
+            index += 1
+        self._select(index)
 
     def end_batch(self, payloads: list[dict[str, Any]]) -> None:
         self.decision = _EMPTY
@@ -382,15 +363,48 @@ class Run:
             elif reason == "approval_required" and call.needs_approval:
                 error, detail = "approval_required", "no approval matches these exact arguments"
             elif review and call is self.call and reason != "approval_required":
-                error, detail = reason or "", self._stop_detail()
+                error, detail = reason or "", stop_detail(self)
             elif review:
                 error, detail = "skipped_pending_review", f"the run stopped for review: {reason}"
             else:
                 error, detail = "not_executed", f"the run stopped: {self.status}/{reason}"
+            at = self._answer(payloads, {"ok": False, "error": error, "detail": detail},
+                              call=call, synthetic=True)
             if review:
-                self.placeholders[call.id] = len(self.messages)
-            self._answer(payloads, {"ok": False, "error": error, "detail": detail},
-                         call=call, synthetic=True)
+                self.placeholders[call.id] = at
+
+    def answer_stored(self, payloads: list[dict[str, Any]]) -> None:
+        """The result a write stored (idempotency record) before the process died."""
+        record = self.call.record
+        assert record is not None
+        self._answer(payloads, {"ok": True, "value": record.result})
+
+    def apply_review(self, payloads: list[dict[str, Any]]) -> None:
+        """Settle the paused batch with the reviewers' decisions (recorded by durable.py):
+        a denied call is answered as denied, a reconciled one with the observed result;
+        approved and skipped calls keep their placeholder until they run afresh."""
+        if self.reason == "approval_required":  # the pause came before the batch started
+            self.counters.tool_rounds += 1
+            self.counters.tool_calls += len(self.decision.calls)
+        for call in self.decision.calls:
+            if call.id not in self.placeholders:
+                continue
+            review = self.reviews.get(call.id, {})
+            action = review.get("action")
+            if action == "deny":
+                self._answer(payloads, {"ok": False, "error": "denied",
+                                        "detail": review.get("reason") or "denied by review"},
+                             call=call, synthetic=True)
+            elif action == "reconcile":
+                self._answer(payloads, {"ok": True, "value": review.get("result"),
+                                        "reconciled": True}, call=call)
+            else:
+                self.answered.discard(call.id)
+        self.reviews = {}
+        self.index, self.attempt = -1, 0  # next_call picks the first call still to run
+        self.call = PreparedCall(-1, "", "", "")
+        self.status = self.reason = None
+        self.detail = ""
 
     # ── helpers ───────────────────────────────────────────────────────────────────
 
@@ -405,58 +419,27 @@ class Run:
             self.batch_appended = True
 
     def _answer(self, payloads: list[dict[str, Any]], result: dict[str, Any], *,
-                call: PreparedCall | None = None, synthetic: bool = False) -> None:
+                call: PreparedCall | None = None, synthetic: bool = False) -> int:
         call = call or self.call
         content, safe = _content(result)
-        self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        message = {"role": "tool", "tool_call_id": call.id, "content": content}
+        at = self.placeholders.pop(call.id, None)
+        if at is None:
+            at = len(self.messages)
+            self.messages.append(message)
+        else:  # a reviewed batch: the real answer takes the placeholder's place
+            self.messages[at] = message
+            self.rewritten.append(at)
         self.answered.add(call.id)
         if not synthetic:
             self.counters.output_bytes += len(content.encode("utf-8"))
         payloads.append({"type": "observation", "call_id": call.id, "tool": call.name,
                          "result": safe, "synthetic": synthetic})
+        return at
 
     def _set_stop(self) -> None:
         self.status, self.reason = self.state, self.taken.reason
-        self.detail = self._stop_detail()
-
-    def _stop_detail(self) -> str:
-        reason, b, c, d = self.reason, self.budget, self.counters, self.decision
-        details: dict[str | None, Callable[[], str]] = {
-            "final_answer": lambda: "",
-            "model_error": lambda: self.model_error,
-            "malformed_decision": lambda: d.malformed or "",
-            "empty_answer": lambda: "the reply has neither tool calls nor text",
-            "missing_tool_call_id": lambda: d.missing_id or "",
-            "duplicate_tool_call_id": lambda: d.duplicate_id or "",
-            "tool_rounds": lambda: f"{c.tool_rounds} of {b.max_tool_rounds} tool rounds used",
-            "calls_per_round": lambda: f"{len(d.calls)} calls in one round; the limit is "
-                                       f"{b.max_calls_per_round}",
-            "total_calls": lambda: f"{c.tool_calls} calls made, {len(d.calls)} more asked; the "
-                                   f"limit is {b.max_total_calls}",
-            "model_calls": lambda: f"{c.model_calls} of {b.max_model_calls} model calls used",
-            "tokens": lambda: f"{c.tokens} tokens used; the limit is {b.max_tokens}",
-            "cost": lambda: ("a reply could not be priced" if self.cost_unknown else
-                             f"cost {c.cost:g} is past the limit {b.max_cost}"),
-            "wall_clock": lambda: f"{self.now - self.started:.3f}s elapsed; the limit is "
-                                  f"{b.max_wall_clock_s}s",
-            "tool_output": lambda: f"{c.output_bytes} bytes of tool output; the limit is "
-                                   f"{b.max_output_bytes}",
-            "approval_required": lambda: ", ".join(
-                f"{x.id} ({x.name})" for x in d.calls if x.needs_approval) + " need approval",
-            "idempotency_conflict": lambda: f"key {self.call.idempotency_key!r} of "
-                                            f"{self.call.name!r} was used with other arguments",
-            "outcome_unknown": lambda: (
-                f"{self.call.name!r} ({self.call.id}) may have taken effect: " + {
-                    "tool_returned": self.outcome.error,
-                    "cancel": "the run was cancelled while it ran",
-                }.get(self.taken.trigger, f"an earlier write under key "
-                                          f"{self.call.idempotency_key!r} never reported")),
-            "cancelled": lambda: f"cancelled by the caller in {self.taken.source}",
-        }
-        for kind in ("unknown_tool", "permission_denied", "invalid_arguments"):
-            details[kind] = lambda kind=kind: "; ".join(  # type: ignore[misc]
-                f"{x.id}: {x.refusal_detail}" for x in d.calls if x.refusal == kind)
-        return details.get(reason, lambda: "")()
+        self.detail = stop_detail(self)
 
 
 def _check_actions() -> None:

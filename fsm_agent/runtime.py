@@ -13,17 +13,19 @@ import inspect
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from fsm_agent import durable, review
 from fsm_agent.approvals import Approval
 from fsm_agent.budget import Budget, RetryPolicy
 from fsm_agent.context import reset_deadline, set_deadline
+from fsm_agent.effects import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.history import check_history
 from fsm_agent.result import RunResult
-from fsm_agent.run import ModelRequest, Request, Run, SleepRequest, ToolOutcome, ToolRequest
+from fsm_agent.run import Run
 from fsm_agent.store import MemoryStore, Store
 from fsm_agent.trace import JsonlTrace, Redactor, TraceSink
 
@@ -123,40 +125,65 @@ class Runtime:
             what = f"async tools {blocking}" if blocking else "an async model"
             raise ValueError(f"run() cannot drive {what}; use 'await runtime.arun(...)'")
         run, sink = self._new_run(task, run_id, trace)
-        try:
-            steps = run.steps()
-            request = next(steps)
-            while True:
-                request = steps.send(self._do(request, run, model))
-        except StopIteration:
-            pass
-        except KeyboardInterrupt:
-            run.cancel()
-            raise
-        finally:
-            if sink is not None:
-                sink.close()
-        return self._result(run)
+        return self._drive(run, run.steps(), model, sink)
 
     async def arun(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
                    trace: TraceArg = None, model: Model | None = None) -> RunResult:
         """Run to a terminal state; sync or async models and tools both work."""
         model = self._model_for(model)
         run, sink = self._new_run(task, run_id, trace)
-        try:
-            steps = run.steps()
-            request = next(steps)
-            while True:
-                request = steps.send(await self._ado(request, run, model))
-        except StopIteration:
-            pass
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            run.cancel()  # the trace ends cleanly and every open call is answered
-            raise
-        finally:
-            if sink is not None:
-                sink.close()
-        return self._result(run)
+        return await self._adrive(run, run.steps(), model, sink)
+
+    # ── durable runs: resume and review (SPEC §5; the logic lives in durable.py) ──
+
+    def resume(self, run_id: str, *, model: Model | None = None) -> RunResult:
+        """Continue a stored run from its last checkpoint with this runtime's model and
+        tools (after a crash, or after reviewers settled a ``review_required`` run).
+
+        A write that was running when the process died is never run again: the run stops
+        in ``review_required/outcome_unknown``. A terminal run, or one still waiting for
+        a reviewer, is returned as stored. Raises ``RunNotFound``, ``RunBusy`` (another
+        live process drives it) or ``StoreError``, changing nothing in the store.
+        """
+        model = self._sync_model(model)
+        run, journal = durable.prepare_resume(self, run_id)
+        return self._drive(run, durable.steps(run), model, journal)
+
+    async def aresume(self, run_id: str, *, model: Model | None = None) -> RunResult:
+        """:meth:`resume` for async models and tools."""
+        model = self._model_for(model)
+        run, journal = durable.prepare_resume(self, run_id)
+        return await self._adrive(run, durable.steps(run), model, journal)
+
+    def approve(self, run_id: str, call_id: str) -> RunResult:
+        """Approve a paused call for its exact arguments, then :meth:`resume`.
+        (Async runtimes: ``review.record_review(...)``, then ``await aresume(...)``.)"""
+        self._sync_model(None)
+        review.record_review(self.store, run_id, call_id, "approve")
+        return self.resume(run_id)
+
+    def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
+        """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
+        self._sync_model(None)
+        review.record_review(self.store, run_id, call_id, "deny", reason=reason)
+        return self.resume(run_id)
+
+    def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
+        """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
+        ticket exists), then :meth:`resume`; the write is not run again."""
+        self._sync_model(None)
+        review.record_review(self.store, run_id, call_id, "reconcile", result=result)
+        return self.resume(run_id)
+
+    def _sync_model(self, model: Model | None) -> Model:
+        """The model for a synchronous resume; refuses what only ``aresume`` can drive
+        before anything is recorded."""
+        model = self._model_for(model)
+        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
+        if _is_async_callable(model) or blocking:
+            what = f"async tools {blocking}" if blocking else "an async model"
+            raise ValueError(f"resume() cannot drive {what}; use 'await runtime.aresume(...)'")
+        return model
 
     # ── set-up and results ────────────────────────────────────────────────────────
 
@@ -191,7 +218,7 @@ class Runtime:
                                       t.requires_approval, "idempotent":
                                       t.idempotency_key is not None, "dedup": t.dedup,
                                       "timeout_s": t.timeout_s} for t in self.tools}})
-        return run, sink
+        return run, durable.attach(self, run, sink)  # checkpoints if the store keeps runs
 
     @staticmethod
     def _result(run: Run) -> RunResult:
@@ -199,6 +226,40 @@ class Runtime:
                          reason=run.reason or "", answer=run.answer, messages=run.messages,
                          events=run.events, counters=run.counters.as_dict(),
                          detail=run.detail, pending=dict(run.placeholders))
+
+    # ── the drivers: answer the loop's requests until it ends ────────────────────
+
+    def _drive(self, run: Run, steps: Generator[Request, Any, None], model: Model,
+               closing: TraceSink | None) -> RunResult:
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(self._do(request, run, model))
+        except StopIteration:
+            pass
+        except KeyboardInterrupt:
+            run.cancel()  # the trace ends cleanly and every open call is answered
+            raise
+        finally:
+            if closing is not None:
+                closing.close()
+        return self._result(run)
+
+    async def _adrive(self, run: Run, steps: Generator[Request, Any, None], model: Model,
+                      closing: TraceSink | None) -> RunResult:
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(await self._ado(request, run, model))
+        except StopIteration:
+            pass
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            run.cancel()
+            raise
+        finally:
+            if closing is not None:
+                closing.close()
+        return self._result(run)
 
     # ── the sync driver ───────────────────────────────────────────────────────────
 

@@ -1,5 +1,65 @@
-"""Models: anything callable as ``(messages, tool_specs) -> assistant message dict``."""
+"""Models: anything callable as ``(messages, tool_specs) -> assistant message dict``.
 
+The provider adapters load their SDK only when first named here, so ``import
+fsm_agent`` works without the optional extras (``fsm-agent[openai]``, ``[anthropic]``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from fsm_agent.models._common import (
+    HistoryError,
+    ModelAuthError,
+    ModelError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelRetry,
+    ModelUnavailableError,
+)
+from fsm_agent.models.pricing import DEFAULT_PRICES, Price
 from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.validate import (
+    check_anthropic_messages,
+    check_openai_chat,
+    check_openai_responses,
+)
 
-__all__ = ["ScriptedModel"]
+__all__ = [
+    "DEFAULT_PRICES",
+    "AnthropicModel",
+    "AsyncAnthropicModel",
+    "AsyncOpenAIChatModel",
+    "AsyncOpenAIResponsesModel",
+    "HistoryError",
+    "ModelAuthError",
+    "ModelError",
+    "ModelRequestError",
+    "ModelResponseError",
+    "ModelRetry",
+    "ModelUnavailableError",
+    "OpenAIChatModel",
+    "OpenAIResponsesModel",
+    "Price",
+    "ScriptedModel",
+    "check_anthropic_messages",
+    "check_openai_chat",
+    "check_openai_responses",
+]
+
+_LAZY = {
+    "OpenAIChatModel": "openai_chat",
+    "AsyncOpenAIChatModel": "openai_chat",
+    "OpenAIResponsesModel": "openai_responses",
+    "AsyncOpenAIResponsesModel": "openai_responses",
+    "AnthropicModel": "anthropic_messages",
+    "AsyncAnthropicModel": "anthropic_messages",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsm_agent.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"fsm_agent.models.{module}"), name)

@@ -1,0 +1,138 @@
+"""The frame of every provider adapter: validate, send with retries, read the reply.
+
+A concrete adapter supplies four things: ``build_request`` (our history and tool specs
+in the provider's shape, checked by the provider's validator), ``read_reply`` (the
+provider's JSON body back into a Chat Completions assistant message with ``usage``),
+and ``_send`` / ``_asend`` (one raw SDK request). The sync and async classes share all
+of it; only ``__call__`` differs, so ``Runtime.run`` sees a plain callable and
+``Runtime.arun`` an async one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar
+
+from fsm_agent.models._common import (
+    HistoryError,
+    ModelRetry,
+    SdkErrors,
+    acall_with_retries,
+    body_text,
+    call_with_retries,
+    decode_body,
+)
+from fsm_agent.models.pricing import DEFAULT_PRICES, Price, find_price
+
+__all__ = ["AsyncCall", "ProviderCodec", "SyncCall"]
+
+Message = dict[str, Any]
+
+
+class ProviderCodec:
+    """Conversions and configuration shared by the sync and async adapter of a provider."""
+
+    provider: ClassVar[str]
+    errors: ClassVar[SdkErrors]
+
+    def __init__(self, model: str, *, prices: Mapping[str, Price] | None = None,
+                 retry: ModelRetry | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"{self.provider}: model must be a non-empty model name")
+        if retry is not None and not isinstance(retry, ModelRetry):
+            raise ValueError(f"{self.provider}: retry must be a ModelRetry, got {retry!r}")
+        if prices is not None and not (isinstance(prices, Mapping) and all(
+                isinstance(k, str) and isinstance(v, Price) for k, v in prices.items())):
+            raise ValueError(f"{self.provider}: prices must map model names to Price, got "
+                             f"{prices!r}")
+        self.model = model
+        self.prices: Mapping[str, Price] = DEFAULT_PRICES if prices is None else prices
+        self.retry = retry or ModelRetry()
+        self.options = dict(options or {})
+
+    # ── supplied by each provider ────────────────────────────────────────────────
+
+    def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
+        raise NotImplementedError
+
+    def read_reply(self, body: Message, messages: list[Message]) -> Message:
+        raise NotImplementedError
+
+    # ── shared ───────────────────────────────────────────────────────────────────
+
+    def checked(self, payload: list[Message], problems: list[str]) -> list[Message]:
+        """``payload`` if its validator found nothing, else a HistoryError naming it all."""
+        if problems:
+            raise HistoryError(f"{self.provider}: refusing to send a history the provider "
+                               f"would reject: " + "; ".join(problems))
+        return payload
+
+    def reply_model(self, body: Message) -> str:
+        """The model the provider says answered (a dated snapshot, often), else ours."""
+        model = body.get("model")
+        return model if isinstance(model, str) and model else self.model
+
+    def usage(self, model: str, *, input_tokens: int, output_tokens: int,
+              cached_tokens: int = 0, cache_write_tokens: int = 0) -> Message:
+        """Our usage shape; ``cost`` is ``None`` when the model has no price."""
+        price = find_price(model, self.prices) or find_price(self.model, self.prices)
+        cost = None if price is None else round(price.cost(
+            input_tokens=input_tokens, output_tokens=output_tokens,
+            cached_tokens=cached_tokens, cache_write_tokens=cache_write_tokens), 10)
+        total_in = input_tokens + cached_tokens + cache_write_tokens
+        return {"input_tokens": total_in, "output_tokens": output_tokens,
+                "total_tokens": total_in + output_tokens, "cost": cost}
+
+
+class SyncCall(ProviderCodec):
+    """A blocking adapter: ``Runtime.run`` and ``Runtime.arun`` both accept it."""
+
+    def __init__(self, model: str, *, sleep: Callable[[float], Any] = time.sleep,
+                 **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.sleep = sleep
+
+    def _send(self, request: Message, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
+        request = self.build_request(messages, tool_specs)
+
+        def send(timeout: float) -> Message:
+            raw = self._send(request, timeout)
+            return decode_body(body_text(raw), raw.status_code, self.provider)
+
+        body = call_with_retries(send, provider=self.provider, errors=self.errors,
+                                 retry=self.retry, sleep=self.sleep)
+        return self.read_reply(body, messages)
+
+
+class AsyncCall(ProviderCodec):
+    """A coroutine adapter, for ``Runtime.arun`` (e.g. next to async MCP tools)."""
+
+    def __init__(self, model: str, *,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.sleep = sleep
+
+    async def _asend(self, request: Message, timeout: float) -> Any:
+        raise NotImplementedError
+
+    async def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
+        request = self.build_request(messages, tool_specs)
+
+        async def send(timeout: float) -> Message:
+            raw = await self._asend(request, timeout)
+            text = body_text(raw)
+            if inspect.isawaitable(text):
+                text = await text
+            return decode_body(text, raw.status_code, self.provider)
+
+        body = await acall_with_retries(send, provider=self.provider, errors=self.errors,
+                                        retry=self.retry, sleep=self.sleep)
+        return self.read_reply(body, messages)

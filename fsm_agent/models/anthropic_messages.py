@@ -1,0 +1,202 @@
+"""Anthropic Messages: ``tool_use`` / ``tool_result`` blocks keyed by ``tool_use_id``.
+
+Translation out: system messages become the ``system`` parameter; each assistant
+message becomes text and ``tool_use`` blocks; consecutive ``tool`` messages become one
+user turn of ``tool_result`` blocks (first), followed by any user text of that turn.
+Translation in: text blocks join into ``content``, ``tool_use`` blocks become calls whose
+``input`` object is the JSON ``arguments``. A block without an id becomes a call with
+``id: ""``, which the machine stops on before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the Anthropic adapter needs the anthropic SDK: "
+                      "pip install 'fsm-agent[anthropic]'") from exc
+
+from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCall
+from fsm_agent.models._common import (
+    ModelResponseError,
+    SdkErrors,
+    check_fresh_ids,
+    need,
+    parse_json_object,
+    whole,
+)
+from fsm_agent.models.validate import check_anthropic_messages
+
+__all__ = ["AnthropicModel", "AsyncAnthropicModel"]
+
+_FINISHED = ("end_turn", "tool_use", "stop_sequence")
+_CUT = {
+    "max_tokens": "the reply was cut at max_tokens, so its answer or tool input is incomplete",
+    "model_context_window_exceeded": "the reply was cut at the context window limit",
+    "refusal": "the model refused to answer",
+    "pause_turn": "the provider paused a long turn (server tools are not supported here)",
+}
+_IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _text_blocks(content: Any) -> list[Message]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list):  # Chat Completions parts: text parts translate as is
+        return [{"type": "text", "text": p["text"]} if isinstance(p, Mapping) and p.get(
+            "type") == "text" else p for p in content]
+    return []
+
+
+def _is_error(content: Any) -> bool:
+    """Our tool results are JSON with ``ok``; tell Anthropic which ones failed."""
+    parsed = parse_json_object(content) if isinstance(content, str) else None
+    return parsed is not None and parsed.get("ok") is False
+
+
+def to_anthropic(messages: list[Message]) -> tuple[str, list[Message]]:
+    """The ``system`` text and the ``messages`` list of an Anthropic request."""
+    system: list[str] = []
+    out: list[Message] = []
+
+    def add(role: Any, blocks: list[Message]) -> None:
+        if out and out[-1]["role"] == role:  # one turn per role, as the API wants
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for m in messages:
+        role, content = m.get("role"), m.get("content")
+        if role in ("system", "developer"):
+            system.extend(b["text"] for b in _text_blocks(content) if "text" in b)
+        elif role == "assistant":
+            blocks = _text_blocks(content)
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                # Calls refused as invalid_arguments may carry non-object JSON; the tool_use
+                # must still be an object, and its result already says what was wrong.
+                args = parse_json_object(fn.get("arguments"))
+                blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
+                               "input": args if args is not None else {}})
+            add("assistant", blocks)
+        elif role == "tool":
+            block: Message = {"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
+                              "content": content}
+            if _is_error(content):
+                block["is_error"] = True
+            add("user", [block])
+        else:
+            add(role, _text_blocks(content))
+    return "\n\n".join(system), out
+
+
+def to_tools(tool_specs: list[Message]) -> list[Message]:
+    return [{"name": s["function"]["name"], "description": s["function"].get("description") or "",
+             "input_schema": s["function"].get("parameters") or {"type": "object"}}
+            for s in tool_specs]
+
+
+class _AnthropicCodec(ProviderCodec):
+    provider = "anthropic"
+    errors = SdkErrors(anthropic.APIStatusError, anthropic.APIConnectionError)
+    max_tokens: int
+
+    def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
+        system, out = to_anthropic(messages)
+        request: Message = {"max_tokens": self.max_tokens, **self.options, "model": self.model,
+                            "messages": self.checked(out, check_anthropic_messages(out))}
+        if system:
+            request["system"] = system
+        if tool_specs:
+            request["tools"] = to_tools(tool_specs)
+        return request
+
+    def read_reply(self, body: Message, messages: list[Message]) -> Message:
+        p = self.provider
+        if body.get("type") != "message" or body.get("role") != "assistant":
+            raise ModelResponseError(f"{p}: expected an assistant message, got type "
+                                     f"{body.get('type')!r} role {body.get('role')!r}")
+        stop = body.get("stop_reason")
+        if stop in _CUT:
+            raise ModelResponseError(f"{p}: stop_reason {stop!r}: {_CUT[stop]}")
+        if stop not in _FINISHED:
+            raise ModelResponseError(f"{p}: unknown stop_reason {stop!r} (expected one of "
+                                     f"{', '.join(_FINISHED)})")
+        texts: list[str] = []
+        calls: list[Message] = []
+        for i, block in enumerate(need(body, "content", list, p)):
+            kind = block.get("type") if isinstance(block, Mapping) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use":
+                raw_input = block.get("input")
+                calls.append({"id": block.get("id") or "", "type": "function",
+                              "function": {"name": block.get("name"),
+                                           "arguments": json.dumps(raw_input,
+                                                                   ensure_ascii=False)}})
+            elif kind not in _IGNORED_BLOCKS:
+                raise ModelResponseError(f"{p}: content[{i}] has unknown type {kind!r}")
+        check_fresh_ids(calls, messages, p)
+        reply: Message = {"role": "assistant",
+                          "content": "".join(texts) if texts else (None if calls else "")}
+        if calls:
+            reply["tool_calls"] = calls
+        usage = body.get("usage")
+        model = self.reply_model(body)
+        if isinstance(usage, Mapping):
+            reply["usage"] = self.usage(
+                model, input_tokens=whole(usage.get("input_tokens")),
+                output_tokens=whole(usage.get("output_tokens")),
+                cached_tokens=whole(usage.get("cache_read_input_tokens")),
+                cache_write_tokens=whole(usage.get("cache_creation_input_tokens")))
+        else:
+            reply["usage"] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                              "cost": None}
+        reply["provider"] = {"api": p, "id": body.get("id"), "model": body.get("model"),
+                             "stop_reason": stop}
+        return reply
+
+
+def _max_tokens(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"anthropic: max_tokens must be a whole number >= 1, got {value!r}")
+    return value
+
+
+class AnthropicModel(SyncCall, _AnthropicCodec):
+    """An Anthropic Messages model: ``AnthropicModel("claude-sonnet-4-5", max_tokens=1024)``.
+
+    ``client`` is an ``anthropic.Anthropic`` (its own retries are switched off), or pass
+    ``base_url``/``api_key``. Other arguments as :class:`~fsm_agent.models.OpenAIChatModel`.
+    """
+
+    def __init__(self, model: str, *, client: anthropic.Anthropic | None = None,
+                 base_url: str | None = None, api_key: str | None = None,
+                 max_tokens: int = 1024, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.max_tokens = _max_tokens(max_tokens)
+        self.client = (client.with_options(max_retries=0) if client is not None else
+                       anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0))
+
+    def _send(self, request: Message, timeout: float) -> Any:
+        return self.client.messages.with_raw_response.create(**request, timeout=timeout)
+
+
+class AsyncAnthropicModel(AsyncCall, _AnthropicCodec):
+    """The async twin of :class:`AnthropicModel`."""
+
+    def __init__(self, model: str, *, client: anthropic.AsyncAnthropic | None = None,
+                 base_url: str | None = None, api_key: str | None = None,
+                 max_tokens: int = 1024, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.max_tokens = _max_tokens(max_tokens)
+        self.client = (client.with_options(max_retries=0) if client is not None else
+                       anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key,
+                                                max_retries=0))
+
+    async def _asend(self, request: Message, timeout: float) -> Any:
+        return await self.client.messages.with_raw_response.create(**request, timeout=timeout)

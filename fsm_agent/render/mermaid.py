@@ -1,0 +1,32 @@
+"""The run machine as a Mermaid ``stateDiagram-v2`` (renders on GitHub, needs no Graphviz)."""
+
+from __future__ import annotations
+
+from fsm_agent.machine import INITIAL_STATE, MACHINE_HASH, TERMINAL_STATES, WORKING_STATES
+from fsm_agent.render.edges import EDGES
+
+__all__ = ["machine_mermaid"]
+
+
+_ESCAPES = str.maketrans({"#": "#35;", ";": "#59;"})
+
+
+def _text(line: str) -> str:
+    # Mermaid ends a label at ';' and reads '#'-entities; keep labels literal.
+    return line.translate(_ESCAPES)
+
+
+def machine_mermaid() -> str:
+    """Mermaid source: same states, edges and labels as the DOT diagram."""
+    out = ["---", f"title: fsm-agent run machine {MACHINE_HASH}", "---", "stateDiagram-v2",
+           f"    [*] --> {INITIAL_STATE}"]
+    for edge in EDGES:
+        label = "<br/>".join(_text(line) for line in edge.lines())
+        out.append(f"    {edge.source} --> {edge.dest} : {label}")
+    for state in TERMINAL_STATES:
+        out.append(f"    {state} --> [*]")
+    out.append("    classDef working fill:#e8f0fe,stroke:#1a73e8")
+    out.append("    classDef terminal fill:#fdecea,stroke:#d93025,stroke-width:3px")
+    out.append(f"    class {','.join(WORKING_STATES)} working")
+    out.append(f"    class {','.join(TERMINAL_STATES)} terminal")
+    return "\n".join(out) + "\n"

