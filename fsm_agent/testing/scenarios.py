@@ -139,8 +139,9 @@ class Scenario:
     ``cancel_on_entering`` names a state: when a run enters it, the fake clock is armed
     to raise ``KeyboardInterrupt`` at its next reading (Ctrl-C in that state).
     ``die_at`` names a trigger: the process dies (:class:`ProcessDied`) the first time a
-    run takes an edge of it, before that edge is saved. ``review`` then runs after each
-    script's run, as the trusted caller who resumes or settles it.
+    run takes an edge of it, before that edge is saved; ``die_before_commit`` kills it
+    after a keyed write ran, before its result reaches the idempotency record. ``review``
+    then runs after each script's run, as the trusted caller who resumes or settles it.
     """
 
     name: str
@@ -151,6 +152,7 @@ class Scenario:
     task: str = "Please help with order A17."
     cancel_on_entering: str | None = None
     die_at: str | None = None
+    die_before_commit: bool = False
     review: Review | None = None
 
     def run(self) -> ScenarioRun:
@@ -159,6 +161,16 @@ class Scenario:
         store = MemoryStore()
         outcome = ScenarioRun(self, kit, [], [])
         died: list[str] = []
+        if self.die_before_commit:
+            commit = store.commit_idempotency
+
+            def commit_or_die(tool: str, key: str, result: Any) -> None:
+                if not died:
+                    died.append(key)
+                    raise ProcessDied(f"the process died before {tool!r} {key!r} was stored")
+                commit(tool, key, result)
+
+            store.commit_idempotency = commit_or_die  # type: ignore[method-assign]
 
         def faults(run: Any, transition: Transition) -> None:
             if transition.dest == self.cancel_on_entering:
@@ -494,12 +506,20 @@ def _resume_after_death_mid_write(kit: FaultyTools) -> list[list[Step]]:
     return [[decide(_ticket(), _lookup()), answer("never asked")]]
 
 
-@_recipe("resume", "executing", "executing", (), if_in_table=True, needs=_DURABLE,
-         die_at="tool_returned", review=_resume)
+@_recipe("resume", "executing", "observing", ("write_result_stored",), if_in_table=True,
+         needs=_DURABLE, die_at="tool_returned", review=_resume)
 def _resume_after_death_with_result_stored(kit: FaultyTools) -> list[list[Step]]:
     # The keyed write's result reached the idempotency record before the process died:
-    # resumed, the write is dispatched again and replays instead of running twice.
+    # resumed, the stored result answers the call and nothing runs twice.
     _kit(kit, idempotent=True)
+    return [[decide(_ticket()), answer("Ticket filed.")]]
+
+
+@_recipe("resume", "executing", "executing", (), if_in_table=True, needs=_DURABLE,
+         die_before_commit=True, review=_resume)
+def _resume_dedup_write_dispatched_again(kit: FaultyTools) -> list[list[Step]]:
+    # The downstream deduplicates by key, so a write whose end was lost may be sent again.
+    _kit(kit, dedup=True)
     return [[decide(_ticket()), answer("Ticket filed.")]]
 
 
