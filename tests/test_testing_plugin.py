@@ -72,8 +72,9 @@ def test_html_writes_the_diagram_and_table(pytester: pytest.Pytester, tmp_path: 
     dot = (out / "coverage.dot").read_text(encoding="utf-8")
     assert f"Transition coverage: {ONE_RUN_PCT}" in page
     assert page.count("<tr><td>") == len(TRANSITIONS)
-    assert '"validating" -> "done"' in dot and "×1" in dot
-    assert dot.count(" -> ") == len(TRANSITIONS) + 1  # every edge plus the start arrow
+    assert page.count("background:#d62728") == len(TRANSITIONS) - 2  # never taken: red
+    assert "validating -> done" in dot and "final_answer  ×1" in dot
+    assert ("<svg" in page) == (out / "coverage.svg").exists()
     result.stdout.fnmatch_lines([f"wrote {out / 'index.html'}"])
 
 
@@ -98,15 +99,20 @@ def test_html_dir_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester,
                                  f"'{blocker / 'sub'}': Not a directory"])
 
 
-def test_dot_colours_never_taken_edges_red() -> None:
-    hits = [0] * len(TRANSITIONS)
-    hits[2] = 20
-    hits[5] = 1
-    dot = to_dot(hits)
-    lines = [line for line in dot.splitlines() if "[label=\"#" in line]
-    assert len(lines) == len(TRANSITIONS)
-    assert 'color="#d62728"' in lines[0]
-    assert 'color="#08519c"' in lines[2] and 'color="#9ecae1"' in lines[5]
+def test_dot_is_a_heat_map_of_hits() -> None:
+    cov = TransitionCoverage()
+    cov.hits[2] = 20
+    cov.hits[5] = 1
+    lines = {line.split(" [")[0].strip(): line for line in to_dot(cov).splitlines()
+             if " -> " in line}
+    assert "×20" in lines["deciding -> validating"]
+    assert "×1" in lines["validating -> done"]
+    assert 'color="#c8c8c8"' in lines["deciding -> budget_exhausted"]  # never taken: grey
+    assert "penwidth" not in lines["deciding -> budget_exhausted"]
+    busy = float(lines["deciding -> validating"].split("penwidth=")[1].split()[0])
+    rare = float(lines["validating -> done"].split("penwidth=")[1].split()[0])
+    assert busy > rare
+    assert f"transition coverage {100 * 2 / len(TRANSITIONS):.1f}%" in to_dot(cov)
 
 
 def test_coverage_counts_only_while_installed() -> None:

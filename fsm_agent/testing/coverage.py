@@ -10,12 +10,12 @@ page with the diagram (or the DOT source) and the table.
 from __future__ import annotations
 
 import html
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.machine import INITIAL_STATE, STATES, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent.machine import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.render.dot import Overlay, machine_dot
+from fsm_agent.render.engine import RenderError, render
 from fsm_agent.run import TRANSITION_LISTENERS
 
 __all__ = ["TransitionCoverage", "to_dot", "write_html"]
@@ -77,31 +77,21 @@ def _colour(hits: int, top: int) -> str:
     return _SHADES[0] if share < 0.1 else _SHADES[1] if share < 0.5 else _SHADES[2]
 
 
-def to_dot(hits: list[int]) -> str:
-    """The machine as Graphviz DOT, each edge labelled ``#i trigger [guards] ×hits``."""
-    top = max(hits, default=0)
-    out = ["digraph run_machine {", "  rankdir=LR;",
-           '  node [shape=box, style="rounded", fontname="Helvetica"];',
-           '  edge [fontname="Helvetica", fontsize=9];',
-           '  __start [shape=point, label=""];', f'  __start -> "{INITIAL_STATE}";']
-    for state in STATES:
-        shape = "doubleoctagon" if state in TERMINAL_STATES else "box"
-        out.append(f'  "{state}" [shape={shape}];')
-    for i, (t, h) in enumerate(zip(TRANSITIONS, hits, strict=False)):
-        label = f"#{i} {t.label} ×{h}".replace('"', '\\"')
-        width = 1 + 3 * (h / top) if top else 1
-        out.append(f'  "{t.source}" -> "{t.dest}" [label="{label}", '
-                   f'color="{_colour(h, top)}", fontcolor="{_colour(h, top)}", '
-                   f'penwidth={width:.2f}];')
-    out.append("}")
-    return "\n".join(out) + "\n"
+def to_dot(coverage: TransitionCoverage) -> str:
+    """The machine diagram (the renderer's, from the same table) as a heat map of hits."""
+    taken = [t for t, h in zip(TRANSITIONS, coverage.hits, strict=True) if h]
+    visited = frozenset({INITIAL_STATE, *(t.source for t in taken), *(t.dest for t in taken)})
+    overlay = Overlay(counts=dict(enumerate(coverage.hits)), visited=visited, heat=True,
+                      caption=f"transition coverage {coverage.percent:.1f}% "
+                              f"({len(coverage.never_taken())} never taken, grey)")
+    return machine_dot(overlay)
 
 
 def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
     """Write ``coverage.dot``, ``coverage.svg`` (when ``dot`` is installed) and
     ``index.html`` into ``directory``; returns the files written."""
     directory.mkdir(parents=True, exist_ok=True)
-    dot_text = to_dot(coverage.hits)
+    dot_text = to_dot(coverage)
     dot_path = directory / "coverage.dot"
     dot_path.write_text(dot_text, encoding="utf-8")
     written = [dot_path]
@@ -118,7 +108,7 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
         f'<td style="background:{_colour(h, top)};color:white;text-align:right">{h}</td></tr>'
         for i, (t, h) in enumerate(zip(TRANSITIONS, coverage.hits, strict=False)))
     picture = (svg[svg.find("<svg"):] if svg is not None else
-               "<p>Graphviz <code>dot</code> is not installed, so no picture was drawn; "
+               "<p>No Graphviz renderer is installed, so no picture was drawn; "
                "render <code>coverage.dot</code> with it:</p><pre>"
                + html.escape(dot_text) + "</pre>")
     page = f"""<!doctype html>
@@ -127,7 +117,7 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
 </style></head><body>
 <h1>Transition coverage: {coverage.percent:.1f}%</h1>
 <p>{len(coverage.never_taken())} of {len(coverage.hits)} transitions never taken
-(red); darker blue edges were taken more often.</p>
+(red rows, grey arrows); darker arrows were taken more often.</p>
 {picture}
 <table><tr><th>#</th><th>trigger</th><th>source → dest</th><th>guards</th><th>hits</th></tr>
 {rows}
@@ -140,12 +130,7 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
 
 
 def _render_svg(dot_text: str) -> str | None:
-    dot = shutil.which("dot")
-    if dot is None:
-        return None
     try:
-        done = subprocess.run([dot, "-Tsvg"], input=dot_text, capture_output=True,
-                              text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None  # a broken Graphviz install must not fail the test session
-    return done.stdout
+        return render(dot_text, "svg").decode("utf-8")
+    except RenderError:
+        return None  # no Graphviz here: the page shows the DOT source and the table
