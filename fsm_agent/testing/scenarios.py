@@ -6,10 +6,11 @@ store, so a scenario can crash a write in one run and retry it in the next), plu
 ``Runtime`` options (budget, retry, policy, approvals) it needs.
 
 The recipes live in ``recipes.py``. Each names the edge it aims at, but which edges a
-scenario takes is found by running it: :func:`scenario_for` prefers the recipe aimed at a transition and otherwise any
-recipe observed to take it, and :func:`unbuildable` lists the transitions of the table
-no recipe reaches. A transition added to the table without a recipe therefore shows up
-there (and fails the engine's test suite) instead of being skipped.
+scenario takes is found by running it: :func:`scenario_for` prefers the recipe aimed at
+a transition and otherwise any recipe observed to take it, and :func:`unbuildable` lists
+the transitions of the table no recipe reaches. A transition added to the table without
+a recipe therefore shows up there (and fails the engine's test suite) instead of being
+skipped.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Importing this module needs Hypothesis (a ``dev`` extra); the rest of the toolki
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -303,12 +303,24 @@ def _cases(draw: st.DrawFn) -> FuzzCase:
         if t.requires_approval:
             for args in draw(st.lists(_valid_arguments(t.name), max_size=3)):
                 approvals.append((t.name, args))
-    return FuzzCase(
+    case = FuzzCase(
         tools=tools, allowed=allowed, approvals=approvals, budget=draw(_BUDGETS),
         retry=draw(_RETRIES), policy=draw(st.sampled_from(["default", "strict"])),
         scripts=[draw(_SCRIPTS) for _ in range(draw(st.integers(1, 2)))],
         use_async=draw(st.integers(0, 9)) == 0,
     )
+    return _without_interrupts(case) if case.use_async else case
+
+
+def _without_interrupts(case: FuzzCase) -> FuzzCase:
+    """Ctrl-C reaches an event loop as a cancelled task, never as a ``KeyboardInterrupt``
+    raised by a tool in a worker thread or by a model inside a task; an async case keeps
+    its other faults and drops those it could not meet."""
+    calm = [replace(t, faults=tuple(f for f in t.faults if not f.startswith("interrupt")))
+            for t in case.tools]
+    scripts = [[replace(s, interrupt=False, raise_error=s.raise_error or s.interrupt)
+                for s in script] for script in case.scripts]
+    return replace(case, tools=calm, scripts=scripts)
 
 
 _CASES = _cases()
