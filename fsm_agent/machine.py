@@ -304,12 +304,11 @@ class _Trigger(TransitionsEvent):
     equivalence.py checks it picks what stock ``transitions`` picks.)"""
 
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
-        machine = self.machine
-        event_data = EventData(None, self, machine, model, args=args, kwargs=kwargs)
-        event_data.state = machine.get_model_state(model)
-        if not self._is_valid_source(event_data.state):
-            return False
-        for edge in self.transitions[event_data.state.name]:
+        edges = self.transitions.get(model.state)  # the states are plain strings here
+        if edges is None:  # no edge from this state: the stock path raises MachineError
+            return bool(super().trigger(model, *args, **kwargs))
+        event_data = EventData(None, self, self.machine, model, args=args, kwargs=kwargs)
+        for edge in edges:
             event_data.transition = edge
             if edge.execute(event_data):
                 return True
