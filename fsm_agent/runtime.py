@@ -7,7 +7,6 @@ the same generator, so both obey every rule identically.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import inspect
 import os
@@ -247,6 +246,8 @@ class Runtime:
 
     async def _adrive(self, run: Run, steps: Generator[Request, Any, None], model: Model,
                       closing: TraceSink | None) -> RunResult:
+        import asyncio  # here, not at module level: sync users never load it
+
         try:
             request = next(steps)
             while True:
@@ -276,7 +277,7 @@ class Runtime:
             try:
                 reply = model(request.messages, request.tool_specs)
             except BaseException as exc:
-                if isinstance(exc, _PROPAGATE):
+                if _propagates(exc):
                     raise
                 return exc
             finally:
@@ -313,13 +314,14 @@ class Runtime:
                 return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
             return ToolOutcome("ok", value)
         except BaseException as exc:
-            if isinstance(exc, _PROPAGATE):
+            if _propagates(exc):
                 raise
             return _classify(exc)
 
     # ── the async driver ──────────────────────────────────────────────────────────
 
     async def _ado(self, request: Request, run: Run, model: Model) -> Any:
+        import asyncio
         if isinstance(request, ModelRequest):
             token = set_deadline(self._deadline(run))
             try:
@@ -327,7 +329,7 @@ class Runtime:
                 if inspect.isawaitable(reply):
                     reply = await reply
             except BaseException as exc:
-                if isinstance(exc, _PROPAGATE):
+                if _propagates(exc):
                     raise
                 return exc
             finally:
@@ -345,6 +347,7 @@ class Runtime:
         return None
 
     async def _acall_tool(self, request: ToolRequest) -> ToolOutcome:
+        import asyncio
         call, timeout = request.call, request.timeout_s
         tool = call.tool
         assert tool is not None
@@ -363,14 +366,16 @@ class Runtime:
                 return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
             return ToolOutcome("ok", value)
         except BaseException as exc:
-            if isinstance(exc, _PROPAGATE):
+            if _propagates(exc):
                 raise
             return _classify(exc)
 
 
-# A tool raising anything else (SystemExit included) is an outcome of that tool; these
-# belong to the process and its event loop, not to the tool.
-_PROPAGATE = (KeyboardInterrupt, GeneratorExit, asyncio.CancelledError)
+def _propagates(exc: BaseException) -> bool:
+    """KeyboardInterrupt, GeneratorExit, asyncio's CancelledError and the like belong to
+    the process and its event loop, not to the tool or model that was running; anything
+    else a tool raises (SystemExit included) is that tool's outcome."""
+    return not isinstance(exc, (Exception, SystemExit))
 
 
 def _classify(exc: BaseException) -> ToolOutcome:
@@ -379,7 +384,7 @@ def _classify(exc: BaseException) -> ToolOutcome:
         return ToolOutcome("rejected", error=text)
     if isinstance(exc, TransientToolError):
         return ToolOutcome("transient", error=text)
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+    if isinstance(exc, TimeoutError):  # asyncio's own timeout is handled in _acall_tool
         return ToolOutcome("timeout", error=text)
     return ToolOutcome("error", error=text)
 

@@ -82,3 +82,13 @@ def test_hash_is_stable_across_processes_and_covers_structure_only() -> None:
     assert out.stdout.strip() == MACHINE_HASH
     assert MACHINE_HASH.startswith("sha256:")
     assert len(definition()["transitions"]) == len(TRANSITIONS)
+
+
+def test_importing_the_package_stays_light() -> None:
+    # `import fsm_agent` is on every agent's start-up path (target: <= 100 ms, measured in
+    # benchmarks/overhead.py); asyncio, sqlite3 and the provider SDKs load only when used.
+    code = ("import sys, fsm_agent; print(sorted(m for m in ('asyncio', 'sqlite3', 'openai', "
+            "'anthropic', 'mcp', 'graphviz', 'pytest') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"

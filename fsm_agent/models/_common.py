@@ -9,7 +9,6 @@ into ``protocol_error/model_error`` with ``"ExceptionType: message"`` in the tra
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -184,8 +183,12 @@ def call_with_retries(send: Callable[[float], T], *, provider: str, errors: SdkE
 
 async def acall_with_retries(send: Callable[[float], Awaitable[T]], *, provider: str,
                              errors: SdkErrors, retry: ModelRetry,
-                             sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> T:
+                             sleep: Callable[[float], Awaitable[Any]] | None = None) -> T:
     """The async twin of :func:`call_with_retries`."""
+    if sleep is None:
+        import asyncio  # only async callers pay for it
+
+        sleep = asyncio.sleep
     attempt = 0
     while True:
         attempt += 1
