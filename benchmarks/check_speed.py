@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from long_trace import write_long_trace
+from timing import best
 
 from fsm_agent.check import check_events, check_file, load_trace
 
 EVENTS = 200_000
 TARGET = 200_000
 REPEATS = 3
-
-
-def best(fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> int:
@@ -42,9 +32,9 @@ def main() -> int:
             print(f"the benchmark trace is not valid: {violations[0]}", file=sys.stderr)
             return 1
         events = load_trace(path)
-        total = best(lambda: check_file(path))
-        parse = best(lambda: load_trace(path))
-        verify = best(lambda: check_events(events))
+        total = best(lambda: check_file(path), REPEATS)
+        parse = best(lambda: load_trace(path), REPEATS)
+        verify = best(lambda: check_events(events), REPEATS)
     rate = n / total
     print(f"check: {n} events ({size_mb:.1f} MB) in {total * 1000:.0f} ms = "
           f"{rate:,.0f} events/s (read+parse {parse * 1000:.0f} ms, verify "

@@ -14,12 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from long_trace import write_long_trace
+from timing import best
 
 from fsm_agent.render.dot import machine_dot
 from fsm_agent.render.engine import RenderError, render
@@ -30,29 +29,20 @@ TARGET_S = 1.0
 REPEATS = 5
 
 
-def best(fn: Callable[[], Any]) -> float:
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "long.jsonl"
         n = write_long_trace(path, EVENTS)
-        load = best(lambda: Replay(path))
+        load = best(lambda: Replay(path), REPEATS)
         replay = Replay(path)
         middle = len(replay) // 2
-        frame = best(lambda: machine_dot(replay.overlay(middle)))
+        frame = best(lambda: machine_dot(replay.overlay(middle)), REPEATS)
         dot = machine_dot(replay.overlay(middle))
         commands = {}
         for route in (["dot"] if shutil.which("dot") else []) + ["wasm"]:
             argv = [sys.executable, "-m", "fsm_agent", "replay", str(path), "--step",
                     str(middle), "-o", str(Path(folder) / "frame.svg"), "--renderer", route]
-            commands[route] = best(partial(subprocess.run, argv, check=True))
+            commands[route] = best(partial(subprocess.run, argv, check=True), REPEATS)
     print(f"replay frame: {n} events; load+walk {load * 1000:.1f} ms, overlay+DOT "
           f"{frame * 1000:.1f} ms")
     routes = (["dot"] if shutil.which("dot") else []) + ["wasm"]
@@ -64,7 +54,7 @@ def main() -> int:
         except RenderError as exc:
             print(f"replay frame: {route}: not available ({exc})")
             continue
-        warm = best(partial(render, dot, "svg", route))
+        warm = best(partial(render, dot, "svg", route), REPEATS)
         total = load + frame + warm
         print(f"replay frame: {route}: layout {warm * 1000:.0f} ms warm ({cold * 1000:.0f} ms "
               f"first call); whole frame {total * 1000:.0f} ms = {total / TARGET_S:.2f}x the "
