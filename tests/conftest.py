@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from fsm_agent import (
     check_history,
 )
 from fsm_agent.machine import STATES, TRANSITIONS
+from fsm_agent.sqlite_store import SqliteStore
+from fsm_agent.store import MemoryStore
 
 
 def call(call_id: Any, name: str, args: Any = None, **kwargs: Any) -> dict[str, Any]:
@@ -146,3 +150,13 @@ def backend() -> Backend:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Each durable test runs against both stores."""
+    if request.param == "memory":
+        yield MemoryStore()
+    else:
+        with SqliteStore(tmp_path / "runs.db") as sqlite:
+            yield sqlite

@@ -8,18 +8,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Backend, assert_valid_run, call, calls, edges, make_runtime, say
 from durable_scenario import trace_problems
 
-from fsm_agent import MemoryStore, RunResult
+from fsm_agent import RunResult
 from fsm_agent.canonical import digest
 from fsm_agent.check import check_events
 from fsm_agent.run import TRANSITION_LISTENERS
-from fsm_agent.sqlite_store import SqliteStore
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -27,15 +25,6 @@ WRITE = {"request_id": "R-1", "title": "A17 is late"}
 class Died(BaseException):
     """The process dying, as far as the engine can tell: nothing catches it (unlike
     ``KeyboardInterrupt``, which cancels the run cleanly)."""
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStore()
-    else:
-        with SqliteStore(tmp_path / "runs.db") as sqlite:
-            yield sqlite
 
 
 @contextmanager

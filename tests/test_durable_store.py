@@ -9,7 +9,6 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,6 @@ from fsm_agent.sqlite_store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from fsm_agent.store import ReviewError, RunBusy, RunNotFound, StoreError
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStore()
-    else:
-        with SqliteStore(tmp_path / "runs.db") as sqlite:
-            yield sqlite
 
 
 def paused_run(store: Any, backend: Backend, *, fail: bool = False) -> Any:
