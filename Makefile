@@ -16,7 +16,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
-	$(PY) -m fsm_agent.render.regen traces diagrams
+	$(PY) -m fsm_agent.cli.regen traces diagrams
 
 test: $(STAMP)
 	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
@@ -29,7 +29,8 @@ fuzz: $(STAMP)
 	$(PY) benchmarks/fuzz.py --examples $(FUZZ_EXAMPLES) --workers $(FUZZ_WORKERS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check fsm_agent tests benchmarks
+	$(PY) -m ruff check fsm_agent tests benchmarks examples
+	$(PY) -m ruff format --check fsm_agent tests benchmarks examples
 	$(PY) -m mypy
 
 bench: $(STAMP)
@@ -44,7 +45,7 @@ diagrams: $(STAMP)
 	rm -rf $(DIAGRAM_TRACES)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir $(DIAGRAM_TRACES) > /dev/null
 	$(PY) -m fsm_agent check --quiet $(DIAGRAM_TRACES)/*.jsonl
-	$(PY) -m fsm_agent.render.regen $(DIAGRAM_TRACES) diagrams
+	$(PY) -m fsm_agent.cli.regen $(DIAGRAM_TRACES) diagrams
 
 clean:
 	rm -rf $(VENV) traces .pytest_cache .mypy_cache .ruff_cache

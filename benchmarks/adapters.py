@@ -27,22 +27,53 @@ from provider_shapes import APIS  # the tests' reply builders, reused
 ROUNDS = 20
 CPU_REPEATS = 2000
 HTTP_REPEATS = 100
-TOOLS = [{"type": "function", "function": {
-    "name": f"tool_{i}", "description": "A tool.",
-    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                   "required": ["order_id"], "additionalProperties": False}}}
-    for i in range(3)]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": "A tool.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    for i in range(3)
+]
 
 
 def history() -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": "Track my orders."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Track my orders."},
+    ]
     for i in range(ROUNDS):
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "tool_0", "arguments": json.dumps({"order_id": f"A{i}"})}}]})
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}",
-                         "content": json.dumps({"ok": True, "value": {"status": "in_transit"}})})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {
+                            "name": "tool_0",
+                            "arguments": json.dumps({"order_id": f"A{i}"}),
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{i}",
+                "content": json.dumps({"ok": True, "value": {"status": "in_transit"}}),
+            }
+        )
     return messages
 
 
@@ -74,11 +105,17 @@ def serve(body: bytes) -> ThreadingHTTPServer:
 
 def main() -> None:
     messages = history()
-    print(f"history: {len(messages)} messages, {len(TOOLS)} tools; "
-          f"CPU x{CPU_REPEATS}, HTTP x{HTTP_REPEATS} (median of 5 batches)")
+    print(
+        f"history: {len(messages)} messages, {len(TOOLS)} tools; "
+        f"CPU x{CPU_REPEATS}, HTTP x{HTTP_REPEATS} (median of 5 batches)"
+    )
     for api in APIS:
-        reply = api.calls([("call_new_a", "tool_0", {"order_id": "B1"}),
-                           ("call_new_b", "tool_1", {"order_id": "B2"})])
+        reply = api.calls(
+            [
+                ("call_new_a", "tool_0", {"order_id": "B1"}),
+                ("call_new_b", "tool_1", {"order_id": "B2"}),
+            ]
+        )
         server = serve(json.dumps(reply).encode())
         model = api.adapter(f"http://127.0.0.1:{server.server_port}")
         cpu, http = [], []
@@ -95,8 +132,10 @@ def main() -> None:
         server.shutdown()
         server.server_close()
         c, h = statistics.median(cpu), statistics.median(http)
-        print(f"{api.name:17s} translate+validate+read {c:7.1f} µs/call | "
-              f"SDK call on loopback {h:6.2f} ms/call | adapter share {c / (h * 1e3):6.1%}")
+        print(
+            f"{api.name:17s} translate+validate+read {c:7.1f} µs/call | "
+            f"SDK call on loopback {h:6.2f} ms/call | adapter share {c / (h * 1e3):6.1%}"
+        )
 
 
 if __name__ == "__main__":

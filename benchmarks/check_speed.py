@@ -15,7 +15,7 @@ from pathlib import Path
 from long_trace import write_long_trace
 from timing import best
 
-from fsm_agent.check import check_events, check_file, load_trace
+from fsm_agent.trace.checker import check_events, check_file, load_trace
 
 EVENTS = 200_000
 TARGET = 200_000
@@ -36,11 +36,15 @@ def main() -> int:
         parse = best(lambda: load_trace(path), REPEATS)
         verify = best(lambda: check_events(events), REPEATS)
     rate = n / total
-    print(f"check: {n} events ({size_mb:.1f} MB) in {total * 1000:.0f} ms = "
-          f"{rate:,.0f} events/s (read+parse {parse * 1000:.0f} ms, verify "
-          f"{verify * 1000:.0f} ms = {n / verify:,.0f} events/s)")
-    print(f"check: {rate / TARGET:.2f}x the {TARGET:,} events/s target "
-          f"({'ok' if rate >= TARGET else 'BELOW TARGET'})")
+    print(
+        f"check: {n} events ({size_mb:.1f} MB) in {total * 1000:.0f} ms = "
+        f"{rate:,.0f} events/s (read+parse {parse * 1000:.0f} ms, verify "
+        f"{verify * 1000:.0f} ms = {n / verify:,.0f} events/s)"
+    )
+    print(
+        f"check: {rate / TARGET:.2f}x the {TARGET:,} events/s target "
+        f"({'ok' if rate >= TARGET else 'BELOW TARGET'})"
+    )
     return 0
 
 

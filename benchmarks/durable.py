@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Budget, MemoryStore, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.sqlite_store import SqliteStore
+from fsm_agent.durable.sqlite import SqliteStore
 
 ROUNDS = 100
 REPEATS = 10
-SCHEMA = {"type": "object", "required": ["order_id"], "additionalProperties": False,
-          "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}}}
+SCHEMA = {
+    "type": "object",
+    "required": ["order_id"],
+    "additionalProperties": False,
+    "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
+}
 
 
 def lookup(order_id: str) -> dict[str, Any]:
@@ -38,16 +42,24 @@ def record(order_id: str) -> dict[str, Any]:
 
 TOOLS = ToolRegistry()
 TOOLS.register(lookup, schema=SCHEMA, effect="read")
-TOOLS.register(record, schema=SCHEMA, effect="write",
-               idempotency_key=lambda args: args["order_id"])
+TOOLS.register(record, schema=SCHEMA, effect="write", idempotency_key=lambda args: args["order_id"])
 
 
 def script(tool: str, tag: str) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call-{i}", "type": "function",
-             "function": {"name": tool, "arguments": json.dumps({"order_id": f"{tag}{i}"})}}]}
-        for i in range(ROUNDS)]
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call-{i}",
+                    "type": "function",
+                    "function": {"name": tool, "arguments": json.dumps({"order_id": f"{tag}{i}"})},
+                }
+            ],
+        }
+        for i in range(ROUNDS)
+    ]
     steps.append({"role": "assistant", "content": "All orders are in transit."})
     return steps
 
@@ -55,10 +67,18 @@ def script(tool: str, tag: str) -> list[dict[str, Any]]:
 def one_run(store: Any, tool: str, tag: str) -> float:
     """µs per tool round of one full run (run set-up included)."""
     steps = script(tool, tag)
-    runtime = Runtime(model=ScriptedModel(steps), tools=TOOLS, allowed_tools={tool},
-                      store=store, budget=Budget(max_tool_rounds=ROUNDS,
-                                                 max_model_calls=ROUNDS + 1,
-                                                 max_total_calls=ROUNDS, max_calls_per_round=1))
+    runtime = Runtime(
+        model=ScriptedModel(steps),
+        tools=TOOLS,
+        allowed_tools={tool},
+        store=store,
+        budget=Budget(
+            max_tool_rounds=ROUNDS,
+            max_model_calls=ROUNDS + 1,
+            max_total_calls=ROUNDS,
+            max_calls_per_round=1,
+        ),
+    )
     start = time.perf_counter()
     result = runtime.run("Where are my orders?")
     elapsed = (time.perf_counter() - start) / ROUNDS * 1e6
@@ -81,18 +101,26 @@ def main() -> None:
         sqlite = SqliteStore(Path(tmp) / "runs.db")
         memory = MemoryStore()
         compare(memory, sqlite, "lookup")  # warm caches, lazy imports and the WAL once
-        rows = [("read call ", *compare(memory, sqlite, "lookup")),
-                ("write call", *compare(memory, sqlite, "record"))]
+        rows = [
+            ("read call ", *compare(memory, sqlite, "lookup")),
+            ("write call", *compare(memory, sqlite, "record")),
+        ]
         size = sum(f.stat().st_size for f in Path(tmp).iterdir())
         sqlite.close()
-    print(f"durable runs: {ROUNDS} tool rounds x {REPEATS} runs per store, interleaved, "
-          "median per round")
+    print(
+        f"durable runs: {ROUNDS} tool rounds x {REPEATS} runs per store, interleaved, "
+        "median per round"
+    )
     for label, m, d, best in rows:
-        print(f"  {label} in-memory store {m:7.1f} µs/round   SqliteStore {d:7.1f} µs/round "
-              f"(best run {best:5.0f})   ratio {d / m:4.2f}x   "
-              f"target ≤ 500 µs: {'ok' if d <= 500 else 'MISSED'}")
-    print(f"  database after {3 * REPEATS * ROUNDS} durable rounds: {size / 1e6:.1f} MB "
-          "(WAL included)")
+        print(
+            f"  {label} in-memory store {m:7.1f} µs/round   SqliteStore {d:7.1f} µs/round "
+            f"(best run {best:5.0f})   ratio {d / m:4.2f}x   "
+            f"target ≤ 500 µs: {'ok' if d <= 500 else 'MISSED'}"
+        )
+    print(
+        f"  database after {3 * REPEATS * ROUNDS} durable rounds: {size / 1e6:.1f} MB "
+        "(WAL included)"
+    )
 
 
 if __name__ == "__main__":

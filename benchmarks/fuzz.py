@@ -24,22 +24,32 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from fsm_agent.machine import TRANSITIONS
+from fsm_agent.core.table import TRANSITIONS
 from fsm_agent.testing.coverage import TransitionCoverage
 from fsm_agent.testing.strategies import FuzzCase, cases, invariant_problems, run_case
 
 
 def _fuzz(examples: int, seed_value: int) -> dict[str, Any]:
     """Run ``examples`` cases in this process; return counts (and the failure, if any)."""
-    stats: dict[str, Any] = {"examples": 0, "runs": 0, "reasons": collections.Counter(),
-                             "failure": None}
+    stats: dict[str, Any] = {
+        "examples": 0,
+        "runs": 0,
+        "reasons": collections.Counter(),
+        "failure": None,
+    }
     coverage = TransitionCoverage()
     coverage.install()
 
     @seed(seed_value)
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-              phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck),
-              print_blob=False)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
     @given(cases())
     def check(case: FuzzCase) -> None:
         stats["examples"] += 1
@@ -74,10 +84,18 @@ def _positive(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=_positive, default=None,
-                        help="examples in total (default $FUZZ_EXAMPLES or 50000)")
-    parser.add_argument("--workers", type=_positive, default=None,
-                        help="processes sharing the examples (default $FUZZ_WORKERS or 1)")
+    parser.add_argument(
+        "--examples",
+        type=_positive,
+        default=None,
+        help="examples in total (default $FUZZ_EXAMPLES or 50000)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="processes sharing the examples (default $FUZZ_WORKERS or 1)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the first worker")
     args = parser.parse_args(argv)
     try:
@@ -86,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         parser.error(f"FUZZ_EXAMPLES/FUZZ_WORKERS: {exc}")
     base_seed = args.seed if args.seed is not None else int(time.time())
-    shares = [examples // workers + (1 if i < examples % workers else 0)
-              for i in range(workers)]
-    print(f"fuzz: {examples} examples over {workers} worker(s), seeds {base_seed}.."
-          f"{base_seed + workers - 1}", flush=True)
+    shares = [examples // workers + (1 if i < examples % workers else 0) for i in range(workers)]
+    print(
+        f"fuzz: {examples} examples over {workers} worker(s), seeds {base_seed}.."
+        f"{base_seed + workers - 1}",
+        flush=True,
+    )
     started = time.perf_counter()
     if workers == 1:
         results = [_fuzz(shares[0], base_seed)]
@@ -99,16 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     ran = sum(r["examples"] for r in results)
     runs = sum(r["runs"] for r in results)
-    reasons: collections.Counter[str] = sum((r["reasons"] for r in results),
-                                            collections.Counter())
+    reasons: collections.Counter[str] = sum((r["reasons"] for r in results), collections.Counter())
     hits = [sum(r["hits"][i] for r in results) for i in range(len(TRANSITIONS))]
-    print(f"ran {ran} examples ({runs} runs) in {elapsed:.1f} s: "
-          f"{ran / elapsed:.1f} examples/s, {runs / elapsed:.1f} runs/s")
+    print(
+        f"ran {ran} examples ({runs} runs) in {elapsed:.1f} s: "
+        f"{ran / elapsed:.1f} examples/s, {runs / elapsed:.1f} runs/s"
+    )
     print("stop reasons: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()))
     taken = sum(1 for h in hits if h)
-    print(f"transitions taken: {taken}/{len(TRANSITIONS)}"
-          + "".join(f"\n  never: #{i} {TRANSITIONS[i].label}" for i, h in enumerate(hits)
-                    if not h))
+    print(
+        f"transitions taken: {taken}/{len(TRANSITIONS)}"
+        + "".join(f"\n  never: #{i} {TRANSITIONS[i].label}" for i, h in enumerate(hits) if not h)
+    )
     failures = [r["failure"] for r in results if r["failure"]]
     if failures:
         print("INVARIANT BROKEN:\n" + failures[0], file=sys.stderr)

@@ -14,8 +14,11 @@ from typing import Any
 
 from fsm_agent import Budget, RetryPolicy, Runtime, ScriptedModel, ToolRegistry, TransientToolError
 
-SCHEMA = {"type": "object", "required": ["order_id"],
-          "properties": {"order_id": {"type": "string", "maxLength": 80}}}
+SCHEMA = {
+    "type": "object",
+    "required": ["order_id"],
+    "properties": {"order_id": {"type": "string", "maxLength": 80}},
+}
 CALLS = 3
 
 
@@ -30,14 +33,26 @@ def _recorded_rounds() -> list[dict[str, Any]]:
 
     tools = ToolRegistry()
     tools.register(lookup, schema=SCHEMA, effect="read")
-    batch = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"c{i}", "type": "function",
-         "function": {"name": "lookup", "arguments": json.dumps({"order_id": f"A{i}"})}}
-        for i in range(CALLS)]}
+    batch = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"c{i}",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"order_id": f"A{i}"})},
+            }
+            for i in range(CALLS)
+        ],
+    }
     model = ScriptedModel([batch, {"role": "assistant", "content": "All in transit."}])
-    runtime = Runtime(model=model, tools=tools, allowed_tools={"lookup"},
-                      budget=Budget(max_tool_rounds=2), retry=RetryPolicy(max_attempts=2,
-                                                                          backoff_s=0.0))
+    runtime = Runtime(
+        model=model,
+        tools=tools,
+        allowed_tools={"lookup"},
+        budget=Budget(max_tool_rounds=2),
+        retry=RetryPolicy(max_attempts=2, backoff_s=0.0),
+    )
     return runtime.run("Where are my orders?").events
 
 
@@ -45,7 +60,7 @@ def write_long_trace(path: Path, events_wanted: int) -> int:
     """Write a valid trace of at least ``events_wanted`` events; return its length."""
     events = _recorded_rounds()
     decisions = [i for i, e in enumerate(events) if e["type"] == "decision"]
-    head, body, tail = events[:1], events[1:decisions[-1]], events[decisions[-1]:]
+    head, body, tail = events[:1], events[1 : decisions[-1]], events[decisions[-1] :]
     lines = [json.dumps(head[0])]
     seq = 1
     copy = 0

@@ -21,12 +21,16 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.canonical import parse_arguments
+from fsm_agent.core.canonical import parse_arguments
 
 ROUNDS = 100
 REPEATS = 30
-SCHEMA = {"type": "object", "required": ["order_id"], "additionalProperties": False,
-          "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}}}
+SCHEMA = {
+    "type": "object",
+    "required": ["order_id"],
+    "additionalProperties": False,
+    "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
+}
 
 
 def lookup(order_id: str) -> dict[str, Any]:
@@ -35,10 +39,19 @@ def lookup(order_id: str) -> dict[str, Any]:
 
 def script() -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call-{i}", "type": "function",
-             "function": {"name": "lookup", "arguments": json.dumps({"order_id": f"A{i}"})}}]}
-        for i in range(ROUNDS)]
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call-{i}",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": json.dumps({"order_id": f"A{i}"})},
+                }
+            ],
+        }
+        for i in range(ROUNDS)
+    ]
     steps.append({"role": "assistant", "content": "All orders are in transit."})
     return steps
 
@@ -73,9 +86,17 @@ def hand_written(steps: list[dict[str, Any]]) -> str:
 
 
 def engine(steps: list[dict[str, Any]]) -> str:
-    runtime = Runtime(model=ScriptedModel(steps), tools=TOOLS, allowed_tools={"lookup"},
-                      budget=Budget(max_tool_rounds=ROUNDS, max_model_calls=ROUNDS + 1,
-                                    max_total_calls=ROUNDS, max_calls_per_round=1))
+    runtime = Runtime(
+        model=ScriptedModel(steps),
+        tools=TOOLS,
+        allowed_tools={"lookup"},
+        budget=Budget(
+            max_tool_rounds=ROUNDS,
+            max_model_calls=ROUNDS + 1,
+            max_total_calls=ROUNDS,
+            max_calls_per_round=1,
+        ),
+    )
     result = runtime.run("Where are my orders?")
     return result.status
 
@@ -94,8 +115,15 @@ def per_round(fn: Any) -> float:
 
 def import_ms() -> float:
     code = "import time; t = time.perf_counter(); import fsm_agent; print(time.perf_counter() - t)"
-    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 check=True).stdout) * 1000 for _ in range(5)]
+    runs = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        * 1000
+        for _ in range(5)
+    ]
     return min(runs)
 
 
@@ -107,10 +135,14 @@ def main() -> None:
     imp = import_ms()
     print(f"overhead: {ROUNDS} tool rounds x {REPEATS} runs, median per round")
     print(f"  hand-written loop (baseline) {baseline:8.1f} µs/round")
-    print(f"  fsm-agent, in-memory trace   {ours:8.1f} µs/round   "
-          f"ratio {ours / baseline:.2f}x   target ≤ 60 µs: {'ok' if ours <= 60 else 'MISSED'}")
-    print(f"  import fsm_agent (cold, best of 5) {imp:6.1f} ms          "
-          f"target ≤ 100 ms: {'ok' if imp <= 100 else 'MISSED'}")
+    print(
+        f"  fsm-agent, in-memory trace   {ours:8.1f} µs/round   "
+        f"ratio {ours / baseline:.2f}x   target ≤ 60 µs: {'ok' if ours <= 60 else 'MISSED'}"
+    )
+    print(
+        f"  import fsm_agent (cold, best of 5) {imp:6.1f} ms          "
+        f"target ≤ 100 ms: {'ok' if imp <= 100 else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,11 +40,24 @@ def main() -> int:
         dot = machine_dot(replay.overlay(middle))
         commands = {}
         for route in (["dot"] if shutil.which("dot") else []) + ["wasm"]:
-            argv = [sys.executable, "-m", "fsm_agent", "replay", str(path), "--step",
-                    str(middle), "-o", str(Path(folder) / "frame.svg"), "--renderer", route]
+            argv = [
+                sys.executable,
+                "-m",
+                "fsm_agent",
+                "replay",
+                str(path),
+                "--step",
+                str(middle),
+                "-o",
+                str(Path(folder) / "frame.svg"),
+                "--renderer",
+                route,
+            ]
             commands[route] = best(partial(subprocess.run, argv, check=True), REPEATS)
-    print(f"replay frame: {n} events; load+walk {load * 1000:.1f} ms, overlay+DOT "
-          f"{frame * 1000:.1f} ms")
+    print(
+        f"replay frame: {n} events; load+walk {load * 1000:.1f} ms, overlay+DOT "
+        f"{frame * 1000:.1f} ms"
+    )
     routes = (["dot"] if shutil.which("dot") else []) + ["wasm"]
     for route in routes:
         try:
@@ -56,13 +69,17 @@ def main() -> int:
             continue
         warm = best(partial(render, dot, "svg", route), REPEATS)
         total = load + frame + warm
-        print(f"replay frame: {route}: layout {warm * 1000:.0f} ms warm ({cold * 1000:.0f} ms "
-              f"first call); whole frame {total * 1000:.0f} ms = {total / TARGET_S:.2f}x the "
-              f"{TARGET_S:.0f} s budget ({'ok' if total < TARGET_S else 'OVER BUDGET'})")
+        print(
+            f"replay frame: {route}: layout {warm * 1000:.0f} ms warm ({cold * 1000:.0f} ms "
+            f"first call); whole frame {total * 1000:.0f} ms = {total / TARGET_S:.2f}x the "
+            f"{TARGET_S:.0f} s budget ({'ok' if total < TARGET_S else 'OVER BUDGET'})"
+        )
     for route, seconds in commands.items():
-        print(f"replay frame: `fsm-agent replay --step N -o frame.svg --renderer {route}` "
-              f"end to end (new process, imports included): {seconds * 1000:.0f} ms = "
-              f"{seconds / TARGET_S:.2f}x the budget")
+        print(
+            f"replay frame: `fsm-agent replay --step N -o frame.svg --renderer {route}` "
+            f"end to end (new process, imports included): {seconds * 1000:.0f} ms = "
+            f"{seconds / TARGET_S:.2f}x the budget"
+        )
     return 0
 
 

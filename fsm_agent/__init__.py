@@ -1,37 +1,56 @@
 """fsm-agent: LLM tool-calling loops run as explicit, guarded finite-state machines.
 
-The public names below are the contract (SPEC.md §3); everything else may change.
+The names exported here are the public contract (SPEC.md §3); import them from
+``fsm_agent``. The package is layered; each layer imports only the layers above it in
+this list (``tests/test_layering.py`` enforces it)::
+
+    errors      one exception tree under FsmAgentError
+    core/       the transition table, guards, edge selection, run state, decisions and the
+                sans-IO loop: no I/O, no clock, no store
+    trace/      trace events, JSON Lines reading and writing, the one checker
+    durable/    the store protocol, MemoryStore, SqliteStore, checkpoints, resume, review
+    tools/      the tool registry, MCP servers as tools
+    runtime/    configuration, the sync and async drivers (the only I/O), Runtime
+    models/     scripted models and provider adapters (OpenAI, Anthropic)
+    render/     diagrams and replay drawn from the table
+    testing/    the pytest toolkit: fault tools, scenarios per edge, assertions, coverage
+    cli/        the ``fsm-agent`` command line
 """
 
 from typing import Any
 
-from fsm_agent.approvals import Approval
-from fsm_agent.budget import Budget, RetryPolicy
-from fsm_agent.errors import ToolRejected, TraceError, TransientToolError
-from fsm_agent.history import check_history
-from fsm_agent.machine import MACHINE_HASH, STATES, TERMINAL_STATES, TRANSITIONS, Transition
-from fsm_agent.models.scripted import ScriptedModel
-from fsm_agent.result import RunResult
-from fsm_agent.runtime import Runtime
-from fsm_agent.store import (
-    IdempotencyRecord,
-    MemoryStore,
+from fsm_agent import _compat
+from fsm_agent.core.approvals import Approval
+from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.history import check_history
+from fsm_agent.core.table import MACHINE_HASH, STATES, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent.durable.store import IdempotencyRecord, MemoryStore, Store
+from fsm_agent.errors import (
+    ConfigError,
+    FsmAgentError,
     ReviewError,
     RunBusy,
     RunNotFound,
-    Store,
     StoreError,
+    ToolRejected,
+    TraceError,
+    TransientToolError,
 )
-from fsm_agent.tools import Tool, ToolRegistry
-from fsm_agent.trace import JsonlTrace, read_trace
+from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.runtime.result import RunResult
+from fsm_agent.runtime.runtime import Runtime
+from fsm_agent.tools.registry import Tool, ToolRegistry
+from fsm_agent.trace.io import JsonlTrace, read_trace
 
 __version__ = "0.1.0"
+
+_compat.install()
 
 
 def __getattr__(name: str) -> Any:
     # SqliteStore is imported on first use: ``import sqlite3`` alone costs ~17 ms cold.
     if name == "SqliteStore":
-        from fsm_agent.sqlite_store import SqliteStore
+        from fsm_agent.durable.sqlite import SqliteStore
 
         return SqliteStore
     raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")
@@ -44,6 +63,8 @@ __all__ = [
     "TRANSITIONS",
     "Approval",
     "Budget",
+    "ConfigError",
+    "FsmAgentError",
     "IdempotencyRecord",
     "JsonlTrace",
     "MemoryStore",

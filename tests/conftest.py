@@ -20,9 +20,9 @@ from fsm_agent import (
     TransientToolError,
     check_history,
 )
-from fsm_agent.machine import STATES, TRANSITIONS
-from fsm_agent.sqlite_store import SqliteStore
-from fsm_agent.store import MemoryStore
+from fsm_agent.core.table import STATES, TRANSITIONS
+from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent.durable.store import MemoryStore
 
 
 def call(call_id: Any, name: str, args: Any = None, **kwargs: Any) -> dict[str, Any]:
@@ -82,40 +82,71 @@ class Backend:
         self.writes.append({"request_id": request_id, "title": title})
         return {"ticket": f"T-{len(self.writes)}"}
 
-    def registry(self, *, approval: bool = False, dedup: bool = False,
-                 keyed: bool = True) -> ToolRegistry:
+    def registry(
+        self, *, approval: bool = False, dedup: bool = False, keyed: bool = True
+    ) -> ToolRegistry:
         tools = ToolRegistry()
-        tools.register(self.lookup, name="lookup", effect="read", schema={
-            "type": "object", "required": ["order_id"],
-            "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}}})
         tools.register(
-            self.write, name="write", effect="write", requires_approval=approval,
+            self.lookup,
+            name="lookup",
+            effect="read",
+            schema={
+                "type": "object",
+                "required": ["order_id"],
+                "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
+            },
+        )
+        tools.register(
+            self.write,
+            name="write",
+            effect="write",
+            requires_approval=approval,
             idempotency_key=(lambda a: a["request_id"]) if keyed else None,
-            dedup=dedup, schema={
-                "type": "object", "required": ["request_id", "title"],
-                "properties": {"request_id": {"type": "string"},
-                               "title": {"type": "string", "maxLength": 50}}})
-        tools.register(lambda: {"secret": 1}, name="admin", effect="read",
-                       schema={"type": "object"})
+            dedup=dedup,
+            schema={
+                "type": "object",
+                "required": ["request_id", "title"],
+                "properties": {
+                    "request_id": {"type": "string"},
+                    "title": {"type": "string", "maxLength": 50},
+                },
+            },
+        )
+        tools.register(
+            lambda: {"secret": 1}, name="admin", effect="read", schema={"type": "object"}
+        )
         return tools
 
 
-def make_runtime(script: list[Any], backend: Backend | None = None, *,
-                 allowed: tuple[str, ...] = ("lookup", "write"), approval: bool = False,
-                 dedup: bool = False, keyed: bool = True, clock: FakeClock | None = None,
-                 **options: Any) -> Runtime:
+def make_runtime(
+    script: list[Any],
+    backend: Backend | None = None,
+    *,
+    allowed: tuple[str, ...] = ("lookup", "write"),
+    approval: bool = False,
+    dedup: bool = False,
+    keyed: bool = True,
+    clock: FakeClock | None = None,
+    **options: Any,
+) -> Runtime:
     backend = backend or Backend()
     clock = clock or FakeClock()
     backend.clock = clock
     options.setdefault("retry", RetryPolicy(max_attempts=2, backoff_s=0.5))
-    return Runtime(model=ScriptedModel(script),
-                   tools=backend.registry(approval=approval, dedup=dedup, keyed=keyed),
-                   allowed_tools=allowed, clock=clock, sleep=clock.sleep, **options)
+    return Runtime(
+        model=ScriptedModel(script),
+        tools=backend.registry(approval=approval, dedup=dedup, keyed=keyed),
+        allowed_tools=allowed,
+        clock=clock,
+        sleep=clock.sleep,
+        **options,
+    )
 
 
 def edges(result: Any) -> list[tuple[str, str, str]]:
-    return [(e["trigger"], e["source"], e["dest"])
-            for e in result.events if e["type"] == "transition"]
+    return [
+        (e["trigger"], e["source"], e["dest"]) for e in result.events if e["type"] == "transition"
+    ]
 
 
 def assert_valid_run(result: Any) -> None:
@@ -137,9 +168,21 @@ def assert_valid_run(result: Any) -> None:
     assert state == result.status
 
 
-__all__ = ["Approval", "Backend", "Budget", "FakeClock", "RetryPolicy", "ToolRejected",
-           "TransientToolError", "assert_valid_run", "call", "calls", "edges", "make_runtime",
-           "say"]
+__all__ = [
+    "Approval",
+    "Backend",
+    "Budget",
+    "FakeClock",
+    "RetryPolicy",
+    "ToolRejected",
+    "TransientToolError",
+    "assert_valid_run",
+    "call",
+    "calls",
+    "edges",
+    "make_runtime",
+    "say",
+]
 
 
 @pytest.fixture

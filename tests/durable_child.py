@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import durable_scenario as scenario
 
-from fsm_agent.store import RunBusy
+from fsm_agent.durable.store import RunBusy
 
 
 def main() -> int:
@@ -22,8 +22,9 @@ def main() -> int:
     store = scenario.CrashingStore(db)
     rt = scenario.runtime(store, Path(effects))
     try:
-        result = rt.run("Order A17 is late.", run_id=run_id) if mode == "start" else (
-            rt.resume(run_id))
+        result = (
+            rt.run("Order A17 is late.", run_id=run_id) if mode == "start" else (rt.resume(run_id))
+        )
     except RunBusy as exc:
         print(f"busy: {exc}", file=sys.stderr)
         return 3

@@ -18,23 +18,34 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.machine import TRANSITIONS
-from fsm_agent.sqlite_store import SqliteStore
+from fsm_agent.core.table import TRANSITIONS
+from fsm_agent.durable.sqlite import SqliteStore
 
 TOOLS = {"lookup", "create_ticket", "notify"}
 
 
 def call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
 
 
 DECISIONS: list[dict[str, Any]] = [
-    {"role": "assistant", "content": None, "tool_calls": [
-        call("c1", "lookup", {"order_id": "A17"}),
-        call("c2", "create_ticket", {"request_id": "R-1", "title": "A17 is late"})]},
-    {"role": "assistant", "content": None, "tool_calls": [
-        call("c3", "notify", {"text": "ticket filed"})]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            call("c1", "lookup", {"order_id": "A17"}),
+            call("c2", "create_ticket", {"request_id": "R-1", "title": "A17 is late"}),
+        ],
+    },
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call("c3", "notify", {"text": "ticket filed"})],
+    },
     {"role": "assistant", "content": "Filed ticket R-1 and notified the customer."},
 ]
 
@@ -79,21 +90,34 @@ def make_tools(effects_path: Path) -> ToolRegistry:
         if crash == f"{tool}_after":
             _die()
 
-    @tools.tool(schema={"type": "object", "properties": {"order_id": {"type": "string"}},
-                        "required": ["order_id"]}, effect="read")
+    @tools.tool(
+        schema={
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+        },
+        effect="read",
+    )
     def lookup(order_id: str) -> dict[str, Any]:
         return {"order_id": order_id, "status": "late"}
 
-    @tools.tool(schema={"type": "object", "properties": {"request_id": {"type": "string"},
-                                                         "title": {"type": "string"}},
-                        "required": ["request_id", "title"]},
-                effect="write", idempotency_key=lambda a: a["request_id"])
+    @tools.tool(
+        schema={
+            "type": "object",
+            "properties": {"request_id": {"type": "string"}, "title": {"type": "string"}},
+            "required": ["request_id", "title"],
+        },
+        effect="write",
+        idempotency_key=lambda a: a["request_id"],
+    )
     def create_ticket(request_id: str, title: str) -> dict[str, Any]:
         effect("create_ticket", request_id)
         return {"ticket": request_id}
 
-    @tools.tool(schema={"type": "object", "properties": {"text": {"type": "string"}},
-                        "required": ["text"]}, effect="write")
+    @tools.tool(
+        schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        effect="write",
+    )
     def notify(text: str) -> dict[str, Any]:
         effect("notify", text)
         return {"sent": True}
@@ -122,7 +146,7 @@ class CrashingStore(SqliteStore):
 
 def install_transition_crash() -> None:
     """``FSM_CRASH=transition:N``: die at the N-th transition, before it is saved."""
-    from fsm_agent.run import TRANSITION_LISTENERS
+    from fsm_agent.core.loop import TRANSITION_LISTENERS
 
     kind, n = _crash_point()
     if kind != "transition":
@@ -138,12 +162,12 @@ def install_transition_crash() -> None:
 
 
 def runtime(store: SqliteStore, effects_path: Path) -> Runtime:
-    return Runtime(model=model, tools=make_tools(effects_path), allowed_tools=TOOLS,
-                   store=store)
+    return Runtime(model=model, tools=make_tools(effects_path), allowed_tools=TOOLS, store=store)
 
 
-def trace_problems(events: list[dict[str, Any]],
-                   writes: tuple[str, ...] = ("create_ticket", "notify")) -> list[str]:
+def trace_problems(
+    events: list[dict[str, Any]], writes: tuple[str, ...] = ("create_ticket", "notify")
+) -> list[str]:
     """The invariants ``fsm-agent check`` verifies, for traces with resumes and reviews:
     contiguous seq, every transition a legal edge from the state the last one left, only
     a review or a ``resume`` edge after a ``review_required`` end, nothing after any other
@@ -159,8 +183,9 @@ def trace_problems(events: list[dict[str, Any]],
             problems.append(f"event {i}: seq {event.get('seq')} is not contiguous")
         kind = event.get("type")
         if ended is not None and not (
-            ended == "review_required" and (
-                kind == "review" or (kind == "transition" and event["trigger"] == "resume"))):
+            ended == "review_required"
+            and (kind == "review" or (kind == "transition" and event["trigger"] == "resume"))
+        ):
             problems.append(f"event {i}: {kind} after run_end {ended}")
         if kind == "transition":
             key = (event["trigger"], event["source"], event["dest"])

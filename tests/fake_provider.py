@@ -46,10 +46,16 @@ class FakeProvider:
                 except ValueError:
                     body = raw
                 provider.received.append(Received(self.path, dict(self.headers), body))
-                answer = provider.answers.popleft() if provider.answers else Answer(
-                    500, {"error": {"message": "the test script has no answer left"}})
-                data = answer.body if isinstance(answer.body, bytes) else json.dumps(
-                    answer.body).encode()
+                answer = (
+                    provider.answers.popleft()
+                    if provider.answers
+                    else Answer(500, {"error": {"message": "the test script has no answer left"}})
+                )
+                data = (
+                    answer.body
+                    if isinstance(answer.body, bytes)
+                    else json.dumps(answer.body).encode()
+                )
                 self.send_response(answer.status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
@@ -63,8 +69,7 @@ class FakeProvider:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,),
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
 
     def queue(self, *answers: Answer | dict[str, Any]) -> FakeProvider:
         for a in answers:

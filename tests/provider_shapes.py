@@ -41,20 +41,45 @@ class ChatApi:
         return {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
 
     def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-        return {"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o-mini-2024-07-18",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": text}}],
-                "usage": self.usage(*usage)}
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            ],
+            "usage": self.usage(*usage),
+        }
 
     def calls(self, calls: list[Call], *, usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-        tool_calls = [{"type": "function", "function": {
-            "name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
-            **({"id": cid} if cid is not None else {})} for cid, name, args in calls]
-        return {"id": "chatcmpl-2", "object": "chat.completion", "model": "gpt-4o-mini",
-                "choices": [{"index": 0, "finish_reason": "tool_calls",
-                             "message": {"role": "assistant", "content": None,
-                                         "tool_calls": tool_calls}}],
-                "usage": self.usage(*usage)}
+        tool_calls = [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+                **({"id": cid} if cid is not None else {}),
+            }
+            for cid, name, args in calls
+        ]
+        return {
+            "id": "chatcmpl-2",
+            "object": "chat.completion",
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {"role": "assistant", "content": None, "tool_calls": tool_calls},
+                }
+            ],
+            "usage": self.usage(*usage),
+        }
 
     def stopped(self, body: dict[str, Any], reason: str) -> dict[str, Any]:
         body["choices"][0]["finish_reason"] = reason
@@ -81,21 +106,41 @@ class ResponsesApi:
         return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
 
     def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-        return {"id": "resp_1", "object": "response", "status": "completed",
-                "model": "gpt-4.1-mini-2025-04-14",
-                "output": [{"type": "message", "id": "msg_1", "role": "assistant",
-                            "content": [{"type": "output_text", "text": text}]}],
-                "usage": self.usage(*usage)}
+        return {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "model": "gpt-4.1-mini-2025-04-14",
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text}],
+                }
+            ],
+            "usage": self.usage(*usage),
+        }
 
     def calls(self, calls: list[Call], *, usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-        output = [{"type": "function_call", "id": f"fc_{i}", "name": name,
-                   "arguments": args if isinstance(args, str) else json.dumps(args),
-                   **({"call_id": cid} if cid is not None else {})}
-                  for i, (cid, name, args) in enumerate(calls)]
-        return {"id": "resp_2", "object": "response", "status": "completed",
-                "model": "gpt-4.1-mini", "output": [{"type": "reasoning", "id": "rs_1",
-                                                     "summary": []}, *output],
-                "usage": self.usage(*usage)}
+        output = [
+            {
+                "type": "function_call",
+                "id": f"fc_{i}",
+                "name": name,
+                "arguments": args if isinstance(args, str) else json.dumps(args),
+                **({"call_id": cid} if cid is not None else {}),
+            }
+            for i, (cid, name, args) in enumerate(calls)
+        ]
+        return {
+            "id": "resp_2",
+            "object": "response",
+            "status": "completed",
+            "model": "gpt-4.1-mini",
+            "output": [{"type": "reasoning", "id": "rs_1", "summary": []}, *output],
+            "usage": self.usage(*usage),
+        }
 
     def stopped(self, body: dict[str, Any], reason: str) -> dict[str, Any]:
         body["status"] = reason
@@ -122,18 +167,35 @@ class AnthropicApi:
         return {"input_tokens": inp, "output_tokens": out}
 
     def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-        return {"id": "msg_1", "type": "message", "role": "assistant",
-                "model": "claude-haiku-4-5-20251001", "stop_reason": "end_turn",
-                "content": [{"type": "text", "text": text}], "usage": self.usage(*usage)}
+        return {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-haiku-4-5-20251001",
+            "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": text}],
+            "usage": self.usage(*usage),
+        }
 
     def calls(self, calls: list[Call], *, usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-        content = [{"type": "tool_use", "name": name,
-                    "input": json.loads(args) if isinstance(args, str) else args,
-                    **({"id": cid} if cid is not None else {})} for cid, name, args in calls]
-        return {"id": "msg_2", "type": "message", "role": "assistant",
-                "model": "claude-haiku-4-5", "stop_reason": "tool_use",
-                "content": [{"type": "text", "text": "Let me check."}, *content],
-                "usage": self.usage(*usage)}
+        content = [
+            {
+                "type": "tool_use",
+                "name": name,
+                "input": json.loads(args) if isinstance(args, str) else args,
+                **({"id": cid} if cid is not None else {}),
+            }
+            for cid, name, args in calls
+        ]
+        return {
+            "id": "msg_2",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-haiku-4-5",
+            "stop_reason": "tool_use",
+            "content": [{"type": "text", "text": "Let me check."}, *content],
+            "usage": self.usage(*usage),
+        }
 
     def stopped(self, body: dict[str, Any], reason: str) -> dict[str, Any]:
         body["stop_reason"] = reason

@@ -19,9 +19,14 @@ def _strip(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_arun_and_run_produce_the_same_trace() -> None:
     def script() -> list[Any]:
-        return [calls(call("c1", "lookup", order_id="A17"),
-                      call("w1", "write", request_id="R-1", title="t")),
-                calls(call("w2", "write", request_id="R-1", title="t")), say("done")]
+        return [
+            calls(
+                call("c1", "lookup", order_id="A17"),
+                call("w1", "write", request_id="R-1", title="t"),
+            ),
+            calls(call("w2", "write", request_id="R-1", title="t")),
+            say("done"),
+        ]
 
     b1, b2 = Backend(), Backend()
     b1.fail_reads.append(TransientToolError("busy"))
@@ -37,15 +42,15 @@ def test_async_model_and_async_tools() -> None:
     tools = ToolRegistry()
     seen: list[str] = []
 
-    @tools.tool(schema={"type": "object", "properties": {"q": {"type": "string"}}},
-                effect="read")
+    @tools.tool(schema={"type": "object", "properties": {"q": {"type": "string"}}}, effect="read")
     async def search(q: str) -> list[str]:
         await asyncio.sleep(0)
         seen.append(q)
         return [q.upper()]
 
-    script = ScriptedModel([calls(call("c1", "search", q="a"), call("c2", "search", q="b")),
-                            say("found")])
+    script = ScriptedModel(
+        [calls(call("c1", "search", q="a"), call("c2", "search", q="b")), say("found")]
+    )
 
     async def model(messages: Any, specs: Any) -> Any:
         await asyncio.sleep(0)
@@ -56,34 +61,49 @@ def test_async_model_and_async_tools() -> None:
     assert json.loads(result.messages[3]["content"])["value"] == ["B"]
 
 
-def _slow_tools(effect: str, delay: float, calls_made: list[str],
-                *, is_async: bool) -> ToolRegistry:
+def _slow_tools(
+    effect: str, delay: float, calls_made: list[str], *, is_async: bool
+) -> ToolRegistry:
     tools = ToolRegistry()
     schema = {"type": "object", "properties": {"k": {"type": "string"}}}
     key = (lambda a: a["k"]) if effect == "write" else None
     if is_async:
+
         async def slow(k: str) -> str:
             calls_made.append(k)
             await asyncio.sleep(delay)
             return k
-        tools.register(slow, name="slow", effect=effect, schema=schema, timeout_s=0.05,
-                       idempotency_key=key)
+
+        tools.register(
+            slow, name="slow", effect=effect, schema=schema, timeout_s=0.05, idempotency_key=key
+        )
     else:
+
         def slow_sync(k: str) -> str:
             calls_made.append(k)
             time.sleep(delay)
             return k
-        tools.register(slow_sync, name="slow", effect=effect, schema=schema, timeout_s=0.05,
-                       idempotency_key=key)
+
+        tools.register(
+            slow_sync,
+            name="slow",
+            effect=effect,
+            schema=schema,
+            timeout_s=0.05,
+            idempotency_key=key,
+        )
     return tools
 
 
 @pytest.mark.parametrize("is_async", [True, False])
 def test_a_read_that_times_out_is_retried_then_answered(is_async: bool) -> None:
     made: list[str] = []
-    rt = Runtime(model=ScriptedModel([calls(call("c1", "slow", k="x")), say("gave up")]),
-                 tools=_slow_tools("read", 0.3, made, is_async=is_async),
-                 allowed_tools={"slow"}, retry=RetryPolicy(max_attempts=2, backoff_s=0))
+    rt = Runtime(
+        model=ScriptedModel([calls(call("c1", "slow", k="x")), say("gave up")]),
+        tools=_slow_tools("read", 0.3, made, is_async=is_async),
+        allowed_tools={"slow"},
+        retry=RetryPolicy(max_attempts=2, backoff_s=0),
+    )
     result = asyncio.run(rt.arun("x")) if is_async else rt.run("x")
     assert_valid_run(result)
     assert made == ["x", "x"] and result.status == "done"
@@ -93,9 +113,12 @@ def test_a_read_that_times_out_is_retried_then_answered(is_async: bool) -> None:
 @pytest.mark.parametrize("is_async", [True, False])
 def test_a_write_that_times_out_stops_for_review(is_async: bool) -> None:
     made: list[str] = []
-    rt = Runtime(model=ScriptedModel([calls(call("c1", "slow", k="x"))]),
-                 tools=_slow_tools("write", 0.3, made, is_async=is_async),
-                 allowed_tools={"slow"}, retry=RetryPolicy(max_attempts=3, backoff_s=0))
+    rt = Runtime(
+        model=ScriptedModel([calls(call("c1", "slow", k="x"))]),
+        tools=_slow_tools("write", 0.3, made, is_async=is_async),
+        allowed_tools={"slow"},
+        retry=RetryPolicy(max_attempts=3, backoff_s=0),
+    )
     result = asyncio.run(rt.arun("x")) if is_async else rt.run("x")
     assert_valid_run(result)
     assert made == ["x"]
@@ -113,11 +136,20 @@ def test_a_deduplicated_write_is_retried_under_the_same_key() -> None:
             raise TransientToolError("503")
         return "sent"
 
-    tools.register(send, name="send", effect="write", dedup=True,
-                   idempotency_key=lambda a: a["request_id"],
-                   schema={"type": "object", "properties": {"request_id": {"type": "string"}}})
-    rt = Runtime(model=ScriptedModel([calls(call("c1", "send", request_id="R-9")), say("ok")]),
-                 tools=tools, allowed_tools={"send"}, retry=RetryPolicy(backoff_s=0))
+    tools.register(
+        send,
+        name="send",
+        effect="write",
+        dedup=True,
+        idempotency_key=lambda a: a["request_id"],
+        schema={"type": "object", "properties": {"request_id": {"type": "string"}}},
+    )
+    rt = Runtime(
+        model=ScriptedModel([calls(call("c1", "send", request_id="R-9")), say("ok")]),
+        tools=tools,
+        allowed_tools={"send"},
+        retry=RetryPolicy(backoff_s=0),
+    )
     result = rt.run("x")
     assert result.status == "done" and keys == ["R-9", "R-9"]
     assert result.counters["write_attempts"] == 2 and result.counters["retries"] == 1
@@ -134,8 +166,13 @@ def test_cancelling_arun_mid_write_ends_the_trace_in_review() -> None:
         landed.append(request_id)
         return "sent"
 
-    tools.register(send, name="send", effect="write", idempotency_key=lambda a: a["request_id"],
-                   schema={"type": "object", "properties": {"request_id": {"type": "string"}}})
+    tools.register(
+        send,
+        name="send",
+        effect="write",
+        idempotency_key=lambda a: a["request_id"],
+        schema={"type": "object", "properties": {"request_id": {"type": "string"}}},
+    )
     events: list[dict[str, Any]] = []
 
     class Sink:
@@ -145,9 +182,13 @@ def test_cancelling_arun_mid_write_ends_the_trace_in_review() -> None:
         def close(self) -> None:
             pass
 
-    rt = Runtime(model=ScriptedModel([calls(call("c1", "send", request_id="R-1"),
-                                            call("c2", "send", request_id="R-2"))]),
-                 tools=tools, allowed_tools={"send"})
+    rt = Runtime(
+        model=ScriptedModel(
+            [calls(call("c1", "send", request_id="R-1"), call("c2", "send", request_id="R-2"))]
+        ),
+        tools=tools,
+        allowed_tools={"send"},
+    )
 
     async def main() -> None:
         task = asyncio.create_task(rt.arun("go", trace=Sink()))
@@ -159,9 +200,11 @@ def test_cancelling_arun_mid_write_ends_the_trace_in_review() -> None:
     asyncio.run(main())
     end = events[-1]
     assert (end["type"], end["status"], end["reason"]) == (
-        "run_end", "review_required", "outcome_unknown")
-    answers = [(e["call_id"], e["result"]["error"]) for e in events if e["type"] ==
-               "observation"]
+        "run_end",
+        "review_required",
+        "outcome_unknown",
+    )
+    answers = [(e["call_id"], e["result"]["error"]) for e in events if e["type"] == "observation"]
     assert answers == [("c1", "outcome_unknown"), ("c2", "skipped_pending_review")]
     record = rt.store.get_idempotency("send", "R-1")
     assert record is not None and record.status == "pending"  # never redone under R-1

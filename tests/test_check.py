@@ -17,12 +17,12 @@ from conftest import (
 )
 from test_machine_transitions import CASES, Case, ListSink
 
-from fsm_agent import check as check_module
-from fsm_agent.check import check_events, check_file, select_edge
 from fsm_agent.cli import main
-from fsm_agent.machine import TRANSITIONS, Transition
-from fsm_agent.run import TRANSITION_LISTENERS
-from fsm_agent.store import MemoryStore
+from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.table import TRANSITIONS, Transition
+from fsm_agent.durable.store import MemoryStore
+from fsm_agent.trace import checker as check_module
+from fsm_agent.trace.checker import check_events, check_file, select_edge
 
 LOOKUP = call("c1", "lookup", order_id="A17")
 TICKET = {"request_id": "R-1", "title": "Damaged parcel"}
@@ -48,8 +48,12 @@ def messages(violations: list[Any]) -> str:
 
 # ── every edge the runtime takes, checked and replayed ─────────────────────────────
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.edge.trigger}:{c.edge.source}->"
-                                             f"{c.edge.dest}:{c.reason}" for c in CASES])
+
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=[f"{c.edge.trigger}:{c.edge.source}->{c.edge.dest}:{c.reason}" for c in CASES],
+)
 def test_every_transition_case_conforms_and_is_identified(case: Case) -> None:
     runtime, _backend, *_ = case.build()
     taken: list[Transition] = []
@@ -68,8 +72,11 @@ def test_every_transition_case_conforms_and_is_identified(case: Case) -> None:
     assert check_events(events) == [], messages(check_events(events))
     # The checker's edge selection (from the recorded guard outcomes) names exactly the
     # edges the runtime took, in order: replay frames and counts rest on this.
-    selected = [select_edge(e["source"], e["trigger"], e["dest"], e.get("reason"), e["guards"])
-                for e in events if e["type"] == "transition"]
+    selected = [
+        select_edge(e["source"], e["trigger"], e["dest"], e.get("reason"), e["guards"])
+        for e in events
+        if e["type"] == "transition"
+    ]
     assert selected == taken
 
 
@@ -78,8 +85,9 @@ def test_a_retry_an_approval_stop_and_a_replayed_write_all_conform() -> None:
     b.fail_reads = [TransientToolError("flaky")]
     retry = make_runtime([calls(LOOKUP), say("ok")], b).run("Where?")
     assert retry.counters["retries"] == 1
-    approval = make_runtime([calls(call("w1", "write", **TICKET)), say("never")],
-                            approval=True).run("Open a ticket")
+    approval = make_runtime(
+        [calls(call("w1", "write", **TICKET)), say("never")], approval=True
+    ).run("Open a ticket")
     assert approval.status == "review_required"
     store = MemoryStore()
     first = make_runtime([calls(call("w1", "write", **TICKET)), say("ok")], store=store)
@@ -91,6 +99,7 @@ def test_a_retry_an_approval_stop_and_a_replayed_write_all_conform() -> None:
 
 
 # ── tampering ───────────────────────────────────────────────────────────────────────
+
 
 def test_a_missing_event_breaks_seq_at_its_line() -> None:
     events = happy()
@@ -112,13 +121,14 @@ def test_a_trigger_with_no_edge_from_the_state_is_illegal() -> None:
     i = next(i for i, e in enumerate(events) if e.get("trigger") == "validate")
     events[i]["trigger"] = "observe"
     assert f"{i + 1}: the table has no 'observe' edge out of validating" in messages(
-        check_events(events))
+        check_events(events)
+    )
 
 
 def test_an_answer_given_twice_and_an_orphan_answer_are_caught() -> None:
     events = happy()
     i = next(i for i, e in enumerate(events) if e["type"] == "observation")
-    twice = [*events[: i + 1], dict(events[i]), *events[i + 1:]]
+    twice = [*events[: i + 1], dict(events[i]), *events[i + 1 :]]
     for n, e in enumerate(twice):
         e["seq"] = n
     assert f"{i + 2}: call 'c1' answered a second time" in messages(check_events(twice))
@@ -131,8 +141,9 @@ def test_an_answer_given_twice_and_an_orphan_answer_are_caught() -> None:
 
 def test_a_call_never_answered_is_reported_before_the_next_decision() -> None:
     events = two_call_batch()
-    drop = next(i for i, e in enumerate(events)
-                if e["type"] == "observation" and e["call_id"] == "c2")
+    drop = next(
+        i for i, e in enumerate(events) if e["type"] == "observation" and e["call_id"] == "c2"
+    )
     kept = [e for i, e in enumerate(events) if i != drop]
     for n, e in enumerate(kept):
         e["seq"] = n
@@ -141,18 +152,28 @@ def test_a_call_never_answered_is_reported_before_the_next_decision() -> None:
 
 
 def test_anything_after_run_end_is_a_violation_unless_the_table_allows_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     events = happy()
     end = len(events)
-    extra = {"type": "transition", "trigger": "resume", "source": "done", "dest": "deciding",
-             "guards": {}, "seq": end}
+    extra = {
+        "type": "transition",
+        "trigger": "resume",
+        "source": "done",
+        "dest": "deciding",
+        "guards": {},
+        "seq": end,
+    }
     found = messages(check_events([*events, extra]))
     assert f"{end + 1}: resume after the run ended in done" in found
     # A table with a resume edge out of the terminal state makes the same event legal.
     resume = Transition("resume", "done", "deciding", (), None, None, "test-only edge")
     real = check_module.transitions_from
-    monkeypatch.setattr(check_module, "transitions_from",
-                        lambda s, t: (resume,) if (s, t) == ("done", "resume") else real(s, t))
+    monkeypatch.setattr(
+        check_module,
+        "transitions_from",
+        lambda s, t: (resume,) if (s, t) == ("done", "resume") else real(s, t),
+    )
     check_module._SELECTED.clear()
     found = messages(check_events([*events, extra]))
     assert "after the run ended" not in found
@@ -191,8 +212,11 @@ def test_a_write_executed_twice_under_one_key_is_caught() -> None:
         def abort_idempotency(self, tool: str, key: str) -> None:
             pass
 
-    script = [calls(call("w1", "write", **TICKET)), calls(call("w2", "write", **TICKET)),
-              say("Two tickets?")]
+    script = [
+        calls(call("w1", "write", **TICKET)),
+        calls(call("w2", "write", **TICKET)),
+        say("Two tickets?"),
+    ]
     backend = Backend()
     result = make_runtime(script, backend, store=ForgetfulStore()).run("Open a ticket")
     assert len(backend.writes) == 2  # the bug the checker must see
@@ -208,20 +232,36 @@ def test_a_replay_that_also_ran_the_tool_is_caught() -> None:
 
 
 def test_select_edge_follows_priority_and_recorded_outcomes() -> None:
-    wall = select_edge("executing", "dispatch", "budget_exhausted", "wall_clock",
-                       {"call_admitted": True, "wall_clock_spent": True})
+    wall = select_edge(
+        "executing",
+        "dispatch",
+        "budget_exhausted",
+        "wall_clock",
+        {"call_admitted": True, "wall_clock_spent": True},
+    )
     assert wall is not None and wall.reason == "wall_clock"
-    run_now = select_edge("executing", "dispatch", "executing", None,
-                          {"call_admitted": True, "wall_clock_spent": False,
-                           "idempotency_conflict": False, "idempotency_pending": False,
-                           "idempotent_replay": False})
+    run_now = select_edge(
+        "executing",
+        "dispatch",
+        "executing",
+        None,
+        {
+            "call_admitted": True,
+            "wall_clock_spent": False,
+            "idempotency_conflict": False,
+            "idempotency_pending": False,
+            "idempotent_replay": False,
+        },
+    )
     assert run_now is TRANSITIONS[[t.action for t in TRANSITIONS].index("start_attempt")]
 
 
 # ── the command ──────────────────────────────────────────────────────────────────────
 
-def test_cli_exit_codes_and_line_numbers(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_cli_exit_codes_and_line_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = write_trace(tmp_path / "good.jsonl", happy())
     assert main(["check", str(good)]) == 0
     assert capsys.readouterr().out.strip() == f"{good}: ok"
@@ -234,16 +274,22 @@ def test_cli_exit_codes_and_line_numbers(tmp_path: Path,
     assert check_file(good) == []
 
 
-@pytest.mark.parametrize(("content", "expected"), [
-    ("", ":1: empty trace"),
-    ('{"type": "run_start", "seq": 0}', ":1: truncated"),
-    ("this is not json\n", ":1: not JSON"),
-    ('{"type": "decision", "seq": 0}\n', ":1: the first event is 'decision'"),
-    ('{"type": "run_start", "seq": 0, "schema": "fsm-agent.trace/0"}\n',
-     ":1: schema 'fsm-agent.trace/0' is not"),
-])
-def test_unreadable_traces_exit_2_with_one_line(tmp_path: Path, content: str, expected: str,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", ":1: empty trace"),
+        ('{"type": "run_start", "seq": 0}', ":1: truncated"),
+        ("this is not json\n", ":1: not JSON"),
+        ('{"type": "decision", "seq": 0}\n', ":1: the first event is 'decision'"),
+        (
+            '{"type": "run_start", "seq": 0, "schema": "fsm-agent.trace/0"}\n',
+            ":1: schema 'fsm-agent.trace/0' is not",
+        ),
+    ],
+)
+def test_unreadable_traces_exit_2_with_one_line(
+    tmp_path: Path, content: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text(content, encoding="utf-8")
     assert main(["check", str(path)]) == 2
@@ -252,18 +298,19 @@ def test_unreadable_traces_exit_2_with_one_line(tmp_path: Path, content: str, ex
     assert "\n" not in err and "Traceback" not in err
 
 
-def test_another_machine_hash_exits_2(tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_another_machine_hash_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     events = happy()
     events[0]["machine_hash"] = "sha256:0000000000000000"
     path = write_trace(tmp_path / "old.jsonl", events)
     assert main(["check", str(path)]) == 2
     assert "machine hash 'sha256:0000000000000000' is not this machine's" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
 
 
-def test_a_missing_file_and_a_bad_line_in_the_middle(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_file_and_a_bad_line_in_the_middle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["check", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl:0: cannot open" in capsys.readouterr().err
     lines = [json.dumps(e) for e in happy()]

@@ -8,14 +8,18 @@ from typing import Any
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import MemoryStore
-from fsm_agent.check import check_events
+from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
 
 def reviewed(backend: Backend) -> list[dict[str, Any]]:
-    rt = make_runtime([calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")),
-                       say("Filed.")], backend, store=MemoryStore(), approval=True)
+    rt = make_runtime(
+        [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")), say("Filed.")],
+        backend,
+        store=MemoryStore(),
+        approval=True,
+    )
     rt.run("file it", run_id="r1")
     return rt.approve("r1", "c1").events
 
@@ -35,18 +39,19 @@ def test_a_review_outside_a_pause_is_a_violation(backend: Backend) -> None:
     moved = renumber([*events[:3], review, *events[3:]])  # before the run paused
     assert any("a review event while the run is in" in v.message for v in check_events(moved))
     wrong = renumber([*events[:at], {**review, "call_id": "c9"}, *events[at:]])
-    assert any("review of 'c9', which is not a paused call" in v.message
-               for v in check_events(wrong))
+    assert any(
+        "review of 'c9', which is not a paused call" in v.message for v in check_events(wrong)
+    )
 
 
 def test_a_reconciled_result_needs_no_attempt(backend: Backend) -> None:
     store = MemoryStore()
     backend.fail_writes.append((RuntimeError("connection reset"), True))
-    first = make_runtime([calls(call("c1", "write", **WRITE)), say("Unknown.")], backend,
-                         store=store)
+    first = make_runtime(
+        [calls(call("c1", "write", **WRITE)), say("Unknown.")], backend, store=store
+    )
     assert first.run("file it").reason == "outcome_unknown"  # R-1 is left pending
-    rt = make_runtime([calls(call("k1", "write", **WRITE)), say("Filed.")], backend,
-                      store=store)
+    rt = make_runtime([calls(call("k1", "write", **WRITE)), say("Filed.")], backend, store=store)
     assert rt.run("file it", run_id="r2").reason == "outcome_unknown"  # never attempted
     done = rt.reconcile("r2", "k1", {"ticket": "T-1"})
     assert done.status == "done" and check_events(done.events) == []

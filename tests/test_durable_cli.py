@@ -16,7 +16,7 @@ from durable_scenario import trace_problems
 
 from fsm_agent import read_trace
 from fsm_agent.cli import main
-from fsm_agent.sqlite_store import SCHEMA_VERSION, SqliteStore
+from fsm_agent.durable.sqlite import SCHEMA_VERSION, SqliteStore
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -32,9 +32,15 @@ def db(tmp_path: Path, backend: Backend) -> Path:
     """A file with a run paused for approval (r1) and a finished one (r2)."""
     path = tmp_path / "runs.db"
     with SqliteStore(path) as store:
-        make_runtime([calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")),
-                      say("Filed.")], backend, store=store, approval=True).run(
-            "file it", run_id="r1")
+        make_runtime(
+            [
+                calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")),
+                say("Filed."),
+            ],
+            backend,
+            store=store,
+            approval=True,
+        ).run("file it", run_id="r1")
         make_runtime([say("Hello.")], backend, store=store).run("hi", run_id="r2")
     return path
 
@@ -50,8 +56,7 @@ def test_list_and_filter(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = runs(capsys, "list", "--db", str(db))
     assert code == 0
     assert "r1  review_required/approval_required" in out and "r2  done/final_answer" in out
-    code, out, _ = runs(capsys, "list", "--db", str(db), "--status", "review_required",
-                        "--json")
+    code, out, _ = runs(capsys, "list", "--db", str(db), "--status", "review_required", "--json")
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [(r["run_id"], r["pending"]) for r in rows] == [("r1", 2)]
     code, out, _ = runs(capsys, "list", "--db", str(db), "--status", "budget_exhausted")
@@ -59,7 +64,8 @@ def test_list_and_filter(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_show_prints_state_pending_calls_and_last_events(
-        db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = runs(capsys, "show", "--db", str(db), "r1", "--events", "2")
     assert code == 0
     assert out.startswith("run r1: review_required/approval_required\n")
@@ -73,7 +79,8 @@ def test_show_prints_state_pending_calls_and_last_events(
 
 
 def test_approve_records_and_the_application_resumes(
-        db: Path, backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    db: Path, backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = runs(capsys, "approve", "--db", str(db), "r1", "c1")
     assert code == 0 and "recorded approve of c1 in run r1" in out
     assert "continues when the application resumes it" in out
@@ -85,29 +92,42 @@ def test_approve_records_and_the_application_resumes(
 
 
 def test_deny_and_reconcile_record_their_payload(
-        db: Path, backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db: Path, backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, _ = runs(capsys, "deny", "--db", str(db), "r1", "c1", "--reason", "not today")
     assert code == 0
     done = resume(db, backend)
     assert done.status == "done" and backend.writes == []
     assert {"ok": False, "error": "denied", "detail": "not today"} in [
-        json.loads(m["content"]) for m in done.messages if m["role"] == "tool"]
+        json.loads(m["content"]) for m in done.messages if m["role"] == "tool"
+    ]
 
     backend.fail_writes.append((RuntimeError("connection reset"), True))
     with SqliteStore(db) as store:
-        make_runtime([calls(call("c1", "write", **{**WRITE, "request_id": "R-9"})),
-                      say("Filed.")], backend, store=store).run("again", run_id="r3")
-    code, out, _ = runs(capsys, "reconcile", "--db", str(db), "r3", "c1",
-                        "--result", '{"ticket": "T-9"}')
+        make_runtime(
+            [calls(call("c1", "write", **{**WRITE, "request_id": "R-9"})), say("Filed.")],
+            backend,
+            store=store,
+        ).run("again", run_id="r3")
+    code, out, _ = runs(
+        capsys, "reconcile", "--db", str(db), "r3", "c1", "--result", '{"ticket": "T-9"}'
+    )
     assert code == 0, out
     code, out, _ = runs(capsys, "export", "--db", str(db), "r3")
     events = [json.loads(line) for line in out.splitlines()]
-    assert events[-1] == {"type": "review", "action": "reconcile", "call_id": "c1",
-                          "tool": "write", "result": {"ticket": "T-9"}, "seq": len(events) - 1}
+    assert events[-1] == {
+        "type": "review",
+        "action": "reconcile",
+        "call_id": "c1",
+        "tool": "write",
+        "result": {"ticket": "T-9"},
+        "seq": len(events) - 1,
+    }
 
 
 def test_export_writes_a_trace_that_reads_back(
-        db: Path, backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db: Path, backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs(capsys, "approve", "--db", str(db), "r1", "c1")
     resume(db, backend)
     out_file = tmp_path / "r1.jsonl"
@@ -119,16 +139,23 @@ def test_export_writes_a_trace_that_reads_back(
     assert main(["check", str(out_file)]) == 0  # the trace checker accepts a resumed run
 
 
-@pytest.mark.parametrize(("argv", "code", "message"), [
-    (["show", "r9"], 2, "fsm-agent runs: no run 'r9' in "),
-    (["approve", "r1", "c9"], 2, "call 'c9' is not pending in run 'r1' (pending: c1, c2)"),
-    (["approve", "r1", "c2"], 2, "approve does not apply (use deny)"),
-    (["reconcile", "r1", "c1", "--result", "1"], 2, "reconcile does not apply"),
-    (["reconcile", "r2", "c1", "--result", "1"], 2, "run 'r2' is done/final_answer, not "
-                                                    "waiting for review"),
-])
-def test_bad_review_input(db: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
-                          code: int, message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["show", "r9"], 2, "fsm-agent runs: no run 'r9' in "),
+        (["approve", "r1", "c9"], 2, "call 'c9' is not pending in run 'r1' (pending: c1, c2)"),
+        (["approve", "r1", "c2"], 2, "approve does not apply (use deny)"),
+        (["reconcile", "r1", "c1", "--result", "1"], 2, "reconcile does not apply"),
+        (
+            ["reconcile", "r2", "c1", "--result", "1"],
+            2,
+            "run 'r2' is done/final_answer, not waiting for review",
+        ),
+    ],
+)
+def test_bad_review_input(
+    db: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
     before = db.read_bytes()
     got, out, err = runs(capsys, argv[0], "--db", str(db), *argv[1:])
     assert got == code and message in err and err.count("\n") == 1 and out == ""
@@ -138,24 +165,27 @@ def test_bad_review_input(db: Path, capsys: pytest.CaptureFixture[str], argv: li
     assert len(db.read_bytes()) == len(before)
 
 
-@pytest.mark.parametrize("argv", [
-    ["reconcile", "r1", "c1", "--result", "{bad"],
-    ["reconcile", "r1", "c1", "--result", "NaN"],
-    ["show", "r1", "--events", "-1"],
-    ["list", "--status", "finished"],
-    ["list", "--timeout", "soon"],
-    ["deny", "r1", "c1"],  # --reason is required
-])
-def test_bad_usage_exits_2(db: Path, capsys: pytest.CaptureFixture[str],
-                           argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reconcile", "r1", "c1", "--result", "{bad"],
+        ["reconcile", "r1", "c1", "--result", "NaN"],
+        ["show", "r1", "--events", "-1"],
+        ["list", "--status", "finished"],
+        ["list", "--timeout", "soon"],
+        ["deny", "r1", "c1"],  # --reason is required
+    ],
+)
+def test_bad_usage_exits_2(db: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["runs", argv[0], "--db", str(db), *argv[1:]])
     assert info.value.code == 2
     assert "error:" in capsys.readouterr().err
 
 
-def test_unreadable_databases_exit_2(tmp_path: Path, db: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_databases_exit_2(
+    tmp_path: Path, db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = runs(capsys, "list", "--db", str(tmp_path / "missing.db"))
     assert code == 2 and "missing.db: no such database" in err
     assert not (tmp_path / "missing.db").exists()

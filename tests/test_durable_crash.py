@@ -21,8 +21,8 @@ import durable_scenario as scenario
 import pytest
 
 from fsm_agent import RunResult, check_history
-from fsm_agent.check import check_events
-from fsm_agent.sqlite_store import SqliteStore
+from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent.trace.checker import check_events
 
 CHILD = Path(__file__).with_name("durable_child.py")
 #: Transitions of the scenario's run when nothing goes wrong, and the checkpoints
@@ -32,12 +32,16 @@ TRANSITIONS = 15
 SAVES = 5
 
 
-def child(tmp: Path, crash: str, mode: str = "start",
-          env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def child(
+    tmp: Path, crash: str, mode: str = "start", env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(tmp / "runs.db"), str(tmp / "effects.db"), "r1",
-         mode], env={**os.environ, "FSM_CRASH": crash, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, str(CHILD), str(tmp / "runs.db"), str(tmp / "effects.db"), "r1", mode],
+        env={**os.environ, "FSM_CRASH": crash, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run_child(tmp: Path, crash: str, mode: str = "start") -> int:
@@ -61,8 +65,7 @@ def settle(tmp: Path) -> RunResult:
             if result.status != "review_required":
                 break
             assert result.reason == "outcome_unknown", result.detail
-            (unknown,) = [c for c in result.pending if _waiting_for(result, c) ==
-                          "outcome_unknown"]
+            (unknown,) = [c for c in result.pending if _waiting_for(result, c) == "outcome_unknown"]
             result = rt.reconcile("r1", unknown, {"observed": "by a reviewer"})
         return result
 
@@ -83,7 +86,8 @@ def check_end(tmp: Path, result: RunResult) -> None:
 
 
 def test_the_scenario_takes_the_expected_number_of_transitions(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FSM_CRASH", raising=False)
     with scenario.CrashingStore(tmp_path / "runs.db") as store:
         scenario.runtime(store, tmp_path / "effects.db").run("go", run_id="r1")
@@ -92,18 +96,25 @@ def test_the_scenario_takes_the_expected_number_of_transitions(
     assert sum(e["type"] == "transition" for e in result.events) == TRANSITIONS
     check_end(tmp_path, result)
     assert Counter(scenario.effects(tmp_path / "effects.db")) == {
-        ("create_ticket", "R-1"): 1, ("notify", "ticket filed"): 1}
+        ("create_ticket", "R-1"): 1,
+        ("notify", "ticket filed"): 1,
+    }
 
 
-@pytest.mark.parametrize("crash", [f"transition:{n}" for n in range(1, TRANSITIONS + 1)]
-                         + [f"save:{n}" for n in range(1, SAVES + 1)])
+@pytest.mark.parametrize(
+    "crash",
+    [f"transition:{n}" for n in range(1, TRANSITIONS + 1)]
+    + [f"save:{n}" for n in range(1, SAVES + 1)],
+)
 def test_killed_at_a_transition_boundary_resumes_safely(tmp_path: Path, crash: str) -> None:
     assert run_child(tmp_path, crash) == -signal.SIGKILL
     check_end(tmp_path, settle(tmp_path))
 
 
-@pytest.mark.parametrize("crash", ["begin", "create_ticket_before", "create_ticket_after",
-                                   "notify_before", "notify_after"])
+@pytest.mark.parametrize(
+    "crash",
+    ["begin", "create_ticket_before", "create_ticket_after", "notify_before", "notify_after"],
+)
 def test_killed_inside_a_write_never_runs_it_twice(tmp_path: Path, crash: str) -> None:
     assert run_child(tmp_path, crash) == -signal.SIGKILL
     with SqliteStore(tmp_path / "runs.db") as store:
@@ -115,9 +126,14 @@ def test_killed_inside_a_write_never_runs_it_twice(tmp_path: Path, crash: str) -
     check_end(tmp_path, settle(tmp_path))
 
 
-@pytest.mark.parametrize(("first", "second"), [("transition:6", "transition:2"),
-                                               ("create_ticket_after", "save:1"),
-                                               ("save:1", "notify_after")])
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("transition:6", "transition:2"),
+        ("create_ticket_after", "save:1"),
+        ("save:1", "notify_after"),
+    ],
+)
 def test_killed_again_while_resuming(tmp_path: Path, first: str, second: str) -> None:
     assert run_child(tmp_path, first) == -signal.SIGKILL
     assert run_child(tmp_path, second, mode="resume") == -signal.SIGKILL
@@ -127,12 +143,16 @@ def test_killed_again_while_resuming(tmp_path: Path, first: str, second: str) ->
 def test_two_processes_resuming_one_run_only_one_drives_it(tmp_path: Path) -> None:
     assert run_child(tmp_path, "transition:1") == -signal.SIGKILL
     procs = [child(tmp_path, "", "resume", {"FSM_MODEL_SLEEP": "3"}) for _ in range(2)]
-    outcomes: list[Any] = [(p.wait(timeout=60), p.stdout.read(), p.stderr.read())  # type: ignore[union-attr]
-                           for p in procs]
+    outcomes: list[Any] = [
+        (p.wait(timeout=60), p.stdout.read(), p.stderr.read())  # type: ignore[union-attr]
+        for p in procs
+    ]
     codes = sorted(code for code, _, _ in outcomes)
     assert codes == [0, 3], outcomes
     (busy,) = [err for code, _, err in outcomes if code == 3]
     assert "is being driven by" in busy
     check_end(tmp_path, settle(tmp_path))
     assert Counter(scenario.effects(tmp_path / "effects.db")) == {
-        ("create_ticket", "R-1"): 1, ("notify", "ticket filed"): 1}
+        ("create_ticket", "R-1"): 1,
+        ("notify", "ticket filed"): 1,
+    }

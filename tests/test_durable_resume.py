@@ -15,9 +15,9 @@ from conftest import Backend, assert_valid_run, call, calls, edges, make_runtime
 from durable_scenario import trace_problems
 
 from fsm_agent import RunResult
-from fsm_agent.canonical import digest
-from fsm_agent.check import check_events
-from fsm_agent.run import TRANSITION_LISTENERS
+from fsm_agent.core.canonical import digest
+from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -73,12 +73,17 @@ def check(result: RunResult) -> None:
 
 @pytest.mark.parametrize("keyed", [True, False])
 def test_a_write_that_was_running_when_the_process_died_stops_for_review(
-        store: Any, backend: Backend, keyed: bool) -> None:
-    script = [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A17")),
-              say("Filed.")]
+    store: Any, backend: Backend, keyed: bool
+) -> None:
+    script = [
+        calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A17")),
+        say("Filed."),
+    ]
     rt = make_runtime(script, backend, store=store, keyed=keyed)
-    with pytest.raises(Died), (dies_before_result_is_stored(store) if keyed
-                               else dies_at("tool_returned")):
+    with (
+        pytest.raises(Died),
+        dies_before_result_is_stored(store) if keyed else dies_at("tool_returned"),
+    ):
         rt.run("file it", run_id="r1")
     assert len(backend.writes) == 1
 
@@ -109,9 +114,9 @@ def test_a_write_that_was_running_when_the_process_died_stops_for_review(
 
 
 def test_a_write_whose_result_was_stored_before_the_crash_is_answered_with_it(
-        store: Any, backend: Backend) -> None:
-    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
-                      store=store)
+    store: Any, backend: Backend
+) -> None:
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store)
     with pytest.raises(Died), dies_at("tool_returned"):  # the result is in the record only
         rt.run("file it", run_id="r1")
 
@@ -128,8 +133,9 @@ def test_a_write_whose_result_was_stored_before_the_crash_is_answered_with_it(
 
 
 def test_a_deduplicated_write_is_dispatched_again(store: Any, backend: Backend) -> None:
-    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
-                      store=store, dedup=True)
+    rt = make_runtime(
+        [calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store, dedup=True
+    )
     with pytest.raises(Died), dies_before_result_is_stored(store):
         rt.run("file it", run_id="r1")
     done = rt.resume("r1")
@@ -163,9 +169,16 @@ def test_a_read_that_died_is_simply_run_again(store: Any, backend: Backend) -> N
 
 
 def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
-        store: Any, backend: Backend) -> None:
-    script = [calls(call("c1", "lookup", order_id="A17"), call("c2", "write", **WRITE),
-                    call("c3", "lookup", order_id="B2")), say("Filed.")]
+    store: Any, backend: Backend
+) -> None:
+    script = [
+        calls(
+            call("c1", "lookup", order_id="A17"),
+            call("c2", "write", **WRITE),
+            call("c3", "lookup", order_id="B2"),
+        ),
+        say("Filed."),
+    ]
     rt = make_runtime(script, backend, store=store, approval=True)
     paused = rt.run("file it", run_id="r1")
     assert (paused.status, paused.reason) == ("review_required", "approval_required")
@@ -176,15 +189,24 @@ def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
     assert backend.lookups == ["A17", "B2"] and len(backend.writes) == 1
     assert done.counters["tool_rounds"] == 1 and done.counters["tool_calls"] == 3
     review = [e for e in done.events if e["type"] == "review"]
-    assert review == [{"type": "review", "action": "approve", "call_id": "c2", "tool": "write",
-                       "digest": digest("write", WRITE), "seq": review[0]["seq"]}]
+    assert review == [
+        {
+            "type": "review",
+            "action": "approve",
+            "call_id": "c2",
+            "tool": "write",
+            "digest": digest("write", WRITE),
+            "seq": review[0]["seq"],
+        }
+    ]
     assert store.load_run("r1").approvals == [("c2", "write", digest("write", WRITE))]
     assert all(content(done, c)["ok"] for c in ("c1", "c2", "c3"))
     check(done)
 
 
 def test_a_run_waits_until_every_call_needing_approval_is_settled(
-        store: Any, backend: Backend) -> None:
+    store: Any, backend: Backend
+) -> None:
     other = {"request_id": "R-2", "title": "B2 is late"}
     script = [calls(call("c1", "write", **WRITE), call("c2", "write", **other)), say("Done.")]
     rt = make_runtime(script, backend, store=store, approval=True)
@@ -195,18 +217,17 @@ def test_a_run_waits_until_every_call_needing_approval_is_settled(
     done = rt.deny("r1", "c2", "R-2 is a duplicate")
     assert done.status == "done"
     assert backend.writes == [WRITE]
-    assert content(done, "c2") == {"ok": False, "error": "denied",
-                                   "detail": "R-2 is a duplicate"}
+    assert content(done, "c2") == {"ok": False, "error": "denied", "detail": "R-2 is a duplicate"}
     check(done)
 
 
 def test_deny_settles_an_idempotency_conflict(store: Any, backend: Backend) -> None:
-    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
-                      store=store)
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store)
     assert rt.run("file it").status == "done"
     changed = {**WRITE, "title": "something else"}
-    rt2 = make_runtime([calls(call("c1", "write", **changed)), say("Not filed.")], backend,
-                       store=store)
+    rt2 = make_runtime(
+        [calls(call("c1", "write", **changed)), say("Not filed.")], backend, store=store
+    )
     paused = rt2.run("file it again", run_id="r2")
     assert (paused.status, paused.reason) == ("review_required", "idempotency_conflict")
     done = rt2.deny("r2", "c1", "R-1 was filed with another title")
@@ -217,33 +238,33 @@ def test_deny_settles_an_idempotency_conflict(store: Any, backend: Backend) -> N
 
 def test_a_reconciled_result_is_replayed_by_later_runs(store: Any, backend: Backend) -> None:
     backend.fail_writes.append((RuntimeError("connection reset"), True))
-    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
-                      store=store)
+    rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store)
     paused = rt.run("file it", run_id="r1")
     assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
     done = rt.reconcile("r1", "c1", {"ticket": "T-9"})
     assert done.status == "done" and len(backend.writes) == 1
     check(done)
-    later = make_runtime([calls(call("c1", "write", **WRITE)), say("Already filed.")],
-                         backend, store=store).run("file it")
+    later = make_runtime(
+        [calls(call("c1", "write", **WRITE)), say("Already filed.")], backend, store=store
+    ).run("file it")
     assert content(later, "c1") == {"ok": True, "value": {"ticket": "T-9"}, "replayed": True}
     assert len(backend.writes) == 1
 
 
 def test_resuming_a_finished_run_returns_it_unchanged(store: Any, backend: Backend) -> None:
-    rt = make_runtime([calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
-                      backend, store=store)
+    rt = make_runtime(
+        [calls(call("c1", "lookup", order_id="A17")), say("In transit.")], backend, store=store
+    )
     first = rt.run("where?", run_id="r1")
     again = rt.resume("r1")
     assert (again.status, again.answer, again.events) == ("done", "In transit.", first.events)
     assert again.messages == first.messages and backend.lookups == ["A17"]
 
 
-def test_aresume_drives_async_models_after_a_recorded_review(
-        store: Any, backend: Backend) -> None:
+def test_aresume_drives_async_models_after_a_recorded_review(store: Any, backend: Backend) -> None:
     import asyncio
 
-    from fsm_agent.review import record_review
+    from fsm_agent.durable.review import record_review
 
     async def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
         asked = sum(m["role"] == "assistant" for m in messages)
@@ -261,13 +282,14 @@ def test_aresume_drives_async_models_after_a_recorded_review(
 
 
 def test_a_write_left_pending_by_a_dead_run_is_settled_once_for_both_runs(
-        store: Any, backend: Backend) -> None:
-    first = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend,
-                         store=store)
+    store: Any, backend: Backend
+) -> None:
+    first = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store)
     with pytest.raises(Died), dies_before_result_is_stored(store):
         first.run("file it", run_id="r1")  # R-1 is left pending: did it happen?
-    second = make_runtime([calls(call("k1", "write", **WRITE)), say("Filed too.")], backend,
-                          store=store)
+    second = make_runtime(
+        [calls(call("k1", "write", **WRITE)), say("Filed too.")], backend, store=store
+    )
     paused = second.run("file it", run_id="r2")
     assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
     assert "never reported" in paused.detail and len(backend.writes) == 1

@@ -16,9 +16,16 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import IdempotencyRecord, JsonlTrace, MemoryStore
-from fsm_agent.review import record_review
-from fsm_agent.sqlite_store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
-from fsm_agent.store import ReviewError, RunBusy, RunNotFound, StoreError
+from fsm_agent.durable.review import record_review
+from fsm_agent.durable.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
+from fsm_agent.errors import (
+    IntentConflict,
+    ReviewError,
+    RunBusy,
+    RunExists,
+    RunNotFound,
+    StoreError,
+)
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -27,8 +34,12 @@ def paused_run(store: Any, backend: Backend, *, fail: bool = False) -> Any:
     """A run stopped for review: approval required, or (``fail``) an unknown outcome."""
     if fail:
         backend.fail_writes.append((RuntimeError("connection reset"), True))
-    rt = make_runtime([calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")),
-                       say("Filed.")], backend, store=store, approval=not fail)
+    rt = make_runtime(
+        [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")), say("Filed.")],
+        backend,
+        store=store,
+        approval=not fail,
+    )
     result = rt.run("file it", run_id="r1")
     assert result.status == "review_required"
     return rt
@@ -75,8 +86,11 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         pass
     with sqlite3.connect(path) as db:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    _unchanged_after(path, f"schema version {SCHEMA_VERSION + 1} is newer than this "
-                           f"fsm-agent supports \\({SCHEMA_VERSION}\\)")
+    _unchanged_after(
+        path,
+        f"schema version {SCHEMA_VERSION + 1} is newer than this "
+        f"fsm-agent supports \\({SCHEMA_VERSION}\\)",
+    )
 
 
 def test_a_corrupt_file_is_refused(tmp_path: Path) -> None:
@@ -124,19 +138,22 @@ def test_a_locked_file_times_out_with_nothing_changed(tmp_path: Path, backend: B
 
 def test_unknown_run_ids(store: Any, backend: Backend) -> None:
     rt = make_runtime([say("hi")], backend, store=store)
-    for attempt in (lambda: rt.resume("nope"), lambda: rt.approve("nope", "c1"),
-                    lambda: rt.deny("nope", "c1", "no"), lambda: store.load_run("nope")):
+    for attempt in (
+        lambda: rt.resume("nope"),
+        lambda: rt.approve("nope", "c1"),
+        lambda: rt.deny("nope", "c1", "no"),
+        lambda: store.load_run("nope"),
+    ):
         with pytest.raises(RunNotFound, match="no run 'nope'"):
             attempt()
     assert store.list_runs() == []
 
 
-def test_a_run_id_cannot_be_stored_twice(store: Any, backend: Backend,
-                                         tmp_path: Path) -> None:
+def test_a_run_id_cannot_be_stored_twice(store: Any, backend: Backend, tmp_path: Path) -> None:
     rt = make_runtime([say("hi"), say("again")], backend, store=store)
     rt.run("hi", run_id="r1")
     trace = JsonlTrace(tmp_path / "again.jsonl")
-    with pytest.raises(ValueError, match="already stored"):
+    with pytest.raises(RunExists, match="already stored"):
         rt.run("hi", run_id="r1", trace=trace)
     assert trace._file is None  # the caller's sink is closed, not leaked
     assert len(store.load_run("r1").events) == len(rt.resume("r1").events)
@@ -151,15 +168,22 @@ def test_list_filters_by_state(store: Any, backend: Backend) -> None:
     assert [r.run_id for r in store.list_runs("done")] == ["r2"]
 
 
-@pytest.mark.parametrize(("action", "call_id", "expect"), [
-    ("approve", "c9", "call 'c9' is not pending in run 'r1' \\(pending: c1, c2\\)"),
-    ("approve", "c2", "waiting for skipped_pending_review: approve does not apply "
-                      "\\(use deny\\)"),
-    ("reconcile", "c1", "waiting for approval_required: reconcile does not apply"),
-    ("escalate", "c1", "unknown review action 'escalate'"),
-])
+@pytest.mark.parametrize(
+    ("action", "call_id", "expect"),
+    [
+        ("approve", "c9", "call 'c9' is not pending in run 'r1' \\(pending: c1, c2\\)"),
+        (
+            "approve",
+            "c2",
+            "waiting for skipped_pending_review: approve does not apply \\(use deny\\)",
+        ),
+        ("reconcile", "c1", "waiting for approval_required: reconcile does not apply"),
+        ("escalate", "c1", "unknown review action 'escalate'"),
+    ],
+)
 def test_a_review_that_does_not_fit_changes_nothing(
-        store: Any, backend: Backend, action: str, call_id: str, expect: str) -> None:
+    store: Any, backend: Backend, action: str, call_id: str, expect: str
+) -> None:
     paused_run(store, backend)
     before = snapshot(store)
     with pytest.raises(ReviewError, match=expect):
@@ -168,7 +192,8 @@ def test_a_review_that_does_not_fit_changes_nothing(
 
 
 def test_an_unknown_outcome_takes_reconcile_or_deny_not_approve(
-        store: Any, backend: Backend) -> None:
+    store: Any, backend: Backend
+) -> None:
     rt = paused_run(store, backend, fail=True)
     before = snapshot(store)
     with pytest.raises(ReviewError, match="use deny or reconcile"):
@@ -183,8 +208,12 @@ def test_an_unknown_outcome_takes_reconcile_or_deny_not_approve(
 
 def test_a_decision_is_recorded_once(store: Any, backend: Backend) -> None:
     other = {"request_id": "R-2", "title": "B"}
-    rt = make_runtime([calls(call("c1", "write", **WRITE), call("c2", "write", **other))],
-                      backend, store=store, approval=True)
+    rt = make_runtime(
+        [calls(call("c1", "write", **WRITE), call("c2", "write", **other))],
+        backend,
+        store=store,
+        approval=True,
+    )
     rt.run("file both", run_id="r1")
     rt.approve("r1", "c1")
     before = snapshot(store)
@@ -205,7 +234,8 @@ def test_a_run_driven_by_a_live_process_is_busy(tmp_path: Path, backend: Backend
 
 
 def test_a_claim_of_a_dead_process_or_an_expired_lease_is_taken_over(
-        tmp_path: Path, backend: Backend) -> None:
+    tmp_path: Path, backend: Backend
+) -> None:
     with SqliteStore(tmp_path / "runs.db", lease_s=0.0) as store:
         rt = paused_run(store, backend)
         store.claim("r1", f"{socket.gethostname()}:999999999:gone")  # no such pid
@@ -236,20 +266,23 @@ def test_idempotency_records(store: Any) -> None:
     pending = IdempotencyRecord("write", "R-1", "d1", "pending", "r1", "c1")
     store.begin_idempotency(pending)
     store.begin_idempotency(pending)  # the same intent again (a retry) is fine
-    with pytest.raises(ValueError, match="is taken"):
+    with pytest.raises(IntentConflict, match="is taken"):
         store.begin_idempotency(IdempotencyRecord("write", "R-1", "d2", "pending", "r2", "c1"))
     store.commit_idempotency("write", "R-1", {"ticket": "T-1"})
     record = store.get_idempotency("write", "R-1")
-    assert (record.status, record.result, record.owner) == ("committed", {"ticket": "T-1"},
-                                                            ("r1", "c1"))
-    with pytest.raises(ValueError, match="is taken"):
+    assert (record.status, record.result, record.owner) == (
+        "committed",
+        {"ticket": "T-1"},
+        ("r1", "c1"),
+    )
+    with pytest.raises(IntentConflict, match="is taken"):
         store.begin_idempotency(pending)
     store.abort_idempotency("write", "R-1")  # a committed record is never forgotten
     assert store.get_idempotency("write", "R-1") is not None
     store.begin_idempotency(IdempotencyRecord("write", "R-2", "d", "pending", "r1", "c2"))
     store.abort_idempotency("write", "R-2")
     assert store.get_idempotency("write", "R-2") is None
-    with pytest.raises(KeyError):
+    with pytest.raises(IntentConflict):
         store.commit_idempotency("write", "R-3", 1)
 
 
@@ -263,8 +296,7 @@ def test_a_memory_store_forgets_its_oldest_finished_runs(backend: Backend) -> No
         store.load_run("r2")
 
 
-def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path,
-                                                          backend: Backend) -> None:
+def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path, backend: Backend) -> None:
     path = tmp_path / "runs.db"
     with SqliteStore(path) as store:
         rt = paused_run(store, backend)
@@ -273,8 +305,11 @@ def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path,
             ctx["taken"] = ["validate", "validating", "nowhere", None]
             db.execute("UPDATE runs SET ctx = ?", (json.dumps(ctx),))
         before = snapshot(store)
-        with pytest.raises(StoreError, match=r"unreadable checkpoint .* not an edge of this "
-                                             r"machine"):
+        with pytest.raises(
+            StoreError,
+            match=r"unreadable checkpoint .* not an edge of this "
+            r"machine",
+        ):
             rt.resume("r1")
         assert snapshot(store) == before
         with sqlite3.connect(path) as db:

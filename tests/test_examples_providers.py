@@ -28,8 +28,9 @@ def test_recording_replays(name: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert summary["tokens"] > 0 and summary["cost"] > 0
 
 
-def test_a_changed_translation_is_caught(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_changed_translation_is_caught(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     recording = json.loads((EXAMPLES / "anthropic.json").read_text())
     recording["exchanges"][1]["request"]["messages"][1]["content"][1]["id"] = "toolu_other"
     path = tmp_path / "tampered.json"
@@ -38,8 +39,9 @@ def test_a_changed_translation_is_caught(tmp_path: Path,
     assert "requests differing from the recording: [1]" in capsys.readouterr().err
 
 
-def test_an_unreadable_recording_exits_2(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreadable_recording_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "broken.json"
     path.write_text("{not json")
     assert replay().main([str(path)]) == 2

@@ -23,11 +23,20 @@ from fsm_agent.testing.strategies import (
 )
 
 settings.register_profile(
-    "ci", max_examples=500, deadline=None, derandomize=True, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "ci",
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile(
-    "fuzz", max_examples=50_000, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "fuzz",
+    max_examples=50_000,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 PROFILE = os.environ.get("FSM_AGENT_FUZZ_PROFILE", "ci")
 if PROFILE not in ("ci", "fuzz"):
     raise pytest.UsageError(f"FSM_AGENT_FUZZ_PROFILE must be 'ci' or 'fuzz', got {PROFILE!r}")
@@ -45,16 +54,32 @@ def test_every_run_keeps_every_invariant(case: FuzzCase) -> None:
 
 def _case(*scripts: list[ModelStep], **tool: object) -> FuzzCase:
     ticket = ToolConfig("create_ticket", "write", **tool)  # type: ignore[arg-type]
-    return FuzzCase(tools=[ToolConfig("lookup", "read"), ticket],
-                    allowed=["lookup", "create_ticket"], approvals=[], budget=Budget(),
-                    retry=RetryPolicy(), policy="default", scripts=list(scripts))
+    return FuzzCase(
+        tools=[ToolConfig("lookup", "read"), ticket],
+        allowed=["lookup", "create_ticket"],
+        approvals=[],
+        budget=Budget(),
+        retry=RetryPolicy(),
+        policy="default",
+        scripts=list(scripts),
+    )
 
 
 def _ticket(call_id: str, key: str, title: str = "refund") -> ModelStep:
     args = f'{{"key": "{key}", "title": "{title}"}}'
-    return ModelStep({"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function",
-         "function": {"name": "create_ticket", "arguments": args}}]})
+    return ModelStep(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "create_ticket", "arguments": args},
+                }
+            ],
+        }
+    )
 
 
 def test_the_checker_sees_a_write_that_ran_twice() -> None:
@@ -71,7 +96,8 @@ def test_the_checker_sees_a_write_without_approval() -> None:
     assert invariant_problems(outcome) == []
     outcome.kit["create_ticket"].calls.append({"key": "K1", "title": "refund"})
     assert invariant_problems(outcome) == [
-        "create_ticket ran with {'key': 'K1', 'title': 'refund'} without a matching approval"]
+        "create_ticket ran with {'key': 'K1', 'title': 'refund'} without a matching approval"
+    ]
 
 
 def test_the_checker_sees_a_broken_history_and_trace() -> None:
@@ -88,9 +114,19 @@ def test_the_checker_sees_a_broken_history_and_trace() -> None:
 def test_a_reused_call_id_in_a_later_batch_is_answered_on_stop() -> None:
     """Regression (found by the fuzzer): ids are unique per batch, not per run. A later
     batch reusing an id must still get every call answered when the run stops."""
-    read = ModelStep({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function",
-         "function": {"name": "lookup", "arguments": '{"key": "A17"}'}}]})
+    read = ModelStep(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"key": "A17"}'},
+                }
+            ],
+        }
+    )
     outcome = run_case(_case([read, _ticket("c1", "K1")], requires_approval=True))
     assert outcome.results[0].reason == "approval_required"
     assert invariant_problems(outcome) == []

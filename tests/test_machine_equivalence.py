@@ -1,6 +1,6 @@
 """The lean edge and event classes choose exactly what stock ``transitions`` would.
 
-``fsm_agent.machine`` subclasses ``transitions``' Transition and Event to drop per-candidate
+``fsm_agent.core.table`` subclasses ``transitions``' Transition and Event to drop per-candidate
 logging and empty callback lists. Under thousands of random guard outcomes, for every
 (state, trigger), both machines must take the same edge, and both must refuse a trigger
 that has no edge from the state.
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from transitions import Machine, MachineError
 
-from fsm_agent.guards import GUARDS
-from fsm_agent.machine import INITIAL_STATE, STATES, TRANSITIONS, Transition, _build
+from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.table import INITIAL_STATE, STATES, TRANSITIONS, Transition, _build
 
 
 class Model:
@@ -31,15 +31,27 @@ def _guards() -> dict[str, Any]:
 
 
 def _stock() -> Machine:
-    machine = Machine(model=None, states=list(STATES), initial=INITIAL_STATE,
-                      auto_transitions=False, send_event=False)
+    machine = Machine(
+        model=None,
+        states=list(STATES),
+        initial=INITIAL_STATE,
+        auto_transitions=False,
+        send_event=False,
+    )
     guards = _guards()
     for t in TRANSITIONS:
+
         def took(model: Model, t: Transition = t) -> None:
             model.taken = t
-        machine.add_transition(t.trigger, t.source, t.dest,
-                               conditions=[guards[g] for g in t.conditions],
-                               unless=[guards[g] for g in t.unless], after=[took])
+
+        machine.add_transition(
+            t.trigger,
+            t.source,
+            t.dest,
+            conditions=[guards[g] for g in t.conditions],
+            unless=[guards[g] for g in t.unless],
+            after=[took],
+        )
     return machine
 
 

@@ -14,8 +14,11 @@ from provider_shapes import APIS
 
 from fsm_agent.cli import main
 
-FLAG = {"openai-chat": "openai-compatible", "openai-responses": "openai-responses",
-        "anthropic": "anthropic"}
+FLAG = {
+    "openai-chat": "openai-compatible",
+    "openai-responses": "openai-responses",
+    "anthropic": "anthropic",
+}
 
 
 @pytest.fixture
@@ -30,15 +33,32 @@ def summary(out: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
-def test_demo_happy_against_a_compatible_server(api: Any, server: FakeProvider,
-                                                capsys: pytest.CaptureFixture[str],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_happy_against_a_compatible_server(
+    api: Any,
+    server: FakeProvider,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("MY_KEY", "sk-test-123")
-    server.queue(api.calls([("call_s1", "search", {"query": "order A17"})]),
-                 api.text("Order A17 is in transit."))
+    server.queue(
+        api.calls([("call_s1", "search", {"query": "order A17"})]),
+        api.text("Order A17 is in transit."),
+    )
     base = server.url + ("" if api.name == "anthropic" else "/v1")
-    code = main(["demo", "--model", FLAG[api.name], "--base-url", base,
-                 "--model-name", "served-model", "--api-key-env", "MY_KEY", "--quiet"])
+    code = main(
+        [
+            "demo",
+            "--model",
+            FLAG[api.name],
+            "--base-url",
+            base,
+            "--model-name",
+            "served-model",
+            "--api-key-env",
+            "MY_KEY",
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     s = summary(out.out)
@@ -51,36 +71,58 @@ def test_demo_happy_against_a_compatible_server(api: Any, server: FakeProvider,
 
 
 def test_demo_reports_an_unreachable_server_as_a_failed_scenario(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = main(["demo", "--model", "openai-compatible", "--base-url",
-                 f"http://127.0.0.1:{port}/v1", "--quiet", "--request-timeout", "2"])
+    code = main(
+        [
+            "demo",
+            "--model",
+            "openai-compatible",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--quiet",
+            "--request-timeout",
+            "2",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 1
     s = summary(out.out)
     assert (s["status"], s["reason"]) == ("protocol_error", "model_error")
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--base-url", "http://x"], "--base-url needs --model"),
-    (["--model", "openai-compatible", "--base-url", "localhost:8000"],
-     "--base-url must be an http(s) URL"),
-    (["--model", "anthropic", "--base-url", "http://x", "--api-key-env", "NOPE_UNSET_VAR"],
-     "environment variable NOPE_UNSET_VAR is not set"),
-    (["--model", "openai-compatible", "--base-url", "http://x", "--request-timeout", "0"],
-     "--request-timeout must be > 0"),
-])
-def test_bad_model_flags_exit_2(argv: list[str], message: str,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--base-url", "http://x"], "--base-url needs --model"),
+        (
+            ["--model", "openai-compatible", "--base-url", "localhost:8000"],
+            "--base-url must be an http(s) URL",
+        ),
+        (
+            ["--model", "anthropic", "--base-url", "http://x", "--api-key-env", "NOPE_UNSET_VAR"],
+            "environment variable NOPE_UNSET_VAR is not set",
+        ),
+        (
+            ["--model", "openai-compatible", "--base-url", "http://x", "--request-timeout", "0"],
+            "--request-timeout must be > 0",
+        ),
+    ],
+)
+def test_bad_model_flags_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["demo", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("demo: ") and message in err and "\n" not in err
 
 
-def test_missing_default_key_without_base_url(capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_default_key_without_base_url(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert main(["demo", "--model", "openai-responses"]) == 2
     assert "set OPENAI_API_KEY" in capsys.readouterr().err

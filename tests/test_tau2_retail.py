@@ -23,12 +23,14 @@ from fsm_agent import (
     ToolRegistry,
     ToolRejected,
 )
-from fsm_agent.canonical import canonical_json
+from fsm_agent.core.canonical import canonical_json
 
 DATA = Path(__file__).parent / "data" / "tau2_retail"
 TOOLS = json.loads((DATA / "tau2_retail_tools.json").read_text())
-TASKS = [json.loads(line) for line in (DATA / "tau2_retail_gt_trajectories.jsonl")
-         .read_text().splitlines()]
+TASKS = [
+    json.loads(line)
+    for line in (DATA / "tau2_retail_gt_trajectories.jsonl").read_text().splitlines()
+]
 WRITES = {t["schema"]["function"]["name"] for t in TOOLS if t["mutates_state"]}
 
 
@@ -51,9 +53,15 @@ def registry(steps: list[dict[str, Any]], executed: list[tuple[str, str]]) -> To
             return step["output"]
 
         write = name in WRITES
-        tools.register(answer, name=name, schema=fn["parameters"], description=fn["description"],
-                       effect="write" if write else "read", requires_approval=write,
-                       idempotency_key=(lambda a: canonical_json(a)) if write else None)
+        tools.register(
+            answer,
+            name=name,
+            schema=fn["parameters"],
+            description=fn["description"],
+            effect="write" if write else "read",
+            requires_approval=write,
+            idempotency_key=(lambda a: canonical_json(a)) if write else None,
+        )
     return tools
 
 
@@ -67,10 +75,14 @@ def replay(task: dict[str, Any], *, policy: str = "default", mutate: Any = None)
         script.append(calls(call(f"{step['tool_call_id']}-{i}", step["name"], arguments)))
     script.append(say("All done."))
     approvals = [Approval(s["name"], s["arguments"]) for s in steps if s["name"] in WRITES]
-    runtime = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
-                      approvals=approvals, policy=policy,  # type: ignore[arg-type]
-                      budget=Budget(max_tool_rounds=len(steps) + 1, max_model_calls=40,
-                                    max_total_calls=60))
+    runtime = Runtime(
+        model=ScriptedModel(script),
+        tools=tools,
+        allowed_tools=tools.names(),
+        approvals=approvals,
+        policy=policy,  # type: ignore[arg-type]
+        budget=Budget(max_tool_rounds=len(steps) + 1, max_model_calls=40, max_total_calls=60),
+    )
     return runtime.run(json.dumps(task["user_scenario"]["instructions"])), executed
 
 
@@ -105,8 +117,7 @@ WRITE_TASKS = [t for t in TASKS if _first_write(t)][:20]
 
 
 @pytest.mark.parametrize("task", WRITE_TASKS, ids=[t["task_id"] for t in WRITE_TASKS])
-def test_an_extra_field_on_a_write_is_refused_and_under_strict_stops(task: dict[str,
-                                                                     Any]) -> None:
+def test_an_extra_field_on_a_write_is_refused_and_under_strict_stops(task: dict[str, Any]) -> None:
     def confirm(step: dict[str, Any]) -> dict[str, Any]:
         extra = {"confirmed": True} if step["name"] in WRITES else {}
         return {**step["arguments"], **extra}

@@ -34,8 +34,16 @@ def read_then_answer(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime) -> Any:
 
 
 def test_assert_path_exact_passes_and_shows_the_differing_step(read_then_answer: Any) -> None:
-    path = ["deciding", "validating", "executing", "executing", "observing", "deciding",
-            "validating", "done"]
+    path = [
+        "deciding",
+        "validating",
+        "executing",
+        "executing",
+        "observing",
+        "deciding",
+        "validating",
+        "done",
+    ]
     assert_path(read_then_answer, path)
     wrong = [*path[:3], "retry_wait", *path[4:]]
     with pytest.raises(AssertionError) as info:
@@ -69,8 +77,9 @@ def test_assert_path_takes_a_list_of_states() -> None:
     assert_path(["deciding", "validating", "done"], ["deciding", "validating", "done"])
 
 
-def test_assert_stopped(read_then_answer: Any, fsm_tools: FaultyTools,
-                        fsm_runtime: MakeRuntime) -> None:
+def test_assert_stopped(
+    read_then_answer: Any, fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
+) -> None:
     assert_stopped(read_then_answer, "done", "final_answer")
     assert_stopped(read_then_answer, "done")
     with pytest.raises(AssertionError) as info:
@@ -84,10 +93,17 @@ def test_assert_stopped(read_then_answer: Any, fsm_tools: FaultyTools,
 
 
 def test_assert_history_valid() -> None:
-    good = [{"role": "user", "content": "?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "x", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+    good = [
+        {"role": "user", "content": "?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "x", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+    ]
     assert_history_valid(good)
     with pytest.raises(AssertionError, match="'c1' is never answered"):
         assert_history_valid(good[:2])
@@ -125,24 +141,45 @@ def test_trace_problems_spots_a_shadowed_edge(read_then_answer: Any) -> None:
 
 def test_duplicate_writes_from_tools_and_from_events(fsm_tools: FaultyTools) -> None:
     ticket = fsm_tools.write("ticket", idempotent=True)
-    ticket.effects += [SideEffect("ticket", {"key": "K"}, "K"),
-                       SideEffect("ticket", {"key": "K"}, "K")]
+    ticket.effects += [
+        SideEffect("ticket", {"key": "K"}, "K"),
+        SideEffect("ticket", {"key": "K"}, "K"),
+    ]
     assert duplicate_writes(ticket) == ["ticket: key 'K' took effect 2 times"]
     with pytest.raises(AssertionError, match="a write ran twice"):
         assert_no_duplicate_writes(fsm_tools)
-    header = {"type": "run_start", "seq": 0, "tools": {"ticket": {"effect": "write"},
-                                                      "lookup": {"effect": "read"}}}
-    events = [header,
-              {"type": "transition", "trigger": "dispatch", "dest": "executing", "seq": 1,
-               "tool": "lookup", "call_id": "c1", "attempt": 2},
-              {"type": "transition", "trigger": "dispatch", "dest": "executing", "seq": 2,
-               "tool": "ticket", "call_id": "c2", "attempt": 2}]
-    assert duplicate_writes(events) == [
-        "write 'ticket' call 'c2' was attempted 2 times (event 2)"]
+    header = {
+        "type": "run_start",
+        "seq": 0,
+        "tools": {"ticket": {"effect": "write"}, "lookup": {"effect": "read"}},
+    }
+    events = [
+        header,
+        {
+            "type": "transition",
+            "trigger": "dispatch",
+            "dest": "executing",
+            "seq": 1,
+            "tool": "lookup",
+            "call_id": "c1",
+            "attempt": 2,
+        },
+        {
+            "type": "transition",
+            "trigger": "dispatch",
+            "dest": "executing",
+            "seq": 2,
+            "tool": "ticket",
+            "call_id": "c2",
+            "attempt": 2,
+        },
+    ]
+    assert duplicate_writes(events) == ["write 'ticket' call 'c2' was attempted 2 times (event 2)"]
 
 
 def test_no_duplicate_writes_when_a_dedup_write_is_retried(
-        fsm_tools: FaultyTools, fsm_runtime: MakeRuntime) -> None:
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
+) -> None:
     """A write whose downstream dedups may be retried; its repeats are not effects."""
     ticket = fsm_tools.write("ticket", dedup=True, faults=["timeout_after_effect"])
     result = fsm_runtime([decide(call("ticket", {"key": "K"})), answer("ok")]).run("?")

@@ -44,7 +44,8 @@ def test_fault_tool_validates_its_script() -> None:
 
 
 def test_transient_read_is_retried_without_real_waiting(
-        fsm_tools: FaultyTools, fsm_runtime: MakeRuntime, fsm_clock: FakeClock) -> None:
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime, fsm_clock: FakeClock
+) -> None:
     lookup = fsm_tools.read("lookup", faults=["transient", "transient"])
     result = fsm_runtime([decide(call("lookup", {"key": "A"})), answer("ok")]).run("?")
     assert lookup.attempts == 2  # default RetryPolicy: 2 attempts in total
@@ -54,14 +55,18 @@ def test_transient_read_is_retried_without_real_waiting(
     assert observation["error"] == "tool_failed" and observation["attempts"] == 2
 
 
-@pytest.mark.parametrize(("behaviour", "reason", "effects"), [
-    ("error", "outcome_unknown", 0),
-    ("error_after_effect", "outcome_unknown", 1),
-    ("timeout_after_effect", "outcome_unknown", 1),
-    ("transient", "outcome_unknown", 0),
-])
-def test_write_failures_stop_for_review(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime,
-                                        behaviour: str, reason: str, effects: int) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "reason", "effects"),
+    [
+        ("error", "outcome_unknown", 0),
+        ("error_after_effect", "outcome_unknown", 1),
+        ("timeout_after_effect", "outcome_unknown", 1),
+        ("transient", "outcome_unknown", 0),
+    ],
+)
+def test_write_failures_stop_for_review(
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime, behaviour: str, reason: str, effects: int
+) -> None:
     ticket = fsm_tools.write("ticket", faults=[behaviour])
     fsm_tools.read("lookup")
     script = [decide(call("ticket", {"key": "K"}), call("lookup", {"key": "A"}))]
@@ -74,8 +79,7 @@ def test_write_failures_stop_for_review(fsm_tools: FaultyTools, fsm_runtime: Mak
     assert errors == ["outcome_unknown", "skipped_pending_review"]
 
 
-def test_rejected_write_is_an_observation(fsm_tools: FaultyTools,
-                                          fsm_runtime: MakeRuntime) -> None:
+def test_rejected_write_is_an_observation(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime) -> None:
     ticket = fsm_tools.write("ticket", faults=["rejected"])
     result = fsm_runtime([decide(call("ticket", {"key": "K"})), answer("refused")]).run("?")
     assert_stopped(result, "done")
@@ -83,26 +87,29 @@ def test_rejected_write_is_an_observation(fsm_tools: FaultyTools,
     assert json.loads(result.messages[2]["content"])["error"] == "rejected"
 
 
-def test_timeout_spends_the_fake_clock(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime,
-                                       fsm_clock: FakeClock) -> None:
+def test_timeout_spends_the_fake_clock(
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime, fsm_clock: FakeClock
+) -> None:
     fsm_tools.read("lookup", faults=["timeout"], timeout_s=3.0)
-    result = fsm_runtime([decide(call("lookup", {"key": "A"}))],
-                         budget=Budget(max_wall_clock_s=2.0)).run("?")
+    result = fsm_runtime(
+        [decide(call("lookup", {"key": "A"}))], budget=Budget(max_wall_clock_s=2.0)
+    ).run("?")
     assert_stopped(result, "budget_exhausted", "wall_clock")
     assert_path(result, ["executing", "observing", "budget_exhausted"], exact=False)
     assert fsm_clock() == 1003.0
 
 
-def test_oversized_and_hostile_output(fsm_tools: FaultyTools,
-                                      fsm_runtime: MakeRuntime) -> None:
+def test_oversized_and_hostile_output(fsm_tools: FaultyTools, fsm_runtime: MakeRuntime) -> None:
     fsm_tools.read("big", faults=["oversized"], oversized_bytes=5000)
     fsm_tools.read("evil", faults=["hostile"])
-    result = fsm_runtime([decide(call("evil", {"key": "A"})), answer("ok")],
-                         allowed_tools=["evil"]).run("?")
+    result = fsm_runtime(
+        [decide(call("evil", {"key": "A"})), answer("ok")], allowed_tools=["evil"]
+    ).run("?")
     assert_stopped(result, "done")  # text in output grants nothing
     assert "SYSTEM OVERRIDE" in result.messages[2]["content"]
-    result = fsm_runtime([decide(call("big", {"key": "A"}))],
-                         budget=Budget(max_output_bytes=1000)).run("?")
+    result = fsm_runtime(
+        [decide(call("big", {"key": "A"}))], budget=Budget(max_output_bytes=1000)
+    ).run("?")
     assert_stopped(result, "budget_exhausted", "tool_output")
 
 
@@ -111,8 +118,9 @@ def test_fsm_model_fixture(fsm_model: Callable[..., object]) -> None:
     assert model([], []) == answer("hi")  # type: ignore[operator]
 
 
-def test_interrupts_end_the_run_in_a_defined_state(fsm_tools: FaultyTools,
-                                                   fsm_runtime: MakeRuntime) -> None:
+def test_interrupts_end_the_run_in_a_defined_state(
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
+) -> None:
     from fsm_agent.testing.scenarios import run_through_interrupts
 
     ticket = fsm_tools.write("ticket", faults=["interrupt_after_effect"])
@@ -122,11 +130,13 @@ def test_interrupts_end_the_run_in_a_defined_state(fsm_tools: FaultyTools,
         runtime.run("?")
     assert len(ticket.effects) == 1
     result, interrupted = run_through_interrupts(
-        fsm_runtime([decide(call("lookup", {"key": "A"}))]), "?", run_id="r")
+        fsm_runtime([decide(call("lookup", {"key": "A"}))]), "?", run_id="r"
+    )
     assert not interrupted and result.status == "protocol_error"  # the script ran out
     ticket.faults.append("interrupt")
     result, interrupted = run_through_interrupts(
-        fsm_runtime([decide(call("ticket", {"key": "K"}))]), "?", run_id="r2")
+        fsm_runtime([decide(call("ticket", {"key": "K"}))]), "?", run_id="r2"
+    )
     assert interrupted
     assert_stopped(result, "review_required", "outcome_unknown")  # a write was in flight
     assert_history_valid(result)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.machine import TRANSITIONS
+from fsm_agent.core.table import TRANSITIONS
 from fsm_agent.testing.coverage import TransitionCoverage, to_dot
 
 pytest_plugins = ["pytester"]
@@ -30,19 +30,22 @@ def test_coverage_report_lists_every_transition(pytester: pytest.Pytester) -> No
     out = result.stdout.str()
     assert "fsm-agent transition coverage" in out
     assert f"transition coverage: 2/{len(TRANSITIONS)} = " in out
-    result.stdout.fnmatch_lines([
-        "2 *model_replied*deciding -> validating*-*1",
-        "5 *validate*validating -> done*!has_tool_calls, has_answer*1",
-        "never taken: #0 model_replied [tokens_spent] (deciding -> budget_exhausted)",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "2 *model_replied*deciding -> validating*-*1",
+            "5 *validate*validating -> done*!has_tool_calls, has_answer*1",
+            "never taken: #0 model_replied [tokens_spent] (deciding -> budget_exhausted)",
+        ]
+    )
 
 
 def test_fail_under_fails_the_session_below_the_share(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(ONE_RUN)
     result = pytester.runpytest_inprocess("--fsm-coverage-fail-under=50")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([f"FAIL: transition coverage {ONE_RUN_PCT} is below "
-                                 "--fsm-coverage-fail-under=50"])
+    result.stdout.fnmatch_lines(
+        [f"FAIL: transition coverage {ONE_RUN_PCT} is below --fsm-coverage-fail-under=50"]
+    )
     passing = pytester.runpytest_inprocess("--fsm-coverage-fail-under=1")
     assert passing.ret == pytest.ExitCode.OK
 
@@ -59,8 +62,9 @@ def test_bad_fail_under_is_a_usage_error(pytester: pytest.Pytester, value: str) 
     pytester.makepyfile(ONE_RUN)
     result = pytester.runpytest_inprocess(f"--fsm-coverage-fail-under={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --fsm-coverage-fail-under must be a number from 0 "
-                                 f"to 100, got '{value}'"])
+    result.stderr.fnmatch_lines(
+        [f"ERROR: --fsm-coverage-fail-under must be a number from 0 to 100, got '{value}'"]
+    )
 
 
 def test_html_writes_the_diagram_and_table(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -79,8 +83,9 @@ def test_html_writes_the_diagram_and_table(pytester: pytest.Pytester, tmp_path: 
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_unwritable_html_dir_is_a_usage_error_unprivileged(pytester: pytest.Pytester,
-                                                           tmp_path: Path) -> None:
+def test_unwritable_html_dir_is_a_usage_error_unprivileged(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     pytester.makepyfile(ONE_RUN)
@@ -88,23 +93,29 @@ def test_unwritable_html_dir_is_a_usage_error_unprivileged(pytester: pytest.Pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 
 
-def test_html_dir_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester,
-                                                  tmp_path: Path) -> None:
+def test_html_dir_that_is_a_file_is_a_usage_error(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     pytester.makepyfile(ONE_RUN)
     result = pytester.runpytest_inprocess(f"--fsm-coverage-html={blocker / 'sub'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --fsm-coverage-html: cannot write to directory "
-                                 f"'{blocker / 'sub'}': Not a directory"])
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: --fsm-coverage-html: cannot write to directory "
+            f"'{blocker / 'sub'}': Not a directory"
+        ]
+    )
 
 
 def test_dot_is_a_heat_map_of_hits() -> None:
     cov = TransitionCoverage()
     cov.hits[2] = 20
     cov.hits[5] = 1
-    lines = {line.split(" [")[0].strip(): line for line in to_dot(cov).splitlines()
-             if " -> " in line}
+    lines = {
+        line.split(" [")[0].strip(): line for line in to_dot(cov).splitlines() if " -> " in line
+    }
     assert "×20" in lines["deciding -> validating"]
     assert "×1" in lines["validating -> done"]
     assert 'color="#c8c8c8"' in lines["deciding -> budget_exhausted"]  # never taken: grey
@@ -136,8 +147,11 @@ def test_importing_the_package_and_toolkit_needs_neither_pytest_nor_hypothesis()
     import subprocess
     import sys
 
-    code = ("import sys, fsm_agent, fsm_agent.testing; "
-            "print(sorted(m for m in ('pytest', 'hypothesis', '_pytest') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    code = (
+        "import sys, fsm_agent, fsm_agent.testing; "
+        "print(sorted(m for m in ('pytest', 'hypothesis', '_pytest') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     assert out.strip() == "[]"

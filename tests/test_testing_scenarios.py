@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsm_agent.machine import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent.core.table import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
 from fsm_agent.testing import (
     assert_history_valid,
     assert_no_duplicate_writes,
@@ -34,12 +34,15 @@ def test_a_scenario_drives_a_run_through_each_transition(transition: Transition)
     scenario = scenario_for(transition)
     if scenario is None:
         why = dict((i, w) for i, _, w in unbuildable())[index_of(transition)]
-        pytest.fail(f"no scenario takes #{index_of(transition)} {transition.label} "
-                    f"({transition.source} -> {transition.dest}): {why}")
+        pytest.fail(
+            f"no scenario takes #{index_of(transition)} {transition.label} "
+            f"({transition.source} -> {transition.dest}): {why}"
+        )
     outcome = scenario.run()
     assert transition in outcome.taken, (
         f"scenario {scenario.name!r} did not take {transition.label}; it took "
-        f"{[index_of(t) for t in outcome.taken]}")
+        f"{[index_of(t) for t in outcome.taken]}"
+    )
     for result in outcome.results:
         assert_trace_legal(result)
         assert_history_valid(result.messages)
@@ -50,21 +53,22 @@ def test_a_scenario_drives_a_run_through_each_transition(transition: Transition)
     # edges, in the same order, as the runtime's listener saw. (A resumed run's trace
     # holds its earlier events too, so each run counts by its last result.)
     last = {r.run_id: r for r in outcome.results}
-    from_events = [edge_of(e) for r in last.values() for e in r.events
-                   if e["type"] == "transition"]
+    from_events = [edge_of(e) for r in last.values() for e in r.events if e["type"] == "transition"]
     assert from_events == outcome.taken
 
 
 def test_every_transition_of_the_table_has_a_scenario() -> None:
     missing = unbuildable()
     assert not missing, "transitions no scenario reaches:\n" + "\n".join(
-        f"  #{i} {t.label} ({t.source} -> {t.dest}): {why}" for i, t, why in missing)
+        f"  #{i} {t.label} ({t.source} -> {t.dest}): {why}" for i, t, why in missing
+    )
 
 
 def test_every_recipe_targets_an_edge_of_the_table() -> None:
     stale = stale_recipes()
     assert not stale, "recipes aimed at edges the table no longer has: " + ", ".join(
-        f"{s.name} -> {s.target}" for s in stale)
+        f"{s.name} -> {s.target}" for s in stale
+    )
 
 
 def test_scenarios_take_the_edge_they_aim_at_and_stop_where_it_leads() -> None:
@@ -94,8 +98,11 @@ def test_recorded_runs_follow_enumerated_paths() -> None:
             outcome = scenario.run()
         assert taken == outcome.taken
         for result in outcome.results:
-            walk = tuple(e for e in (edge_of(e) for e in result.events
-                                     if e["type"] == "transition") if e is not None)
+            walk = tuple(
+                e
+                for e in (edge_of(e) for e in result.events if e["type"] == "transition")
+                if e is not None
+            )
             first, *rest = _segments(walk)
             assert is_path(first), f"{scenario.name}: {result.path}"
             for segment in rest:

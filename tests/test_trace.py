@@ -10,15 +10,18 @@ import pytest
 from conftest import Backend, assert_valid_run, call, calls, make_runtime, say
 
 from fsm_agent import MACHINE_HASH, TraceError, read_trace
-from fsm_agent.run import SCHEMA
+from fsm_agent.core.loop import SCHEMA
 
 
 def _run(tmp_path: Path, **options: Any) -> Any:
     b = Backend()
     b.fail_writes.append((RuntimeError("lost"), True))
-    script = [calls(call("c1", "lookup", order_id="A17")),
-              calls(call("w1", "write", request_id="R-1", title="t"),
-                    call("c2", "lookup", order_id="A18"))]
+    script = [
+        calls(call("c1", "lookup", order_id="A17")),
+        calls(
+            call("w1", "write", request_id="R-1", title="t"), call("c2", "lookup", order_id="A18")
+        ),
+    ]
     return make_runtime(script, b, **options).run("go", run_id="r1", trace=tmp_path / "t.jsonl")
 
 
@@ -34,8 +37,13 @@ def test_the_header_and_the_summary(tmp_path: Path) -> None:
     assert head["type"] == "run_start" and head["schema"] == SCHEMA and head["seq"] == 0
     assert head["machine_hash"] == MACHINE_HASH and head["run_id"] == "r1"
     assert head["policy"] == "default" and head["budget"]["max_tool_rounds"] == 8
-    assert head["tools"]["write"] == {"effect": "write", "requires_approval": False,
-                                      "idempotent": True, "dedup": False, "timeout_s": None}
+    assert head["tools"]["write"] == {
+        "effect": "write",
+        "requires_approval": False,
+        "idempotent": True,
+        "dedup": False,
+        "timeout_s": None,
+    }
     assert head["messages"] == [{"role": "user", "content": "go"}]
     assert end["type"] == "run_end" and end["status"] == "review_required"
     assert end["reason"] == "outcome_unknown" and end["counters"]["write_attempts"] == 1
@@ -49,25 +57,40 @@ def test_the_history_can_be_rebuilt_from_the_trace_alone(tmp_path: Path) -> None
         if e["type"] == "decision" and isinstance(e.get("message"), dict):
             messages.append({k: v for k, v in e["message"].items() if k != "usage"})
         elif e["type"] == "observation":
-            messages.append({"role": "tool", "tool_call_id": e["call_id"],
-                             "content": json.dumps(e["result"], ensure_ascii=False)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": e["call_id"],
+                    "content": json.dumps(e["result"], ensure_ascii=False),
+                }
+            )
     assert messages == result.messages
 
 
 def test_transition_events_name_guards_calls_and_attempts(tmp_path: Path) -> None:
     events = read_trace(_run(tmp_path) and tmp_path / "t.jsonl")
-    unknown = [e for e in events if e["type"] == "transition" and e["trigger"] ==
-               "tool_returned" and e["dest"] == "review_required"]
+    unknown = [
+        e
+        for e in events
+        if e["type"] == "transition"
+        and e["trigger"] == "tool_returned"
+        and e["dest"] == "review_required"
+    ]
     assert len(unknown) == 1
     e = unknown[0]
     assert e["call_id"] == "w1" and e["tool"] == "write" and e["attempt"] == 1
-    assert e["guards"] == {"call_succeeded": False, "call_rejected": False,
-                           "is_retryable": False, "is_write": True}
-    assert e["reason"] == "outcome_unknown" and "'write' (w1) may have taken effect" in e[
-        "detail"]
+    assert e["guards"] == {
+        "call_succeeded": False,
+        "call_rejected": False,
+        "is_retryable": False,
+        "is_write": True,
+    }
+    assert e["reason"] == "outcome_unknown" and "'write' (w1) may have taken effect" in e["detail"]
     synthetic = [x for x in events if x["type"] == "observation" and x["synthetic"]]
     assert [(x["call_id"], x["result"]["error"]) for x in synthetic] == [
-        ("w1", "outcome_unknown"), ("c2", "skipped_pending_review")]
+        ("w1", "outcome_unknown"),
+        ("c2", "skipped_pending_review"),
+    ]
 
 
 def test_redaction_applies_to_the_file_and_the_result(tmp_path: Path) -> None:
@@ -88,15 +111,19 @@ def test_trace_dir_writes_one_file_per_run(tmp_path: Path) -> None:
     assert files == sorted([f"{first.run_id}.jsonl", f"{second.run_id}.jsonl"])
 
 
-@pytest.mark.parametrize("content, line, message", [
-    ("", 1, "empty trace: no run_start header"),
-    ('{"type": "run_start"}\n{"type": "transi', 2, "truncated: the last line has no newline"),
-    ('{"type": "run_start"}\nnot json\n', 2, "not JSON"),
-    ('{"type": "run_start"}\n[1, 2]\n', 2, "not a trace event (no 'type' field)"),
-    ('{"type": "run_start"}\n\n', 2, "empty line"),
-])
-def test_broken_trace_files_name_the_file_and_line(tmp_path: Path, content: str, line: int,
-                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    "content, line, message",
+    [
+        ("", 1, "empty trace: no run_start header"),
+        ('{"type": "run_start"}\n{"type": "transi', 2, "truncated: the last line has no newline"),
+        ('{"type": "run_start"}\nnot json\n', 2, "not JSON"),
+        ('{"type": "run_start"}\n[1, 2]\n', 2, "not a trace event (no 'type' field)"),
+        ('{"type": "run_start"}\n\n', 2, "empty line"),
+    ],
+)
+def test_broken_trace_files_name_the_file_and_line(
+    tmp_path: Path, content: str, line: int, message: str
+) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     with pytest.raises(TraceError) as info:

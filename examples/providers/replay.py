@@ -28,9 +28,14 @@ from fsm_agent.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesMod
 def tools() -> ToolRegistry:
     registry = ToolRegistry()
 
-    @registry.tool(effect="read", schema={
-        "type": "object", "required": ["order_id"],
-        "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}}})
+    @registry.tool(
+        effect="read",
+        schema={
+            "type": "object",
+            "required": ["order_id"],
+            "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
+        },
+    )
     def check_order(order_id: str) -> dict[str, Any]:
         """Look up an order's status."""
         return {"order_id": order_id, "status": "in_transit"}
@@ -69,8 +74,11 @@ def adapter(provider: str, model: str, url: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recording", type=Path)
-    parser.add_argument("--record", action="store_true",
-                        help="write the requests the adapter sends into the recording")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the requests the adapter sends into the recording",
+    )
     args = parser.parse_args(argv)
     try:
         recording = json.loads(args.recording.read_text(encoding="utf-8"))
@@ -83,26 +91,40 @@ def main(argv: list[str] | None = None) -> int:
     server = serve([e["response"] for e in exchanges], received)
     try:
         url = f"http://127.0.0.1:{server.server_port}"
-        runtime = Runtime(model=adapter(provider, model, url), tools=tools(),
-                          allowed_tools={"check_order"})
+        runtime = Runtime(
+            model=adapter(provider, model, url), tools=tools(), allowed_tools={"check_order"}
+        )
         result = runtime.run(task)
     finally:
         server.shutdown()
         server.server_close()
-    print(json.dumps({"provider": provider, "status": result.status, "reason": result.reason,
-                      "answer": result.answer, "tokens": result.counters["tokens"],
-                      "cost": result.counters["cost"]}))
+    print(
+        json.dumps(
+            {
+                "provider": provider,
+                "status": result.status,
+                "reason": result.reason,
+                "answer": result.answer,
+                "tokens": result.counters["tokens"],
+                "cost": result.counters["cost"],
+            }
+        )
+    )
     if args.record:
         for exchange, request in zip(exchanges, received, strict=False):  # a short run
             exchange["request"] = request
-        args.recording.write_text(json.dumps(recording, indent=1, ensure_ascii=False) + "\n",
-                                  encoding="utf-8")
+        args.recording.write_text(
+            json.dumps(recording, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         return 0 if result.status == "done" else 1
     pairs = zip(exchanges, received, strict=False)  # lengths are compared just below
     mismatched = [i for i, (e, r) in enumerate(pairs) if e["request"] != r]
     if len(received) != len(exchanges) or mismatched:
-        print(f"replay: {len(received)} requests sent for {len(exchanges)} recorded; "
-              f"requests differing from the recording: {mismatched}", file=sys.stderr)
+        print(
+            f"replay: {len(received)} requests sent for {len(exchanges)} recorded; "
+            f"requests differing from the recording: {mismatched}",
+            file=sys.stderr,
+        )
         return 1
     return 0 if result.status == "done" else 1
 

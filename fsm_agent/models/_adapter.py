@@ -38,17 +38,25 @@ class ProviderCodec:
     provider: ClassVar[str]
     errors: ClassVar[SdkErrors]
 
-    def __init__(self, model: str, *, prices: Mapping[str, Price] | None = None,
-                 retry: ModelRetry | None = None,
-                 options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        prices: Mapping[str, Price] | None = None,
+        retry: ModelRetry | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"{self.provider}: model must be a non-empty model name")
         if retry is not None and not isinstance(retry, ModelRetry):
             raise ValueError(f"{self.provider}: retry must be a ModelRetry, got {retry!r}")
-        if prices is not None and not (isinstance(prices, Mapping) and all(
-                isinstance(k, str) and isinstance(v, Price) for k, v in prices.items())):
-            raise ValueError(f"{self.provider}: prices must map model names to Price, got "
-                             f"{prices!r}")
+        if prices is not None and not (
+            isinstance(prices, Mapping)
+            and all(isinstance(k, str) and isinstance(v, Price) for k, v in prices.items())
+        ):
+            raise ValueError(
+                f"{self.provider}: prices must map model names to Price, got {prices!r}"
+            )
         self.model = model
         self.prices: Mapping[str, Price] = DEFAULT_PRICES if prices is None else prices
         self.retry = retry or ModelRetry()
@@ -67,8 +75,10 @@ class ProviderCodec:
     def checked(self, payload: list[Message], problems: list[str]) -> list[Message]:
         """``payload`` if its validator found nothing, else a HistoryError naming it all."""
         if problems:
-            raise HistoryError(f"{self.provider}: refusing to send a history the provider "
-                               f"would reject: " + "; ".join(problems))
+            raise HistoryError(
+                f"{self.provider}: refusing to send a history the provider "
+                f"would reject: " + "; ".join(problems)
+            )
         return payload
 
     def reply_model(self, body: Message) -> str:
@@ -76,23 +86,45 @@ class ProviderCodec:
         model = body.get("model")
         return model if isinstance(model, str) and model else self.model
 
-    def usage(self, model: str, *, input_tokens: int, output_tokens: int,
-              cached_tokens: int = 0, cache_write_tokens: int = 0) -> Message:
+    def usage(
+        self,
+        model: str,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> Message:
         """Our usage shape; ``cost`` is ``None`` when the model has no price."""
         price = find_price(model, self.prices) or find_price(self.model, self.prices)
-        cost = None if price is None else round(price.cost(
-            input_tokens=input_tokens, output_tokens=output_tokens,
-            cached_tokens=cached_tokens, cache_write_tokens=cache_write_tokens), 10)
+        cost = (
+            None
+            if price is None
+            else round(
+                price.cost(
+                    input_tokens=input_tokens,
+                    output_tokens=output_tokens,
+                    cached_tokens=cached_tokens,
+                    cache_write_tokens=cache_write_tokens,
+                ),
+                10,
+            )
+        )
         total_in = input_tokens + cached_tokens + cache_write_tokens
-        return {"input_tokens": total_in, "output_tokens": output_tokens,
-                "total_tokens": total_in + output_tokens, "cost": cost}
+        return {
+            "input_tokens": total_in,
+            "output_tokens": output_tokens,
+            "total_tokens": total_in + output_tokens,
+            "cost": cost,
+        }
 
 
 class SyncCall(ProviderCodec):
     """A blocking adapter: ``Runtime.run`` and ``Runtime.arun`` both accept it."""
 
-    def __init__(self, model: str, *, sleep: Callable[[float], Any] = time.sleep,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model: str, *, sleep: Callable[[float], Any] = time.sleep, **kwargs: Any
+    ) -> None:
         super().__init__(model, **kwargs)
         self.sleep = sleep
 
@@ -106,17 +138,18 @@ class SyncCall(ProviderCodec):
             raw = self._send(request, timeout)
             return decode_body(body_text(raw), raw.status_code, self.provider)
 
-        body = call_with_retries(send, provider=self.provider, errors=self.errors,
-                                 retry=self.retry, sleep=self.sleep)
+        body = call_with_retries(
+            send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
+        )
         return self.read_reply(body, messages)
 
 
 class AsyncCall(ProviderCodec):
     """A coroutine adapter, for ``Runtime.arun`` (e.g. next to async MCP tools)."""
 
-    def __init__(self, model: str, *,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model: str, *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, **kwargs: Any
+    ) -> None:
         super().__init__(model, **kwargs)
         self.sleep = sleep
 
@@ -133,6 +166,7 @@ class AsyncCall(ProviderCodec):
                 text = await text
             return decode_body(text, raw.status_code, self.provider)
 
-        body = await acall_with_retries(send, provider=self.provider, errors=self.errors,
-                                        retry=self.retry, sleep=self.sleep)
+        body = await acall_with_retries(
+            send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
+        )
         return self.read_reply(body, messages)

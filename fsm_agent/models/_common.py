@@ -15,41 +15,31 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fsm_agent.context import time_left
+from fsm_agent.errors import (
+    HistoryError,
+    ModelAuthError,
+    ModelError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelUnavailableError,
+)
 from fsm_agent.models.validate import recognise_history_rejection
+from fsm_agent.runtime.context import time_left
 
-__all__ = ["HistoryError", "ModelAuthError", "ModelError", "ModelRequestError",
-           "ModelResponseError", "ModelRetry", "ModelUnavailableError"]
+__all__ = [
+    "HistoryError",
+    "ModelAuthError",
+    "ModelError",
+    "ModelRequestError",
+    "ModelResponseError",
+    "ModelRetry",
+    "ModelUnavailableError",
+]
 
 T = TypeVar("T")
 
 #: How much of a provider's error body goes into a message: enough to act on.
 _DETAIL_CHARS = 500
-
-
-class ModelError(Exception):
-    """A provider call failed in a way that ends the run (``protocol_error/model_error``)."""
-
-
-class ModelAuthError(ModelError):
-    """The provider refused the credentials (HTTP 401/403)."""
-
-
-class ModelRequestError(ModelError):
-    """The provider refused the request itself (another 4xx): not worth retrying."""
-
-
-class ModelResponseError(ModelError):
-    """The provider's answer cannot be read as a decision (empty, not JSON, a stop
-    reason we do not know, a truncated answer)."""
-
-
-class ModelUnavailableError(ModelError):
-    """Retries are exhausted, or the next one would end past the wall-clock budget."""
-
-
-class HistoryError(ModelError):
-    """A history the provider would reject (found before sending), or did reject."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +58,14 @@ class ModelRetry:
     request_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or (
-                self.max_attempts < 1):
-            raise ValueError(f"ModelRetry.max_attempts must be a whole number >= 1, got "
-                             f"{self.max_attempts!r}")
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or (self.max_attempts < 1)
+        ):
+            raise ValueError(
+                f"ModelRetry.max_attempts must be a whole number >= 1, got {self.max_attempts!r}"
+            )
         for name in ("backoff_s", "multiplier", "max_backoff_s", "request_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
@@ -134,8 +128,13 @@ def classify(exc: Exception, provider: str, errors: SdkErrors) -> _Failure:
         if status in (408, 409, 429) or status >= 500:  # the set the SDKs themselves retry
             return _Failure(True, ModelUnavailableError(where), _retry_after(exc))
         if recognise_history_rejection(detail):
-            return _Failure(False, HistoryError(f"{where} (the provider rejected the history: "
-                                                f"a pairing bug upstream of the adapter)"))
+            return _Failure(
+                False,
+                HistoryError(
+                    f"{where} (the provider rejected the history: "
+                    f"a pairing bug upstream of the adapter)"
+                ),
+            )
         return _Failure(False, ModelRequestError(where))
     if isinstance(exc, errors.connection):
         return _Failure(True, ModelUnavailableError(f"{provider}: {type(exc).__name__}: {exc}"))
@@ -163,12 +162,19 @@ def _next_wait(failure: _Failure, retry: ModelRetry, attempt: int, exc: Exceptio
     if left is not None and wait >= left:
         raise ModelUnavailableError(
             f"{failure.error}; a retry in {wait:.2f}s would end past the wall-clock budget "
-            f"({left:.2f}s left)") from exc
+            f"({left:.2f}s left)"
+        ) from exc
     return wait
 
 
-def call_with_retries(send: Callable[[float], T], *, provider: str, errors: SdkErrors,
-                      retry: ModelRetry, sleep: Callable[[float], Any] = time.sleep) -> T:
+def call_with_retries(
+    send: Callable[[float], T],
+    *,
+    provider: str,
+    errors: SdkErrors,
+    retry: ModelRetry,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> T:
     """``send(timeout_s)`` until it succeeds, retrying only what a model call may retry."""
     attempt = 0
     while True:
@@ -181,9 +187,14 @@ def call_with_retries(send: Callable[[float], T], *, provider: str, errors: SdkE
             sleep(_next_wait(failure, retry, attempt, exc))
 
 
-async def acall_with_retries(send: Callable[[float], Awaitable[T]], *, provider: str,
-                             errors: SdkErrors, retry: ModelRetry,
-                             sleep: Callable[[float], Awaitable[Any]] | None = None) -> T:
+async def acall_with_retries(
+    send: Callable[[float], Awaitable[T]],
+    *,
+    provider: str,
+    errors: SdkErrors,
+    retry: ModelRetry,
+    sleep: Callable[[float], Awaitable[Any]] | None = None,
+) -> T:
     """The async twin of :func:`call_with_retries`."""
     if sleep is None:
         import asyncio  # only async callers pay for it
@@ -218,16 +229,23 @@ def decode_body(text: str, status: Any, provider: str) -> dict[str, Any]:
     try:
         body = json.loads(text)
     except ValueError as exc:
-        raise ModelResponseError(f"{provider}: the response body is not JSON ({exc}): "
-                                 f"{text[:200]!r}") from None
+        raise ModelResponseError(
+            f"{provider}: the response body is not JSON ({exc}): {text[:200]!r}"
+        ) from None
     if not isinstance(body, dict):
-        raise ModelResponseError(f"{provider}: the response body is a JSON "
-                                 f"{type(body).__name__}, not an object")
+        raise ModelResponseError(
+            f"{provider}: the response body is a JSON {type(body).__name__}, not an object"
+        )
     return body
 
 
-def need(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], provider: str,
-         where: str = "response") -> Any:
+def need(
+    body: Mapping[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    provider: str,
+    where: str = "response",
+) -> Any:
     """``body[key]`` if it has the expected JSON type, else a precise ModelResponseError."""
     value = body.get(key)
     if not isinstance(value, kind):
@@ -262,8 +280,9 @@ def earlier_call_ids(messages: list[dict[str, Any]]) -> set[str]:
     return ids
 
 
-def check_fresh_ids(calls: list[dict[str, Any]], messages: list[dict[str, Any]],
-                    provider: str) -> None:
+def check_fresh_ids(
+    calls: list[dict[str, Any]], messages: list[dict[str, Any]], provider: str
+) -> None:
     """A call id that answers to an earlier call would bind a new result to an old call."""
     earlier = earlier_call_ids(messages)
     for call in calls:
@@ -271,4 +290,5 @@ def check_fresh_ids(calls: list[dict[str, Any]], messages: list[dict[str, Any]],
         if call_id and call_id in earlier:
             raise ModelResponseError(
                 f"{provider}: the reply reuses call id {call_id!r} from earlier in the "
-                f"conversation; its result could not be told apart")
+                f"conversation; its result could not be told apart"
+            )

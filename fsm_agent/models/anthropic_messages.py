@@ -17,8 +17,9 @@ from typing import Any
 try:
     import anthropic
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("the Anthropic adapter needs the anthropic SDK: "
-                      "pip install 'fsm-agent[anthropic]'") from exc
+    raise ImportError(
+        "the Anthropic adapter needs the anthropic SDK: pip install 'fsm-agent[anthropic]'"
+    ) from exc
 
 from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCall
 from fsm_agent.models._common import (
@@ -47,8 +48,12 @@ def _text_blocks(content: Any) -> list[Message]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     if isinstance(content, list):  # Chat Completions parts: text parts translate as is
-        return [{"type": "text", "text": p["text"]} if isinstance(p, Mapping) and p.get(
-            "type") == "text" else p for p in content]
+        return [
+            {"type": "text", "text": p["text"]}
+            if isinstance(p, Mapping) and p.get("type") == "text"
+            else p
+            for p in content
+        ]
     return []
 
 
@@ -80,12 +85,21 @@ def to_anthropic(messages: list[Message]) -> tuple[str, list[Message]]:
                 # Calls refused as invalid_arguments may carry non-object JSON; the tool_use
                 # must still be an object, and its result already says what was wrong.
                 args = parse_json_object(fn.get("arguments"))
-                blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
-                               "input": args if args is not None else {}})
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call.get("id"),
+                        "name": fn.get("name"),
+                        "input": args if args is not None else {},
+                    }
+                )
             add("assistant", blocks)
         elif role == "tool":
-            block: Message = {"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
-                              "content": content}
+            block: Message = {
+                "type": "tool_result",
+                "tool_use_id": m.get("tool_call_id"),
+                "content": content,
+            }
             if _is_error(content):
                 block["is_error"] = True
             add("user", [block])
@@ -95,9 +109,14 @@ def to_anthropic(messages: list[Message]) -> tuple[str, list[Message]]:
 
 
 def to_tools(tool_specs: list[Message]) -> list[Message]:
-    return [{"name": s["function"]["name"], "description": s["function"].get("description") or "",
-             "input_schema": s["function"].get("parameters") or {"type": "object"}}
-            for s in tool_specs]
+    return [
+        {
+            "name": s["function"]["name"],
+            "description": s["function"].get("description") or "",
+            "input_schema": s["function"].get("parameters") or {"type": "object"},
+        }
+        for s in tool_specs
+    ]
 
 
 class _AnthropicCodec(ProviderCodec):
@@ -107,8 +126,12 @@ class _AnthropicCodec(ProviderCodec):
 
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         system, out = to_anthropic(messages)
-        request: Message = {"max_tokens": self.max_tokens, **self.options, "model": self.model,
-                            "messages": self.checked(out, check_anthropic_messages(out))}
+        request: Message = {
+            "max_tokens": self.max_tokens,
+            **self.options,
+            "model": self.model,
+            "messages": self.checked(out, check_anthropic_messages(out)),
+        }
         if system:
             request["system"] = system
         if tool_specs:
@@ -118,14 +141,17 @@ class _AnthropicCodec(ProviderCodec):
     def read_reply(self, body: Message, messages: list[Message]) -> Message:
         p = self.provider
         if body.get("type") != "message" or body.get("role") != "assistant":
-            raise ModelResponseError(f"{p}: expected an assistant message, got type "
-                                     f"{body.get('type')!r} role {body.get('role')!r}")
+            raise ModelResponseError(
+                f"{p}: expected an assistant message, got type "
+                f"{body.get('type')!r} role {body.get('role')!r}"
+            )
         stop = body.get("stop_reason")
         if stop in _CUT:
             raise ModelResponseError(f"{p}: stop_reason {stop!r}: {_CUT[stop]}")
         if stop not in _FINISHED:
-            raise ModelResponseError(f"{p}: unknown stop_reason {stop!r} (expected one of "
-                                     f"{', '.join(_FINISHED)})")
+            raise ModelResponseError(
+                f"{p}: unknown stop_reason {stop!r} (expected one of {', '.join(_FINISHED)})"
+            )
         texts: list[str] = []
         calls: list[Message] = []
         for i, block in enumerate(need(body, "content", list, p)):
@@ -134,30 +160,48 @@ class _AnthropicCodec(ProviderCodec):
                 texts.append(block["text"])
             elif kind == "tool_use":
                 raw_input = block.get("input")
-                calls.append({"id": block.get("id") or "", "type": "function",
-                              "function": {"name": block.get("name"),
-                                           "arguments": json.dumps(raw_input,
-                                                                   ensure_ascii=False)}})
+                calls.append(
+                    {
+                        "id": block.get("id") or "",
+                        "type": "function",
+                        "function": {
+                            "name": block.get("name"),
+                            "arguments": json.dumps(raw_input, ensure_ascii=False),
+                        },
+                    }
+                )
             elif kind not in _IGNORED_BLOCKS:
                 raise ModelResponseError(f"{p}: content[{i}] has unknown type {kind!r}")
         check_fresh_ids(calls, messages, p)
-        reply: Message = {"role": "assistant",
-                          "content": "".join(texts) if texts else (None if calls else "")}
+        reply: Message = {
+            "role": "assistant",
+            "content": "".join(texts) if texts else (None if calls else ""),
+        }
         if calls:
             reply["tool_calls"] = calls
         usage = body.get("usage")
         model = self.reply_model(body)
         if isinstance(usage, Mapping):
             reply["usage"] = self.usage(
-                model, input_tokens=whole(usage.get("input_tokens")),
+                model,
+                input_tokens=whole(usage.get("input_tokens")),
                 output_tokens=whole(usage.get("output_tokens")),
                 cached_tokens=whole(usage.get("cache_read_input_tokens")),
-                cache_write_tokens=whole(usage.get("cache_creation_input_tokens")))
+                cache_write_tokens=whole(usage.get("cache_creation_input_tokens")),
+            )
         else:
-            reply["usage"] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                              "cost": None}
-        reply["provider"] = {"api": p, "id": body.get("id"), "model": body.get("model"),
-                             "stop_reason": stop}
+            reply["usage"] = {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "total_tokens": 0,
+                "cost": None,
+            }
+        reply["provider"] = {
+            "api": p,
+            "id": body.get("id"),
+            "model": body.get("model"),
+            "stop_reason": stop,
+        }
         return reply
 
 
@@ -174,13 +218,23 @@ class AnthropicModel(SyncCall, _AnthropicCodec):
     ``base_url``/``api_key``. Other arguments as :class:`~fsm_agent.models.OpenAIChatModel`.
     """
 
-    def __init__(self, model: str, *, client: anthropic.Anthropic | None = None,
-                 base_url: str | None = None, api_key: str | None = None,
-                 max_tokens: int = 1024, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: anthropic.Anthropic | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int = 1024,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
         self.max_tokens = _max_tokens(max_tokens)
-        self.client = (client.with_options(max_retries=0) if client is not None else
-                       anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0))
+        self.client = (
+            client.with_options(max_retries=0)
+            if client is not None
+            else anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0)
+        )
 
     def _send(self, request: Message, timeout: float) -> Any:
         return self.client.messages.with_raw_response.create(**request, timeout=timeout)
@@ -189,14 +243,23 @@ class AnthropicModel(SyncCall, _AnthropicCodec):
 class AsyncAnthropicModel(AsyncCall, _AnthropicCodec):
     """The async twin of :class:`AnthropicModel`."""
 
-    def __init__(self, model: str, *, client: anthropic.AsyncAnthropic | None = None,
-                 base_url: str | None = None, api_key: str | None = None,
-                 max_tokens: int = 1024, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: anthropic.AsyncAnthropic | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int = 1024,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
         self.max_tokens = _max_tokens(max_tokens)
-        self.client = (client.with_options(max_retries=0) if client is not None else
-                       anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key,
-                                                max_retries=0))
+        self.client = (
+            client.with_options(max_retries=0)
+            if client is not None
+            else anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
+        )
 
     async def _asend(self, request: Message, timeout: float) -> Any:
         return await self.client.messages.with_raw_response.create(**request, timeout=timeout)

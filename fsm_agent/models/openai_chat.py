@@ -17,8 +17,9 @@ from typing import Any
 try:
     import openai
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("the OpenAI adapters need the openai SDK: "
-                      "pip install 'fsm-agent[openai]'") from exc
+    raise ImportError(
+        "the OpenAI adapters need the openai SDK: pip install 'fsm-agent[openai]'"
+    ) from exc
 
 from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCall
 from fsm_agent.models._common import (
@@ -35,7 +36,7 @@ _KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 _FINISHED = ("stop", "tool_calls")
 _TRUNCATED = {
     "length": "the reply was cut at the output token limit, so its answer or arguments "
-              "are incomplete",
+    "are incomplete",
     "content_filter": "the provider's content filter withheld the reply",
 }
 
@@ -45,10 +46,14 @@ class _ChatCodec(ProviderCodec):
     errors = SdkErrors(openai.APIStatusError, openai.APIConnectionError)
 
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
-        out = [{k: m[k] for k in _KEYS if k in m} if isinstance(m, Mapping) else m
-               for m in messages]
-        request: Message = {**self.options, "model": self.model,
-                            "messages": self.checked(out, check_openai_chat(out))}
+        out = [
+            {k: m[k] for k in _KEYS if k in m} if isinstance(m, Mapping) else m for m in messages
+        ]
+        request: Message = {
+            **self.options,
+            "model": self.model,
+            "messages": self.checked(out, check_openai_chat(out)),
+        }
         if tool_specs:  # the API refuses an empty tools list
             request["tools"] = tool_specs
         return request
@@ -64,8 +69,9 @@ class _ChatCodec(ProviderCodec):
         if finish in _TRUNCATED:
             raise ModelResponseError(f"{p}: finish_reason {finish!r}: {_TRUNCATED[finish]}")
         if finish not in _FINISHED:
-            raise ModelResponseError(f"{p}: unknown finish_reason {finish!r} (expected one of "
-                                     f"{', '.join(_FINISHED)})")
+            raise ModelResponseError(
+                f"{p}: unknown finish_reason {finish!r} (expected one of {', '.join(_FINISHED)})"
+            )
         refusal = message.get("refusal")
         if refusal and not message.get("content"):
             raise ModelResponseError(f"{p}: the model refused: {str(refusal)[:300]}")
@@ -81,14 +87,25 @@ class _ChatCodec(ProviderCodec):
             details = usage.get("prompt_tokens_details")
             cached = whole(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
             prompt = whole(usage.get("prompt_tokens"))
-            reply["usage"] = self.usage(model, input_tokens=max(prompt - cached, 0),
-                                        cached_tokens=min(cached, prompt),
-                                        output_tokens=whole(usage.get("completion_tokens")))
+            reply["usage"] = self.usage(
+                model,
+                input_tokens=max(prompt - cached, 0),
+                cached_tokens=min(cached, prompt),
+                output_tokens=whole(usage.get("completion_tokens")),
+            )
         else:  # no usage reported: tokens unknown, and never priced as free
-            reply["usage"] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                              "cost": None}
-        reply["provider"] = {"api": p, "id": body.get("id"), "model": body.get("model"),
-                             "finish_reason": finish}
+            reply["usage"] = {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "total_tokens": 0,
+                "cost": None,
+            }
+        reply["provider"] = {
+            "api": p,
+            "id": body.get("id"),
+            "model": body.get("model"),
+            "finish_reason": finish,
+        }
         return reply
 
 
@@ -101,12 +118,21 @@ class OpenAIChatModel(SyncCall, _ChatCodec):
     ``prices`` overrides :data:`~fsm_agent.models.pricing.DEFAULT_PRICES`.
     """
 
-    def __init__(self, model: str, *, client: openai.OpenAI | None = None,
-                 base_url: str | None = None, api_key: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: openai.OpenAI | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
-        self.client = (client.with_options(max_retries=0) if client is not None else
-                       openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0))
+        self.client = (
+            client.with_options(max_retries=0)
+            if client is not None
+            else openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        )
 
     def _send(self, request: Message, timeout: float) -> Any:
         return self.client.chat.completions.with_raw_response.create(**request, timeout=timeout)
@@ -115,13 +141,23 @@ class OpenAIChatModel(SyncCall, _ChatCodec):
 class AsyncOpenAIChatModel(AsyncCall, _ChatCodec):
     """The async twin of :class:`OpenAIChatModel` (``client`` is an ``openai.AsyncOpenAI``)."""
 
-    def __init__(self, model: str, *, client: openai.AsyncOpenAI | None = None,
-                 base_url: str | None = None, api_key: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
-        self.client = (client.with_options(max_retries=0) if client is not None else
-                       openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0))
+        self.client = (
+            client.with_options(max_retries=0)
+            if client is not None
+            else openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        )
 
     async def _asend(self, request: Message, timeout: float) -> Any:
         return await self.client.chat.completions.with_raw_response.create(
-            **request, timeout=timeout)
+            **request, timeout=timeout
+        )

@@ -33,13 +33,23 @@ class Price:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"Price.{name} must be a number >= 0, got {value!r}")
 
-    def cost(self, *, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
-             cache_write_tokens: int = 0) -> float:
+    def cost(
+        self,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float:
         """The charge for one reply; ``input_tokens`` excludes cached and cache-write ones."""
         cached = self.input if self.cached_input is None else self.cached_input
         write = self.input if self.cache_write is None else self.cache_write
-        return (input_tokens * self.input + output_tokens * self.output
-                + cached_tokens * cached + cache_write_tokens * write) / 1_000_000
+        return (
+            input_tokens * self.input
+            + output_tokens * self.output
+            + cached_tokens * cached
+            + cache_write_tokens * write
+        ) / 1_000_000
 
 
 DEFAULT_PRICES: Mapping[str, Price] = {

@@ -14,22 +14,30 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fsm_agent.history import check_history
+from fsm_agent.core.history import check_history
 
-__all__ = ["check_anthropic_messages", "check_openai_chat", "check_openai_responses",
-           "recognise_history_rejection"]
+__all__ = [
+    "check_anthropic_messages",
+    "check_openai_chat",
+    "check_openai_responses",
+    "recognise_history_rejection",
+]
 
-_OPENAI_UNANSWERED = ("An assistant message with 'tool_calls' must be followed by tool "
-                      "messages responding to each 'tool_call_id'")
-_OPENAI_ORPHAN = ("messages with role 'tool' must be a response to a preceding message "
-                  "with 'tool_calls'")
+_OPENAI_UNANSWERED = (
+    "An assistant message with 'tool_calls' must be followed by tool "
+    "messages responding to each 'tool_call_id'"
+)
+_OPENAI_ORPHAN = (
+    "messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
+)
 _RESPONSES_UNANSWERED = "No tool output found for function call"
 _RESPONSES_ORPHAN = "No tool call found for function call output"
-_ANTHROPIC_UNANSWERED = ("`tool_use` ids were found without `tool_result` blocks "
-                         "immediately after")
-_ANTHROPIC_ORPHAN = ("unexpected `tool_use_id` found in `tool_result` blocks: each "
-                     "`tool_result` block must have a corresponding `tool_use` block in the "
-                     "previous message")
+_ANTHROPIC_UNANSWERED = "`tool_use` ids were found without `tool_result` blocks immediately after"
+_ANTHROPIC_ORPHAN = (
+    "unexpected `tool_use_id` found in `tool_result` blocks: each "
+    "`tool_result` block must have a corresponding `tool_use` block in the "
+    "previous message"
+)
 
 #: Provider error texts that mean "your history breaks tool-call pairing".
 _REJECTIONS = (
@@ -60,8 +68,9 @@ def check_openai_chat(messages: list[dict[str, Any]]) -> list[str]:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or message.get("role") not in _CHAT_ROLES:
             role = message.get("role") if isinstance(message, Mapping) else None
-            problems.append(f"message {i}: role must be one of {', '.join(_CHAT_ROLES)}, "
-                            f"got {role!r}")
+            problems.append(
+                f"message {i}: role must be one of {', '.join(_CHAT_ROLES)}, got {role!r}"
+            )
             continue
         role, content = message["role"], message.get("content")
         if role == "tool":
@@ -72,14 +81,18 @@ def check_openai_chat(messages: list[dict[str, Any]]) -> list[str]:
         elif role == "assistant":
             calls = message.get("tool_calls")
             if content is None and not calls:
-                problems.append(f"message {i}: an assistant message needs content or "
-                                f"tool_calls")
+                problems.append(f"message {i}: an assistant message needs content or tool_calls")
             for j, call in enumerate(calls or ()):
                 fn = call.get("function") if isinstance(call, Mapping) else None
-                if not isinstance(fn, Mapping) or not isinstance(fn.get("arguments"), str) or (
-                        not fn.get("name")):
-                    problems.append(f"message {i}: tool_calls[{j}] needs function.name and "
-                                    f"function.arguments as a string")
+                if (
+                    not isinstance(fn, Mapping)
+                    or not isinstance(fn.get("arguments"), str)
+                    or (not fn.get("name"))
+                ):
+                    problems.append(
+                        f"message {i}: tool_calls[{j}] needs function.name and "
+                        f"function.arguments as a string"
+                    )
         elif not isinstance(content, (str, list)):
             problems.append(f"message {i}: a {role} message needs content")
     for problem in check_history([m for m in messages if isinstance(m, Mapping)]):
@@ -88,7 +101,7 @@ def check_openai_chat(messages: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def check_openai_responses(items: list[dict[str, Any]]) -> list[str]:
+def check_openai_responses(items: list[dict[str, Any]]) -> list[str]:  # noqa: C901 - one check per documented request rule
     """What the OpenAI Responses API would reject in an ``input`` item list."""
     problems: list[str] = []
     calls: dict[str, int] = {}
@@ -108,8 +121,10 @@ def check_openai_responses(items: list[dict[str, Any]]) -> list[str]:
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if call_id not in calls:
-                problems.append(f"item {i}: output for call_id {call_id!r} has no function_call "
-                                f"before it (OpenAI: {_RESPONSES_ORPHAN} {call_id})")
+                problems.append(
+                    f"item {i}: output for call_id {call_id!r} has no function_call "
+                    f"before it (OpenAI: {_RESPONSES_ORPHAN} {call_id})"
+                )
             elif call_id in answered:
                 problems.append(f"item {i}: call_id {call_id!r} is answered twice")
             else:
@@ -125,12 +140,14 @@ def check_openai_responses(items: list[dict[str, Any]]) -> list[str]:
             problems.append(f"item {i}: unknown input item type {kind!r}")
     for call_id, at in calls.items():
         if call_id not in answered:
-            problems.append(f"item {at}: function_call {call_id!r} is never answered "
-                            f"(OpenAI: {_RESPONSES_UNANSWERED} {call_id})")
+            problems.append(
+                f"item {at}: function_call {call_id!r} is never answered "
+                f"(OpenAI: {_RESPONSES_UNANSWERED} {call_id})"
+            )
     return problems
 
 
-def check_anthropic_messages(messages: list[dict[str, Any]]) -> list[str]:
+def check_anthropic_messages(messages: list[dict[str, Any]]) -> list[str]:  # noqa: C901 - one check per documented request rule
     """What the Anthropic Messages API would reject in ``messages`` (blocks form)."""
     problems: list[str] = []
     seen_ids: set[str] = set()
@@ -152,17 +169,20 @@ def check_anthropic_messages(messages: list[dict[str, Any]]) -> list[str]:
         if pending:
             missing = [t for t in pending if role != "user" or t not in results]
             if missing:
-                problems.append(f"message {i}: tool_use ids {missing} are not answered here "
-                                f"(Anthropic: {_ANTHROPIC_UNANSWERED})")
+                problems.append(
+                    f"message {i}: tool_use ids {missing} are not answered here "
+                    f"(Anthropic: {_ANTHROPIC_UNANSWERED})"
+                )
         for tool_use_id in results:
             if role != "user" or tool_use_id not in pending:
-                problems.append(f"message {i}: tool_result for {tool_use_id!r} does not answer "
-                                f"the previous message (Anthropic: {_ANTHROPIC_ORPHAN})")
+                problems.append(
+                    f"message {i}: tool_result for {tool_use_id!r} does not answer "
+                    f"the previous message (Anthropic: {_ANTHROPIC_ORPHAN})"
+                )
         if len(set(results)) != len(results):
             problems.append(f"message {i}: a tool_use id is answered twice")
         kinds = [b.get("type") for b in blocks]
-        if "tool_result" in kinds and any(
-                k != "tool_result" for k in kinds[:len(results)]):
+        if "tool_result" in kinds and any(k != "tool_result" for k in kinds[: len(results)]):
             problems.append(f"message {i}: tool_result blocks must come first in the message")
         pending = []
         if role == "assistant":
@@ -171,8 +191,10 @@ def check_anthropic_messages(messages: list[dict[str, Any]]) -> list[str]:
                     continue
                 tool_use_id = b.get("id")
                 if not isinstance(tool_use_id, str) or not _ANTHROPIC_ID.match(tool_use_id):
-                    problems.append(f"message {i}: tool_use id {tool_use_id!r} must match "
-                                    f"{_ANTHROPIC_ID.pattern}")
+                    problems.append(
+                        f"message {i}: tool_use id {tool_use_id!r} must match "
+                        f"{_ANTHROPIC_ID.pattern}"
+                    )
                 elif tool_use_id in seen_ids:
                     problems.append(f"message {i}: tool_use id {tool_use_id!r} is not unique")
                 else:
@@ -181,6 +203,8 @@ def check_anthropic_messages(messages: list[dict[str, Any]]) -> list[str]:
                 if not isinstance(b.get("input"), dict):
                     problems.append(f"message {i}: tool_use input must be an object")
     if pending:
-        problems.append(f"message {len(messages) - 1}: tool_use ids {pending} are never "
-                        f"answered (Anthropic: {_ANTHROPIC_UNANSWERED})")
+        problems.append(
+            f"message {len(messages) - 1}: tool_use ids {pending} are never "
+            f"answered (Anthropic: {_ANTHROPIC_UNANSWERED})"
+        )
     return problems

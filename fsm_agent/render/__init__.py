@@ -11,5 +11,12 @@ from fsm_agent.render.edges import EDGES, DrawnEdge, edge_of
 from fsm_agent.render.engine import RenderError, render
 from fsm_agent.render.mermaid import machine_mermaid
 
-__all__ = ["EDGES", "DrawnEdge", "RenderError", "edge_of", "machine_dot", "machine_mermaid",
-           "render"]
+__all__ = [
+    "EDGES",
+    "DrawnEdge",
+    "RenderError",
+    "edge_of",
+    "machine_dot",
+    "machine_mermaid",
+    "render",
+]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import graphviz
 
-from fsm_agent.machine import (
+from fsm_agent.core.table import (
     INITIAL_STATE,
     MACHINE_HASH,
     TERMINAL_STATES,
@@ -65,8 +65,10 @@ def _edge_label(edge: DrawnEdge, overlay: Overlay | None) -> str:
     lines = edge.lines()
     if overlay is not None:
         index = {t: TRANSITIONS.index(t) for t in edge.transitions}
-        lines = [f"{text}  ×{overlay.counts[index[t]]}" if overlay.counts.get(index[t]) else text
-                 for text, t in zip(lines, edge.transitions, strict=True)]
+        lines = [
+            f"{text}  ×{overlay.counts[index[t]]}" if overlay.counts.get(index[t]) else text
+            for text, t in zip(lines, edge.transitions, strict=True)
+        ]
     # "\l" ends a left-justified line in DOT, so priorities line up under each other.
     return "".join(line.replace("\\", "\\\\") + "\\l" for line in lines)
 
@@ -84,8 +86,9 @@ def _node_attrs(state: str, overlay: Overlay | None) -> dict[str, str]:
     if state == overlay.current:
         attrs.update(fillcolor=_CURRENT_FILL, penwidth="3", fontname=f"{_FONT}-Bold")
     elif state not in overlay.visited:
-        attrs.update(color=_FADED, fontcolor=_FADED, fillcolor="#f5f5f5",
-                     style="rounded,filled,dashed")
+        attrs.update(
+            color=_FADED, fontcolor=_FADED, fillcolor="#f5f5f5", style="rounded,filled,dashed"
+        )
     return attrs
 
 
@@ -114,25 +117,57 @@ def machine_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
     caption = f"fsm-agent run machine  {MACHINE_HASH}"
     if overlay is not None and overlay.caption:
         caption += "\\n" + overlay.caption.replace("\\", "\\\\")
-    g.attr("graph", rankdir="LR", fontname=_FONT, fontsize="12", labelloc="t", label=caption,
-           nodesep="0.6", ranksep="0.7", newrank="true")
-    g.attr("node", fontname=_FONT, fontsize="12", shape="box", style="rounded,filled",
-           margin="0.2,0.08")
+    g.attr(
+        "graph",
+        rankdir="LR",
+        fontname=_FONT,
+        fontsize="12",
+        labelloc="t",
+        label=caption,
+        nodesep="0.6",
+        ranksep="0.7",
+        newrank="true",
+    )
+    g.attr(
+        "node",
+        fontname=_FONT,
+        fontsize="12",
+        shape="box",
+        style="rounded,filled",
+        margin="0.2,0.08",
+    )
     g.attr("edge", fontname=_FONT, fontsize="9", arrowsize="0.7")
-    g.node("__start", label="", shape="point", width="0.18", id="state-__start",
-           style="filled", fillcolor="black")
+    g.node(
+        "__start",
+        label="",
+        shape="point",
+        width="0.18",
+        id="state-__start",
+        style="filled",
+        fillcolor="black",
+    )
     g.edge("__start", INITIAL_STATE, id="edge-start", tooltip="initial state")
     for state in WORKING_STATES:
         g.node(state, **_node_attrs(state, overlay))
     with g.subgraph(name="cluster_terminal") as terminals:
-        terminals.attr(label="terminal states", style="rounded,dashed", color="#9e9e9e",
-                       fontcolor="#616161", rank="same")
+        terminals.attr(
+            label="terminal states",
+            style="rounded,dashed",
+            color="#9e9e9e",
+            fontcolor="#616161",
+            rank="same",
+        )
         for state in TERMINAL_STATES:
             terminals.node(state, **_node_attrs(state, overlay))
     peak = 0
     if overlay is not None:
-        peak = max((sum(overlay.counts.get(TRANSITIONS.index(t), 0) for t in e.transitions)
-                    for e in EDGES), default=0)
+        peak = max(
+            (
+                sum(overlay.counts.get(TRANSITIONS.index(t), 0) for t in e.transitions)
+                for e in EDGES
+            ),
+            default=0,
+        )
     for edge in EDGES:
         g.edge(edge.source, edge.dest, **_edge_attrs(edge, overlay, peak))
     return g

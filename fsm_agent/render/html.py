@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from fsm_agent.machine import INITIAL_STATE, MACHINE_HASH
+from fsm_agent.core.table import INITIAL_STATE, MACHINE_HASH
 from fsm_agent.render.dot import machine_dot
 from fsm_agent.render.edges import edge_of
 from fsm_agent.render.engine import render
@@ -22,8 +22,9 @@ from fsm_agent.render.replay import Replay, describe_event
 
 __all__ = ["json_for_script", "viewer_html"]
 
-_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                                 "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_SCRIPT_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
 
 
 def json_for_script(value: Any) -> str:
@@ -33,7 +34,7 @@ def json_for_script(value: Any) -> str:
 
 def _inline_svg(svg: bytes) -> str:
     text = svg.decode("utf-8")
-    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE (a remote DTD URL)
+    return text[text.index("<svg") :]  # drop the XML prolog and DOCTYPE (a remote DTD URL)
 
 
 def viewer_html(replay: Replay, renderer: str | None = None, start: int = 0) -> str:
@@ -42,19 +43,28 @@ def viewer_html(replay: Replay, renderer: str | None = None, start: int = 0) -> 
     steps = []
     for step in replay.steps:
         t = step.transition
-        steps.append({
-            "state": step.state,
-            "edge": edge_of(t).id if t is not None else None,
-            "label": f"{t.label} -> {t.dest}" if t is not None else None,
-            "rule": t.rule if t is not None else None,
-            "summary": describe_event(step.event),
-            "event": step.event,
-        })
-    data = {"path": replay.path, "machine_hash": MACHINE_HASH, "initial": INITIAL_STATE,
-            "start": replay.step(start).index,
-            "steps": steps}
-    parts = {"TITLE": html.escape(f"fsm-agent replay: {replay.path}"), "SVG": svg,
-             "DATA": json_for_script(data)}
+        steps.append(
+            {
+                "state": step.state,
+                "edge": edge_of(t).id if t is not None else None,
+                "label": f"{t.label} -> {t.dest}" if t is not None else None,
+                "rule": t.rule if t is not None else None,
+                "summary": describe_event(step.event),
+                "event": step.event,
+            }
+        )
+    data = {
+        "path": replay.path,
+        "machine_hash": MACHINE_HASH,
+        "initial": INITIAL_STATE,
+        "start": replay.step(start).index,
+        "steps": steps,
+    }
+    parts = {
+        "TITLE": html.escape(f"fsm-agent replay: {replay.path}"),
+        "SVG": svg,
+        "DATA": json_for_script(data),
+    }
     # One pass, so text substituted for one slot is never searched for another.
     return re.sub(r"\{\{(TITLE|SVG|DATA)\}\}", lambda m: parts[m.group(1)], _PAGE)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsm_agent.machine import INITIAL_STATE, MACHINE_HASH, TERMINAL_STATES, WORKING_STATES
+from fsm_agent.core.table import INITIAL_STATE, MACHINE_HASH, TERMINAL_STATES, WORKING_STATES
 from fsm_agent.render.edges import EDGES
 
 __all__ = ["machine_mermaid"]
@@ -18,8 +18,13 @@ def _text(line: str) -> str:
 
 def machine_mermaid() -> str:
     """Mermaid source: same states, edges and labels as the DOT diagram."""
-    out = ["---", f"title: fsm-agent run machine {MACHINE_HASH}", "---", "stateDiagram-v2",
-           f"    [*] --> {INITIAL_STATE}"]
+    out = [
+        "---",
+        f"title: fsm-agent run machine {MACHINE_HASH}",
+        "---",
+        "stateDiagram-v2",
+        f"    [*] --> {INITIAL_STATE}",
+    ]
     for edge in EDGES:
         label = "<br/>".join(_text(line) for line in edge.lines())
         out.append(f"    {edge.source} --> {edge.dest} : {label}")

@@ -16,18 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fsm_agent.check import load_trace, select_edge
-from fsm_agent.machine import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.errors import StepError
 from fsm_agent.render.dot import Overlay
 from fsm_agent.render.edges import edge_of, priority
+from fsm_agent.trace.checker import load_trace, select_edge
 
 __all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
 
 _INDEX = {t: i for i, t in enumerate(TRANSITIONS)}
-
-
-class StepError(ValueError):
-    """A step number outside the trace; the message says how many steps there are."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +42,9 @@ class Step:
 class Replay:
     """The steps of one trace file (read with :func:`fsm_agent.check.load_trace`)."""
 
-    def __init__(self, path: str | os.PathLike[str],
-                 events: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], events: list[dict[str, Any]] | None = None
+    ) -> None:
         self.path = str(path)
         self.events = events if events is not None else load_trace(path)
         self.steps: list[Step] = []
@@ -55,9 +53,13 @@ class Replay:
             taken = None
             if event.get("type") == "transition":
                 guards = event.get("guards")
-                taken = select_edge(str(event.get("source")), str(event.get("trigger")),
-                                    event.get("dest"), event.get("reason"),
-                                    guards if isinstance(guards, dict) else {})
+                taken = select_edge(
+                    str(event.get("source")),
+                    str(event.get("trigger")),
+                    event.get("dest"),
+                    event.get("reason"),
+                    guards if isinstance(guards, dict) else {},
+                )
                 dest = event.get("dest")
                 state = dest if isinstance(dest, str) else state
             self.steps.append(Step(i, event, state, taken))
@@ -67,8 +69,10 @@ class Replay:
 
     def step(self, n: int) -> Step:
         if not 0 <= n < len(self.steps):
-            raise StepError(f"step {n} is out of range: {self.path} has {len(self.steps)} "
-                            f"steps (0-{len(self.steps) - 1})")
+            raise StepError(
+                f"step {n} is out of range: {self.path} has {len(self.steps)} "
+                f"steps (0-{len(self.steps) - 1})"
+            )
         return self.steps[n]
 
     def overlay(self, n: int | None = None) -> Overlay:
@@ -86,8 +90,13 @@ class Replay:
         event = current.event
         caption = f"{os.path.basename(self.path)}  step {n} of {len(self.steps) - 1}: "
         caption += describe_event(event)
-        return Overlay(counts=dict(counts), visited=frozenset(visited), current=current.state,
-                       last=last, caption=caption)
+        return Overlay(
+            counts=dict(counts),
+            visited=frozenset(visited),
+            current=current.state,
+            last=last,
+            caption=caption,
+        )
 
 
 def describe_event(event: dict[str, Any]) -> str:
@@ -103,8 +112,9 @@ def describe_event(event: dict[str, Any]) -> str:
     if kind == "observation":
         result = event.get("result")
         ok = result.get("ok") if isinstance(result, dict) else None
-        return (f"observation for {event.get('call_id')}: ok={ok}"
-                + (" (synthetic)" if event.get("synthetic") else ""))
+        return f"observation for {event.get('call_id')}: ok={ok}" + (
+            " (synthetic)" if event.get("synthetic") else ""
+        )
     if kind == "decision":
         message = event.get("message")
         if isinstance(message, dict):
@@ -125,8 +135,10 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
     """
     step = replay.step(n)
     event = step.event
-    lines = [f"step {n} of {len(replay) - 1}   line {n + 1}   {describe_event(event)}",
-             f"  state:  {step.state}"]
+    lines = [
+        f"step {n} of {len(replay) - 1}   line {n + 1}   {describe_event(event)}",
+        f"  state:  {step.state}",
+    ]
     if event.get("type") == "transition":
         if step.transition is None:
             lines.append("  edge:   (not an edge of this machine: run `fsm-agent check`)")
@@ -170,5 +182,9 @@ def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:
             if step.transition is not None:
                 counts[_INDEX[step.transition]] += 1
                 visited.add(step.state)
-    return Overlay(counts=dict(counts), visited=frozenset(visited), heat=True,
-                   caption=f"edge counts over {runs} trace(s)")
+    return Overlay(
+        counts=dict(counts),
+        visited=frozenset(visited),
+        heat=True,
+        caption=f"edge counts over {runs} trace(s)",
+    )

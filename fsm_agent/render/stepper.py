@@ -40,7 +40,7 @@ def _read_key(fd: int) -> str:
         i = 0
         while i < len(data):
             size = 3 if data.startswith("\x1b[", i) and i + 2 < len(data) else 1
-            _pending.append(data[i:i + size])
+            _pending.append(data[i : i + size])
             i += size
     return _pending.pop(0)
 
@@ -56,8 +56,9 @@ def _screen(replay: Replay, n: int, note: str) -> str:
     return "\x1b[2J\x1b[H" + "\r\n".join(lines) + "\r\n\r\n" + footer + "\r\n"
 
 
-def step_interactively(replay: Replay, start: int = 0, stdin: TextIO | None = None,
-                       stdout: TextIO | None = None) -> None:
+def step_interactively(
+    replay: Replay, start: int = 0, stdin: TextIO | None = None, stdout: TextIO | None = None
+) -> None:
     """The key-driven stepper; the caller checked that both ends are a TTY."""
     import termios
     import tty

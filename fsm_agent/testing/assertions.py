@@ -10,12 +10,18 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from fsm_agent.history import check_history
+from fsm_agent.core.history import check_history
 from fsm_agent.testing.faults import FaultyTool, FaultyTools
 from fsm_agent.testing.paths import trace_problems
 
-__all__ = ["assert_history_valid", "assert_no_duplicate_writes", "assert_path",
-           "assert_stopped", "assert_trace_legal", "duplicate_writes"]
+__all__ = [
+    "assert_history_valid",
+    "assert_no_duplicate_writes",
+    "assert_path",
+    "assert_stopped",
+    "assert_trace_legal",
+    "duplicate_writes",
+]
 
 
 class _HasPath(Protocol):
@@ -37,8 +43,9 @@ def _numbered(states: Sequence[str]) -> str:
     return "  ".join(f"{i}:{s}" for i, s in enumerate(states))
 
 
-def assert_path(result: _HasPath | Sequence[str], expected: Sequence[str], *,
-                exact: bool = True) -> None:
+def assert_path(
+    result: _HasPath | Sequence[str], expected: Sequence[str], *, exact: bool = True
+) -> None:
     """The run went through ``expected`` states: all of them in order (``exact=True``),
     or ``expected`` appears in order within the path, gaps allowed (``exact=False``)."""
     if isinstance(expected, str):
@@ -48,14 +55,17 @@ def assert_path(result: _HasPath | Sequence[str], expected: Sequence[str], *,
     if exact:
         if actual == wanted:
             return
-        step = next((i for i, (a, w) in enumerate(zip(actual, wanted, strict=False)) if a != w),
-                    min(len(actual), len(wanted)))
+        step = next(
+            (i for i, (a, w) in enumerate(zip(actual, wanted, strict=False)) if a != w),
+            min(len(actual), len(wanted)),
+        )
         got = actual[step] if step < len(actual) else "(path ended)"
         want = wanted[step] if step < len(wanted) else "(path ended)"
         raise AssertionError(
             f"path differs at step {step}: expected {want!r}, got {got!r}\n"
             f"  expected: {_numbered(wanted)}\n"
-            f"  actual:   {_numbered(actual)}")
+            f"  actual:   {_numbered(actual)}"
+        )
     at = 0
     for matched, state in enumerate(wanted):
         try:
@@ -65,7 +75,8 @@ def assert_path(result: _HasPath | Sequence[str], expected: Sequence[str], *,
                 f"path does not contain the expected states in order: matched "
                 f"{wanted[:matched]} then found no {state!r} after step {at - 1}\n"
                 f"  expected (in order): {' -> '.join(wanted)}\n"
-                f"  actual:              {_numbered(actual)}") from None
+                f"  actual:              {_numbered(actual)}"
+            ) from None
 
 
 def assert_stopped(result: Any, status: str, reason: str | None = None) -> None:
@@ -76,7 +87,8 @@ def assert_stopped(result: Any, status: str, reason: str | None = None) -> None:
     detail = f" ({result.detail})" if getattr(result, "detail", "") else ""
     raise AssertionError(
         f"run stopped as {result.status}/{result.reason}{detail}, expected {want}\n"
-        f"  path: {' -> '.join(_states(result))}")
+        f"  path: {' -> '.join(_states(result))}"
+    )
 
 
 def assert_history_valid(messages: Sequence[Mapping[str, Any]] | Any) -> None:
@@ -94,30 +106,37 @@ def assert_trace_legal(result: _HasEvents | Sequence[Mapping[str, Any]]) -> None
     events = result if isinstance(result, Sequence) else result.events
     problems = trace_problems(events)
     if problems:
-        raise AssertionError("trace is not a legal path of the machine:\n  "
-                             + "\n  ".join(problems))
+        raise AssertionError(
+            "trace is not a legal path of the machine:\n  " + "\n  ".join(problems)
+        )
 
 
-def duplicate_writes(*sources: FaultyTool | FaultyTools | _HasEvents
-                     | Sequence[Mapping[str, Any]]) -> list[str]:
+def duplicate_writes(
+    *sources: FaultyTool | FaultyTools | _HasEvents | Sequence[Mapping[str, Any]],
+) -> list[str]:
     """Writes that happened twice; see :func:`assert_no_duplicate_writes`."""
     problems: list[str] = []
     for source in sources:
         if isinstance(source, (FaultyTool, FaultyTools)):
             tools = [source] if isinstance(source, FaultyTool) else list(source.tools.values())
             for tool in tools:
-                counts = Counter(e.key for e in tool.effects
-                                 if e.key is not None and not e.deduplicated)
-                problems += [f"{tool.name}: key {key!r} took effect {n} times"
-                             for key, n in counts.items() if n > 1]
+                counts = Counter(
+                    e.key for e in tool.effects if e.key is not None and not e.deduplicated
+                )
+                problems += [
+                    f"{tool.name}: key {key!r} took effect {n} times"
+                    for key, n in counts.items()
+                    if n > 1
+                ]
         else:
             events = source if isinstance(source, Sequence) else source.events
             problems += _repeated_write_attempts(events)
     return problems
 
 
-def assert_no_duplicate_writes(*sources: FaultyTool | FaultyTools | _HasEvents
-                               | Sequence[Mapping[str, Any]]) -> None:
+def assert_no_duplicate_writes(
+    *sources: FaultyTool | FaultyTools | _HasEvents | Sequence[Mapping[str, Any]],
+) -> None:
     """No write took effect twice.
 
     For fault tools (or a whole :class:`FaultyTools` kit) this reads their side-effect
@@ -136,13 +155,17 @@ def _repeated_write_attempts(events: Sequence[Mapping[str, Any]]) -> list[str]:
     problems = []
     for e in events:
         if e.get("type") != "transition" or (e.get("trigger"), e.get("dest")) != (
-                "dispatch", "executing"):
+            "dispatch",
+            "executing",
+        ):
             continue
         info = tools.get(e.get("tool")) if isinstance(tools, Mapping) else None
         if not isinstance(info, Mapping) or info.get("effect") != "write" or info.get("dedup"):
             continue
         # ``attempt`` counts attempts of this call within its batch (ids may recur later).
         if e.get("attempt") != 1:
-            problems.append(f"write {e.get('tool')!r} call {e.get('call_id')!r} was "
-                            f"attempted {e.get('attempt')!r} times (event {e.get('seq')})")
+            problems.append(
+                f"write {e.get('tool')!r} call {e.get('call_id')!r} was "
+                f"attempted {e.get('attempt')!r} times (event {e.get('seq')})"
+            )
     return problems

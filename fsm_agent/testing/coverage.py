@@ -13,10 +13,10 @@ import html
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.machine import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
 from fsm_agent.render.dot import Overlay, machine_dot
 from fsm_agent.render.engine import RenderError, render
-from fsm_agent.run import TRANSITION_LISTENERS
 
 __all__ = ["TransitionCoverage", "to_dot", "write_html"]
 
@@ -52,8 +52,10 @@ class TransitionCoverage:
 
     def report_lines(self) -> list[str]:
         """The table with hit counts, then the transitions never taken."""
-        rows = [(str(i), t.trigger, f"{t.source} -> {t.dest}", ", ".join(t.guards) or "-",
-                 str(h)) for i, (t, h) in enumerate(zip(TRANSITIONS, self.hits, strict=False))]
+        rows = [
+            (str(i), t.trigger, f"{t.source} -> {t.dest}", ", ".join(t.guards) or "-", str(h))
+            for i, (t, h) in enumerate(zip(TRANSITIONS, self.hits, strict=False))
+        ]
         head = ("#", "trigger", "source -> dest", "guards", "hits")
         widths = [max(len(r[c]) for r in [head, *rows]) for c in range(5)]
 
@@ -81,9 +83,13 @@ def to_dot(coverage: TransitionCoverage) -> str:
     """The machine diagram (the renderer's, from the same table) as a heat map of hits."""
     taken = [t for t, h in zip(TRANSITIONS, coverage.hits, strict=True) if h]
     visited = frozenset({INITIAL_STATE, *(t.source for t in taken), *(t.dest for t in taken)})
-    overlay = Overlay(counts=dict(enumerate(coverage.hits)), visited=visited, heat=True,
-                      caption=f"transition coverage {coverage.percent:.1f}% "
-                              f"({len(coverage.never_taken())} never taken, grey)")
+    overlay = Overlay(
+        counts=dict(enumerate(coverage.hits)),
+        visited=visited,
+        heat=True,
+        caption=f"transition coverage {coverage.percent:.1f}% "
+        f"({len(coverage.never_taken())} never taken, grey)",
+    )
     return machine_dot(overlay)
 
 
@@ -102,15 +108,18 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
         written.append(svg_path)
     top = max(coverage.hits, default=0)
     rows = "\n".join(
-        f'<tr><td>{i}</td><td>{html.escape(t.trigger)}</td>'
-        f'<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>'
-        f'<td>{html.escape(", ".join(t.guards) or "-")}</td>'
+        f"<tr><td>{i}</td><td>{html.escape(t.trigger)}</td>"
+        f"<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>"
+        f"<td>{html.escape(', '.join(t.guards) or '-')}</td>"
         f'<td style="background:{_colour(h, top)};color:white;text-align:right">{h}</td></tr>'
-        for i, (t, h) in enumerate(zip(TRANSITIONS, coverage.hits, strict=False)))
-    picture = (svg[svg.find("<svg"):] if svg is not None else
-               "<p>No Graphviz renderer is installed, so no picture was drawn; "
-               "render <code>coverage.dot</code> with it:</p><pre>"
-               + html.escape(dot_text) + "</pre>")
+        for i, (t, h) in enumerate(zip(TRANSITIONS, coverage.hits, strict=False))
+    )
+    picture = (
+        svg[svg.find("<svg") :]
+        if svg is not None
+        else "<p>No Graphviz renderer is installed, so no picture was drawn; "
+        "render <code>coverage.dot</code> with it:</p><pre>" + html.escape(dot_text) + "</pre>"
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>fsm-agent transition coverage</title>
 <style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;border-bottom:1px solid #ddd}}

@@ -16,8 +16,14 @@ from typing import Any
 
 __all__ = ["answer", "call", "decide"]
 
-def call(name: str, arguments: dict[str, Any] | str | None = None, *,
-         id: str | None = None, no_id: bool = False) -> dict[str, Any]:
+
+def call(
+    name: str,
+    arguments: dict[str, Any] | str | None = None,
+    *,
+    id: str | None = None,
+    no_id: bool = False,
+) -> dict[str, Any]:
     """One tool call. ``arguments`` may be a dict (serialised) or a raw string (sent as is,
     to test malformed JSON). Without ``id``, :func:`decide` numbers the call;
     ``no_id=True`` sends ``"id": null`` (a call that can never be paired)."""
@@ -32,12 +38,12 @@ def call(name: str, arguments: dict[str, Any] | str | None = None, *,
     return out
 
 
-def decide(*calls: dict[str, Any], content: str | None = None,
-           usage: dict[str, Any] | None = None) -> dict[str, Any]:
+def decide(
+    *calls: dict[str, Any], content: str | None = None, usage: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """An assistant message asking for ``calls``; calls without an id become ``c1``, ..."""
     numbered = [c if "id" in c else {"id": f"c{i}", **c} for i, c in enumerate(calls, 1)]
-    message: dict[str, Any] = {"role": "assistant", "content": content,
-                               "tool_calls": numbered}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": numbered}
     if usage is not None:
         message["usage"] = usage
     return message

@@ -15,10 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fsm_agent.machine import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent.core.table import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
 
-__all__ = ["Path", "edge_of", "index_of", "is_path", "paths", "shortest_paths",
-           "trace_problems"]
+__all__ = ["Path", "edge_of", "index_of", "is_path", "paths", "shortest_paths", "trace_problems"]
 
 _INDEX: dict[int, int] = {id(t): i for i, t in enumerate(TRANSITIONS)}
 _TERMINAL = frozenset(TERMINAL_STATES)
@@ -44,7 +43,8 @@ class Path:
     def states(self) -> list[str]:
         """The states visited, the initial one included (like ``RunResult.path``)."""
         return [self.edges[0].source if self.edges else INITIAL_STATE] + [
-            t.dest for t in self.edges]
+            t.dest for t in self.edges
+        ]
 
     @property
     def indexes(self) -> tuple[int, ...]:
@@ -131,8 +131,11 @@ def shortest_paths() -> dict[int, Path]:
             if t.source not in suffix or len(way) < len(suffix[t.source]):
                 suffix[t.source] = way
                 changed = True
-    return {i: Path((*prefix[t.source], t, *suffix[t.dest]))
-            for i, t in enumerate(TRANSITIONS) if t.source in prefix and t.dest in suffix}
+    return {
+        i: Path((*prefix[t.source], t, *suffix[t.dest]))
+        for i, t in enumerate(TRANSITIONS)
+        if t.source in prefix and t.dest in suffix
+    }
 
 
 def edge_of(event: Mapping[str, Any]) -> Transition | None:
@@ -153,7 +156,7 @@ def edge_of(event: Mapping[str, Any]) -> Transition | None:
     return None
 
 
-def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
+def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:  # noqa: C901 - one check per trace rule
     """What is wrong with a run's events as a trace of the machine; empty when legal.
 
     Checks: a ``run_start`` header with ``seq`` 0, then contiguous ``seq``; every
@@ -178,8 +181,7 @@ def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
         if ended_at is not None:
             # A run stopped for review may be resumed by a trusted caller (SPEC §5): its
             # review events and the ``resume`` edge continue the same trace.
-            if state in _RESUMABLE and kind == "transition" and event.get(
-                    "trigger") == "resume":
+            if state in _RESUMABLE and kind == "transition" and event.get("trigger") == "resume":
                 ended_at, held = None, []
             else:
                 note = f"event {n} ({kind}): after run_end (event {ended_at})"
@@ -190,17 +192,19 @@ def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
                     held = []
                 continue
         if kind == "transition":
-            where = f"event {n} ({event.get('trigger')} {event.get('source')}->" \
-                    f"{event.get('dest')})"
+            where = f"event {n} ({event.get('trigger')} {event.get('source')}->{event.get('dest')})"
             if event.get("source") != state:
-                problems.append(f"{where}: leaves {event.get('source')!r} but the run was in "
-                                f"{state!r}")
+                problems.append(
+                    f"{where}: leaves {event.get('source')!r} but the run was in {state!r}"
+                )
             if state in _TERMINAL and event.get("trigger") != "resume":
                 problems.append(f"{where}: the run had already stopped in {state!r}")
             edge = edge_of(event)
             if edge is None:
-                problems.append(f"{where}: no edge of the table matches (trigger, source, "
-                                f"dest and guard outcomes {event.get('guards')})")
+                problems.append(
+                    f"{where}: no edge of the table matches (trigger, source, "
+                    f"dest and guard outcomes {event.get('guards')})"
+                )
             else:
                 problems += _shadowed(edge, event, where)
             state = str(event.get("dest"))
@@ -209,8 +213,9 @@ def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
             if state not in _TERMINAL:
                 problems.append(f"event {n}: run_end while in working state {state!r}")
             elif event.get("status") != state:
-                problems.append(f"event {n}: run_end status {event.get('status')!r} but the "
-                                f"run is in {state!r}")
+                problems.append(
+                    f"event {n}: run_end status {event.get('status')!r} but the run is in {state!r}"
+                )
     problems += held
     if ended_at is None:
         problems.append(f"no run_end (the run is in {state!r})")
@@ -227,6 +232,8 @@ def _shadowed(edge: Transition, event: Mapping[str, Any], where: str) -> list[st
         if (t.trigger, t.source) != (edge.trigger, edge.source) or not t.guards:
             continue
         if all(outcomes.get(g.lstrip("!")) is (not g.startswith("!")) for g in t.guards):
-            return [f"{where}: edge #{index_of(t)} ({t.label} -> {t.dest}) has higher "
-                    "priority and its guards held"]
+            return [
+                f"{where}: edge #{index_of(t)} ({t.label} -> {t.dest}) has higher "
+                "priority and its guards held"
+            ]
     return []

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from fsm_agent.models.scripted import ScriptedModel, Step
-from fsm_agent.runtime import Runtime
+from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.testing.coverage import TransitionCoverage, write_html
 from fsm_agent.testing.faults import FakeClock, FaultyTools
 from fsm_agent.testing.scenarios import scripted_runtime
@@ -35,14 +35,25 @@ _KEY = pytest.StashKey["_CoverageSession"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fsm-agent", "fsm-agent transition coverage")
-    group.addoption("--fsm-coverage", action="store_true", default=False,
-                    help="report which transitions of the run machine the tests took")
-    group.addoption("--fsm-coverage-fail-under", metavar="PCT", default=None,
-                    help="fail if fewer than PCT %% of the transitions were taken "
-                         "(0-100; implies --fsm-coverage)")
-    group.addoption("--fsm-coverage-html", metavar="DIR", default=None,
-                    help="write the machine diagram coloured by hit count into DIR "
-                         "(implies --fsm-coverage)")
+    group.addoption(
+        "--fsm-coverage",
+        action="store_true",
+        default=False,
+        help="report which transitions of the run machine the tests took",
+    )
+    group.addoption(
+        "--fsm-coverage-fail-under",
+        metavar="PCT",
+        default=None,
+        help="fail if fewer than PCT %% of the transitions were taken "
+        "(0-100; implies --fsm-coverage)",
+    )
+    group.addoption(
+        "--fsm-coverage-html",
+        metavar="DIR",
+        default=None,
+        help="write the machine diagram coloured by hit count into DIR (implies --fsm-coverage)",
+    )
 
 
 def parse_fail_under(text: str) -> float:
@@ -53,7 +64,8 @@ def parse_fail_under(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or not 0 <= value <= 100:
         raise pytest.UsageError(
-            f"--fsm-coverage-fail-under must be a number from 0 to 100, got {text!r}")
+            f"--fsm-coverage-fail-under must be a number from 0 to 100, got {text!r}"
+        )
     return value
 
 
@@ -70,7 +82,8 @@ def check_html_dir(text: str) -> Path:
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise pytest.UsageError(
-            f"--fsm-coverage-html: cannot write to directory {text!r}: {reason}") from None
+            f"--fsm-coverage-html: cannot write to directory {text!r}: {reason}"
+        ) from None
     return directory
 
 
@@ -86,8 +99,9 @@ class _CoverageSession:
 def pytest_configure(config: pytest.Config) -> None:
     fail_text = config.getoption("--fsm-coverage-fail-under")
     html_text = config.getoption("--fsm-coverage-html")
-    enabled = bool(config.getoption("--fsm-coverage")) or fail_text is not None or (
-        html_text is not None)
+    enabled = (
+        bool(config.getoption("--fsm-coverage")) or fail_text is not None or (html_text is not None)
+    )
     if not enabled:
         return
     fail_under = parse_fail_under(fail_text) if fail_text is not None else None
@@ -109,8 +123,13 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
     state = session.config.stash.get(_KEY, None)
     # Only a session that ran tests is judged: `--collect-only` and `-k nothing` take
     # no transitions, and failing them on coverage would only hide the real outcome.
-    if state is not None and state.fail_under is not None and session.testscollected and (
-            not session.config.option.collectonly) and state.coverage.percent < state.fail_under:
+    if (
+        state is not None
+        and state.fail_under is not None
+        and session.testscollected
+        and (not session.config.option.collectonly)
+        and state.coverage.percent < state.fail_under
+    ):
         state.failed = True
         session.testsfailed += 1
     if state is not None and state.html_dir is not None:
@@ -118,8 +137,7 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
     return result
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
-                            config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = config.stash.get(_KEY, None)
     if state is None:
         return
@@ -130,8 +148,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     for path in state.written:
         tr.write_line(f"wrote {os.fspath(path)}")
     if state.failed:
-        tr.write_line(f"FAIL: transition coverage {state.coverage.percent:.1f}% is below "
-                      f"--fsm-coverage-fail-under={state.fail_under:g}", red=True, bold=True)
+        tr.write_line(
+            f"FAIL: transition coverage {state.coverage.percent:.1f}% is below "
+            f"--fsm-coverage-fail-under={state.fail_under:g}",
+            red=True,
+            bold=True,
+        )
 
 
 # ── fixtures ────────────────────────────────────────────────────────────────────────

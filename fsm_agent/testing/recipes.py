@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fsm_agent.budget import Budget, RetryPolicy
+from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.models.scripted import Step
-from fsm_agent.result import RunResult
-from fsm_agent.runtime import Runtime
+from fsm_agent.runtime.result import RunResult
+from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.testing.decisions import answer, call, decide
 from fsm_agent.testing.faults import FaultyTools
 from fsm_agent.testing.scenarios import TICKET_SCHEMA, recipe
@@ -30,23 +30,39 @@ def _ticket(key: str = "R-1", title: str = "refund", **kw: Any) -> dict[str, Any
     return call("create_ticket", {"key": key, "title": title}, **kw)
 
 
-def _kit(kit: FaultyTools, *, lookup: Sequence[str] = (), ticket: Sequence[str] = (),
-         **ticket_options: Any) -> None:
+def _kit(
+    kit: FaultyTools,
+    *,
+    lookup: Sequence[str] = (),
+    ticket: Sequence[str] = (),
+    **ticket_options: Any,
+) -> None:
     kit.read("lookup", faults=lookup, timeout_s=10.0)
     kit.write("create_ticket", faults=ticket, schema=TICKET_SCHEMA, **ticket_options)
 
 
 # ── deciding ────────────────────────────────────────────────────────────────────────
 
-@recipe("model_replied", "deciding", "budget_exhausted", ("tokens_spent",),
-         options={"budget": Budget(max_tokens=10)})
+
+@recipe(
+    "model_replied",
+    "deciding",
+    "budget_exhausted",
+    ("tokens_spent",),
+    options={"budget": Budget(max_tokens=10)},
+)
 def _tokens_spent(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[answer("A long answer.", usage={"prompt_tokens": 40, "completion_tokens": 9})]]
 
 
-@recipe("model_replied", "deciding", "budget_exhausted", ("cost_spent",),
-         options={"budget": Budget(max_cost=0.01)})
+@recipe(
+    "model_replied",
+    "deciding",
+    "budget_exhausted",
+    ("cost_spent",),
+    options={"budget": Budget(max_cost=0.01)},
+)
 def _cost_spent(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[answer("An expensive answer.", usage={"total_tokens": 5, "cost": 0.5})]]
@@ -59,6 +75,7 @@ def _model_failed(kit: FaultyTools) -> list[list[Step]]:
 
 
 # ── validating ──────────────────────────────────────────────────────────────────────
+
 
 @recipe("validate", "validating", "protocol_error", ("decision_malformed",))
 def _malformed_decision(kit: FaultyTools) -> list[list[Step]]:
@@ -90,43 +107,74 @@ def _duplicate_id(kit: FaultyTools) -> list[list[Step]]:
     return [[decide(_lookup("A1", id="x"), _lookup("A2", id="x"))]]
 
 
-@recipe("validate", "validating", "budget_exhausted", ("tool_rounds_spent",),
-         options={"budget": Budget(max_tool_rounds=1)})
+@recipe(
+    "validate",
+    "validating",
+    "budget_exhausted",
+    ("tool_rounds_spent",),
+    options={"budget": Budget(max_tool_rounds=1)},
+)
 def _tool_rounds(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup("A1")), decide(_lookup("A2"))]]
 
 
-@recipe("validate", "validating", "budget_exhausted", ("round_too_large",),
-         options={"budget": Budget(max_calls_per_round=1)})
+@recipe(
+    "validate",
+    "validating",
+    "budget_exhausted",
+    ("round_too_large",),
+    options={"budget": Budget(max_calls_per_round=1)},
+)
 def _calls_per_round(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup("A1"), _lookup("A2"))]]
 
 
-@recipe("validate", "validating", "budget_exhausted", ("total_calls_spent",),
-         options={"budget": Budget(max_total_calls=2)})
+@recipe(
+    "validate",
+    "validating",
+    "budget_exhausted",
+    ("total_calls_spent",),
+    options={"budget": Budget(max_total_calls=2)},
+)
 def _total_calls(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup("A1"), _lookup("A2")), decide(_lookup("A3"))]]
 
 
-@recipe("validate", "validating", "protocol_error", ("strict_policy", "batch_has_unknown_tool"),
-         options={"policy": "strict"})
+@recipe(
+    "validate",
+    "validating",
+    "protocol_error",
+    ("strict_policy", "batch_has_unknown_tool"),
+    options={"policy": "strict"},
+)
 def _strict_unknown_tool(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(call("delete_everything", {}))]]
 
 
-@recipe("validate", "validating", "protocol_error", ("strict_policy", "batch_has_denied_call"),
-         options={"policy": "strict"}, allowed_tools=["lookup"])
+@recipe(
+    "validate",
+    "validating",
+    "protocol_error",
+    ("strict_policy", "batch_has_denied_call"),
+    options={"policy": "strict"},
+    allowed_tools=["lookup"],
+)
 def _strict_denied(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_ticket())]]
 
 
-@recipe("validate", "validating", "protocol_error",
-         ("strict_policy", "batch_has_invalid_arguments"), options={"policy": "strict"})
+@recipe(
+    "validate",
+    "validating",
+    "protocol_error",
+    ("strict_policy", "batch_has_invalid_arguments"),
+    options={"policy": "strict"},
+)
 def _strict_invalid_arguments(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(call("lookup", '{"key": "A1", "key": "A2"}'))]]
@@ -146,14 +194,20 @@ def _read_then_answer(kit: FaultyTools) -> list[list[Step]]:
 
 # ── executing: dispatch ─────────────────────────────────────────────────────────────
 
+
 @recipe("dispatch", "executing", "observing", ("!call_admitted",))
 def _refusal_as_observation(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(call("lookup", {"key": 17})), answer("Sorry, I used a wrong argument.")]]
 
 
-@recipe("dispatch", "executing", "budget_exhausted", ("wall_clock_spent",),
-         options={"budget": Budget(max_wall_clock_s=5.0)})
+@recipe(
+    "dispatch",
+    "executing",
+    "budget_exhausted",
+    ("wall_clock_spent",),
+    options={"budget": Budget(max_wall_clock_s=5.0)},
+)
 def _wall_clock_before_call(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
 
@@ -184,14 +238,19 @@ def _idempotent_replay(kit: FaultyTools) -> list[list[Step]]:
 
 # ── executing: the tool returned ───────────────────────────────────────────────────
 
+
 @recipe("tool_returned", "executing", "observing", ("call_rejected",))
 def _write_rejected(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit, ticket=["rejected"])
     return [[decide(_ticket()), answer("The ticket system refused; nothing was created.")]]
 
 
-@recipe("tool_returned", "executing", "retry_wait",
-         ("is_retryable", "attempts_left", "retry_fits_deadline"))
+@recipe(
+    "tool_returned",
+    "executing",
+    "retry_wait",
+    ("is_retryable", "attempts_left", "retry_fits_deadline"),
+)
 def _transient_read_retried(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit, lookup=["transient"])
     return [[decide(_lookup()), answer("A17 is in transit.")]]
@@ -203,8 +262,9 @@ def _write_outcome_unknown(kit: FaultyTools) -> list[list[Step]]:
     return [[decide(_ticket(), _lookup())]]
 
 
-@recipe("tool_returned", "executing", "observing", (),
-         options={"retry": RetryPolicy(max_attempts=1)})
+@recipe(
+    "tool_returned", "executing", "observing", (), options={"retry": RetryPolicy(max_attempts=1)}
+)
 def _read_failed_for_good(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit, lookup=["error"])
     return [[decide(_lookup()), answer("The order service is failing.")]]
@@ -212,8 +272,14 @@ def _read_failed_for_good(kit: FaultyTools) -> list[list[Step]]:
 
 # ── observing ───────────────────────────────────────────────────────────────────────
 
-@recipe("observe", "observing", "budget_exhausted", ("output_budget_spent",),
-         options={"budget": Budget(max_output_bytes=1000)})
+
+@recipe(
+    "observe",
+    "observing",
+    "budget_exhausted",
+    ("output_budget_spent",),
+    options={"budget": Budget(max_output_bytes=1000)},
+)
 def _oversized_output(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit, lookup=["oversized"])
     return [[decide(_lookup(), _lookup("A18"))]]
@@ -225,15 +291,25 @@ def _two_calls_one_batch(kit: FaultyTools) -> list[list[Step]]:
     return [[decide(_lookup("A1"), _lookup("A2")), answer("Both are in transit.")]]
 
 
-@recipe("observe", "observing", "budget_exhausted", ("model_calls_spent",),
-         options={"budget": Budget(max_model_calls=1)})
+@recipe(
+    "observe",
+    "observing",
+    "budget_exhausted",
+    ("model_calls_spent",),
+    options={"budget": Budget(max_model_calls=1)},
+)
 def _model_calls(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup()), answer("never asked")]]
 
 
-@recipe("observe", "observing", "budget_exhausted", ("wall_clock_spent",),
-         options={"budget": Budget(max_wall_clock_s=5.0)})
+@recipe(
+    "observe",
+    "observing",
+    "budget_exhausted",
+    ("wall_clock_spent",),
+    options={"budget": Budget(max_wall_clock_s=5.0)},
+)
 def _read_timeout_spends_clock(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit, lookup=["timeout"])
     return [[decide(_lookup()), answer("never asked")]]
@@ -246,6 +322,7 @@ def _observe_then_decide(kit: FaultyTools) -> list[list[Step]]:
 
 
 # ── cancel: Ctrl-C wherever the run is ─────────────────────────────────────────────
+
 
 @recipe("cancel", "deciding", "cancelled")
 def _cancel_while_deciding(kit: FaultyTools) -> list[list[Step]]:
@@ -285,6 +362,7 @@ def _cancel_while_observing(kit: FaultyTools) -> list[list[Step]]:
 
 # ── resume: durable runs picked up again (registered when the table has these edges) ──
 
+
 def _resume(runtime: Runtime, run_id: str) -> list[RunResult]:
     resume: Callable[[str], RunResult] = getattr(runtime, "resume")  # noqa: B009
     return [resume(run_id)]
@@ -298,15 +376,31 @@ def _approve_c1(runtime: Runtime, run_id: str) -> list[RunResult]:
 _DURABLE = hasattr(Runtime, "resume") and hasattr(Runtime, "approve")
 
 
-@recipe("resume", "executing", "review_required", ("write_outcome_lost",),
-         if_in_table=True, needs=_DURABLE, die_at="tool_returned", review=_resume)
+@recipe(
+    "resume",
+    "executing",
+    "review_required",
+    ("write_outcome_lost",),
+    if_in_table=True,
+    needs=_DURABLE,
+    die_at="tool_returned",
+    review=_resume,
+)
 def _resume_after_death_mid_write(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_ticket(), _lookup()), answer("never asked")]]
 
 
-@recipe("resume", "executing", "observing", ("write_result_stored",), if_in_table=True,
-         needs=_DURABLE, die_at="tool_returned", review=_resume)
+@recipe(
+    "resume",
+    "executing",
+    "observing",
+    ("write_result_stored",),
+    if_in_table=True,
+    needs=_DURABLE,
+    die_at="tool_returned",
+    review=_resume,
+)
 def _resume_after_death_with_result_stored(kit: FaultyTools) -> list[list[Step]]:
     # The keyed write's result reached the idempotency record before the process died:
     # resumed, the stored result answers the call and nothing runs twice.
@@ -314,16 +408,31 @@ def _resume_after_death_with_result_stored(kit: FaultyTools) -> list[list[Step]]
     return [[decide(_ticket()), answer("Ticket filed.")]]
 
 
-@recipe("resume", "executing", "executing", (), if_in_table=True, needs=_DURABLE,
-         die_before_commit=True, review=_resume)
+@recipe(
+    "resume",
+    "executing",
+    "executing",
+    (),
+    if_in_table=True,
+    needs=_DURABLE,
+    die_before_commit=True,
+    review=_resume,
+)
 def _resume_dedup_write_dispatched_again(kit: FaultyTools) -> list[list[Step]]:
     # The downstream deduplicates by key, so a write whose end was lost may be sent again.
     _kit(kit, dedup=True)
     return [[decide(_ticket()), answer("Ticket filed.")]]
 
 
-@recipe("resume", "review_required", "observing", (), if_in_table=True, needs=_DURABLE,
-         review=_approve_c1)
+@recipe(
+    "resume",
+    "review_required",
+    "observing",
+    (),
+    if_in_table=True,
+    needs=_DURABLE,
+    review=_approve_c1,
+)
 def _approve_then_resume(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit, requires_approval=True)
     return [[decide(_ticket()), answer("Ticket filed.")]]

@@ -22,17 +22,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.machine import TRANSITIONS, Transition
+from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.table import TRANSITIONS, Transition
+from fsm_agent.durable.store import MemoryStore, Store
 from fsm_agent.models.scripted import ScriptedModel, Step
-from fsm_agent.result import RunResult
-from fsm_agent.run import TRANSITION_LISTENERS
-from fsm_agent.runtime import Runtime
-from fsm_agent.store import MemoryStore, Store
+from fsm_agent.runtime.result import RunResult
+from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.testing.faults import FaultyTools
 
-__all__ = ["ProcessDied", "Scenario", "ScenarioRun", "edge_key", "record_transitions",
-           "run_through_interrupts", "scenario_for", "scenarios", "scripted_runtime",
-           "stale_recipes", "unbuildable"]
+__all__ = [
+    "ProcessDied",
+    "Scenario",
+    "ScenarioRun",
+    "edge_key",
+    "record_transitions",
+    "run_through_interrupts",
+    "scenario_for",
+    "scenarios",
+    "scripted_runtime",
+    "stale_recipes",
+    "unbuildable",
+]
 
 EdgeKey = tuple[str, str, str, tuple[str, ...]]
 Setup = Callable[[FaultyTools], list[list[Step]]]
@@ -40,8 +50,10 @@ Setup = Callable[[FaultyTools], list[list[Step]]]
 #: A write tool's arguments: an idempotency key and a title that can differ under one key.
 TICKET_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 64},
-                   "title": {"type": "string", "maxLength": 200}},
+    "properties": {
+        "key": {"type": "string", "minLength": 1, "maxLength": 64},
+        "title": {"type": "string", "maxLength": 200},
+    },
     "required": ["key"],
 }
 
@@ -52,18 +64,28 @@ def edge_key(t: Transition) -> EdgeKey:
     return (t.trigger, t.source, t.dest, t.guards)
 
 
-def scripted_runtime(kit: FaultyTools, script: Sequence[Step], *,
-                     allowed_tools: Sequence[str] | None = None,
-                     store: Store | None = None, **options: Any) -> Runtime:
+def scripted_runtime(
+    kit: FaultyTools,
+    script: Sequence[Step],
+    *,
+    allowed_tools: Sequence[str] | None = None,
+    store: Store | None = None,
+    **options: Any,
+) -> Runtime:
     """A :class:`Runtime` over ``kit``'s tools and fake clock replaying ``script``.
 
     Every tool of the kit is allowed unless ``allowed_tools`` says otherwise; backoff
     sleeps move the fake clock instead of waiting.
     """
-    return Runtime(model=ScriptedModel(list(script)), tools=kit.registry,
-                   allowed_tools=kit.names() if allowed_tools is None else allowed_tools,
-                   clock=kit.clock, sleep=kit.clock.sleep,
-                   store=store if store is not None else MemoryStore(), **options)
+    return Runtime(
+        model=ScriptedModel(list(script)),
+        tools=kit.registry,
+        allowed_tools=kit.names() if allowed_tools is None else allowed_tools,
+        clock=kit.clock,
+        sleep=kit.clock.sleep,
+        store=store if store is not None else MemoryStore(),
+        **options,
+    )
 
 
 @contextlib.contextmanager
@@ -81,8 +103,9 @@ def record_transitions() -> Iterator[list[Transition]]:
         TRANSITION_LISTENERS.remove(listener)
 
 
-def run_through_interrupts(runtime: Runtime, task: str, *, run_id: str,
-                           use_async: bool = False) -> tuple[RunResult, bool]:
+def run_through_interrupts(
+    runtime: Runtime, task: str, *, run_id: str, use_async: bool = False
+) -> tuple[RunResult, bool]:
     """``runtime.run(task)`` (or ``arun`` in a fresh event loop), and when the run is
     interrupted (``KeyboardInterrupt``: the run cancels itself, then re-raises) the
     result it had reached. Returns ``(result, interrupted)``."""
@@ -184,12 +207,14 @@ class Scenario:
             TRANSITION_LISTENERS.insert(0, faults)
             try:
                 for n, script in enumerate(scripts, 1):
-                    runtime = scripted_runtime(kit, script, allowed_tools=self.allowed_tools,
-                                               store=store, **self.options)
+                    runtime = scripted_runtime(
+                        kit, script, allowed_tools=self.allowed_tools, store=store, **self.options
+                    )
                     run_id = f"{self.name}-{n}"
                     try:
                         result, interrupted = run_through_interrupts(
-                            runtime, self.task, run_id=run_id)
+                            runtime, self.task, run_id=run_id
+                        )
                         outcome.results.append(result)
                         outcome.interrupted.append(interrupted)
                     except ProcessDied:
@@ -207,22 +232,32 @@ RECIPES: list[Scenario] = []
 _TABLE_KEYS = {edge_key(t) for t in TRANSITIONS}
 
 
-def recipe(trigger: str, source: str, dest: str, guards: tuple[str, ...] = (), *,
-            if_in_table: bool = False, needs: bool = True,
-            **scenario: Any) -> Callable[[Setup], Setup]:
+def recipe(
+    trigger: str,
+    source: str,
+    dest: str,
+    guards: tuple[str, ...] = (),
+    *,
+    if_in_table: bool = False,
+    needs: bool = True,
+    **scenario: Any,
+) -> Callable[[Setup], Setup]:
     """Register a recipe aimed at an edge. ``if_in_table`` recipes are for edges that
     another part of the engine adds (durable runs): they register only once the table
     has their edge and ``needs`` (the API they drive) holds."""
+
     def register(setup: Setup) -> Setup:
         name = setup.__name__.strip("_")
         target = (trigger, source, dest, guards)
         if not if_in_table or (needs and target in _TABLE_KEYS):
             RECIPES.append(Scenario(name, target, setup, **scenario))
         return setup
+
     return register
 
 
 # ── resolution against the table ────────────────────────────────────────────────────
+
 
 def _load() -> None:
     # The recipes register themselves on import; they live in their own module.

@@ -25,22 +25,33 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fsm_agent.approvals import Approval
-from fsm_agent.budget import Budget, RetryPolicy
-from fsm_agent.canonical import digest
-from fsm_agent.history import check_history
-from fsm_agent.machine import TERMINAL_STATES
+from fsm_agent.core.approvals import Approval
+from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.canonical import digest
+from fsm_agent.core.history import check_history
+from fsm_agent.core.table import TERMINAL_STATES
+from fsm_agent.durable.store import MemoryStore
 from fsm_agent.models.scripted import ScriptedModel, Step
-from fsm_agent.result import RunResult
-from fsm_agent.store import MemoryStore
+from fsm_agent.runtime.result import RunResult
 from fsm_agent.testing.assertions import duplicate_writes
 from fsm_agent.testing.faults import BEHAVIOURS, FaultyTools
 from fsm_agent.testing.paths import trace_problems
 from fsm_agent.testing.scenarios import TICKET_SCHEMA, run_through_interrupts, scripted_runtime
 
-__all__ = ["TOOL_NAMES", "FuzzCase", "FuzzOutcome", "ModelStep", "ToolConfig", "arguments",
-           "budgets", "cases", "decisions", "invariant_problems", "run_case",
-           "tool_behaviours"]
+__all__ = [
+    "TOOL_NAMES",
+    "FuzzCase",
+    "FuzzOutcome",
+    "ModelStep",
+    "ToolConfig",
+    "arguments",
+    "budgets",
+    "cases",
+    "decisions",
+    "invariant_problems",
+    "run_case",
+    "tool_behaviours",
+]
 
 KEYS = ("K1", "K2", "A17")
 TITLES = ("refund", "réembolso ✓")
@@ -92,6 +103,7 @@ class FuzzOutcome:
 
 # ── tools and trusted configuration ──────────────────────────────────────────────────
 
+
 def _weighted(*options: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
     """Choose among strategies in proportion to their weights (``one_of`` picks branches
     evenly and merges equal ones, which would make most batches malformed and the
@@ -126,10 +138,16 @@ _BEHAVIOURS = tool_behaviours()
 def _tool_configs(draw: st.DrawFn) -> list[ToolConfig]:
     tools = [ToolConfig("lookup", "read", draw(_BEHAVIOURS))]
     idempotent = draw(st.booleans())
-    tools.append(ToolConfig(
-        "create_ticket", "write", draw(_BEHAVIOURS), idempotent=idempotent,
-        dedup=idempotent and draw(st.booleans()),
-        requires_approval=draw(st.integers(0, 2)) == 0))
+    tools.append(
+        ToolConfig(
+            "create_ticket",
+            "write",
+            draw(_BEHAVIOURS),
+            idempotent=idempotent,
+            dedup=idempotent and draw(st.booleans()),
+            requires_approval=draw(st.integers(0, 2)) == 0,
+        )
+    )
     if draw(st.booleans()):
         tools.append(ToolConfig("send_email", "write", draw(_BEHAVIOURS)))
     return tools
@@ -139,8 +157,10 @@ def budgets() -> st.SearchStrategy[Budget]:
     """Small budgets, so that every limit is reached often."""
     return st.builds(
         Budget,
-        max_tool_rounds=st.integers(1, 4), max_calls_per_round=st.integers(1, 4),
-        max_total_calls=st.integers(1, 8), max_model_calls=st.integers(1, 6),
+        max_tool_rounds=st.integers(1, 4),
+        max_calls_per_round=st.integers(1, 4),
+        max_total_calls=st.integers(1, 8),
+        max_model_calls=st.integers(1, 6),
         max_tokens=_weighted((3, st.none()), (1, st.integers(1, 400))),
         max_cost=_weighted((3, st.none()), (1, st.floats(0, 1, allow_nan=False))),
         max_wall_clock_s=st.none() | st.floats(1, 100, allow_nan=False),
@@ -148,16 +168,18 @@ def budgets() -> st.SearchStrategy[Budget]:
     )
 
 
-_RETRIES = st.builds(RetryPolicy, max_attempts=st.integers(1, 4),
-                     backoff_s=st.sampled_from([0.0, 0.05, 1.0, 30.0]))
+_RETRIES = st.builds(
+    RetryPolicy, max_attempts=st.integers(1, 4), backoff_s=st.sampled_from([0.0, 0.05, 1.0, 30.0])
+)
 
 
 # ── decisions ───────────────────────────────────────────────────────────────────────
 
 _VALID_ARGUMENTS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "lookup": st.fixed_dictionaries({"key": st.sampled_from(KEYS)}),
-    "write": st.fixed_dictionaries({"key": st.sampled_from(KEYS)},
-                                   optional={"title": st.sampled_from(TITLES)}),
+    "write": st.fixed_dictionaries(
+        {"key": st.sampled_from(KEYS)}, optional={"title": st.sampled_from(TITLES)}
+    ),
 }
 
 
@@ -166,29 +188,46 @@ def _valid_arguments(name: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 _BAD_ARGUMENTS = st.one_of(
-    st.sampled_from([
-        "", "{", "[]", "null", '"key"', "{'key': 'K1'}",
-        '{"key": "K1", "key": "K2"}',              # duplicate keys
-        '{"key": NaN}', '{"key": Infinity}', '{"key": -Infinity}',
-        '{"key": 1e999}', '{"key": ' + "9" * 5000 + "}",   # huge numbers
-        "[" * 5_000 + "]" * 5_000,                # nesting past the recursion limit
-        '{"key": 5}', '{"key": true}', '{"key": null}', '{"key": ["K1"]}',   # wrong types
-        '{"key": ""}', '{"key": "' + "k" * 100 + '"}',   # schema bounds
-        '{"key": "K1", "approved": true}',          # an unknown field grants nothing
-        '{"key": "K1"} trailing',
-    ]),
+    st.sampled_from(
+        [
+            "",
+            "{",
+            "[]",
+            "null",
+            '"key"',
+            "{'key': 'K1'}",
+            '{"key": "K1", "key": "K2"}',  # duplicate keys
+            '{"key": NaN}',
+            '{"key": Infinity}',
+            '{"key": -Infinity}',
+            '{"key": 1e999}',
+            '{"key": ' + "9" * 5000 + "}",  # huge numbers
+            "[" * 5_000 + "]" * 5_000,  # nesting past the recursion limit
+            '{"key": 5}',
+            '{"key": true}',
+            '{"key": null}',
+            '{"key": ["K1"]}',  # wrong types
+            '{"key": ""}',
+            '{"key": "' + "k" * 100 + '"}',  # schema bounds
+            '{"key": "K1", "approved": true}',  # an unknown field grants nothing
+            '{"key": "K1"} trailing',
+        ]
+    ),
     st.text(max_size=30),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                 lambda inner: st.lists(inner, max_size=3)
-                 | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                 max_leaves=10).map(json.dumps),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+        ),
+        max_leaves=10,
+    ).map(json.dumps),
 )
 
 
 def _arguments_of(valid: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[Any]:
     as_text = st.one_of(
-        valid.map(json.dumps),
-        valid.map(lambda a: json.dumps(a, ensure_ascii=False, indent=1)))
+        valid.map(json.dumps), valid.map(lambda a: json.dumps(a, ensure_ascii=False, indent=1))
+    )
     not_text = st.sampled_from([{"key": "K1"}, None, 7])
     return _weighted((40, as_text), (9, _BAD_ARGUMENTS), (1, not_text))
 
@@ -203,18 +242,25 @@ def arguments(name: str) -> st.SearchStrategy[Any]:
 
 
 TOOL_NAMES = ("lookup", "create_ticket", "send_email")
-_NAMES = _weighted((76, st.sampled_from(TOOL_NAMES)), (2, st.sampled_from(UNKNOWN_NAMES)),
-                   (1, st.just("")), (1, st.integers()))
-_ODD_IDS = st.one_of(st.none(), st.just(""), st.just("c1"), st.text(max_size=8),
-                     st.integers(), st.just("🔑-id"))
+_NAMES = _weighted(
+    (76, st.sampled_from(TOOL_NAMES)),
+    (2, st.sampled_from(UNKNOWN_NAMES)),
+    (1, st.just("")),
+    (1, st.integers()),
+)
+_ODD_IDS = st.one_of(
+    st.none(), st.just(""), st.just("c1"), st.text(max_size=8), st.integers(), st.just("🔑-id")
+)
 _ODD_CALLS: st.SearchStrategy[Any] = st.sampled_from([None, "call", [], {"function": None}])
 
 
 @st.composite
 def _call(draw: st.DrawFn, index: int) -> Any:
     name = draw(_NAMES)
-    call: dict[str, Any] = {"type": "function",
-                            "function": {"name": name, "arguments": draw(arguments(str(name)))}}
+    call: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": name, "arguments": draw(arguments(str(name)))},
+    }
     if draw(st.integers(0, 9)) == 0:
         call["id"] = draw(_ODD_IDS)
     elif draw(st.integers(0, 19)) != 0:  # otherwise the id is left out altogether
@@ -228,18 +274,39 @@ def _call(draw: st.DrawFn, index: int) -> Any:
 
 _USAGE = _weighted(
     (10, st.none()),
-    (4, st.fixed_dictionaries({"prompt_tokens": st.integers(0, 200),
-                               "completion_tokens": st.integers(0, 200)},
-                              optional={"cost": st.floats(0, 0.5, allow_nan=False)})),
-    (1, st.fixed_dictionaries({"total_tokens": st.integers(-5, 300) | st.just(True),
-                               "cost": st.just("free") | st.just(-1) | st.floats()})),
+    (
+        4,
+        st.fixed_dictionaries(
+            {"prompt_tokens": st.integers(0, 200), "completion_tokens": st.integers(0, 200)},
+            optional={"cost": st.floats(0, 0.5, allow_nan=False)},
+        ),
+    ),
+    (
+        1,
+        st.fixed_dictionaries(
+            {
+                "total_tokens": st.integers(-5, 300) | st.just(True),
+                "cost": st.just("free") | st.just(-1) | st.floats(),
+            }
+        ),
+    ),
 )
-_ODD_REPLIES: st.SearchStrategy[Any] = st.sampled_from([
-    None, "just text", [], 42, {"role": "user", "content": "hi"},
-    {"role": "assistant", "content": 7},
-    {"role": "assistant", "content": None, "tool_calls": {}}])
-_ANSWERS = _weighted((6, st.sampled_from(["Done.", "完成 ✓", "\u0000", "A17 is in transit."])),
-                     (2, st.text(max_size=20)), (1, st.sampled_from(["", " "])))
+_ODD_REPLIES: st.SearchStrategy[Any] = st.sampled_from(
+    [
+        None,
+        "just text",
+        [],
+        42,
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": 7},
+        {"role": "assistant", "content": None, "tool_calls": {}},
+    ]
+)
+_ANSWERS = _weighted(
+    (6, st.sampled_from(["Done.", "完成 ✓", "\u0000", "A17 is in transit."])),
+    (2, st.text(max_size=20)),
+    (1, st.sampled_from(["", " "])),
+)
 _BATCH_SIZES = _weighted((1, st.just(0)), (12, st.integers(1, 2)), (3, st.integers(3, 5)))
 
 
@@ -296,16 +363,23 @@ _BUDGETS = budgets()
 def _cases(draw: st.DrawFn) -> FuzzCase:
     tools = draw(_tool_configs())
     names = [t.name for t in tools]
-    allowed = draw(st.lists(st.sampled_from(names), unique=True)) if draw(
-        st.integers(0, 4)) == 0 else names
+    allowed = (
+        draw(st.lists(st.sampled_from(names), unique=True))
+        if draw(st.integers(0, 4)) == 0
+        else names
+    )
     approvals = []
     for t in tools:
         if t.requires_approval:
             for args in draw(st.lists(_valid_arguments(t.name), max_size=3)):
                 approvals.append((t.name, args))
     case = FuzzCase(
-        tools=tools, allowed=allowed, approvals=approvals, budget=draw(_BUDGETS),
-        retry=draw(_RETRIES), policy=draw(st.sampled_from(["default", "strict"])),
+        tools=tools,
+        allowed=allowed,
+        approvals=approvals,
+        budget=draw(_BUDGETS),
+        retry=draw(_RETRIES),
+        policy=draw(st.sampled_from(["default", "strict"])),
         scripts=[draw(_SCRIPTS) for _ in range(draw(st.integers(1, 2)))],
         use_async=draw(st.integers(0, 9)) == 0,
     )
@@ -316,10 +390,14 @@ def _without_interrupts(case: FuzzCase) -> FuzzCase:
     """Ctrl-C reaches an event loop as a cancelled task, never as a ``KeyboardInterrupt``
     raised by a tool in a worker thread or by a model inside a task; an async case keeps
     its other faults and drops those it could not meet."""
-    calm = [replace(t, faults=tuple(f for f in t.faults if not f.startswith("interrupt")))
-            for t in case.tools]
-    scripts = [[replace(s, interrupt=False, raise_error=s.raise_error or s.interrupt)
-                for s in script] for script in case.scripts]
+    calm = [
+        replace(t, faults=tuple(f for f in t.faults if not f.startswith("interrupt")))
+        for t in case.tools
+    ]
+    scripts = [
+        [replace(s, interrupt=False, raise_error=s.raise_error or s.interrupt) for s in script]
+        for script in case.scripts
+    ]
     return replace(case, tools=calm, scripts=scripts)
 
 
@@ -333,6 +411,7 @@ def cases() -> st.SearchStrategy[FuzzCase]:
 
 # ── running a case and checking it ──────────────────────────────────────────────────
 
+
 def _step(kit: FaultyTools, spec: ModelStep) -> Step:
     def step(messages: list[dict[str, Any]]) -> Any:
         kit.clock.advance(spec.delay_s)
@@ -341,6 +420,7 @@ def _step(kit: FaultyTools, spec: ModelStep) -> Step:
         if spec.interrupt:
             raise KeyboardInterrupt
         return spec.reply
+
     return step
 
 
@@ -351,27 +431,40 @@ def run_case(case: FuzzCase) -> FuzzOutcome:
         if t.effect == "read":
             kit.read(t.name, faults=t.faults, oversized_bytes=3000)
         else:
-            kit.write(t.name, faults=t.faults, schema=TICKET_SCHEMA, idempotent=t.idempotent,
-                      dedup=t.dedup, requires_approval=t.requires_approval,
-                      oversized_bytes=3000)
+            kit.write(
+                t.name,
+                faults=t.faults,
+                schema=TICKET_SCHEMA,
+                idempotent=t.idempotent,
+                dedup=t.dedup,
+                requires_approval=t.requires_approval,
+                oversized_bytes=3000,
+            )
     outcome = FuzzOutcome(case, kit)
     store = MemoryStore()
     approvals = [Approval(name, args) for name, args in case.approvals]
     for n, script in enumerate(case.scripts, 1):
-        runtime = scripted_runtime(kit, [_step(kit, s) for s in script],
-                                   allowed_tools=case.allowed, store=store,
-                                   budget=case.budget, retry=case.retry, policy=case.policy,
-                                   approvals=approvals)
+        runtime = scripted_runtime(
+            kit,
+            [_step(kit, s) for s in script],
+            allowed_tools=case.allowed,
+            store=store,
+            budget=case.budget,
+            retry=case.retry,
+            policy=case.policy,
+            approvals=approvals,
+        )
         model = runtime.model
         assert isinstance(model, ScriptedModel)
         outcome.models.append(model)
-        result, _ = run_through_interrupts(runtime, "Help with A17.", run_id=f"fuzz-{n}",
-                                           use_async=case.use_async)
+        result, _ = run_through_interrupts(
+            runtime, "Help with A17.", run_id=f"fuzz-{n}", use_async=case.use_async
+        )
         outcome.results.append(result)
     return outcome
 
 
-def invariant_problems(outcome: FuzzOutcome) -> list[str]:
+def invariant_problems(outcome: FuzzOutcome) -> list[str]:  # noqa: C901 - one check per run invariant
     """Every invariant the case's runs broke (empty when all held)."""
     case, kit = outcome.case, outcome.kit
     b = case.budget
@@ -383,24 +476,28 @@ def invariant_problems(outcome: FuzzOutcome) -> list[str]:
         problems += [f"{at}: trace: {p}" for p in trace_problems(result.events)]
         problems += [f"{at}: returned history: {p}" for p in check_history(result.messages)]
         for i, seen in enumerate(model.seen, 1):
-            problems += [f"{at}: history given to model call {i}: {p}"
-                         for p in check_history(seen)]
+            problems += [f"{at}: history given to model call {i}: {p}" for p in check_history(seen)]
         c = result.counters
-        for name, used, limit in (("model calls", c["model_calls"], b.max_model_calls),
-                                  ("tool rounds", c["tool_rounds"], b.max_tool_rounds),
-                                  ("tool calls", c["tool_calls"], b.max_total_calls)):
+        for name, used, limit in (
+            ("model calls", c["model_calls"], b.max_model_calls),
+            ("tool rounds", c["tool_rounds"], b.max_tool_rounds),
+            ("tool calls", c["tool_calls"], b.max_total_calls),
+        ):
             if used > limit:
                 problems.append(f"{at}: {used} {name}, over the budget of {limit}")
         for e in result.events:
-            if e["type"] != "transition" or (e["trigger"], e["dest"]) != (
-                    "dispatch", "executing"):
+            if e["type"] != "transition" or (e["trigger"], e["dest"]) != ("dispatch", "executing"):
                 continue
             if e["attempt"] > case.retry.max_attempts:
-                problems.append(f"{at}: call {e['call_id']!r} attempt {e['attempt']} is past "
-                                f"max_attempts={case.retry.max_attempts}")
+                problems.append(
+                    f"{at}: call {e['call_id']!r} attempt {e['attempt']} is past "
+                    f"max_attempts={case.retry.max_attempts}"
+                )
             if b.max_wall_clock_s is not None and e["t"] >= b.max_wall_clock_s:
-                problems.append(f"{at}: a tool started at t={e['t']}s, past the wall-clock "
-                                f"budget of {b.max_wall_clock_s}s")
+                problems.append(
+                    f"{at}: a tool started at t={e['t']}s, past the wall-clock "
+                    f"budget of {b.max_wall_clock_s}s"
+                )
         problems += [f"{at}: {p}" for p in duplicate_writes(result)]
     problems += duplicate_writes(kit)
     approved = {digest(name, args) for name, args in case.approvals}
@@ -409,6 +506,9 @@ def invariant_problems(outcome: FuzzOutcome) -> list[str]:
         if tool.calls and t.name not in case.allowed:
             problems.append(f"{t.name} ran {tool.attempts} times but is not in allowed_tools")
         if t.requires_approval:
-            problems += [f"{t.name} ran with {args} without a matching approval"
-                         for args in tool.calls if digest(t.name, args) not in approved]
+            problems += [
+                f"{t.name} ran with {args} without a matching approval"
+                for args in tool.calls
+                if digest(t.name, args) not in approved
+            ]
     return problems

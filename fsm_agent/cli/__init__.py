@@ -1,0 +1,49 @@
+"""The ``fsm-agent`` command line.
+
+Each subcommand lives in its own module, which exposes ``register(subparsers)`` and sets
+``handler`` (a function of the parsed arguments returning the exit code). Modules are
+imported only when the command line runs, so ``import fsm_agent`` stays fast.
+
+Exit codes: 0 success, 1 the command ran and found a problem (a failed check, a demo
+mismatch), 2 bad usage or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+#: Modules that add a subcommand, in the order they appear in ``--help``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "fsm_agent.cli.demo",
+    "fsm_agent.cli.diagram",
+    "fsm_agent.cli.check",
+    "fsm_agent.cli.runs",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fsm-agent",
+        description="Run LLM tool-calling loops as explicit finite-state machines.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `fsm-agent ... | head`
+        return 0

@@ -1,0 +1,382 @@
+"""``fsm-agent demo``: the scenarios of both seed articles, run with scripted models.
+
+Each scenario builds a fresh backend and runtime, runs it, prints one JSON line per trace
+event and a summary line, and checks the stop reason and the side-effect counts (tool
+attempts, tickets created, replays). Any mismatch makes the command exit 1.
+
+Scenarios are importable (:data:`SCENARIOS`) so other commands can run one with a real
+model instead of the script: ``SCENARIOS["happy"].run(model=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsm_agent.cli.model_args import ModelArgsError, add_model_arguments, model_from_args
+from fsm_agent.core.approvals import Approval
+from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.errors import ToolRejected, TransientToolError
+from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.runtime.result import RunResult
+from fsm_agent.runtime.runtime import Model, Runtime
+from fsm_agent.tools.registry import ToolRegistry
+
+__all__ = ["SCENARIOS", "Backend", "Scenario", "ScenarioOutcome", "register"]
+
+DOCS = (
+    "Order A17 left the Shanghai warehouse and is in transit.",
+    "Refunds are issued to the original payment method within 5 days.",
+    "Tickets are created by support for damaged or missing parcels.",
+    "Order A18 was delivered to the front desk.",
+)
+
+
+class Backend:
+    """The demo's external systems, in memory: an order lookup, a search index, tickets.
+
+    Counts are taken from the backend's own final state, never from what a tool said.
+    """
+
+    def __init__(self, *, transient_searches: int = 0, lose_write_responses: int = 0) -> None:
+        self.tickets: dict[str, dict[str, Any]] = {}
+        self.transient_searches = transient_searches
+        self.lose_write_responses = lose_write_responses
+
+    def search(self, query: str) -> list[str]:
+        if self.transient_searches > 0:
+            self.transient_searches -= 1
+            raise TransientToolError("search index timed out (injected)")
+        words = set(query.lower().split())
+        hits = [(len(words & set(d.lower().rstrip(".").split())), d) for d in DOCS]
+        return [d for score, d in sorted(hits, key=lambda h: -h[0]) if score][:2]
+
+    def create_ticket(self, request_id: str, title: str) -> dict[str, Any]:
+        existing = self.tickets.get(request_id)
+        if existing is not None and existing["title"] != title:
+            raise ToolRejected(f"request {request_id} already exists with another title")
+        ticket = existing or {"ticket_id": f"T-{len(self.tickets) + 1}", "title": title}
+        self.tickets[request_id] = ticket
+        if self.lose_write_responses > 0:
+            self.lose_write_responses -= 1
+            raise ConnectionResetError("ticket created, but the response was lost (injected)")
+        return dict(ticket)
+
+    def registry(self) -> ToolRegistry:
+        tools = ToolRegistry()
+        tools.register(
+            lambda order_id: {"order_id": order_id, "status": "in_transit"},
+            name="check_order",
+            effect="read",
+            description="Look up an order's status.",
+            schema={
+                "type": "object",
+                "required": ["order_id"],
+                "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
+            },
+        )
+        tools.register(
+            self.search,
+            name="search",
+            effect="read",
+            description="Search the help centre.",
+            schema={
+                "type": "object",
+                "required": ["query"],
+                "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
+            },
+        )
+        tools.register(
+            self.create_ticket,
+            name="create_ticket",
+            effect="write",
+            requires_approval=True,
+            idempotency_key=lambda args: args["request_id"],
+            description="Open a support ticket (needs approval).",
+            schema={
+                "type": "object",
+                "required": ["request_id", "title"],
+                "properties": {
+                    "request_id": {"type": "string", "pattern": "^R-[0-9]+$"},
+                    "title": {"type": "string", "minLength": 1, "maxLength": 120},
+                },
+            },
+        )
+        return tools
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def calls(*tool_calls: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": list(tool_calls)}
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+TICKET = {"request_id": "R-1", "title": "Parcel A17 arrived damaged"}
+ALLOWED = ("check_order", "search", "create_ticket")
+
+
+@dataclass
+class ScenarioOutcome:
+    name: str
+    results: list[RunResult]
+    checks: dict[str, tuple[Any, Any]]  # name -> (expected, actual)
+
+    @property
+    def ok(self) -> bool:
+        return all(expected == actual for expected, actual in self.checks.values())
+
+
+@dataclass
+class Scenario:
+    """One demo: a script, the runtime options, and what must hold afterwards."""
+
+    name: str
+    description: str
+    task: str
+    script: list[Any]
+    expect_status: str
+    expect_reason: str
+    expect_counts: dict[str, int]
+    backend: Callable[[], Backend] = Backend
+    budget: Budget = field(default_factory=Budget)
+    approvals: tuple[Approval, ...] = ()
+    follow_up: Callable[[Runtime, Backend, RunResult, Path | None], list[RunResult]] | None = None
+
+    def run(
+        self, model: Model | None = None, trace_dir: str | Path | None = None
+    ) -> ScenarioOutcome:
+        """Run the scenario; with ``model`` the script is replaced and only the stop is
+        checked (a real model's tool use is its own business)."""
+        backend = self.backend()
+        runtime = Runtime(
+            model=model or ScriptedModel(self.script),
+            tools=backend.registry(),
+            allowed_tools=ALLOWED,
+            budget=self.budget,
+            retry=RetryPolicy(max_attempts=2, backoff_s=0.01),
+            approvals=self.approvals,
+        )
+        folder = Path(trace_dir) if trace_dir is not None else None
+        trace = folder / f"{self.name}.jsonl" if folder is not None else None
+        if trace is not None and trace.exists():
+            trace.unlink()
+        first = runtime.run(self.task, run_id=f"demo-{self.name}", trace=trace)
+        results = [first]
+        checks: dict[str, tuple[Any, Any]] = {
+            "status": (self.expect_status, first.status),
+            "reason": (self.expect_reason, first.reason),
+        }
+        if model is None:
+            actual = {
+                "search_attempts": first.counters["tool_attempts"].get("search", 0),
+                "write_attempts": first.counters["write_attempts"],
+                "replays": first.counters["replays"],
+                "tickets_created": len(backend.tickets),
+                "model_calls": first.counters["model_calls"],
+                "tool_attempts": sum(first.counters["tool_attempts"].values()),
+            }
+            for key, expected in self.expect_counts.items():
+                checks[key] = (expected, actual[key])
+            if self.follow_up is not None:
+                results += self.follow_up(runtime, backend, first, folder)
+                checks["tickets_after_follow_up"] = (1, len(backend.tickets))
+                checks["follow_up_replayed"] = (1, results[-1].counters["replays"])
+                checks["follow_up_status"] = ("done", results[-1].status)
+        return ScenarioOutcome(self.name, results, checks)
+
+
+def _reconcile_and_resubmit(
+    runtime: Runtime, backend: Backend, first: RunResult, folder: Path | None
+) -> list[RunResult]:
+    """The lost write, settled the safe way: a trusted party looks up the ticket in the
+    backend and records that outcome under the same key; resubmitting replays it."""
+    observed = backend.tickets.get(TICKET["request_id"])
+    if observed is not None:
+        runtime.store.commit_idempotency("create_ticket", TICKET["request_id"], dict(observed))
+    trace = folder / "lost_write_resubmit.jsonl" if folder is not None else None
+    if trace is not None and trace.exists():
+        trace.unlink()
+    again = runtime.run(
+        "Open a ticket for the damaged parcel (resubmitted).",
+        run_id="demo-lost_write-resubmit",
+        trace=trace,
+        model=ScriptedModel(
+            [calls(call("call-1", "create_ticket", **TICKET)), say("Ticket T-1 is open.")]
+        ),
+    )
+    return [again]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "happy",
+            "one search, then an answer",
+            "Where is order A17?",
+            [
+                calls(call("call-1", "search", query="order A17 transit")),
+                say("Order A17 is in transit."),
+            ],
+            "done",
+            "final_answer",
+            {"search_attempts": 1, "tickets_created": 0, "write_attempts": 0},
+        ),
+        Scenario(
+            "retry",
+            "the first search fails transiently; the read is retried once",
+            "Where is order A17?",
+            [calls(call("call-1", "search", query="order A17")), say("Order A17 is in transit.")],
+            "done",
+            "final_answer",
+            {"search_attempts": 2, "tickets_created": 0},
+            backend=lambda: Backend(transient_searches=1),
+        ),
+        Scenario(
+            "approval",
+            "an approved ticket is requested twice: created once, then replayed",
+            "Parcel A17 arrived damaged; open a ticket.",
+            [
+                calls(call("call-1", "create_ticket", **TICKET)),
+                calls(call("call-2", "create_ticket", **TICKET)),
+                say("Ticket T-1 is open."),
+            ],
+            "done",
+            "final_answer",
+            {"write_attempts": 2, "tickets_created": 1, "replays": 1},
+            approvals=(Approval("create_ticket", TICKET),),
+        ),
+        Scenario(
+            "denied",
+            "a ticket whose approval was issued for other arguments runs nothing",
+            "Parcel A17 arrived damaged; open a ticket.",
+            [calls(call("call-1", "create_ticket", **TICKET))],
+            "review_required",
+            "approval_required",
+            {"write_attempts": 0, "tickets_created": 0},
+            approvals=(Approval("create_ticket", {**TICKET, "title": "Another title"}),),
+        ),
+        Scenario(
+            "loop",
+            "the model keeps searching; the round budget stops it before a 4th decision",
+            "Find everything about A17.",
+            [calls(call(f"call-{i}", "search", query=f"A17 page {i}")) for i in range(1, 6)],
+            "budget_exhausted",
+            "tool_rounds",
+            {"search_attempts": 2, "model_calls": 3},
+            budget=Budget(max_tool_rounds=2),
+        ),
+        Scenario(
+            "lost_write",
+            "the ticket is created but the response is lost: stop for review, never "
+            "redo it; a trusted reconcile then makes the resubmission a replay",
+            "Parcel A17 arrived damaged; open a ticket.",
+            [
+                calls(
+                    call("call-1", "create_ticket", **TICKET),
+                    call("call-2", "search", query="damaged parcel"),
+                )
+            ],
+            "review_required",
+            "outcome_unknown",
+            {"write_attempts": 1, "tickets_created": 1, "search_attempts": 0},
+            backend=lambda: Backend(lose_write_responses=1),
+            approvals=(Approval("create_ticket", TICKET),),
+            follow_up=_reconcile_and_resubmit,
+        ),
+        Scenario(
+            "bad_batch",
+            "two calls share one id: the whole batch is refused before any runs",
+            "Where are orders A17 and A18?",
+            [
+                calls(
+                    call("call-1", "check_order", order_id="A17"),
+                    call("call-1", "check_order", order_id="A18"),
+                )
+            ],
+            "protocol_error",
+            "duplicate_tool_call_id",
+            {"tool_attempts": 0},
+        ),
+    )
+}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="run the scripted scenarios of the seed articles and check them",
+        description="Run demo scenarios with scripted models; print one JSON line per "
+        "trace event and a summary per scenario; exit 1 on any mismatch.",
+    )
+    p.add_argument(
+        "--scenario",
+        default=None,
+        choices=[*SCENARIOS, "all"],
+        help="which scenario to run (default: all; 'happy' with a real --model)",
+    )
+    p.add_argument("--trace-dir", metavar="DIR", help="write <scenario>.jsonl traces here")
+    p.add_argument("--quiet", action="store_true", help="print only the summaries")
+    add_model_arguments(p)
+    p.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
+    if model is None and hasattr(args, "model"):  # flags of fsm_agent.cli.model_args
+        try:
+            model = model_from_args(args)
+        except ModelArgsError as exc:
+            print(f"demo: {exc}", file=sys.stderr)
+            return 2
+    scenario = args.scenario or ("all" if model is None else "happy")
+    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    failed = []
+    for name in names:
+        outcome = SCENARIOS[name].run(model=model, trace_dir=args.trace_dir)
+        if not args.quiet:
+            for result in outcome.results:
+                for event in result.events:
+                    print(json.dumps({"scenario": name, **event}, ensure_ascii=False, default=repr))
+        mismatches = {
+            k: {"expected": e, "actual": a} for k, (e, a) in outcome.checks.items() if e != a
+        }
+        first = outcome.results[0]
+        print(
+            json.dumps(
+                {
+                    "type": "summary",
+                    "scenario": name,
+                    "ok": outcome.ok,
+                    "status": first.status,
+                    "reason": first.reason,
+                    "checks": {k: a for k, (_, a) in outcome.checks.items()},
+                    "mismatches": mismatches,
+                },
+                ensure_ascii=False,
+            )
+        )
+        if not outcome.ok:
+            failed.append(name)
+    if failed:
+        print(
+            f"demo: {len(failed)} scenario(s) did not behave as expected: {', '.join(failed)}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"demo: all {len(names)} scenario(s) behaved as expected", file=sys.stderr)
+    return 0

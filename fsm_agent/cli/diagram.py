@@ -1,0 +1,189 @@
+"""``fsm-agent diagram`` and ``fsm-agent replay``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fsm_agent.errors import TraceError, UsageError
+from fsm_agent.render.dot import Overlay, machine_dot
+from fsm_agent.render.engine import RENDERERS, RenderError, render
+from fsm_agent.render.mermaid import machine_mermaid
+from fsm_agent.render.replay import Replay, StepError, aggregate_overlay
+
+__all__ = ["register"]
+
+_FORMATS = ("svg", "png", "dot", "mermaid")
+_SUFFIXES = {
+    ".svg": "svg",
+    ".png": "png",
+    ".dot": "dot",
+    ".gv": "dot",
+    ".mmd": "mermaid",
+    ".mermaid": "mermaid",
+}
+
+
+def register(subparsers: Any) -> None:
+    d = subparsers.add_parser(
+        "diagram",
+        help="draw the run machine from its transition table",
+        description="Draw the run machine. SVG/PNG use Graphviz 'dot' when it is on PATH, "
+        "else the pip-installed WebAssembly Graphviz (SVG only).",
+    )
+    d.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    d.add_argument(
+        "--format", choices=_FORMATS, help="output format (default: from the -o suffix, else svg)"
+    )
+    _renderer_flags(d)
+    d.set_defaults(handler=run_diagram)
+
+    r = subparsers.add_parser(
+        "replay",
+        help="step through a trace over the machine, or draw a frame of it",
+        description="Without -o/--html: step through the trace (keys in a terminal, text "
+        "otherwise). -o writes the frame at --step (default: the last step); "
+        "--html writes a self-contained viewer; --aggregate draws one heat map "
+        "of edge counts over all the given traces.",
+    )
+    r.add_argument("traces", nargs="+", metavar="TRACE", help="JSON Lines trace file(s)")
+    r.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help="step N (0 is the run_start header; default: the last step)",
+    )
+    r.add_argument("-o", "--output", metavar="FILE", help="write the frame here")
+    r.add_argument(
+        "--format",
+        choices=("svg", "png", "dot"),
+        help="frame format (default: from the -o suffix, else svg)",
+    )
+    r.add_argument("--html", metavar="FILE", help="write the step-through HTML viewer here")
+    r.add_argument(
+        "--aggregate",
+        action="store_true",
+        help="draw one heat map of edge counts over all TRACEs (needs -o)",
+    )
+    _renderer_flags(r)
+    r.set_defaults(handler=run_replay)
+
+
+def _renderer_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--renderer",
+        choices=RENDERERS,
+        default=None,
+        help="force Graphviz 'dot' or the WebAssembly build (default: auto, or "
+        "$FSM_AGENT_RENDERER)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="say which renderer ran")
+
+
+def _format(args: argparse.Namespace, allowed: tuple[str, ...]) -> str:
+    if args.format:
+        return str(args.format)
+    if args.output:
+        suffix = Path(args.output).suffix.lower()
+        fmt = _SUFFIXES.get(suffix)
+        if fmt is None or fmt not in allowed:
+            raise UsageError(
+                f"cannot tell the format from {args.output!r}: use --format "
+                f"{'|'.join(allowed)} or a suffix such as .svg"
+            )
+        return fmt
+    return "svg"
+
+
+def _emit(args: argparse.Namespace, dot_source: str, fmt: str) -> None:
+    """Write ``dot_source`` as ``fmt`` to ``args.output`` (or stdout)."""
+    if fmt == "dot":
+        data = dot_source.encode("utf-8")
+    else:
+        rendered = render(dot_source, fmt, args.renderer)
+        if args.verbose:
+            print(f"rendered with {rendered.renderer}", file=sys.stderr)
+        data = bytes(rendered)
+    _write(args.output, data, binary=fmt == "png")
+
+
+def _write(output: str | None, data: bytes, *, binary: bool = False) -> None:
+    if output is None:
+        if binary and sys.stdout.isatty():
+            raise UsageError("PNG is binary: write it to a file with -o FILE")
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        Path(output).write_bytes(data)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def _guard(run: Any) -> int:
+    try:
+        return int(run())
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (TraceError, StepError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RenderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run_diagram(args: argparse.Namespace) -> int:
+    def go() -> int:
+        fmt = _format(args, _FORMATS)
+        if fmt == "mermaid":
+            _write(args.output, machine_mermaid().encode("utf-8"))
+        else:
+            _emit(args, machine_dot(), fmt)
+        return 0
+
+    return _guard(go)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    def go() -> int:
+        if args.aggregate:
+            if not args.output:
+                raise UsageError("--aggregate draws a picture: give -o FILE")
+            if args.step is not None or args.html:
+                raise UsageError("--aggregate takes no --step or --html")
+            overlay = aggregate_overlay(Replay(p) for p in args.traces)
+            _emit(args, machine_dot(overlay), _format(args, ("svg", "png", "dot")))
+            return 0
+        if len(args.traces) != 1:
+            raise UsageError(
+                f"replay takes one trace ({len(args.traces)} given); use "
+                "--aggregate for a heat map over several"
+            )
+        replay = Replay(args.traces[0])
+        step = replay.step(args.step).index if args.step is not None else None
+        if args.output:
+            frame: Overlay = replay.overlay(step)
+            _emit(args, machine_dot(frame), _format(args, ("svg", "png", "dot")))
+        if args.html:
+            from fsm_agent.render.html import viewer_html
+
+            page = viewer_html(replay, args.renderer, step or 0)
+            _write(args.html, page.encode("utf-8"))
+            if args.verbose:
+                print(f"wrote {args.html} ({len(replay)} steps)", file=sys.stderr)
+        if args.output or args.html:
+            return 0
+        from fsm_agent.render.stepper import print_steps, step_interactively
+
+        if sys.stdin.isatty() and sys.stdout.isatty() and os.environ.get("TERM") != "dumb":
+            step_interactively(replay, step or 0)
+        else:
+            print_steps(replay, sys.stdout, step)
+        return 0
+
+    return _guard(go)

@@ -1,0 +1,291 @@
+"""``fsm-agent runs``: list, inspect, review and export stored runs.
+
+``approve``, ``deny`` and ``reconcile`` only *record* the reviewer's decision (as a
+``review`` event in the run's trace, and an approval bound to the call's exact
+arguments): this process has neither the run's model nor its tools. The application
+continues the run with ``Runtime.resume(run_id)`` once every blocking call is settled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from fsm_agent.core.table import STATES
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    runs = subparsers.add_parser(
+        "runs",
+        help="list, show, approve, deny, reconcile or export stored runs",
+        description="Inspect and review durable runs stored in a SQLite file.",
+    )
+    sub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--db", required=True, help="the SQLite file (e.g. runs.db)")
+        p.add_argument(
+            "--timeout",
+            type=_seconds,
+            default=5.0,
+            help="seconds to wait for a lock held by another process (default 5)",
+        )
+        return p
+
+    p = add("list", "list stored runs, newest first")
+    p.add_argument("--status", choices=STATES, help="only runs in this state")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(handler=_list)
+
+    p = add("show", "a run's state, pending calls and last events")
+    p.add_argument("run_id")
+    p.add_argument(
+        "--events",
+        type=_count,
+        default=10,
+        metavar="N",
+        help="how many of the last events to print (default 10)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_show)
+
+    p = add("approve", "approve a call waiting for approval (bound to its exact arguments)")
+    p.add_argument("run_id")
+    p.add_argument("call_id")
+    p.set_defaults(handler=_review, action="approve")
+
+    p = add("deny", "deny a paused call; the model is told the reason")
+    p.add_argument("run_id")
+    p.add_argument("call_id")
+    p.add_argument("--reason", required=True, help="what the model is told")
+    p.set_defaults(handler=_review, action="deny")
+
+    p = add("reconcile", "settle a write of unknown outcome with the result observed outside")
+    p.add_argument("run_id")
+    p.add_argument("call_id")
+    p.add_argument(
+        "--result",
+        required=True,
+        type=_json_value,
+        metavar="JSON",
+        help='the observed result as JSON, e.g. \'{"ticket": "T-1"}\'',
+    )
+    p.set_defaults(handler=_review, action="reconcile")
+
+    p = add("export", "write a run's trace as JSON Lines (for fsm-agent check / replay)")
+    p.add_argument("run_id")
+    p.add_argument("-o", "--output", help="file to write (default: standard output)")
+    p.set_defaults(handler=_export)
+
+
+# ── argument types (argparse turns their ValueError into a usage error, exit 2) ───
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# ── handlers ──────────────────────────────────────────────────────────────────────
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"fsm-agent runs: {message}", file=sys.stderr)
+    return code
+
+
+def _guarded(fn: Any) -> Any:
+    """Store problems become one line on stderr and an exit code, never a traceback."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        from fsm_agent.errors import ReviewError, RunBusy, StoreError
+
+        try:
+            return int(fn(args))
+        except RunBusy as exc:  # a fine request at a bad moment: try again later
+            return _fail(str(exc), 1)
+        except (ReviewError, StoreError) as exc:
+            return _fail(str(exc))
+        except OSError as exc:
+            return _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+
+    return wrapper
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from fsm_agent.durable.sqlite import SqliteStore
+
+    return SqliteStore(args.db, timeout=args.timeout, create=False)
+
+
+def _when(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@_guarded
+def _list(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        runs = store.list_runs(args.status)
+    for r in runs:
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "run_id": r.run_id,
+                        "state": r.state,
+                        "reason": r.reason,
+                        "pending": r.pending,
+                        "created": r.created,
+                        "updated": r.updated,
+                    }
+                )
+            )
+        else:
+            status = f"{r.state}/{r.reason}" if r.reason else r.state
+            print(f"{r.run_id}  {status:<36} pending {r.pending:<3} updated {_when(r.updated)}")
+    if not runs and not args.json:
+        print("no runs" + (f" in state {args.status}" if args.status else ""))
+    return 0
+
+
+@_guarded
+def _show(args: argparse.Namespace) -> int:
+    from fsm_agent.durable.review import pending_calls
+
+    with _open(args) as store:
+        stored = store.load_run(args.run_id)
+    ctx = stored.ctx
+    pending = pending_calls(stored)
+    events = stored.events[-args.events :] if args.events else []
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "run_id": stored.run_id,
+                    "state": ctx.get("state"),
+                    "reason": ctx.get("reason"),
+                    "detail": ctx.get("detail"),
+                    "answer": ctx.get("answer"),
+                    "counters": ctx.get("counters"),
+                    "pending": pending,
+                    "events": events,
+                },
+                ensure_ascii=False,
+            )
+        )
+        return 0
+    status = ctx.get("state", "?") + (f"/{ctx['reason']}" if ctx.get("reason") else "")
+    print(f"run {stored.run_id}: {status}")
+    if ctx.get("detail"):
+        print(f"  detail: {ctx['detail']}")
+    if ctx.get("answer"):
+        print(f"  answer: {ctx['answer']}")
+    counters = ctx.get("counters") or {}
+    print(
+        "  counters: "
+        + " ".join(
+            f"{k}={v}"
+            for k, v in counters.items()
+            if k
+            in ("model_calls", "tool_rounds", "tool_calls", "write_attempts", "replays", "tokens")
+        )
+    )
+    if pending:
+        print("  pending calls:")
+        for p in pending:
+            decided = f"  [recorded: {p['review']['action']}]" if p["review"] else ""
+            print(
+                f"    {p['call_id']}  {p['tool']}  {p['arguments']}  waiting for "
+                f"{p['waiting_for']}{decided}"
+            )
+    if events:
+        print(f"  last {len(events)} events:")
+        for e in events:
+            print("    " + _describe(e))
+    return 0
+
+
+def _describe(e: dict[str, Any]) -> str:
+    kind, seq = e.get("type"), e.get("seq")
+    if kind == "transition":
+        where = f" ({e['call_id']} {e.get('tool')})" if e.get("call_id") else ""
+        why = f" reason={e['reason']}" if e.get("reason") else ""
+        return f"{seq:>4} {e['trigger']}: {e['source']} -> {e['dest']}{where}{why}"
+    if kind == "observation":
+        result = json.dumps(e.get("result"), ensure_ascii=False)
+        result = result if len(result) <= 100 else result[:97] + "..."
+        return f"{seq:>4} observation {e.get('call_id')}: {result}"
+    if kind == "review":
+        extra = {k: v for k, v in e.items() if k in ("reason", "result")}
+        return f"{seq:>4} review {e.get('action')} {e.get('call_id')} {json.dumps(extra)}"
+    if kind == "run_end":
+        return f"{seq:>4} run_end {e.get('status')}/{e.get('reason')}"
+    return f"{seq:>4} {kind}"
+
+
+@_guarded
+def _review(args: argparse.Namespace) -> int:
+    from fsm_agent.durable.review import BLOCKING, pending_calls, record_review
+
+    with _open(args) as store:
+        record_review(
+            store,
+            args.run_id,
+            args.call_id,
+            args.action,
+            reason=getattr(args, "reason", None),
+            result=getattr(args, "result", None),
+        )
+        waiting = [
+            p["call_id"]
+            for p in pending_calls(store.load_run(args.run_id))
+            if p["waiting_for"] in BLOCKING and not p["review"]
+        ]
+    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}")
+    if waiting:
+        print(f"still waiting for: {', '.join(waiting)}")
+    else:
+        print("the run continues when the application resumes it (Runtime.resume)")
+    return 0
+
+
+@_guarded
+def _export(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        events = store.load_run(args.run_id).events
+    lines = "".join(json.dumps(e, ensure_ascii=False, default=repr) + "\n" for e in events)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(lines)
+        print(f"wrote {len(events)} events to {args.output}")
+    else:
+        sys.stdout.write(lines)
+    return 0

@@ -1,0 +1,96 @@
+"""Traces: JSON Lines, one event per line (SPEC §4).
+
+A trace is ``run_start`` (schema, run id, machine hash, budget, policy, tools, the
+initial messages), then events in ``seq`` order, then ``run_end``:
+
+``transition``   ``trigger``, ``source``, ``dest``, ``guards`` (each guard evaluated, in
+                 order, with its outcome), ``t`` (seconds since start) and, where they
+                 apply, ``call_id``, ``tool``, ``attempt``, ``reason``, ``detail``
+``decision``     the model's reply as received (``message``), or ``error``
+``observation``  a result bound to ``call_id``; ``synthetic`` for answers the runtime
+                 wrote for calls that did not run
+``run_end``      ``status``, ``reason``, ``detail``, ``answer``, ``counters``
+
+``seq`` is 0 for the header and then contiguous. Everything the runtime did can be
+rebuilt from these events. A ``redact`` hook sees each event before it leaves the
+runtime (file, store, ``RunResult.events``) and returns the event to keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from fsm_agent.errors import TraceError
+
+__all__ = ["JsonlTrace", "TraceSink", "iter_trace", "read_trace"]
+
+Redactor = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class TraceSink(Protocol):
+    """Anything that takes trace events (a file, a store, a list)."""
+
+    def write(self, event: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlTrace:
+    """Appends events to a JSON Lines file, flushing each line so a crash loses none."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+
+    def write(self, event: dict[str, Any]) -> None:
+        if self._file is None:
+            raise ValueError(f"trace {self.path} is closed")
+        self._file.write(json.dumps(event, ensure_ascii=False, default=repr) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def iter_trace(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield the events of a trace file, or raise :class:`TraceError` naming the line."""
+    name = str(path)
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TraceError(name, 0, f"cannot open: {exc.strerror or exc}") from None
+    with handle:
+        line_no = 0
+        try:
+            for line_no, line in enumerate(handle, 1):
+                if not line.endswith("\n"):
+                    raise TraceError(
+                        name,
+                        line_no,
+                        "truncated: the last line has no newline (was the run killed mid-write?)",
+                    )
+                if not line.strip():
+                    raise TraceError(name, line_no, "empty line")
+                try:
+                    event = json.loads(line)
+                except ValueError as exc:
+                    raise TraceError(name, line_no, f"not JSON: {exc}") from None
+                if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                    raise TraceError(name, line_no, "not a trace event (no 'type' field)")
+                yield event
+        except UnicodeDecodeError as exc:
+            raise TraceError(name, line_no + 1, f"not UTF-8 text: {exc.reason}") from None
+        if line_no == 0:
+            raise TraceError(name, 1, "empty trace: no run_start header")
+
+
+def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events of a trace file (see :func:`iter_trace`)."""
+    return list(iter_trace(path))
