@@ -22,7 +22,7 @@ from fsm_agent import (
 )
 from fsm_agent.core.table import STATES, TRANSITIONS
 from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.durable.store import MemoryStore
+from fsm_agent.durable.memory import MemoryStore
 
 
 def call(call_id: Any, name: str, args: Any = None, **kwargs: Any) -> dict[str, Any]:

@@ -146,7 +146,7 @@ class CrashingStore(SqliteStore):
 
 def install_transition_crash() -> None:
     """``FSM_CRASH=transition:N``: die at the N-th transition, before it is saved."""
-    from fsm_agent.core.loop import TRANSITION_LISTENERS
+    from fsm_agent.core.engine import TRANSITION_LISTENERS
 
     kind, n = _crash_point()
     if kind != "transition":

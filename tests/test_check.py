@@ -18,9 +18,9 @@ from conftest import (
 from test_machine_transitions import CASES, Case, ListSink
 
 from fsm_agent.cli import main
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.table import TRANSITIONS, Transition
-from fsm_agent.durable.store import MemoryStore
+from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.trace import checker as check_module
 from fsm_agent.trace.checker import check_events, check_file, select_edge
 

@@ -16,7 +16,7 @@ from durable_scenario import trace_problems
 
 from fsm_agent import RunResult
 from fsm_agent.core.canonical import digest
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}

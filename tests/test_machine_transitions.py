@@ -29,7 +29,7 @@ from conftest import (
 )
 
 from fsm_agent import RunResult, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.table import TRANSITIONS, Transition
 
 LOOKUP = call("c1", "lookup", order_id="A17")

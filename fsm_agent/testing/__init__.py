@@ -19,12 +19,9 @@ from fsm_agent.testing.decisions import answer, call, decide
 from fsm_agent.testing.faults import BEHAVIOURS, FakeClock, FaultyTool, FaultyTools, SideEffect
 from fsm_agent.testing.paths import (
     Path,
-    edge_of,
-    index_of,
     is_path,
     paths,
     shortest_paths,
-    trace_problems,
 )
 from fsm_agent.testing.scenarios import (
     Scenario,
@@ -54,8 +51,6 @@ __all__ = [
     "call",
     "decide",
     "duplicate_writes",
-    "edge_of",
-    "index_of",
     "is_path",
     "paths",
     "record_transitions",
@@ -63,6 +58,5 @@ __all__ = [
     "scenarios",
     "scripted_runtime",
     "shortest_paths",
-    "trace_problems",
     "unbuildable",
 ]

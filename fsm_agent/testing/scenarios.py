@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.table import TRANSITIONS, Transition
-from fsm_agent.durable.store import MemoryStore, Store
+from fsm_agent.durable.memory import MemoryStore
+from fsm_agent.durable.store import Store
 from fsm_agent.models.scripted import ScriptedModel, Step
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
@@ -184,15 +185,15 @@ class Scenario:
         outcome = ScenarioRun(self, kit, [], [])
         died: list[str] = []
         if self.die_before_commit:
-            commit = store.commit_idempotency
+            commit = store.commit_intent
 
-            def commit_or_die(tool: str, key: str, result: Any) -> None:
+            def commit_or_die(tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
                 if not died:
                     died.append(key)
                     raise ProcessDied(f"the process died before {tool!r} {key!r} was stored")
-                commit(tool, key, result)
+                commit(tool, key, owner, result)
 
-            store.commit_idempotency = commit_or_die  # type: ignore[method-assign]
+            store.commit_intent = commit_or_die  # type: ignore[method-assign]
 
         def faults(run: Any, transition: Transition) -> None:
             if transition.dest == self.cancel_on_entering:

@@ -30,17 +30,23 @@ from typing import Any
 from fsm_agent.core.canonical import canonical_json
 from fsm_agent.core.decision import parse_decision
 from fsm_agent.core.loop import SCHEMA
+from fsm_agent.core.select import GuardNotRecorded, select_recorded
 from fsm_agent.core.table import (
     INITIAL_STATE,
+    LEGACY_MACHINE_HASHES,
     MACHINE_HASH,
     TERMINAL_STATES,
     Transition,
-    transitions_from,
+    edges_from,
 )
 from fsm_agent.errors import TraceError
 from fsm_agent.trace.io import iter_trace
 
-__all__ = ["Violation", "check_events", "check_file", "load_trace", "select_edge"]
+__all__ = ["LEGACY_SCHEMA", "SCHEMAS", "Violation", "check_events", "check_file", "load_trace",
+           "select_edge"]
+
+#: The 0.1 trace format: no integrity data, guards recorded positive-first.
+LEGACY_SCHEMA = "fsm-agent.trace/1"
 
 _TERMINAL = frozenset(TERMINAL_STATES)
 # Answer states of one call of the current batch.
@@ -101,69 +107,42 @@ def _parse_whole(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
     return events
 
 
+#: The trace format this fsm-agent writes, and the older one it still reads.
+SCHEMAS = (SCHEMA, LEGACY_SCHEMA)
+
+
 def _check_header(name: str, events: list[dict[str, Any]]) -> None:
     if not events:
         raise TraceError(name, 1, "empty trace: no run_start header")
     head = events[0]
     if head.get("type") != "run_start":
         raise TraceError(name, 1, f"the first event is {head.get('type')!r}, not run_start")
-    if head.get("schema") != SCHEMA:
-        raise TraceError(
-            name,
-            1,
-            f"schema {head.get('schema')!r} is not {SCHEMA!r} "
-            "(written by another version of fsm-agent)",
-        )
-    if head.get("machine_hash") != MACHINE_HASH:
-        raise TraceError(
-            name,
-            1,
-            f"machine hash {head.get('machine_hash')!r} is not this "
-            f"machine's {MACHINE_HASH} (the trace was recorded with "
-            "another transition table)",
-        )
-
-
-def _holds(t: Transition, guards: Mapping[str, Any]) -> bool | None:
-    """Whether the recorded outcomes satisfy ``t``'s guards (None: not all recorded)."""
-    for g in t.guards:
-        name, want = (g[1:], False) if g[0] == "!" else (g, True)
-        value = guards.get(name)
-        if value is None:
-            return None
-        if value is not want:
-            return False
-    return True
-
-
-_SELECTED: dict[tuple[Any, ...], Transition | None] = {}
+    schema = head.get("schema")
+    if schema not in SCHEMAS:
+        raise TraceError(name, 1, f"schema {schema!r} is not one this fsm-agent reads "
+                                  f"({', '.join(SCHEMAS)}); written by another version")  # fmt: skip
+    hashes = {MACHINE_HASH} | (set(LEGACY_MACHINE_HASHES) if schema == LEGACY_SCHEMA else set())
+    if head.get("machine_hash") not in hashes:
+        raise TraceError(name, 1, f"machine hash {head.get('machine_hash')!r} is not this "
+                                  f"machine's {MACHINE_HASH} (the trace was recorded with "
+                                  "another transition table)")  # fmt: skip
 
 
 def select_edge(
-    source: str, trigger: str, dest: Any, reason: Any, guards: Mapping[str, Any]
+    source: str, trigger: str, dest: Any, reason: Any, guards: Mapping[str, Any], *,
+    legacy: bool = False,
 ) -> Transition | None:
-    """The edge of ``trigger`` in ``source`` that a transition event took, or None.
-
-    The table's priority order decides: the first edge whose recorded guard outcomes all
-    hold. Guards are evaluated lazily, so an edge whose outcomes were not all recorded
-    was not taken, unless the event recorded no outcomes at all (a redacted trace): then
-    the first edge with the event's destination and reason stands for it.
-    """
-    key: tuple[Any, ...] | None = (source, trigger, dest, reason, *guards.items())
-    try:
-        if key in _SELECTED:
-            return _SELECTED[key]
-    except TypeError:  # an unhashable outcome in a hand-edited trace: just don't cache
-        key = None
-    chosen: Transition | None = None
-    for t in transitions_from(source, trigger):
-        verdict = _holds(t, guards)
-        if verdict or (verdict is None and not guards and t.dest == dest and t.reason == reason):
-            chosen = t
-            break
-    if key is not None and len(_SELECTED) < 4096:  # guard logs are few; bound it anyway
-        _SELECTED[key] = chosen
-    return chosen
+    """The edge of ``trigger`` in ``source`` that a transition event took, or None: the
+    one selector (``core/select.py``) over the recorded outcomes. A trace whose events
+    record no outcomes at all (redacted) cannot say which edge was taken: the first edge
+    with the event's destination and reason stands for it. Raises
+    :class:`~fsm_agent.core.select.GuardNotRecorded` when an outcome the choice needs is
+    missing."""
+    if not guards:
+        for t in edges_from(source, trigger):
+            if t.dest == dest and t.reason == reason:
+                return t
+    return select_recorded(source, trigger, guards, legacy=legacy)
 
 
 class _Checker:
@@ -172,6 +151,7 @@ class _Checker:
     def __init__(self, events: list[dict[str, Any]]) -> None:
         self.events = events
         self.out: list[Violation] = []
+        self.legacy = bool(events) and events[0].get("schema") == LEGACY_SCHEMA
         tools = events[0].get("tools") if events else None
         self.tools: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
         self.state = INITIAL_STATE
@@ -264,13 +244,18 @@ class _Checker:
         if not (isinstance(source, str) and isinstance(trigger, str) and isinstance(dest, str)):
             self.fail(line, "a transition without a source, trigger or dest")
             return
-        if self.ended_line and not transitions_from(source, trigger):
+        if self.ended_line and not edges_from(source, trigger):
             self.fail(
                 line,
                 f"{trigger} after the run ended in {state} (run_end at line "
                 f"{self.ended_line}); the table has no such edge out of it",
             )
-        edge = select_edge(source, trigger, dest, reason, guards)
+        try:
+            edge = select_edge(source, trigger, dest, reason, guards, legacy=self.legacy)
+        except GuardNotRecorded as exc:
+            self.fail(line, f"{trigger} in {source}: {exc}")
+            edge = next((t for t in edges_from(source, trigger)
+                         if t.dest == dest and t.reason == reason), None)  # fmt: skip
         if edge is None or edge.dest != dest or edge.reason != reason:
             self.wrong_edge(line, edge, event, guards)
         if source == INITIAL_STATE:
@@ -298,7 +283,7 @@ class _Checker:
         source, trigger = event["source"], event["trigger"]
         dest, reason = event["dest"], event.get("reason")
         if edge is None:
-            if transitions_from(source, trigger):
+            if edges_from(source, trigger):
                 self.fail(
                     line,
                     f"no {trigger!r} edge out of {source} has its guards satisfied by {guards}",
