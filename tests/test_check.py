@@ -18,7 +18,9 @@ from conftest import (
 from test_machine_transitions import CASES, Case, ListSink
 
 from fsm_agent.cli import main
+from fsm_agent.core import select as select_module
 from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.core.requests import IntentClaim
 from fsm_agent.core.table import TRANSITIONS, Transition
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.trace import checker as check_module
@@ -168,17 +170,16 @@ def test_anything_after_run_end_is_a_violation_unless_the_table_allows_it(
     assert f"{end + 1}: resume after the run ended in done" in found
     # A table with a resume edge out of the terminal state makes the same event legal.
     resume = Transition("resume", "done", "deciding", (), None, None, "test-only edge")
-    real = check_module.transitions_from
-    monkeypatch.setattr(
-        check_module,
-        "transitions_from",
-        lambda s, t: (resume,) if (s, t) == ("done", "resume") else real(s, t),
-    )
-    check_module._SELECTED.clear()
+    real = check_module.edges_from
+
+    def edges(s: str, t: str) -> tuple[Transition, ...]:
+        return (resume,) if (s, t) == ("done", "resume") else real(s, t)
+
+    monkeypatch.setattr(check_module, "edges_from", edges)
+    monkeypatch.setattr(select_module, "edges_from", edges)  # the one selector reads it too
     found = messages(check_events([*events, extra]))
     assert "after the run ended" not in found
     assert found.endswith("the trace ends in state deciding without run_end")
-    check_module._SELECTED.clear()
 
 
 def test_an_observation_after_run_end_is_a_violation() -> None:
@@ -200,17 +201,19 @@ def test_a_write_executed_twice_under_one_key_is_caught() -> None:
     class ForgetfulStore:
         """A broken store that keeps nothing: the second identical write runs again."""
 
-        def get_idempotency(self, tool: str, key: str) -> Any:
+        blocking = False
+
+        def begin_intent(self, record: Any, *, take_over: bool = False) -> IntentClaim:
+            return IntentClaim(True, None)
+
+        def commit_intent(self, tool: str, key: str, owner: Any, result: Any) -> None:
+            pass
+
+        def abort_intent(self, tool: str, key: str, owner: Any) -> None:
+            pass
+
+        def get_intent(self, tool: str, key: str) -> Any:
             return None
-
-        def begin_idempotency(self, record: Any) -> None:
-            pass
-
-        def commit_idempotency(self, tool: str, key: str, result: Any) -> None:
-            pass
-
-        def abort_idempotency(self, tool: str, key: str) -> None:
-            pass
 
     script = [
         calls(call("w1", "write", **TICKET)),

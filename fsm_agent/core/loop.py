@@ -139,10 +139,20 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
             else:
                 s.now = yield READ_CLOCK
                 yield from _fire(s, "observe")
-    except Cancelled:
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        # Cancelled (the driver stopped us), or raised right here: Ctrl-C can land in
+        # any line, and a registrar's function (an idempotency key, a redaction hook)
+        # runs inside the loop. Either way the run ends with every call answered.
+        stopped = None if isinstance(exc, Cancelled) else exc
         if s.state not in _TERMINAL:
             s.now = yield READ_CLOCK
             yield from _fire(s, "cancel")
+        yield from _flush(s)
+        if stopped is not None:
+            raise stopped
+        return
     yield from _flush(s)
 
 
@@ -166,15 +176,21 @@ def _resume(s: RunState) -> Steps:
 
 def _commit_reconciled(s: RunState) -> Steps:
     """A reconciled write's observed result becomes its idempotency record, so the same
-    request later replays it instead of running again."""
+    request later replays it instead of running again. A pending intent with the same
+    arguments (this call's, or another run's that never reported) is committed as it is:
+    the reviewer found that write happened."""
     for call in s.decision.calls:
         review = s.reviews.get(call.id)
         if not review or review["action"] != "reconcile" or call.idempotency_key is None:
             continue
-        claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=True)
-        if claim.owned:
-            yield CommitIntent(call.name, call.idempotency_key, (s.run_id, call.id),
-                               review.get("result"))  # fmt: skip
+        key, result = call.idempotency_key, review.get("result")
+        found = yield LoadIntent(call.name, key)
+        if found is None:
+            claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=False)
+            if claim.owned:
+                yield CommitIntent(call.name, key, (s.run_id, call.id), result)
+        elif found.status == "pending" and found.args_digest == call.args_digest:
+            yield CommitIntent(call.name, key, found.owner, result)
 
 
 # ── one step per working state ────────────────────────────────────────────────────
@@ -229,10 +245,11 @@ def _execute(s: RunState) -> Steps:
     tool = call.tool
     assert tool is not None and call.arguments is not None  # admitted calls have both
     yield from _flush(s)
+    # In flight from the call until tool_returned is taken: a cancel in between (even
+    # while its result is being stored) may not say the write did not happen.
     s.in_flight = True
     outcome: ToolOutcome = yield CallTool(call, copy.deepcopy(call.arguments),
                                           _timeout(s, tool.timeout_s))  # fmt: skip
-    s.in_flight = False
     s.outcome = outcome
     key = call.idempotency_key
     if key is not None:
@@ -243,6 +260,7 @@ def _execute(s: RunState) -> Steps:
             yield AbortIntent(call.name, key, owner)
             call.claimed = False
     s.now = yield READ_CLOCK
+    s.in_flight = False
     yield from _fire(s, "tool_returned")
 
 

@@ -136,6 +136,10 @@ def outcome_of(exc: BaseException) -> ToolOutcome:
     return ToolOutcome("error", error=text)
 
 
+def _creates_run(request: Request) -> bool:
+    return isinstance(request, SaveCheckpoint) and request.header is not None
+
+
 def _close(awaitable: Any) -> None:
     close = getattr(awaitable, "close", None)
     if close is not None:
@@ -213,6 +217,9 @@ class SyncDriver(_Driver):
             except BaseException as exc:
                 if failure is not None:  # already stopping: keep going, first cause wins
                     answer = self.fallback(request, exc)
+                elif _creates_run(request):  # the run never existed: nothing to close
+                    steps.close()
+                    raise
                 else:
                     failure = exc
                     try:
@@ -298,6 +305,9 @@ class AsyncDriver(_Driver):
             except BaseException as exc:
                 if failure is not None:
                     answer = self.fallback(request, exc)
+                elif _creates_run(request):
+                    steps.close()
+                    raise
                 else:
                     failure = exc
                     try:

@@ -130,8 +130,45 @@ def run_through_interrupts(
 
 
 class ProcessDied(BaseException):
-    """The process dying mid-run, as far as the engine can tell: nothing catches it
-    (unlike ``KeyboardInterrupt``, which cancels the run cleanly)."""
+    """The process dying mid-run. Raised from a transition listener it escapes the loop
+    at once; raised by a store it makes that store refuse everything after (see
+    :func:`die_before_commit`), so nothing the dying process would not have written is
+    written."""
+
+
+_STORE_WRITES = ("begin_intent", "commit_intent", "abort_intent", "create_run", "save",
+                 "claim", "renew", "release")  # fmt: skip
+
+
+class Mortal:
+    """A store whose process can die: after :meth:`kill` (or, with ``before_commit``, at
+    the first idempotency commit) every write to it raises :class:`ProcessDied`, so a
+    dying run writes nothing more — as a killed process would not. :meth:`restart` is the
+    next process: the same data, writable again. Reads always work."""
+
+    def __init__(self, store: Store, *, before_commit: bool = False) -> None:
+        self.store, self.before_commit, self.dead = store, before_commit, False
+        for name in _STORE_WRITES:
+            if hasattr(store, name):
+                setattr(store, name, self._guard(name, getattr(store, name)))
+
+    def _guard(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.dead:
+                raise ProcessDied(f"the process is dead ({name} not written)")
+            if name == "commit_intent" and self.before_commit:
+                self.before_commit = False
+                self.kill()
+                raise ProcessDied(f"the process died before {args[0]!r} {args[1]!r} was stored")
+            return original(*args, **kwargs)
+
+        return call
+
+    def kill(self) -> None:
+        self.dead = True
+
+    def restart(self) -> None:
+        self.dead = False
 
 
 #: What a trusted caller does with a run after it stopped or its process died
@@ -184,22 +221,14 @@ class Scenario:
         store = MemoryStore()
         outcome = ScenarioRun(self, kit, [], [])
         died: list[str] = []
-        if self.die_before_commit:
-            commit = store.commit_intent
-
-            def commit_or_die(tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
-                if not died:
-                    died.append(key)
-                    raise ProcessDied(f"the process died before {tool!r} {key!r} was stored")
-                commit(tool, key, owner, result)
-
-            store.commit_intent = commit_or_die  # type: ignore[method-assign]
+        mortal = Mortal(store, before_commit=self.die_before_commit)
 
         def faults(run: Any, transition: Transition) -> None:
             if transition.dest == self.cancel_on_entering:
                 kit.clock.interrupt_next_read()
             if transition.trigger == self.die_at and not died:
                 died.append(run.run_id)
+                mortal.kill()
                 raise ProcessDied(f"the process died at {transition.label}")
 
         with record_transitions() as taken:
@@ -219,7 +248,9 @@ class Scenario:
                         outcome.results.append(result)
                         outcome.interrupted.append(interrupted)
                     except ProcessDied:
-                        pass  # only what the store saved remains; ``review`` resumes it
+                        # Only what the store saved remains; ``review`` resumes it in a
+                        # new process, which finds the store working.
+                        mortal.restart()
                     for result in self.review(runtime, run_id) if self.review else ():
                         outcome.results.append(result)
                         outcome.interrupted.append(False)

@@ -269,6 +269,9 @@ class _Checker:
                     f"{trigger} for call {call_id!r}, which is not a call of the current batch",
                 )
             elif edge is not None and edge.action == "start_attempt":
+                if call_id in self.attempted and self.once(get("tool")):
+                    self.fail(line, f"write call {call_id!r} started a second attempt, but "
+                                    f"{get('tool')!r} neither reads nor deduplicates")  # fmt: skip
                 self.attempted.add(call_id)
         self.state = dest
         if dest in _TERMINAL:
@@ -316,6 +319,12 @@ class _Checker:
         call_id = event.get("call_id")
         if not isinstance(call_id, str) or self.batch.get(call_id) != _PLACEHOLDER:
             self.fail(line, f"review of {call_id!r}, which is not a paused call of the batch")
+
+    def once(self, tool: Any) -> bool:
+        """Whether a call of ``tool`` may run at most once (a write without dedup)."""
+        spec = self.tools.get(tool) if isinstance(tool, str) else None
+        return isinstance(spec, Mapping) and spec.get("effect") == "write" and not spec.get(
+            "dedup")
 
     def observation(self, line: int, event: dict[str, Any]) -> None:
         if self.prev_type not in ("transition", "observation"):
