@@ -15,11 +15,9 @@ from conftest import (
     make_runtime,
     say,
 )
-from test_machine_transitions import CASES, Case, ListSink
 
 from fsm_agent.cli import main
 from fsm_agent.core import select as select_module
-from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.requests import IntentClaim
 from fsm_agent.core.table import TRANSITIONS, Transition
 from fsm_agent.durable.memory import MemoryStore
@@ -51,35 +49,8 @@ def messages(violations: list[Any]) -> str:
 # ── every edge the runtime takes, checked and replayed ─────────────────────────────
 
 
-@pytest.mark.parametrize(
-    "case",
-    CASES,
-    ids=[f"{c.edge.trigger}:{c.edge.source}->{c.edge.dest}:{c.reason}" for c in CASES],
-)
-def test_every_transition_case_conforms_and_is_identified(case: Case) -> None:
-    runtime, _backend, *_ = case.build()
-    taken: list[Transition] = []
-    listeners = list(TRANSITION_LISTENERS)
-    TRANSITION_LISTENERS.append(lambda run, t: taken.append(t))
-    sink = ListSink()
-    try:
-        if case.interrupted:  # a cancelled run re-raises; its trace is complete all the same
-            with pytest.raises(KeyboardInterrupt):
-                runtime.run(case.task, trace=sink)
-            events = sink.events
-        else:
-            events = runtime.run(case.task).events
-    finally:
-        TRANSITION_LISTENERS[:] = listeners
-    assert check_events(events) == [], messages(check_events(events))
-    # The checker's edge selection (from the recorded guard outcomes) names exactly the
-    # edges the runtime took, in order: replay frames and counts rest on this.
-    selected = [
-        select_edge(e["source"], e["trigger"], e["dest"], e.get("reason"), e["guards"])
-        for e in events
-        if e["type"] == "transition"
-    ]
-    assert selected == taken
+# (Every edge's scenario is checked by the checker, and the edges it selects are compared
+# with the edges the engine took, in tests/test_testing_scenarios.py.)
 
 
 def test_a_retry_an_approval_stop_and_a_replayed_write_all_conform() -> None:

@@ -203,8 +203,13 @@ def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
             "seq": review[0]["seq"],
         }
     ]
-    (attempt,) = [e for e in done.events if e.get("call_id") == "c2" and e.get("dest") == "executing"
-                  and e.get("trigger") == "dispatch"]  # fmt: skip
+    (attempt,) = [
+        e
+        for e in done.events
+        if e.get("call_id") == "c2"
+        and e.get("dest") == "executing"
+        and e.get("trigger") == "dispatch"
+    ]
     assert attempt["approval"] == "review:c2"  # the trace names the approval it consumed
     assert all(content(done, c)["ok"] for c in ("c1", "c2", "c3"))
     check(done)

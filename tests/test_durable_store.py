@@ -374,7 +374,9 @@ def test_a_damaged_row_is_an_error_never_a_silent_change(tmp_path: Path, backend
         rt = paused_run(store, backend)
         with sqlite3.connect(path) as db:
             body = db.execute("SELECT body FROM messages ORDER BY key LIMIT 1").fetchone()[0]
-            db.execute("UPDATE messages SET body = ? WHERE body = ?",
-                       (body.replace("file it", "file IT"), body))  # fmt: skip
+            db.execute(
+                "UPDATE messages SET body = ? WHERE body = ?",
+                (body.replace("file it", "file IT"), body),
+            )
         with pytest.raises(CorruptRecord, match="history row 0 of run 'r1' fails its checksum"):
             rt.resume("r1")

@@ -208,8 +208,9 @@ def _reconcile_and_resubmit(
     observed = backend.tickets.get(TICKET["request_id"])
     record = runtime.store.get_intent("create_ticket", TICKET["request_id"])
     if observed is not None and record is not None and record.status == "pending":
-        runtime.store.commit_intent("create_ticket", TICKET["request_id"], record.owner,
-                                    dict(observed))  # fmt: skip
+        runtime.store.commit_intent(
+            "create_ticket", TICKET["request_id"], record.owner, dict(observed)
+        )
     trace = folder / "lost_write_resubmit.jsonl" if folder is not None else None
     if trace is not None and trace.exists():
         trace.unlink()

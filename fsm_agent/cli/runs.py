@@ -323,6 +323,8 @@ def _export(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     with _open(args, write=True) as store:
         runs, intents = store.prune(args.older_than, intents=not args.keep_intents)
-    print(f"pruned {runs} finished runs and {intents} idempotency records older than "
-          f"{args.older_than:g}s")  # fmt: skip
+    print(
+        f"pruned {runs} finished runs and {intents} idempotency records older than "
+        f"{args.older_than:g}s"
+    )
     return 0

@@ -61,9 +61,14 @@ def answer(
     if not synthetic:
         s.counters.output_bytes += len(data)
     payloads.append(
-        {"type": "observation", "call_id": call.id, "tool": call.name,
-         "result": json.loads(text), "synthetic": synthetic}
-    )  # fmt: skip
+        {
+            "type": "observation",
+            "call_id": call.id,
+            "tool": call.name,
+            "result": json.loads(text),
+            "synthetic": synthetic,
+        }
+    )
     return at
 
 
@@ -130,8 +135,9 @@ def answer_result(s: RunState, payloads: Payloads) -> None:
 
 def answer_failure(s: RunState, payloads: Payloads) -> None:
     error = _FAILURE_ERRORS.get(s.outcome.kind, "tool_failed")
-    answer(s, payloads, {"ok": False, "error": error, "detail": s.outcome.error,
-                         "attempts": s.attempt})  # fmt: skip
+    answer(
+        s, payloads, {"ok": False, "error": error, "detail": s.outcome.error, "attempts": s.attempt}
+    )
 
 
 def answer_stored(s: RunState, payloads: Payloads) -> None:
@@ -151,8 +157,7 @@ def stop(s: RunState, payloads: Payloads) -> None:
     """Enter a terminal state, answering every unanswered call so history stays valid."""
     _set_stop(s)
     d = s.decision
-    pairable = d.calls and d.malformed is None and d.missing_id is None and (
-        d.duplicate_id is None)  # fmt: skip
+    pairable = d.calls and d.malformed is None and d.missing_id is None and (d.duplicate_id is None)
     if d is NO_DECISION or not pairable:
         if d is not NO_DECISION and not d.calls and d.malformed is None:
             s.messages.append(d.message)  # a text reply stopped by a budget is kept
@@ -161,8 +166,13 @@ def stop(s: RunState, payloads: Payloads) -> None:
     for call in d.calls:
         if call.id not in s.answered:
             error, detail = _placeholder(s, call)
-            at = answer(s, payloads, {"ok": False, "error": error, "detail": detail},
-                        call=call, synthetic=True)  # fmt: skip
+            at = answer(
+                s,
+                payloads,
+                {"ok": False, "error": error, "detail": detail},
+                call=call,
+                synthetic=True,
+            )
             if s.state == "review_required":
                 s.placeholders[call.id] = (at, error)
 
@@ -195,11 +205,20 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
         action = review.get("action")
         if action == "deny":
             detail = review.get("reason") or "denied by review"
-            answer(s, payloads, {"ok": False, "error": "denied", "detail": detail},
-                   call=call, synthetic=True)  # fmt: skip
+            answer(
+                s,
+                payloads,
+                {"ok": False, "error": "denied", "detail": detail},
+                call=call,
+                synthetic=True,
+            )
         elif action == "reconcile":
-            answer(s, payloads, {"ok": True, "value": review.get("result"), "reconciled": True},
-                   call=call)  # fmt: skip
+            answer(
+                s,
+                payloads,
+                {"ok": True, "value": review.get("result"), "reconciled": True},
+                call=call,
+            )
         else:  # approved (admission found the review) or skipped: runs afresh
             s.answered.discard(call.id)
     s.reviews = {}
@@ -213,7 +232,18 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
 ACTIONS: dict[str, ActionFn] = {
     fn.__name__: fn
     for fn in (
-        start_batch, next_call, end_batch, start_attempt, schedule_retry, answer_refusal,
-        answer_replay, answer_result, answer_failure, answer_stored, finish, stop, apply_review,
+        start_batch,
+        next_call,
+        end_batch,
+        start_attempt,
+        schedule_retry,
+        answer_refusal,
+        answer_replay,
+        answer_result,
+        answer_failure,
+        answer_stored,
+        finish,
+        stop,
+        apply_review,
     )
-}  # fmt: skip
+}

@@ -45,11 +45,13 @@ class Approval:
         if not isinstance(self.arguments, dict):
             raise ConfigError(f"Approval.arguments must be a dict, got {self.arguments!r}")
         if self.max_uses is not None and (
-            isinstance(self.max_uses, bool) or not isinstance(self.max_uses, int)
+            isinstance(self.max_uses, bool)
+            or not isinstance(self.max_uses, int)
             or self.max_uses < 1
-        ):  # fmt: skip
-            raise ConfigError(f"Approval.max_uses must be a whole number >= 1 or None, got "
-                              f"{self.max_uses!r}")  # fmt: skip
+        ):
+            raise ConfigError(
+                f"Approval.max_uses must be a whole number >= 1 or None, got {self.max_uses!r}"
+            )
         try:
             bound = digest(self.tool, self.arguments)
         except (TypeError, ValueError) as exc:

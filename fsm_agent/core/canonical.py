@@ -82,7 +82,7 @@ def parse_arguments(text: str) -> dict[str, Any]:
             canonical_json(value).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ArgumentsError(
-            f"arguments hold a lone surrogate ({exc.object[exc.start:exc.end]!a}): not "
+            f"arguments hold a lone surrogate ({exc.object[exc.start : exc.end]!a}): not "
             "representable as UTF-8"
         ) from None
     if text.count("{") + text.count("[") > MAX_DEPTH and _depth(value) > MAX_DEPTH:

@@ -110,9 +110,7 @@ def _parse(raw: Any) -> Decision:  # noqa: C901 - one check per field of a reply
         return Decision(malformed=f"role must be 'assistant', got {make_safe(raw.get('role'))!r}")
     content = raw.get("content")
     if content is not None and not isinstance(content, str):
-        return Decision(
-            malformed=f"content must be a string or null, got {type(content).__name__}"
-        )
+        return Decision(malformed=f"content must be a string or null, got {type(content).__name__}")
     tool_calls = raw.get("tool_calls")
     if tool_calls is None:
         tool_calls = []
@@ -154,9 +152,12 @@ def _parse(raw: Any) -> Decision:  # noqa: C901 - one check per field of a reply
         name = clean_text(name)
         calls.append(PreparedCall(index=i, id=call_id, name=name, raw_arguments=args))
         normalised.append(
-            {"id": call_id, "type": "function",
-             "function": {"name": name, "arguments": clean_text(args)}}
-        )  # fmt: skip
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": clean_text(args)},
+            }
+        )
     answer = None if content is None else clean_text(content)
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     if normalised:

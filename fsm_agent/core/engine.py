@@ -14,7 +14,7 @@ table that names an unknown guard, state or action fails at once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from transitions import Machine
 from transitions.core import Event as TransitionsEvent
@@ -64,14 +64,14 @@ def build_machine() -> Machine:
     )
     # _Trigger skips the queue and the prepare/finalize/exception callbacks: none is set.
     assert not (
-        machine.has_queue or machine.prepare_event or machine.finalize_event
-        or machine.on_exception
-    )  # fmt: skip
+        machine.has_queue or machine.prepare_event or machine.finalize_event or machine.on_exception
+    )
     for t in TRANSITIONS:
         # Guards are listed for ``transitions`` (and its diagrams) by name; the choice is
         # made by ``select`` from the run's guard function.
-        machine.add_transition(t.trigger, t.source, t.dest,
-                               conditions=t.conditions, unless=t.unless)  # fmt: skip
+        conditions: list[Any] = list(t.conditions)
+        unless: list[Any] = list(t.unless)
+        machine.add_transition(t.trigger, t.source, t.dest, conditions=conditions, unless=unless)
     return machine
 
 
@@ -97,7 +97,7 @@ def fire(state: RunState, trigger: str) -> Transition:
             value = log[name] = GUARDS[name](state)
         return value
 
-    edge: Transition = _EVENTS[trigger].trigger(state, guard)
+    edge = cast(Transition, _EVENTS[trigger].trigger(state, guard))
     state.taken = edge
     for listener in TRANSITION_LISTENERS:
         listener(state, edge)

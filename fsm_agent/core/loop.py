@@ -65,13 +65,15 @@ Steps = Generator[Request, Any, None]
 
 _TERMINAL = frozenset(TERMINAL_STATES)
 #: Edges after which a checkpoint is saved in every save mode but ``never``.
-_SAVE_ALWAYS = frozenset(t.index for t in TRANSITIONS if t.dest in _TERMINAL
-                         or t.trigger == "resume")  # fmt: skip
+_SAVE_ALWAYS = frozenset(
+    t.index for t in TRANSITIONS if t.dest in _TERMINAL or t.trigger == "resume"
+)
 #: ... in ``replies`` mode also (a model reply cost tokens; a failed one ends the run).
 _SAVE_REPLIES = frozenset(t.index for t in TRANSITIONS if t.trigger == "model_replied")
 #: ... around a write: when its attempt starts and when its tool returned.
-_SAVE_WRITES = frozenset(t.index for t in TRANSITIONS
-                         if t.action == "start_attempt" or t.trigger == "tool_returned")  # fmt: skip
+_SAVE_WRITES = frozenset(
+    t.index for t in TRANSITIONS if t.action == "start_attempt" or t.trigger == "tool_returned"
+)
 
 
 class Cancelled(BaseException):
@@ -83,8 +85,17 @@ class Cancelled(BaseException):
 
 def start(s: RunState) -> None:
     """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
-    _record(s, {"type": "run_start", "seq": 0, "schema": SCHEMA, "run_id": s.run_id,
-                **s.config.header_fields(), "messages": make_safe(s.messages)})  # fmt: skip
+    _record(
+        s,
+        {
+            "type": "run_start",
+            "seq": 0,
+            "schema": SCHEMA,
+            "run_id": s.run_id,
+            **s.config.header_fields(),
+            "messages": make_safe(s.messages),
+        },
+    )
 
 
 def _record(s: RunState, event: dict[str, Any]) -> None:
@@ -96,8 +107,11 @@ def _record(s: RunState, event: dict[str, Any]) -> None:
         try:
             event = redact(event)
         except Exception as exc:
-            event = {"type": event["type"], "seq": event["seq"],
-                     "redaction_failed": _describe_error(exc)}  # fmt: skip
+            event = {
+                "type": event["type"],
+                "seq": event["seq"],
+                "redaction_failed": _describe_error(exc),
+            }
     s.events.append(event)
 
 
@@ -105,8 +119,9 @@ def settled(s: RunState) -> bool:
     """A run paused for review whose every blocking placeholder has a reviewer's decision."""
     if s.state != "review_required" or not s.reviews:
         return False
-    return all(call_id in s.reviews for call_id, (_, error) in s.placeholders.items()
-               if error in BLOCKING)  # fmt: skip
+    return all(
+        call_id in s.reviews for call_id, (_, error) in s.placeholders.items() if error in BLOCKING
+    )
 
 
 def steps(s: RunState, *, resumed: bool = False) -> Steps:
@@ -151,7 +166,7 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
             yield from _fire(s, "cancel")
         yield from _flush(s)
         if stopped is not None:
-            raise stopped
+            raise stopped  # noqa: B904 - the very exception that stopped the run, as it was
         return
     yield from _flush(s)
 
@@ -248,8 +263,9 @@ def _execute(s: RunState) -> Steps:
     # In flight from the call until tool_returned is taken: a cancel in between (even
     # while its result is being stored) may not say the write did not happen.
     s.in_flight = True
-    outcome: ToolOutcome = yield CallTool(call, copy.deepcopy(call.arguments),
-                                          _timeout(s, tool.timeout_s))  # fmt: skip
+    outcome: ToolOutcome = yield CallTool(
+        call, copy.deepcopy(call.arguments), _timeout(s, tool.timeout_s)
+    )
     s.outcome = outcome
     key = call.idempotency_key
     if key is not None:
@@ -295,17 +311,25 @@ def _wants_save(s: RunState, index: int) -> bool:
         call = s.call
         if call.effect != "write":
             return False
-        return not (s.taken.trigger == "tool_returned" and s.outcome.kind == "ok"
-                    and call.idempotency_key is not None)  # fmt: skip
+        return not (
+            s.taken.trigger == "tool_returned"
+            and s.outcome.kind == "ok"
+            and call.idempotency_key is not None
+        )
     return s.config.save == "replies" and index in _SAVE_REPLIES and bool(s.decision.calls)
 
 
 def _after(s: RunState, edge: Any) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
-    event: dict[str, Any] = {"type": "transition", "trigger": edge.trigger,
-                             "source": edge.source, "dest": edge.dest, "guards": s.guard_log,
-                             "t": round(s.now - s.started, 6)}  # fmt: skip
+    event: dict[str, Any] = {
+        "type": "transition",
+        "trigger": edge.trigger,
+        "source": edge.source,
+        "dest": edge.dest,
+        "guards": s.guard_log,
+        "t": round(s.now - s.started, 6),
+    }
     payloads: list[dict[str, Any]] = []
     if edge.action is not None:
         ACTIONS[edge.action](s, payloads)
@@ -327,9 +351,18 @@ def _after(s: RunState, edge: Any) -> None:
         _record(s, payload)
     if edge.dest in _TERMINAL:
         s.seq += 1
-        _record(s, {"type": "run_end", "seq": s.seq, "status": s.status, "reason": s.reason,
-                    "detail": s.detail, "answer": s.answer,
-                    "counters": s.counters.as_dict()})  # fmt: skip
+        _record(
+            s,
+            {
+                "type": "run_end",
+                "seq": s.seq,
+                "status": s.status,
+                "reason": s.reason,
+                "detail": s.detail,
+                "answer": s.answer,
+                "counters": s.counters.as_dict(),
+            },
+        )
 
 
 def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
@@ -338,16 +371,15 @@ def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
     rows += [(i, messages[i]) for i in s.rewritten if i < s.saved_messages]
     s.rewritten.clear()
     s.saved_messages = len(messages)
-    events = s.events[s.saved_events:]
+    events = s.events[s.saved_events :]
     s.saved_events = len(s.events)
-    return SaveCheckpoint(events, s.snapshot(), rows,
-                          s.config.header_fields() if header else None)  # fmt: skip
+    return SaveCheckpoint(events, s.snapshot(), rows, s.config.header_fields() if header else None)
 
 
 def _flush(s: RunState) -> Steps:
     """Emit the events written since the last emit (only for a run with a trace sink)."""
     if s.config.emit and s.emitted < len(s.events):
-        events = s.events[s.emitted:]
+        events = s.events[s.emitted :]
         s.emitted = len(s.events)
         yield EmitEvents(events)
 
@@ -358,8 +390,11 @@ def _flush(s: RunState) -> Steps:
 def _admit(s: RunState) -> None:
     cfg = s.config
     current = s.call if s.call.index >= 0 else None
-    facts = None if current is None else (current.effect, current.dedup,
-                                          current.idempotency_key, current.args_digest)  # fmt: skip
+    facts = (
+        None
+        if current is None
+        else (current.effect, current.dedup, current.idempotency_key, current.args_digest)
+    )
 
     def approval(call_id: str, args_digest: str) -> str | None:
         """The approval this call consumes: one it already holds, a reviewer's approval
@@ -382,9 +417,16 @@ def _admit(s: RunState) -> None:
 
 
 def _intent(s: RunState, call: Any) -> IdempotencyRecord:
-    return IdempotencyRecord(call.name, call.idempotency_key, call.args_digest, "pending",
-                             s.run_id, call.id, effect=call.effect or "write",
-                             dedup=call.dedup)  # fmt: skip
+    return IdempotencyRecord(
+        call.name,
+        call.idempotency_key,
+        call.args_digest,
+        "pending",
+        s.run_id,
+        call.id,
+        effect=call.effect or "write",
+        dedup=call.dedup,
+    )
 
 
 def _timeout(s: RunState, tool_timeout: float | None) -> float | None:

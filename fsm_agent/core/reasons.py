@@ -14,8 +14,9 @@ __all__ = ["stop_detail"]
 
 def _refusals(kind: str) -> Callable[[RunState], str]:
     def detail(s: RunState) -> str:
-        return "; ".join(f"{c.id}: {c.refusal_detail}" for c in s.decision.calls
-                         if c.refusal == kind)  # fmt: skip
+        return "; ".join(
+            f"{c.id}: {c.refusal_detail}" for c in s.decision.calls if c.refusal == kind
+        )
 
     return detail
 
@@ -74,9 +75,10 @@ _DETAILS: dict[str, Callable[[RunState], str]] = {
         f"{s.counters.output_bytes} bytes of tool output; the limit is "
         f"{s.config.budget.max_output_bytes}"
     ),
-    "approval_required": lambda s: ", ".join(
-        f"{c.id} ({c.name})" for c in s.decision.calls if c.needs_approval
-    ) + " need approval",
+    "approval_required": lambda s: (
+        ", ".join(f"{c.id} ({c.name})" for c in s.decision.calls if c.needs_approval)
+        + " need approval"
+    ),
     "idempotency_conflict": lambda s: (
         f"key {s.call.idempotency_key!r} of {s.call.name!r} was used with other arguments"
     ),

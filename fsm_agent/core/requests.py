@@ -169,6 +169,14 @@ class LoadIntent:
 
 
 Request = (
-    AskModel | CallTool | Sleep | ReadClock | EmitEvents | SaveCheckpoint | BeginIntent
-    | CommitIntent | AbortIntent | LoadIntent
-)  # fmt: skip
+    AskModel
+    | CallTool
+    | Sleep
+    | ReadClock
+    | EmitEvents
+    | SaveCheckpoint
+    | BeginIntent
+    | CommitIntent
+    | AbortIntent
+    | LoadIntent
+)

@@ -21,8 +21,10 @@ class GuardNotRecorded(LookupError):
     """Choosing the edge needs the outcome of ``name``, which was not given."""
 
     def __init__(self, name: str, edge: Transition) -> None:
-        super().__init__(f"the outcome of guard {name!r} decides {edge.label} -> {edge.dest}, "
-                         "and it was not recorded")
+        super().__init__(
+            f"the outcome of guard {name!r} decides {edge.label} -> {edge.dest}, "
+            "and it was not recorded"
+        )
         self.name = name
         self.edge = edge
 

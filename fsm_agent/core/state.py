@@ -41,9 +41,19 @@ class Counters:
     """What a run has spent so far; ``as_dict()`` is ``RunResult.counters``."""
 
     __slots__ = (
-        "cost", "input_tokens", "model_calls", "output_bytes", "output_tokens", "replays",
-        "retries", "tokens", "tool_attempts", "tool_calls", "tool_rounds", "write_attempts",
-    )  # fmt: skip
+        "cost",
+        "input_tokens",
+        "model_calls",
+        "output_bytes",
+        "output_tokens",
+        "replays",
+        "retries",
+        "tokens",
+        "tool_attempts",
+        "tool_calls",
+        "tool_rounds",
+        "write_attempts",
+    )
 
     def __init__(self) -> None:
         self.model_calls = self.tool_rounds = self.tool_calls = 0
@@ -162,24 +172,39 @@ class RunState:
         covered by a checksum (:meth:`restore` verifies it)."""
         call = self.call
         body: dict[str, Any] = {
-            "state": self.state, "seq": self.seq, "status": self.status,
-            "reason": self.reason, "detail": self.detail, "answer": self.answer,
-            "model_error": self.model_error, "counters": self.counters.as_dict(),
+            "state": self.state,
+            "seq": self.seq,
+            "status": self.status,
+            "reason": self.reason,
+            "detail": self.detail,
+            "answer": self.answer,
+            "model_error": self.model_error,
+            "counters": self.counters.as_dict(),
             "elapsed": self.now - self.started,
             "decision": None if self.decision is NO_DECISION else self.decision.message,
-            "batch_appended": self.batch_appended, "index": self.index,
-            "call": None if call.index < 0 else {
-                "index": call.index, "effect": call.effect, "dedup": call.dedup,
-                "key": call.idempotency_key, "digest": call.args_digest,
+            "batch_appended": self.batch_appended,
+            "index": self.index,
+            "call": None
+            if call.index < 0
+            else {
+                "index": call.index,
+                "effect": call.effect,
+                "dedup": call.dedup,
+                "key": call.idempotency_key,
+                "digest": call.args_digest,
                 "claimed": call.claimed,
             },
-            "attempt": self.attempt, "outcome": [self.outcome.kind, self.outcome.error],
-            "tokens_unknown": self.tokens_unknown, "cost_unknown": self.cost_unknown,
+            "attempt": self.attempt,
+            "outcome": [self.outcome.kind, self.outcome.error],
+            "tokens_unknown": self.tokens_unknown,
+            "cost_unknown": self.cost_unknown,
             "answered": sorted(self.answered),
             "placeholders": {k: list(v) for k, v in self.placeholders.items()},
-            "reviews": self.reviews, "approvals": self.approvals,
-            "taken": self.taken.key, "machine_hash": MACHINE_HASH,
-        }  # fmt: skip
+            "reviews": self.reviews,
+            "approvals": self.approvals,
+            "taken": self.taken.key,
+            "machine_hash": MACHINE_HASH,
+        }
         return {"version": SNAPSHOT_VERSION, "checksum": _checksum(body), "body": body}
 
     @classmethod
@@ -233,7 +258,11 @@ class RunState:
         s.started, s.now = -float(body["elapsed"]), 0.0
         if body["decision"] is not None:
             s.decision = parse_decision(body["decision"])
-        s.batch_appended, s.index, s.attempt = body["batch_appended"], body["index"], body["attempt"]
+        s.batch_appended, s.index, s.attempt = (
+            body["batch_appended"],
+            body["index"],
+            body["attempt"],
+        )
         stored_call = body["call"]
         if stored_call is not None:
             call = s.decision.calls[stored_call["index"]]

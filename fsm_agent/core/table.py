@@ -42,7 +42,7 @@ import hashlib
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
 __all__ = [
     "INITIAL_STATE",
@@ -289,8 +289,7 @@ def definition() -> dict[str, Any]:
         "states": list(STATES),
         "terminal": list(TERMINAL_STATES),
         "transitions": [
-            [t.trigger, t.source, t.dest, list(t.guards), t.reason, t.action]
-            for t in TRANSITIONS
+            [t.trigger, t.source, t.dest, list(t.guards), t.reason, t.action] for t in TRANSITIONS
         ],
     }
 
@@ -309,7 +308,7 @@ MACHINE_HASH: str = _digest(definition())
 LEGACY_MACHINE_HASHES: frozenset[str] = frozenset({"sha256:b0c6ee309f35fbb9"})
 
 
-def check_table(  # noqa: C901 - one check per table property, in reading order
+def check_table(
     transitions: tuple[Transition, ...],
     guard_names: Collection[str],
     actions: Collection[str] = get_args(Action),
@@ -351,10 +350,3 @@ def check_table(  # noqa: C901 - one check per table property, in reading order
                 frontier.append(t.dest)
     problems += [f"state {s!r} is unreachable" for s in states if s not in reachable]
     return problems
-
-
-def as_state(name: str) -> State:
-    """``name`` as a :data:`State` (``ValueError`` if it is none)."""
-    if name not in STATES:
-        raise ValueError(f"{name!r} is not a state of the run machine")
-    return cast(State, name)

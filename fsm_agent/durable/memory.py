@@ -50,8 +50,17 @@ def _text(value: Any) -> str:
 
 
 class _Run:
-    __slots__ = ("body", "created", "events", "header", "lease", "messages", "owner",
-                 "snapshot", "updated")  # fmt: skip
+    __slots__ = (
+        "body",
+        "created",
+        "events",
+        "header",
+        "lease",
+        "messages",
+        "owner",
+        "snapshot",
+        "updated",
+    )
 
     def __init__(self, header: str, owner: str, now: float) -> None:
         self.header = header
@@ -99,9 +108,13 @@ class MemoryStore:
         where = (record.tool, record.key)
         with self._lock:
             found = self._get(where)
-            if found is None or (found.status == "pending" and (
+            if found is None or (
+                found.status == "pending"
+                and (
                     found.owner == record.owner
-                    or (take_over and found.args_digest == record.args_digest))):  # fmt: skip
+                    or (take_over and found.args_digest == record.args_digest)
+                )
+            ):
                 self._pending[where] = record
                 return IntentClaim(True, found)
             return IntentClaim(False, found)
@@ -140,9 +153,17 @@ class MemoryStore:
         if done is None:
             return None
         record, text, _ = done
-        return IdempotencyRecord(record.tool, record.key, record.args_digest, "committed",
-                                 record.run_id, record.call_id, json.loads(text),
-                                 record.effect, record.dedup)  # fmt: skip
+        return IdempotencyRecord(
+            record.tool,
+            record.key,
+            record.args_digest,
+            "committed",
+            record.run_id,
+            record.call_id,
+            json.loads(text),
+            record.effect,
+            record.dedup,
+        )
 
     def _evict_intents(self) -> None:
         cutoff = time.time() - self.intent_ttl_s
@@ -156,7 +177,11 @@ class MemoryStore:
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def create_run(
-        self, run_id: str, header: dict[str, Any], owner: str, events: list[dict[str, Any]],
+        self,
+        run_id: str,
+        header: dict[str, Any],
+        owner: str,
+        events: list[dict[str, Any]],
         checkpoint: Checkpoint,
     ) -> None:
         header_text = _text(header)
@@ -186,14 +211,20 @@ class MemoryStore:
         with self._lock:
             row = self._row(run_id)
             if row.owner != owner:
-                raise RunBusy(f"run {run_id!r} was taken over by {row.owner or 'nobody'}; "
-                              "this driver stopped driving it")  # fmt: skip
+                raise RunBusy(
+                    f"run {run_id!r} was taken over by {row.owner or 'nobody'}; "
+                    "this driver stopped driving it"
+                )
             now = time.time()
             row.lease = now + self.lease_s
             self._store(run_id, row, events, checkpoint, now)
 
     def _store(
-        self, run_id: str, row: _Run, events: list[dict[str, Any]], checkpoint: Checkpoint,
+        self,
+        run_id: str,
+        row: _Run,
+        events: list[dict[str, Any]],
+        checkpoint: Checkpoint,
         now: float,
     ) -> None:
         row.events.extend(events)
@@ -207,8 +238,11 @@ class MemoryStore:
                 raise StoreError(f"run {run_id!r}: history row {index} after a gap")
         row.snapshot = checkpoint.snapshot
         body = checkpoint.snapshot.get("body")
-        row.body = {k: body.get(k) for k in ("state", "reason", "placeholders")} if isinstance(
-            body, dict) else {}  # fmt: skip
+        row.body = (
+            {k: body.get(k) for k in ("state", "reason", "placeholders")}
+            if isinstance(body, dict)
+            else {}
+        )
         row.updated = now
         self._finished.pop(run_id, None)
 
@@ -217,13 +251,20 @@ class MemoryStore:
             row = self._row(run_id)
             header, snapshot = row.header, _text(row.snapshot)
             messages, events = _text(row.messages), _text(row.events)
-        return StoredRun(run_id, json.loads(header), json.loads(snapshot), json.loads(messages),
-                         json.loads(events))  # fmt: skip
+        return StoredRun(
+            run_id,
+            json.loads(header),
+            json.loads(snapshot),
+            json.loads(messages),
+            json.loads(events),
+        )
 
     def list_runs(self, state: str | None = None) -> list[RunSummary]:
         with self._lock:
-            out = [summary_of(run_id, row.body, row.created, row.updated)
-                   for run_id, row in self._runs.items()]  # fmt: skip
+            out = [
+                summary_of(run_id, row.body, row.created, row.updated)
+                for run_id, row in self._runs.items()
+            ]
         out = [r for r in out if state is None or r.state == state]
         return sorted(out, key=lambda r: r.updated, reverse=True)
 

@@ -28,20 +28,27 @@ __all__ = ["ConfigFactory", "Heartbeat", "restore_run", "restore_state"]
 ConfigFactory = Callable[..., RunConfig]
 
 
-def restore_state(stored: StoredRun, config: ConfigFactory,
-                  narrowed_by: frozenset[str] | None = None) -> RunState:  # fmt: skip
+def restore_state(
+    stored: StoredRun, config: ConfigFactory, narrowed_by: frozenset[str] | None = None
+) -> RunState:
     """The state of a stored run under the settings recorded in its header."""
     header = stored.header
     try:
         allowed = frozenset(header["allowed_tools"])
         if narrowed_by is not None:
             allowed = allowed_tools(header, narrowed_by)
-        cfg = config(allowed, Budget(**header["budget"]), RetryPolicy(**header["retry"]),
-                     header["policy"])  # fmt: skip
+        cfg = config(
+            allowed, Budget(**header["budget"]), RetryPolicy(**header["retry"]), header["policy"]
+        )
     except (KeyError, TypeError, ConfigError) as exc:
         raise CorruptRecord(f"run {stored.run_id!r}: unreadable header ({exc})") from None
-    return RunState.restore(stored.snapshot, run_id=stored.run_id, config=cfg,
-                            messages=stored.messages, events=stored.events)  # fmt: skip
+    return RunState.restore(
+        stored.snapshot,
+        run_id=stored.run_id,
+        config=cfg,
+        messages=stored.messages,
+        events=stored.events,
+    )
 
 
 def restore_run(store: RunStore, run_id: str, config: ConfigFactory) -> tuple[RunState, str]:
@@ -79,8 +86,9 @@ class Heartbeat:
         self.lost: BaseException | None = None
         self._stop = threading.Event()
         interval = max(float(getattr(store, "lease_s", 300.0)) / 3.0, 0.05)
-        self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
-                                        name="fsm-agent-heartbeat")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._beat, args=(interval,), daemon=True, name="fsm-agent-heartbeat"
+        )
         self._thread.start()
 
     def _beat(self, interval: float) -> None:

@@ -34,8 +34,15 @@ _DONE = {"approve": "approved", "deny": "denied", "reconcile": "reconciled"}
 
 def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any) -> RunConfig:
     """A run's settings without its tools: a review reads the paused batch, runs nothing."""
-    return RunConfig(budget=budget, retry=retry, policy=policy, allowed=allowed,
-                     tools=lambda name: None, tool_specs=[], approvals=ApprovalBook())  # fmt: skip
+    return RunConfig(
+        budget=budget,
+        retry=retry,
+        policy=policy,
+        allowed=allowed,
+        tools=lambda name: None,
+        tool_specs=[],
+        approvals=ApprovalBook(),
+    )
 
 
 def paused_state(stored: StoredRun) -> RunState:
@@ -50,9 +57,15 @@ def pending_calls(stored: StoredRun) -> list[dict[str, Any]]:
     out = []
     for call_id, (_, waiting) in (body.get("placeholders") or {}).items():
         fn = calls.get(call_id, {}).get("function") or {}
-        out.append({"call_id": call_id, "tool": fn.get("name"), "arguments": fn.get("arguments"),
-                    "waiting_for": waiting,
-                    "review": (body.get("reviews") or {}).get(call_id)})  # fmt: skip
+        out.append(
+            {
+                "call_id": call_id,
+                "tool": fn.get("name"),
+                "arguments": fn.get("arguments"),
+                "waiting_for": waiting,
+                "review": (body.get("reviews") or {}).get(call_id),
+            }
+        )
     return out
 
 
@@ -91,26 +104,35 @@ def record_review(
             owners.drop(owner)
 
 
-def _decide(s: RunState, call_id: str, action: str, reason: str | None,
-            result: Any) -> dict[str, Any]:  # fmt: skip
+def _decide(
+    s: RunState, call_id: str, action: str, reason: str | None, result: Any
+) -> dict[str, Any]:
     """Check that ``action`` fits the paused call and record it in ``s.reviews``."""
     if s.state != "review_required":
         status = s.state + (f"/{s.reason}" if s.reason else "")
         raise ReviewError(f"run {s.run_id!r} is {status}, not waiting for review")
     if call_id not in s.placeholders:
-        raise ReviewError(f"call {call_id!r} is not pending in run {s.run_id!r} (pending: "
-                          f"{', '.join(s.placeholders) or 'none'})")  # fmt: skip
+        raise ReviewError(
+            f"call {call_id!r} is not pending in run {s.run_id!r} (pending: "
+            f"{', '.join(s.placeholders) or 'none'})"
+        )
     if call_id in s.reviews:
         done = _DONE.get(s.reviews[call_id].get("action", ""), "decided")
         raise ReviewError(f"call {call_id!r} of run {s.run_id!r} was already {done}")
     waiting = s.placeholders[call_id][1]
     if waiting not in _FITS[action]:
         fits = sorted(a for a, errors in _FITS.items() if waiting in errors)
-        raise ReviewError(f"call {call_id!r} is waiting for {waiting or 'nothing'}: {action} "
-                          f"does not apply (use {' or '.join(fits)})")  # fmt: skip
+        raise ReviewError(
+            f"call {call_id!r} is waiting for {waiting or 'nothing'}: {action} "
+            f"does not apply (use {' or '.join(fits)})"
+        )
     call = next(c for c in s.decision.calls if c.id == call_id)
-    event: dict[str, Any] = {"type": "review", "action": action, "call_id": call_id,
-                             "tool": call.name}  # fmt: skip
+    event: dict[str, Any] = {
+        "type": "review",
+        "action": action,
+        "call_id": call_id,
+        "tool": call.name,
+    }
     decision: dict[str, Any] = {"action": action}
     if action == "approve":
         try:

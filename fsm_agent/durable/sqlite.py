@@ -21,6 +21,7 @@ written into. ``readonly=True`` opens without writing anything (the CLI's read c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -149,12 +150,15 @@ class SqliteStore:
         if not exists and (readonly or not create):
             raise StoreError(f"{self.path}: no such database")
         if exists and self.path.stat().st_size == 0:
-            raise StoreError(f"{self.path}: an empty file, not an fsm-agent database (remove "
-                             "it to let fsm-agent create one there)")  # fmt: skip
+            raise StoreError(
+                f"{self.path}: an empty file, not an fsm-agent database (remove "
+                "it to let fsm-agent create one there)"
+            )
         try:
             target = f"{self.path.resolve().as_uri()}?mode=ro" if readonly else str(self.path)
-            self._conn = sqlite3.connect(target, timeout=timeout, isolation_level=None,
-                                         check_same_thread=False, uri=readonly)  # fmt: skip
+            self._conn = sqlite3.connect(
+                target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=readonly
+            )
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
@@ -174,19 +178,23 @@ class SqliteStore:
                     f"supports ({SCHEMA_VERSION}); upgrade fsm-agent to open it"
                 )
             if app_id not in (0, APPLICATION_ID):
-                raise StoreError(f"{self.path}: not an fsm-agent database "
-                                 f"(application_id {app_id:#x})")  # fmt: skip
+                raise StoreError(
+                    f"{self.path}: not an fsm-agent database (application_id {app_id:#x})"
+                )
             if app_id == 0:
                 tables = self._conn.execute(
                     "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
                 ).fetchone()[0]
                 if tables:
-                    raise StoreError(f"{self.path}: not an fsm-agent database "
-                                     f"(it holds {tables} other tables)")  # fmt: skip
+                    raise StoreError(
+                        f"{self.path}: not an fsm-agent database (it holds {tables} other tables)"
+                    )
             if self.readonly:
                 if version < SCHEMA_VERSION:
-                    raise StoreError(f"{self.path}: schema version {version} needs migrating "
-                                     "to this fsm-agent's; open it writable once")  # fmt: skip
+                    raise StoreError(
+                        f"{self.path}: schema version {version} needs migrating "
+                        "to this fsm-agent's; open it writable once"
+                    )
                 return
             # WAL lets readers (the CLI) work while a run writes; NORMAL syncs at
             # checkpoints of the WAL, not at every commit (crash-safe, not power-safe).
@@ -224,11 +232,13 @@ class SqliteStore:
         text = str(exc)
         lowered = text.lower()
         if "locked" in lowered or "busy" in lowered:
-            return StoreError(f"{self.path}: database is locked by another process "
-                              f"(waited {self.timeout:g}s)")  # fmt: skip
+            return StoreError(
+                f"{self.path}: database is locked by another process (waited {self.timeout:g}s)"
+            )
         if "full" in lowered:
-            return StoreError(f"{self.path}: the disk is full ({text}); nothing of this "
-                              "transaction was stored")  # fmt: skip
+            return StoreError(
+                f"{self.path}: the disk is full ({text}); nothing of this transaction was stored"
+            )
         if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
             return CorruptRecord(f"{self.path}: not an SQLite database or corrupt ({text})")
         if "unable to open" in lowered:
@@ -262,10 +272,9 @@ class SqliteStore:
     @staticmethod
     def _rollback(c: sqlite3.Connection) -> None:
         if c.in_transaction:
-            try:
+            # The transaction is gone either way; the first error is what counts.
+            with contextlib.suppress(sqlite3.Error):
                 c.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # the transaction is gone either way; the first error is what counts
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
@@ -276,8 +285,9 @@ class SqliteStore:
 
     def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
         if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
-            raise CorruptRecord(f"{self.path}: {what} fails its checksum (the row was changed "
-                                "or damaged)")  # fmt: skip
+            raise CorruptRecord(
+                f"{self.path}: {what} fails its checksum (the row was changed or damaged)"
+            )
         try:
             return json.loads(text)
         except (ValueError, RecursionError) as exc:
@@ -285,8 +295,10 @@ class SqliteStore:
 
     # ── idempotency ───────────────────────────────────────────────────────────────
 
-    _INTENT = ("SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum "
-               "FROM idempotency WHERE tool = ? AND key = ?")  # fmt: skip
+    _INTENT = (
+        "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum "
+        "FROM idempotency WHERE tool = ? AND key = ?"
+    )
 
     def _intent(self, c: sqlite3.Connection, tool: str, key: str) -> IdempotencyRecord | None:
         row = c.execute(self._INTENT, (tool, key)).fetchone()
@@ -296,29 +308,57 @@ class SqliteStore:
         where = f"the idempotency record of {tool!r} key {key!r}"
         body = "|".join((digest, status, run_id, call_id, result or "", effect, str(dedup)))
         if stored_sum is not None and _sum(body) != stored_sum:
-            raise CorruptRecord(f"{self.path}: {where} fails its checksum (the row was "
-                                "changed or damaged)")  # fmt: skip
+            raise CorruptRecord(
+                f"{self.path}: {where} fails its checksum (the row was changed or damaged)"
+            )
         if status not in ("pending", "committed"):
             raise CorruptRecord(f"{self.path}: {where} has status {status!r}")
         value = None if result is None else self._loads(result, None, where)
-        return IdempotencyRecord(tool, key, digest, status, run_id, call_id, value, effect,
-                                 bool(dedup))  # fmt: skip
+        return IdempotencyRecord(
+            tool, key, digest, status, run_id, call_id, value, effect, bool(dedup)
+        )
 
     @staticmethod
     def _put_intent(c: sqlite3.Connection, r: IdempotencyRecord, result: str | None) -> None:
-        body = "|".join((r.args_digest, r.status, r.run_id, r.call_id, result or "", r.effect,
-                         str(int(r.dedup))))  # fmt: skip
-        c.execute("INSERT OR REPLACE INTO idempotency (tool, key, args_digest, status, run_id, "
-                  "call_id, result, updated, effect, dedup, sum) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                  (r.tool, r.key, r.args_digest, r.status, r.run_id, r.call_id, result,
-                   time.time(), r.effect, int(r.dedup), _sum(body)))  # fmt: skip
+        body = "|".join(
+            (
+                r.args_digest,
+                r.status,
+                r.run_id,
+                r.call_id,
+                result or "",
+                r.effect,
+                str(int(r.dedup)),
+            )
+        )
+        c.execute(
+            "INSERT OR REPLACE INTO idempotency (tool, key, args_digest, status, run_id, "
+            "call_id, result, updated, effect, dedup, sum) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                r.tool,
+                r.key,
+                r.args_digest,
+                r.status,
+                r.run_id,
+                r.call_id,
+                result,
+                time.time(),
+                r.effect,
+                int(r.dedup),
+                _sum(body),
+            ),
+        )
 
     def begin_intent(self, record: IdempotencyRecord, *, take_over: bool = False) -> IntentClaim:
         with self._write() as c:
             found = self._intent(c, record.tool, record.key)
-            if found is None or (found.status == "pending" and (
+            if found is None or (
+                found.status == "pending"
+                and (
                     found.owner == record.owner
-                    or (take_over and found.args_digest == record.args_digest))):  # fmt: skip
+                    or (take_over and found.args_digest == record.args_digest)
+                )
+            ):
                 self._put_intent(c, record, None)
                 return IntentClaim(True, found)
             return IntentClaim(False, found)
@@ -330,16 +370,29 @@ class SqliteStore:
             if found is not None and found.status == "committed" and found.owner == owner:
                 return  # committed already
             if found is None or found.status != "pending":
-                raise IntentConflict(f"{self.path}: no pending intent for {tool!r} key {key!r} "
-                                     "to commit")  # fmt: skip
-            done = IdempotencyRecord(tool, key, found.args_digest, "committed", found.run_id,
-                                     found.call_id, None, found.effect, found.dedup)  # fmt: skip
+                raise IntentConflict(
+                    f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
+                )
+            done = IdempotencyRecord(
+                tool,
+                key,
+                found.args_digest,
+                "committed",
+                found.run_id,
+                found.call_id,
+                None,
+                found.effect,
+                found.dedup,
+            )
             self._put_intent(c, done, text)
 
     def abort_intent(self, tool: str, key: str, owner: tuple[str, str]) -> None:
         with self._write() as c:
-            c.execute("DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
-                      "'pending' AND run_id = ? AND call_id = ?", (tool, key, *owner))  # fmt: skip
+            c.execute(
+                "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
+                "'pending' AND run_id = ? AND call_id = ?",
+                (tool, key, *owner),
+            )
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
         with self._lock:
@@ -354,7 +407,11 @@ class SqliteStore:
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def create_run(
-        self, run_id: str, header: dict[str, Any], owner: str, events: list[dict[str, Any]],
+        self,
+        run_id: str,
+        header: dict[str, Any],
+        owner: str,
+        events: list[dict[str, Any]],
         checkpoint: Checkpoint,
     ) -> None:
         now = time.time()
@@ -368,12 +425,21 @@ class SqliteStore:
             num = c.execute(
                 "INSERT INTO runs (run_id, state, reason, pending, ctx, owner, lease_until, "
                 "created, updated, sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, state, reason, pending, snapshot, owner, now + self.lease_s, now,
-                 now, _sum(snapshot)),
-            ).lastrowid  # fmt: skip
+                (
+                    run_id,
+                    state,
+                    reason,
+                    pending,
+                    snapshot,
+                    owner,
+                    now + self.lease_s,
+                    now,
+                    now,
+                    _sum(snapshot),
+                ),
+            ).lastrowid
             assert num is not None
-            c.execute("INSERT INTO headers VALUES (?, ?, ?)",
-                      (num, header_text, _sum(header_text)))  # fmt: skip
+            c.execute("INSERT INTO headers VALUES (?, ?, ?)", (num, header_text, _sum(header_text)))
             self._append(c, num, events, checkpoint)
 
     def save(
@@ -387,17 +453,27 @@ class SqliteStore:
             cur = c.execute(
                 "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
                 "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
-                (state, reason, pending, snapshot, _sum(snapshot), now, now + self.lease_s,
-                 run_id, owner),
-            )  # fmt: skip
+                (
+                    state,
+                    reason,
+                    pending,
+                    snapshot,
+                    _sum(snapshot),
+                    now,
+                    now + self.lease_s,
+                    run_id,
+                    owner,
+                ),
+            )
             row = cur.fetchone()
             if row is None:
                 self._not_owner(c, run_id)
             self._append(c, int(row[0]), events, checkpoint)
 
     @staticmethod
-    def _append(c: sqlite3.Connection, num: int, events: list[dict[str, Any]],
-                checkpoint: Checkpoint) -> None:  # fmt: skip
+    def _append(
+        c: sqlite3.Connection, num: int, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
         base = num << _SHIFT
         if events:
             rows = []
@@ -407,28 +483,36 @@ class SqliteStore:
             c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
         if checkpoint.messages:
             texts = [(base + i, _dumps(m)) for i, m in checkpoint.messages]
-            c.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
-                          [(k, t, _sum(t)) for k, t in texts])  # fmt: skip
+            c.executemany(
+                "INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
+                [(k, t, _sum(t)) for k, t in texts],
+            )
 
     def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
         row = c.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in {self.path}")
-        raise RunBusy(f"run {run_id!r} was taken over by {row[0] or 'nobody'}; this driver "
-                      "stopped driving it")  # fmt: skip
+        raise RunBusy(
+            f"run {run_id!r} was taken over by {row[0] or 'nobody'}; this driver stopped driving it"
+        )
 
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
-            rows = self._read("SELECT r.num, h.body, h.sum, r.ctx, r.sum FROM runs r JOIN "
-                              "headers h USING (num) WHERE r.run_id = ?", (run_id,))  # fmt: skip
+            rows = self._read(
+                "SELECT r.num, h.body, h.sum, r.ctx, r.sum FROM runs r JOIN "
+                "headers h USING (num) WHERE r.run_id = ?",
+                (run_id,),
+            )
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
             num, header, header_sum, snapshot, snapshot_sum = rows[0]
             span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
-            messages = self._read("SELECT key, body, sum FROM messages WHERE key BETWEEN ? "
-                                  "AND ? ORDER BY key", span)  # fmt: skip
-            events = self._read("SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? "
-                                "ORDER BY key", span)  # fmt: skip
+            messages = self._read(
+                "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
+            )
+            events = self._read(
+                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key", span
+            )
         where = f"run {run_id!r}"
         return StoredRun(
             run_id,
@@ -449,28 +533,35 @@ class SqliteStore:
     def claim(self, run_id: str, owner: str) -> None:
         now = time.time()
         with self._write() as c:
-            row = c.execute("SELECT owner, lease_until FROM runs WHERE run_id = ?",
-                            (run_id,)).fetchone()  # fmt: skip
+            row = c.execute(
+                "SELECT owner, lease_until FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
             if row is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
             holder, until = row
             if holder not in (None, owner) and owners.is_live(holder, until, now):
-                raise RunBusy(f"run {run_id!r} is being driven by {holder}; try again when "
-                              "it stops")  # fmt: skip
-            c.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
-                      (owner, now + self.lease_s, run_id))  # fmt: skip
+                raise RunBusy(
+                    f"run {run_id!r} is being driven by {holder}; try again when it stops"
+                )
+            c.execute(
+                "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
+                (owner, now + self.lease_s, run_id),
+            )
 
     def renew(self, run_id: str, owner: str) -> None:
         with self._write() as c:
-            cur = c.execute("UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
-                            (time.time() + self.lease_s, run_id, owner))  # fmt: skip
+            cur = c.execute(
+                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
+                (time.time() + self.lease_s, run_id, owner),
+            )
             if cur.rowcount != 1:
                 self._not_owner(c, run_id)
 
     def release(self, run_id: str, owner: str) -> None:
         with self._write() as c:
-            c.execute("UPDATE runs SET owner = NULL WHERE run_id = ? AND owner = ?",
-                      (run_id, owner))  # fmt: skip
+            c.execute(
+                "UPDATE runs SET owner = NULL WHERE run_id = ? AND owner = ?", (run_id, owner)
+            )
 
     # ── retention ─────────────────────────────────────────────────────────────────
 
@@ -482,9 +573,14 @@ class SqliteStore:
         intent are never pruned. Returns ``(runs, intents)`` deleted."""
         cutoff = time.time() - older_than_s
         with self._write() as c:
-            nums = [n for (n,) in c.execute(
-                "SELECT num FROM runs WHERE updated < ? AND owner IS NULL AND state IN "
-                "('done', 'budget_exhausted', 'protocol_error', 'cancelled')", (cutoff,))]  # fmt: skip
+            nums = [
+                n
+                for (n,) in c.execute(
+                    "SELECT num FROM runs WHERE updated < ? AND owner IS NULL AND state IN "
+                    "('done', 'budget_exhausted', 'protocol_error', 'cancelled')",
+                    (cutoff,),
+                )
+            ]
             for num in nums:
                 span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
                 c.execute("DELETE FROM events WHERE key BETWEEN ? AND ?", span)
@@ -493,13 +589,17 @@ class SqliteStore:
                 c.execute("DELETE FROM runs WHERE num = ?", (num,))
             dropped = 0
             if intents:
-                dropped = c.execute("DELETE FROM idempotency WHERE status = 'committed' AND "
-                                    "updated < ?", (cutoff,)).rowcount  # fmt: skip
+                dropped = c.execute(
+                    "DELETE FROM idempotency WHERE status = 'committed' AND updated < ?", (cutoff,)
+                ).rowcount
         return len(nums), dropped
 
 
 def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
     body = snapshot.get("body") if isinstance(snapshot, dict) else None
     body = body if isinstance(body, dict) else {}
-    return (str(body.get("state", "")), str(body.get("reason") or ""),
-            len(body.get("placeholders") or {}))  # fmt: skip
+    return (
+        str(body.get("state", "")),
+        str(body.get("reason") or ""),
+        len(body.get("placeholders") or {}),
+    )

@@ -22,7 +22,7 @@ documented intent lifetime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 
 from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
@@ -118,7 +118,11 @@ class RunStore(Store, Protocol):
     lease_s: float
 
     def create_run(
-        self, run_id: str, header: dict[str, Any], owner: str, events: list[dict[str, Any]],
+        self,
+        run_id: str,
+        header: dict[str, Any],
+        owner: str,
+        events: list[dict[str, Any]],
         checkpoint: Checkpoint,
     ) -> None:
         """Store a new run claimed by ``owner`` with its first events;
@@ -150,14 +154,20 @@ class RunStore(Store, Protocol):
         """Give up the claim (no-op if ``owner`` does not hold it)."""
 
 
-def supports_runs(store: object) -> bool:
+def supports_runs(store: object) -> TypeGuard[RunStore]:
     """Whether ``store`` keeps runs (stores may keep idempotency records only)."""
     return bool(getattr(store, "keeps_runs", False)) and isinstance(store, RunStore)
 
 
 def summary_of(run_id: str, body: dict[str, Any], created: float, updated: float) -> RunSummary:
-    return RunSummary(run_id, str(body.get("state", "")), str(body.get("reason") or ""),
-                      len(body.get("placeholders") or {}), created, updated)  # fmt: skip
+    return RunSummary(
+        run_id,
+        str(body.get("state", "")),
+        str(body.get("reason") or ""),
+        len(body.get("placeholders") or {}),
+        created,
+        updated,
+    )
 
 
 Status = Literal["pending", "committed"]

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fsm_agent.core.loop import Cancelled, Steps
 from fsm_agent.core.requests import (
@@ -46,7 +46,7 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
-from fsm_agent.durable.store import Checkpoint, Store
+from fsm_agent.durable.store import Checkpoint, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
 from fsm_agent.trace.io import TraceSink
@@ -64,19 +64,23 @@ class ToolThreads:
         self.limit = limit
         self._slots = threading.BoundedSemaphore(limit)
 
-    def try_start(self, fn: Callable[..., Any], kwargs: dict[str, Any],
-                  wait_s: float) -> concurrent.futures.Future[Any] | None:  # fmt: skip
+    def try_start(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], wait_s: float
+    ) -> concurrent.futures.Future[Any] | None:
         """Start ``fn(**kwargs)`` on a new thread within ``wait_s`` seconds, or ``None``
         (nothing started) if every slot stays busy that long."""
         if not self._slots.acquire(timeout=max(wait_s, 0.0)):
             return None
         return self._start(fn, kwargs)
 
-    def try_start_now(self, fn: Callable[..., Any],
-                      kwargs: dict[str, Any]) -> concurrent.futures.Future[Any] | None:  # fmt: skip
+    def try_start_now(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> concurrent.futures.Future[Any] | None:
         return self._start(fn, kwargs) if self._slots.acquire(blocking=False) else None
 
-    def _start(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    def _start(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def run() -> None:
@@ -159,8 +163,7 @@ class _Driver:
         if isinstance(request, BeginIntent):
             return store.begin_intent(request.record, take_over=request.take_over)
         if isinstance(request, CommitIntent):
-            return store.commit_intent(request.tool, request.key, request.owner,
-                                       request.result)  # fmt: skip
+            return store.commit_intent(request.tool, request.key, request.owner, request.result)
         if isinstance(request, AbortIntent):
             return store.abort_intent(request.tool, request.key, request.owner)
         if isinstance(request, LoadIntent):
@@ -168,10 +171,12 @@ class _Driver:
         assert isinstance(request, SaveCheckpoint)
         checkpoint = Checkpoint(request.snapshot, request.messages)
         owner = self.io.owner or ""
+        runs = cast(RunStore, store)  # the loop saves only when the store keeps runs
         if request.header is not None:
-            return store.create_run(self.io.run_id, request.header, owner,  # type: ignore[attr-defined]
-                                    request.events, checkpoint)  # fmt: skip
-        return store.save(self.io.run_id, owner, request.events, checkpoint)  # type: ignore[attr-defined]
+            return runs.create_run(
+                self.io.run_id, request.header, owner, request.events, checkpoint
+            )
+        return runs.save(self.io.run_id, owner, request.events, checkpoint)
 
     def emit(self, request: EmitEvents) -> None:
         sink = self.io.sink
@@ -183,8 +188,9 @@ class _Driver:
         """The answer to a request that failed while the run was stopping."""
         if isinstance(request, EmitEvents):
             self.io.broken.add("sink")
-        elif isinstance(request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent,
-                                  LoadIntent)):  # fmt: skip
+        elif isinstance(
+            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+        ):
             self.io.broken.add("store")
         if isinstance(request, ReadClock):
             return 0.0
@@ -199,7 +205,8 @@ class _Driver:
         if "sink" in broken and isinstance(request, EmitEvents):
             return True
         return "store" in broken and isinstance(
-            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent))
+            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+        )
 
 
 class SyncDriver(_Driver):
@@ -273,8 +280,10 @@ class SyncDriver(_Driver):
             else:
                 future = self.io.threads.try_start(fn, request.arguments, timeout)
                 if future is None:
-                    return ToolOutcome("not_started", error=f"no tool thread was free within "
-                                                            f"{timeout:.3f}s; it never started")  # fmt: skip
+                    return ToolOutcome(
+                        "not_started",
+                        error=f"no tool thread was free within {timeout:.3f}s; it never started",
+                    )
                 try:
                     value = future.result(timeout=timeout)
                 except concurrent.futures.TimeoutError:
@@ -374,8 +383,10 @@ class AsyncDriver(_Driver):
             else:
                 future = await self._start_thread(tool.fn, request.arguments, timeout)  # type: ignore[attr-defined]
                 if future is None:
-                    return ToolOutcome("not_started", error=f"no tool thread was free within "
-                                                            f"{timeout:.3f}s; it never started")  # fmt: skip
+                    return ToolOutcome(
+                        "not_started",
+                        error=f"no tool thread was free within {timeout:.3f}s; it never started",
+                    )
                 value = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except (asyncio.TimeoutError, TimeoutError) as exc:
             if isinstance(exc, asyncio.TimeoutError) and timeout is not None:
@@ -390,8 +401,9 @@ class AsyncDriver(_Driver):
             return ToolOutcome("error", error="the tool returned an awaitable it did not await")
         return ToolOutcome("ok", value)
 
-    async def _start_thread(self, fn: Callable[..., Any], kwargs: dict[str, Any],
-                            wait_s: float) -> concurrent.futures.Future[Any] | None:  # fmt: skip
+    async def _start_thread(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], wait_s: float
+    ) -> concurrent.futures.Future[Any] | None:
         """Start a tool thread without blocking the event loop: poll for a free slot."""
         import asyncio
 

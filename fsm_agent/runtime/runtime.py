@@ -9,6 +9,7 @@ Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
@@ -97,15 +98,26 @@ class Runtime:
         self._book = ApprovalBook(approvals)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = {
-            t.name: {"effect": t.effect, "requires_approval": t.requires_approval,
-                     "idempotent": t.idempotency_key is not None, "dedup": t.dedup,
-                     "timeout_s": t.timeout_s}
+            t.name: {
+                "effect": t.effect,
+                "requires_approval": t.requires_approval,
+                "idempotent": t.idempotency_key is not None,
+                "dedup": t.dedup,
+                "timeout_s": t.timeout_s,
+            }
             for t in tools
-        }  # fmt: skip
+        }
 
     @staticmethod
-    def _check(model: Any, tools: Any, allowed_tools: Any, budget: Any, retry: Any,
-               policy: Any, redact: Any) -> None:  # fmt: skip
+    def _check(
+        model: Any,
+        tools: Any,
+        allowed_tools: Any,
+        budget: Any,
+        retry: Any,
+        policy: Any,
+        redact: Any,
+    ) -> None:
         if not callable(model):
             raise ConfigError(f"model must be callable as (messages, tool_specs), got {model!r}")
         if not isinstance(tools, ToolRegistry):
@@ -114,8 +126,10 @@ class Runtime:
             raise ConfigError("allowed_tools must be a collection of tool names, not one string")
         unknown = sorted(frozenset(allowed_tools) - set(tools.names()))
         if unknown:
-            raise ConfigError(f"allowed_tools names unregistered tools: {', '.join(unknown)} "
-                              f"(registered: {', '.join(tools.names()) or 'none'})")  # fmt: skip
+            raise ConfigError(
+                f"allowed_tools names unregistered tools: {', '.join(unknown)} "
+                f"(registered: {', '.join(tools.names()) or 'none'})"
+            )
         if policy not in ("default", "strict"):
             raise ConfigError(f"policy must be 'default' or 'strict', got {policy!r}")
         if budget is not None and not isinstance(budget, Budget):
@@ -127,8 +141,14 @@ class Runtime:
 
     # ── public entry points ───────────────────────────────────────────────────────
 
-    def run(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
-            trace: TraceArg = None, model: Model | None = None) -> RunResult:  # fmt: skip
+    def run(
+        self,
+        task: str | list[dict[str, Any]],
+        *,
+        run_id: str | None = None,
+        trace: TraceArg = None,
+        model: Model | None = None,
+    ) -> RunResult:
         """Run to a terminal state synchronously. Bad model output never raises.
 
         ``model`` replaces the runtime's model for this run only (same tools, store and
@@ -138,8 +158,14 @@ class Runtime:
         state, sink = self._new_run(task, run_id, trace)
         return self._drive(state, model, sink, resumed=False)
 
-    async def arun(self, task: str | list[dict[str, Any]], *, run_id: str | None = None,
-                   trace: TraceArg = None, model: Model | None = None) -> RunResult:  # fmt: skip
+    async def arun(
+        self,
+        task: str | list[dict[str, Any]],
+        *,
+        run_id: str | None = None,
+        trace: TraceArg = None,
+        model: Model | None = None,
+    ) -> RunResult:
         """Run to a terminal state; sync or async models and tools both work."""
         model = self._model_for(model)
         state, sink = self._new_run(task, run_id, trace)
@@ -206,24 +232,36 @@ class Runtime:
             raise ConfigError(f"{what}() cannot drive {which}; use 'await runtime.a{what}(...)'")
         return model
 
-    def config(self, allowed: frozenset[str] | None = None, budget: Budget | None = None,
-               retry: RetryPolicy | None = None, policy: Policy | None = None,
-               *, emit: bool = False) -> RunConfig:  # fmt: skip
+    def config(
+        self,
+        allowed: frozenset[str] | None = None,
+        budget: Budget | None = None,
+        retry: RetryPolicy | None = None,
+        policy: Policy | None = None,
+        *,
+        emit: bool = False,
+    ) -> RunConfig:
         """The :class:`RunConfig` of a run of this runtime (a resumed run passes the
         settings it started with)."""
         allowed = self.allowed_tools if allowed is None else allowed
         store = self.store
         return RunConfig(
-            budget=budget or self.budget, retry=retry or self.retry,
-            policy=policy or self.policy, allowed=allowed, tools=self.tools.get,
+            budget=budget or self.budget,
+            retry=retry or self.retry,
+            policy=policy or self.policy,
+            allowed=allowed,
+            tools=self.tools.get,
             tool_specs=[t.spec() for t in self.tools if t.name in allowed],
             approvals=self._book,
             save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
-            emit=emit, header={"tools": self._tool_facts}, redact=self.redact,
-        )  # fmt: skip
+            emit=emit,
+            header={"tools": self._tool_facts},
+            redact=self.redact,
+        )
 
-    def _new_run(self, task: str | list[dict[str, Any]], run_id: str | None,
-                 trace: TraceArg) -> tuple[RunState, TraceSink | None]:  # fmt: skip
+    def _new_run(
+        self, task: str | list[dict[str, Any]], run_id: str | None, trace: TraceArg
+    ) -> tuple[RunState, TraceSink | None]:
         if isinstance(task, str):
             messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
         elif isinstance(task, list) and task and all(isinstance(m, dict) for m in task):
@@ -241,26 +279,33 @@ class Runtime:
         sink: TraceSink | None = (
             JsonlTrace(trace) if isinstance(trace, (str, os.PathLike)) else trace
         )
-        state = RunState(run_id=run_id, config=self.config(emit=sink is not None),
-                         messages=messages)  # fmt: skip
+        state = RunState(
+            run_id=run_id, config=self.config(emit=sink is not None), messages=messages
+        )
         start(state)
         return state, sink
 
     def _restore(self, run_id: str) -> tuple[RunState, str]:
         store = self.store
         if not supports_runs(store):
-            raise StoreError(f"{type(store).__name__} does not keep runs; use a MemoryStore "
-                             "or SqliteStore")  # fmt: skip
+            raise StoreError(
+                f"{type(store).__name__} does not keep runs; use a MemoryStore or SqliteStore"
+            )
         return restore_run(store, run_id, self.config)
 
     @staticmethod
     def _result(s: RunState) -> RunResult:
         return RunResult(
-            run_id=s.run_id, status=s.status or s.state, reason=s.reason or "",
-            answer=s.answer, messages=s.messages, events=s.events,
-            counters=s.counters.as_dict(), detail=s.detail,
+            run_id=s.run_id,
+            status=s.status or s.state,
+            reason=s.reason or "",
+            answer=s.answer,
+            messages=s.messages,
+            events=s.events,
+            counters=s.counters.as_dict(),
+            detail=s.detail,
             pending={call_id: at for call_id, (at, _) in s.placeholders.items()},
-        )  # fmt: skip
+        )
 
     # ── driving ───────────────────────────────────────────────────────────────────
 
@@ -273,19 +318,41 @@ class Runtime:
                 return None
             return time.monotonic() + max(limit - (now - s.started), 0.0)
 
-        return Io(run_id=s.run_id, model=model, clock=self.clock, sleep=self.sleep,
-                  threads=self._threads, deadline=deadline, store=self.store, owner=owner,
-                  sink=sink)  # fmt: skip
+        return Io(
+            run_id=s.run_id,
+            model=model,
+            clock=self.clock,
+            sleep=self.sleep,
+            threads=self._threads,
+            deadline=deadline,
+            store=self.store,
+            owner=owner,
+            sink=sink,
+        )
 
-    def _drive(self, s: RunState, model: Model, sink: TraceSink | None, *, resumed: bool,
-               owner: str | None = None) -> RunResult:  # fmt: skip
+    def _drive(
+        self,
+        s: RunState,
+        model: Model,
+        sink: TraceSink | None,
+        *,
+        resumed: bool,
+        owner: str | None = None,
+    ) -> RunResult:
         io = self._io(s, model, sink, owner)
         with _Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)
 
-    async def _adrive(self, s: RunState, model: Model, sink: TraceSink | None, *,
-                      resumed: bool, owner: str | None = None) -> RunResult:  # fmt: skip
+    async def _adrive(
+        self,
+        s: RunState,
+        model: Model,
+        sink: TraceSink | None,
+        *,
+        resumed: bool,
+        owner: str | None = None,
+    ) -> RunResult:
         io = self._io(s, model, sink, owner)
         with _Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
@@ -315,10 +382,9 @@ class _Driving:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             if self.s.config.save != "never" and io.owner is not None:
-                try:
+                # A broken store keeps the claim; it is reclaimable (durable/owners.py).
+                with contextlib.suppress(Exception):
                     self.store.release(self.s.run_id, io.owner)  # type: ignore[attr-defined]
-                except Exception:  # a broken store: the claim is reclaimable (owners.py)
-                    pass
         finally:
             if io.owner is not None:
                 owners.drop(io.owner)

@@ -27,14 +27,13 @@ from fsm_agent.testing.scenarios import (
     Scenario,
     ScenarioRun,
     record_transitions,
-    scenario_for,
-    scenarios,
     scripted_runtime,
-    unbuildable,
 )
+from fsm_agent.testing.suite import SUITE, missing, scenario_for
 
 __all__ = [
     "BEHAVIOURS",
+    "SUITE",
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
@@ -52,11 +51,10 @@ __all__ = [
     "decide",
     "duplicate_writes",
     "is_path",
+    "missing",
     "paths",
     "record_transitions",
     "scenario_for",
-    "scenarios",
     "scripted_runtime",
     "shortest_paths",
-    "unbuildable",
 ]

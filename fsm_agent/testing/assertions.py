@@ -105,7 +105,9 @@ def assert_trace_legal(result: _HasEvents | Sequence[Mapping[str, Any]]) -> None
     """The events form a legal trace of the machine: the one checker
     (``fsm_agent.trace.checker``, what ``fsm-agent check`` runs) finds no violation."""
     events = result if isinstance(result, Sequence) else result.events
-    problems = [f"event line {v.line}: {v.message}" for v in check_events(list(events))]
+    problems = [
+        f"event line {v.line}: {v.message}" for v in check_events([dict(e) for e in events])
+    ]
     if problems:
         raise AssertionError(
             "trace is not a legal path of the machine:\n  " + "\n  ".join(problems)

@@ -11,9 +11,8 @@ checker, :mod:`fsm_agent.trace.checker`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fsm_agent.core.table import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
 
@@ -33,9 +32,8 @@ class Path:
     @property
     def states(self) -> list[str]:
         """The states visited, the initial one included (like ``RunResult.path``)."""
-        return [self.edges[0].source if self.edges else INITIAL_STATE] + [
-            t.dest for t in self.edges
-        ]
+        first: str = self.edges[0].source if self.edges else INITIAL_STATE
+        return [first] + [t.dest for t in self.edges]
 
     @property
     def indexes(self) -> tuple[int, ...]:
@@ -101,7 +99,7 @@ def shortest_paths() -> dict[int, Path]:
     for through_terminal in (False, True):
         frontier = list(prefix)
         while frontier:
-            grown = []
+            grown: list[str] = []
             for state in frontier:
                 if state in _TERMINAL and not through_terminal:
                     continue

@@ -42,8 +42,15 @@ from fsm_agent.core.table import (
 from fsm_agent.errors import TraceError
 from fsm_agent.trace.io import iter_trace
 
-__all__ = ["LEGACY_SCHEMA", "SCHEMAS", "Violation", "check_events", "check_file", "load_trace",
-           "select_edge"]
+__all__ = [
+    "LEGACY_SCHEMA",
+    "SCHEMAS",
+    "Violation",
+    "check_events",
+    "check_file",
+    "load_trace",
+    "select_edge",
+]
 
 #: The 0.1 trace format: no integrity data, guards recorded positive-first.
 LEGACY_SCHEMA = "fsm-agent.trace/1"
@@ -119,17 +126,30 @@ def _check_header(name: str, events: list[dict[str, Any]]) -> None:
         raise TraceError(name, 1, f"the first event is {head.get('type')!r}, not run_start")
     schema = head.get("schema")
     if schema not in SCHEMAS:
-        raise TraceError(name, 1, f"schema {schema!r} is not one this fsm-agent reads "
-                                  f"({', '.join(SCHEMAS)}); written by another version")  # fmt: skip
+        raise TraceError(
+            name,
+            1,
+            f"schema {schema!r} is not one this fsm-agent reads "
+            f"({', '.join(SCHEMAS)}); written by another version",
+        )
     hashes = {MACHINE_HASH} | (set(LEGACY_MACHINE_HASHES) if schema == LEGACY_SCHEMA else set())
     if head.get("machine_hash") not in hashes:
-        raise TraceError(name, 1, f"machine hash {head.get('machine_hash')!r} is not this "
-                                  f"machine's {MACHINE_HASH} (the trace was recorded with "
-                                  "another transition table)")  # fmt: skip
+        raise TraceError(
+            name,
+            1,
+            f"machine hash {head.get('machine_hash')!r} is not this "
+            f"machine's {MACHINE_HASH} (the trace was recorded with "
+            "another transition table)",
+        )
 
 
 def select_edge(
-    source: str, trigger: str, dest: Any, reason: Any, guards: Mapping[str, Any], *,
+    source: str,
+    trigger: str,
+    dest: Any,
+    reason: Any,
+    guards: Mapping[str, Any],
+    *,
     legacy: bool = False,
 ) -> Transition | None:
     """The edge of ``trigger`` in ``source`` that a transition event took, or None: the
@@ -154,7 +174,7 @@ class _Checker:
         self.legacy = bool(events) and events[0].get("schema") == LEGACY_SCHEMA
         tools = events[0].get("tools") if events else None
         self.tools: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
-        self.state = INITIAL_STATE
+        self.state: str = INITIAL_STATE
         self.decided = False  # a decision event since the last edge out of the initial state
         self.batch: dict[str, int] = {}
         self.batch_line = 0
@@ -254,8 +274,10 @@ class _Checker:
             edge = select_edge(source, trigger, dest, reason, guards, legacy=self.legacy)
         except GuardNotRecorded as exc:
             self.fail(line, f"{trigger} in {source}: {exc}")
-            edge = next((t for t in edges_from(source, trigger)
-                         if t.dest == dest and t.reason == reason), None)  # fmt: skip
+            edge = next(
+                (t for t in edges_from(source, trigger) if t.dest == dest and t.reason == reason),
+                None,
+            )
         if edge is None or edge.dest != dest or edge.reason != reason:
             self.wrong_edge(line, edge, event, guards)
         if source == INITIAL_STATE:
@@ -270,8 +292,11 @@ class _Checker:
                 )
             elif edge is not None and edge.action == "start_attempt":
                 if call_id in self.attempted and self.once(get("tool")):
-                    self.fail(line, f"write call {call_id!r} started a second attempt, but "
-                                    f"{get('tool')!r} neither reads nor deduplicates")  # fmt: skip
+                    self.fail(
+                        line,
+                        f"write call {call_id!r} started a second attempt, but "
+                        f"{get('tool')!r} neither reads nor deduplicates",
+                    )
                 self.attempted.add(call_id)
         self.state = dest
         if dest in _TERMINAL:
@@ -323,8 +348,7 @@ class _Checker:
     def once(self, tool: Any) -> bool:
         """Whether a call of ``tool`` may run at most once (a write without dedup)."""
         spec = self.tools.get(tool) if isinstance(tool, str) else None
-        return isinstance(spec, Mapping) and spec.get("effect") == "write" and not spec.get(
-            "dedup")
+        return isinstance(spec, Mapping) and spec.get("effect") == "write" and not spec.get("dedup")
 
     def observation(self, line: int, event: dict[str, Any]) -> None:
         if self.prev_type not in ("transition", "observation"):

@@ -60,8 +60,9 @@ class JsonlTrace:
                 "JsonlTrace(path, append=True)"
             ) from None
         except OSError as exc:
-            raise ConfigError(f"{self.path}: cannot write a trace there ({exc.strerror or exc})"
-                              ) from None
+            raise ConfigError(
+                f"{self.path}: cannot write a trace there ({exc.strerror or exc})"
+            ) from None
 
     def write(self, event: dict[str, Any]) -> None:
         if self._file is None:
