@@ -21,6 +21,7 @@ from fsm_agent.tools.registry import Tool, ToolRegistry
 __all__ = ["Decision", "PreparedCall", "parse_decision"]
 
 _MAX_ERRORS = 5
+_DECISION_KEYS = frozenset({"role", "content", "tool_calls"})
 
 
 @dataclass(eq=False)
@@ -112,6 +113,9 @@ def parse_decision(raw: Any) -> Decision:  # noqa: C901 - one check per field of
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if normalised:
         message["tool_calls"] = normalised
+    # Contract A: every other key an adapter returned (reasoning it must send back, a
+    # normalisation it applied) stays in the history verbatim, as opaque JSON data.
+    message.update((k, v) for k, v in raw.items() if k not in _DECISION_KEYS)
     return Decision(
         message=message, answer=content, calls=calls, missing_id=missing, duplicate_id=duplicate
     )

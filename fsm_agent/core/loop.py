@@ -13,6 +13,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import Decision, PreparedCall, admit_calls, parse_decision
 from fsm_agent.core.reasons import stop_detail
 from fsm_agent.core.requests import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
@@ -482,8 +483,9 @@ class Run:
         synthetic: bool = False,
     ) -> int:
         call = call or self.call
-        content, safe = _content(result)
-        message = {"role": "tool", "tool_call_id": call.id, "content": content}
+        value, media = split_media(result)
+        content, safe = _content(value)
+        message = tool_message(call.id, content, media)
         at = self.placeholders.pop(call.id, None)
         if at is None:
             at = len(self.messages)
