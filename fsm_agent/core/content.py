@@ -123,13 +123,13 @@ def split_media(value: Any) -> tuple[Any, list[Media]]:
             seen.add(id(v))
             pairs = [(k, walk(x, depth + 1)) for k, x in v.items()]
             seen.discard(id(v))
-            changed = any(new is not old for (_, new), old in zip(pairs, v.values()))
+            changed = any(new is not old for (_, new), old in zip(pairs, v.values(), strict=True))
             return dict(pairs) if changed else v
         if isinstance(v, (list, tuple)):
             seen.add(id(v))
             items = [walk(x, depth + 1) for x in v]
             seen.discard(id(v))
-            return items if any(a is not b for a, b in zip(items, v)) else v
+            return items if any(a is not b for a, b in zip(items, v, strict=True)) else v
         return v
 
     return walk(value, 0), media

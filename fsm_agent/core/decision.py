@@ -101,7 +101,10 @@ def parse_decision(raw: Any) -> Decision:  # noqa: C901 - one check per field of
         if call_id is not None and not isinstance(call_id, str):
             return Decision(malformed=f"{where}.id must be a string, got {type(call_id).__name__}")
         if not call_id:
-            missing = missing or f"{where} has no id"
+            hint = raw.get("missing_id_hint")  # an adapter's advice (contract A key)
+            missing = missing or f"{where} has no id" + (
+                f" ({hint})" if isinstance(hint, str) else ""
+            )
         elif call_id in seen:
             duplicate = duplicate or f"id {call_id!r} is used twice"
         else:

@@ -67,12 +67,14 @@ class ProviderCodec:
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         raise NotImplementedError
 
-    def read_reply(self, body: Message, messages: list[Message]) -> Message:
+    def read_reply(
+        self, body: Message, messages: list[Message], tool_specs: list[Message] | None = None
+    ) -> Message:
         raise NotImplementedError
 
     # ── shared ───────────────────────────────────────────────────────────────────
 
-    def checked(self, payload: list[Message], problems: list[str]) -> list[Message]:
+    def checked(self, payload: list[Any], problems: list[str]) -> list[Any]:
         """``payload`` if its validator found nothing, else a HistoryError naming it all."""
         if problems:
             raise HistoryError(
@@ -141,7 +143,7 @@ class SyncCall(ProviderCodec):
         body = call_with_retries(
             send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
         )
-        return self.read_reply(body, messages)
+        return self.read_reply(body, messages, tool_specs)
 
 
 class AsyncCall(ProviderCodec):
@@ -169,4 +171,4 @@ class AsyncCall(ProviderCodec):
         body = await acall_with_retries(
             send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
         )
-        return self.read_reply(body, messages)
+        return self.read_reply(body, messages, tool_specs)
