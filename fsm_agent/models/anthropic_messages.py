@@ -40,7 +40,6 @@ from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCal
 from fsm_agent.models._common import (
     ModelResponseError,
     SdkErrors,
-    check_fresh_ids,
     need,
     no_usage,
     parse_json_object,
@@ -63,15 +62,12 @@ CONTENT_KEY = "anthropic_content"
 
 
 def _text_blocks(content: Any) -> list[Message]:
+    """Message content as Anthropic blocks: text as text, images and files (Chat
+    Completions parts with ``data:`` URLs) as image and document blocks."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    if isinstance(content, list):  # Chat Completions parts: text parts translate as is
-        return [
-            {"type": "text", "text": p["text"]}
-            if isinstance(p, Mapping) and p.get("type") == "text"
-            else p
-            for p in content
-        ]
+    if isinstance(content, list):
+        return _part_blocks(content)
     return []
 
 
@@ -107,12 +103,9 @@ def _media_block(media_type: str, data: str) -> Message:
     }
 
 
-def _result_content(content: Any) -> Any:
-    """A tool message's content as ``tool_result`` content: text, or text and media blocks."""
-    if not isinstance(content, list):
-        return content
+def _part_blocks(parts: list[Any]) -> list[Any]:
     blocks: list[Any] = []
-    for part in content:
+    for part in parts:
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text":
             blocks.append({"type": "text", "text": part.get("text")})
@@ -124,7 +117,12 @@ def _result_content(content: Any) -> Any:
     return blocks
 
 
-def _assistant_blocks(m: Mapping[str, Any]) -> list[Message]:
+def _result_content(content: Any) -> Any:
+    """A tool message's content as ``tool_result`` content: text, or text and media blocks."""
+    return _part_blocks(content) if isinstance(content, list) else content
+
+
+def _assistant_blocks(m: Mapping[str, Any]) -> list[Any]:
     calls = [c for c in m.get("tool_calls") or () if isinstance(c, Mapping)]
     recorded = m.get(CONTENT_KEY)
     if isinstance(recorded, list):
@@ -134,7 +132,7 @@ def _assistant_blocks(m: Mapping[str, Any]) -> list[Message]:
         if ids == [c.get("id") for c in calls]:
             return list(recorded)
     thinking = [b for b in recorded or () if isinstance(b, Mapping) and b.get("type") in _THINKING]
-    blocks = thinking + _text_blocks(m.get("content"))
+    blocks: list[Any] = [*thinking, *_text_blocks(m.get("content"))]
     for call in calls:
         fn = call.get("function") or {}
         # Calls refused as invalid_arguments may carry non-object JSON; the tool_use
@@ -256,7 +254,8 @@ class _AnthropicCodec(ProviderCodec):
                 )
             elif kind not in _THINKING:
                 raise ModelResponseError(f"{p}: content[{i}] has unknown type {kind!r}")
-        check_fresh_ids(calls, messages, p)
+        # No check_fresh_ids here: Anthropic pairs results turn by turn, and real requests
+        # reusing an earlier turn's tool_use id were accepted (tests/data/providers).
         reply: Message = {
             "role": "assistant",
             "content": "".join(texts) if texts else (None if calls else ""),

@@ -85,7 +85,8 @@ def _accepts_empty(tool_specs: list[Message], name: Any) -> bool:
 def _minted_id(round_no: int, index: int, call: Mapping[str, Any]) -> str:
     """A stable id for a call the server sent without one: the same reply at the same
     point of the same conversation always gets the same id (so a replay matches)."""
-    fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+    fn = call.get("function")
+    fn = fn if isinstance(fn, Mapping) else {}
     seed = json.dumps([round_no, index, fn.get("name"), fn.get("arguments")], default=str)
     return f"fsm_{round_no}_{index}_{hashlib.sha256(seed.encode()).hexdigest()[:12]}"
 

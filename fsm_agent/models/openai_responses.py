@@ -95,7 +95,7 @@ def _resendable(recorded: Any, calls: Any, store: bool) -> bool:
 def _assistant_items(m: Mapping[str, Any], store: bool) -> list[Message]:
     calls = m.get("tool_calls") or ()
     recorded = m.get(OUTPUT_KEY)
-    if _resendable(recorded, calls, store):
+    if isinstance(recorded, list) and _resendable(recorded, calls, store):
         return list(recorded)
     items: list[Message] = []
     content = m.get("content")
