@@ -216,9 +216,12 @@ def test_openrouter_call_without_arguments_reads_as_empty_when_the_schema_allows
     optional = {"type": "object", "properties": {"topic": {"type": "string"}}}
     seen: list[dict[str, Any]] = []
     tools = ToolRegistry()
-    tools.register(
-        lambda **kw: seen.append(kw) or "found", name=name, schema=optional, effect="read"
-    )
+
+    def find(**kw: Any) -> str:
+        seen.append(kw)
+        return "found"
+
+    tools.register(find, name=name, schema=optional, effect="read")
     with FakeProvider() as server:
         server.queue(Answer(200, real.response), Answer(200, CHAT_DONE))
         result = Runtime(model=chat(server.url), tools=tools, allowed_tools={name}).run("x")
@@ -284,7 +287,7 @@ def test_deepseek_rejection_wordings_are_history_errors(wording: str) -> None:
     body = {"error": {"message": wording, "type": "invalid_request_error", "code": None}}
     with FakeProvider() as server:
         server.queue(Answer(400, body))
-        with pytest.raises(HistoryError, match="rejected the history|wants back reasoning"):
+        with pytest.raises(HistoryError, match=r"rejected the history|wants back reasoning"):
             chat(server.url)([{"role": "user", "content": "x"}], [])
 
 
