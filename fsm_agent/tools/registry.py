@@ -198,9 +198,9 @@ class ToolRegistry:
         ``schema`` is the JSON Schema (Draft 2020-12) of the arguments object. Object
         schemas that do not say otherwise are closed (unknown fields refused) unless
         ``allow_extra_fields=True``; the formats in :data:`CHECKED_FORMATS` are checked;
-        OpenAPI's ``nullable`` is translated (:func:`translate_nullable`). ``dedup=True`` declares that the downstream system
-        deduplicates by the idempotency key, which makes a transient write failure
-        retryable. Raises ``ValueError`` for anything inconsistent.
+        OpenAPI's ``nullable`` is translated (:func:`translate_nullable`). ``dedup=True``
+        declares that the downstream system deduplicates by the idempotency key, which
+        makes a transient write failure retryable. Raises ``ValueError`` for anything inconsistent.
         """
         tool_name = name or getattr(fn, "__name__", "")
         where = f"tool {tool_name!r}"
