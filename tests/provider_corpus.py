@@ -37,6 +37,7 @@ class Exchange:
     request: dict[str, Any]
     status: int
     response: dict[str, Any]
+    path: str = ""
 
     @property
     def id(self) -> str:

@@ -299,7 +299,7 @@ def test_a_provider_only_rule_stops_the_run_before_sending(server: FakeProvider)
 def test_unpriced_model_trips_a_cost_budget(api: Any, server: FakeProvider) -> None:
     server.queue(api.calls([("c1", "check_order", {"order_id": "A"})]))
     executed: list[dict[str, Any]] = []
-    model = api.adapter(server.url, prices={})
+    model = api.adapter(server.url, prices={}, price_db=False)
     result = runtime(model, executed, budget=Budget(max_cost=10.0)).run("x")
     assert (result.status, result.reason) == ("budget_exhausted", "cost")
     assert executed == []
