@@ -114,6 +114,12 @@ class McpStdioClient(mcp.Client):
     async def __aexit__(self, *exc: Any) -> None:
         try:
             await super().__aexit__(*exc)
+        except Exception as group:
+            # The SDK's task groups wrap what the ``async with`` body raised in an
+            # ExceptionGroup: give the caller its own exception back.
+            if exc[1] is not None and _leaf(group) is exc[1]:
+                raise exc[1] from None
+            raise
         finally:
             if self.stderr_file is not None:
                 self.stderr_file.close()
@@ -128,11 +134,16 @@ class McpStdioClient(mcp.Client):
         return f.read()
 
 
-def _cause(exc: BaseException) -> str:
-    """The innermost error of an exception group: what actually went wrong."""
+def _leaf(exc: BaseException) -> BaseException:
+    """The innermost error of (nested, single) exception groups: what actually went wrong."""
     while getattr(exc, "exceptions", None):  # an ExceptionGroup (3.11+, or anyio's backport)
         exc = exc.exceptions[0]  # type: ignore[attr-defined]
-    return f"{type(exc).__name__}: {exc}"
+    return exc
+
+
+def _cause(exc: BaseException) -> str:
+    leaf = _leaf(exc)
+    return f"{type(leaf).__name__}: {leaf}"
 
 
 def stdio_client(
