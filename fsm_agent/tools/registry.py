@@ -45,12 +45,18 @@ CHECKED_FORMATS = (
 
 
 def _format_checker() -> FormatChecker:
-    try:
-        return FormatChecker(formats=CHECKED_FORMATS)
-    except KeyError as exc:  # a checker's package is missing
+    # Draft 2020-12's own checkers: the class-wide registry holds other drafts' meaning of
+    # some names too (draft 3's "time" takes no offset).
+    known = Draft202012Validator.FORMAT_CHECKER.checkers
+    missing = [f for f in CHECKED_FORMATS if f not in known]
+    if missing:  # a checker's package is not installed
         raise ImportError(
-            f"jsonschema cannot check the {exc} format: install 'jsonschema[format-nongpl]'"
-        ) from None
+            f"jsonschema cannot check the {', '.join(missing)} format(s): "
+            f"install 'jsonschema[format-nongpl]'"
+        )
+    checker = FormatChecker(formats=())
+    checker.checkers = {f: known[f] for f in CHECKED_FORMATS}
+    return checker
 
 
 FORMATS = _format_checker()
