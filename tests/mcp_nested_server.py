@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
@@ -33,7 +33,7 @@ class Invoice(BaseModel):
 @app.tool()
 def ship(
     address: Address,
-    payment: Card | Invoice = Field(discriminator="kind"),
+    payment: Annotated[Card | Invoice, Field(discriminator="kind")],
     gift: Address | None = None,
 ) -> str:
     """Ship an order to an address."""

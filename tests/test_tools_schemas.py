@@ -33,7 +33,7 @@ HOME = {"street": "1 Main St", "city": "Oslo"}
 
 def test_defs_refs_oneof_anyof_from_an_mcp_server(tmp_path: Path) -> None:
     log = tmp_path / "calls.jsonl"
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"address": HOME, "payment": {"kind": "card", "last4": "1234"}, "gift": None},
         {"address": HOME, "payment": {"kind": "card", "last4": "12a4"}},  # pattern
         {"address": HOME, "payment": {"kind": "invoice", "email": "nobody"}},  # format email
