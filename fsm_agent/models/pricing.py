@@ -16,9 +16,11 @@ a run with a cost budget stops on it (``budget_exhausted/cost``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 __all__ = ["DEFAULT_PRICES", "Price", "db_cost", "find_price"]
 
@@ -78,6 +80,26 @@ def find_price(model: str, prices: Mapping[str, Price]) -> Price | None:
     return prices[best] if best is not None else None
 
 
+@functools.lru_cache(maxsize=1024)
+def _db_price(model: str, provider_url: str | None) -> Any:
+    """The database's price table for ``model`` (looked up once per model and URL: the
+    lookup scans every provider), or ``None``."""
+    try:
+        from genai_prices import Usage, calc_price
+    except ImportError:  # pragma: no cover - the adapters' extras install it
+        return None
+    nothing = Usage(input_tokens=0, output_tokens=0)
+    try:
+        return calc_price(nothing, model, provider_api_url=provider_url).model_price
+    except LookupError:
+        if provider_url is None:
+            return None
+    try:  # a compatible server the database does not know by URL: by model name
+        return calc_price(nothing, model).model_price
+    except LookupError:
+        return None
+
+
 def db_cost(
     model: str,
     *,
@@ -89,10 +111,11 @@ def db_cost(
 ) -> float | None:
     """The database's price of one reply in USD, or ``None`` for a model it does not know
     (or when genai-prices is not installed)."""
-    try:
-        from genai_prices import Usage, calc_price
-    except ImportError:  # pragma: no cover - the adapters' extras install it
+    price = _db_price(model, provider_url)
+    if price is None:
         return None
+    from genai_prices import Usage
+
     usage = Usage(
         # genai-prices counts cache reads and writes inside input_tokens
         input_tokens=input_tokens + cached_tokens + cache_write_tokens,
@@ -100,13 +123,4 @@ def db_cost(
         cache_read_tokens=cached_tokens,
         cache_write_tokens=cache_write_tokens,
     )
-    try:
-        found = calc_price(usage, model, provider_api_url=provider_url)
-    except LookupError:
-        if provider_url is None:
-            return None
-        try:  # a compatible server the database does not know by URL: by model name
-            found = calc_price(usage, model)
-        except LookupError:
-            return None
-    return float(found.total_price)
+    return float(price.calc_price(usage)["total_price"])
