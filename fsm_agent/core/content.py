@@ -132,7 +132,10 @@ def split_media(value: Any) -> tuple[Any, list[Media]]:
             return items if any(a is not b for a, b in zip(items, v, strict=True)) else v
         return v
 
-    return walk(value, 0), media
+    try:
+        return walk(value, 0), media
+    except Exception:  # a value whose walk fails (a Mapping that raises, ...): as it is;
+        return value, []  # the JSON encoding of the result has its own policy for it
 
 
 def _data_url(item: Media) -> str:
