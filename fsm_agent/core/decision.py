@@ -117,7 +117,10 @@ def _parse(raw: Any) -> Decision:
     seen: set[str] = set()
     for call in calls:
         if not call.id:
-            missing = missing or f"tool_calls[{call.index}] has no id"
+            hint = raw.get("missing_id_hint")  # an adapter's advice (a kept extra key)
+            missing = missing or f"tool_calls[{call.index}] has no id" + (
+                f" ({clean_text(hint)})" if isinstance(hint, str) else ""
+            )
         elif call.id in seen:
             duplicate = duplicate or f"id {call.id!r} is used twice"
         seen.add(call.id)
