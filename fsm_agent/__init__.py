@@ -43,7 +43,6 @@ from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.tools.registry import Tool, ToolRegistry
 from fsm_agent.trace.io import JsonlTrace, read_trace
 
-
 _compat.install()
 
 

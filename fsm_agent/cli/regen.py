@@ -1,8 +1,14 @@
 """Regenerate ``diagrams/``: ``python -m fsm_agent.cli.regen TRACE_DIR OUT_DIR``.
 
-Writes ``run_machine.{dot,mmd,svg}`` from the table, one ``replay_<scenario>.svg`` (the
-last step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them all.
+Writes the machine from the table, ``run_machine.{dot,mmd,svg}`` (the overview) and
+``run_machine_full.{dot,mmd,svg}`` (every guard), one ``replay_<scenario>.svg`` (the last
+step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them all.
 ``make diagrams`` runs the demo into a scratch folder and then this.
+
+Committed pictures must not change with the machine that regenerates them, so they are
+always laid out by the WebAssembly Graphviz (the exact version ``pyproject.toml``'s dev
+extra pins), never by whatever ``dot`` is installed: two Graphviz versions lay the same
+graph out differently. A test regenerates everything and compares bytes.
 """
 
 from __future__ import annotations
@@ -12,11 +18,15 @@ from pathlib import Path
 
 from fsm_agent.errors import TraceError
 from fsm_agent.render.dot import machine_dot
-from fsm_agent.render.engine import RenderError, render
+from fsm_agent.render.engine import RenderError
 from fsm_agent.render.mermaid import machine_mermaid
 from fsm_agent.render.replay import Replay, aggregate_overlay
+from fsm_agent.render.svg import machine_svg
 
-__all__ = ["main", "regenerate"]
+__all__ = ["COMMITTED_RENDERER", "main", "regenerate"]
+
+#: The one renderer that draws committed pictures (see the module docstring).
+COMMITTED_RENDERER = "wasm"
 
 
 def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
@@ -29,16 +39,17 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
         path.write_bytes(data)
         written.append(path)
 
-    dot = machine_dot()
-    write("run_machine.dot", dot.encode("utf-8"))
-    write("run_machine.mmd", machine_mermaid().encode("utf-8"))
-    write("run_machine.svg", render(dot))
+    for detail, stem in (("overview", "run_machine"), ("full", "run_machine_full")):
+        write(f"{stem}.dot", machine_dot(detail=detail).encode("utf-8"))
+        write(f"{stem}.mmd", machine_mermaid(detail).encode("utf-8"))
+        write(f"{stem}.svg", machine_svg(None, detail, COMMITTED_RENDERER))
     replays = [Replay(p) for p in sorted(trace_dir.glob("*.jsonl"))]
     for replay in replays:
         name = Path(replay.path).stem
-        write(f"replay_{name}.svg", render(machine_dot(replay.overlay())))
+        write(f"replay_{name}.svg", machine_svg(replay.overlay(), "overview", COMMITTED_RENDERER))
     if replays:
-        write("heatmap_demo.svg", render(machine_dot(aggregate_overlay(replays))))
+        heat = aggregate_overlay(replays)
+        write("heatmap_demo.svg", machine_svg(heat, "overview", COMMITTED_RENDERER))
     return written
 
 
