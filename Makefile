@@ -14,9 +14,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Writes only git-ignored files (traces/); the committed pictures change through `make diagrams`.
 demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
-	$(PY) -m fsm_agent.cli.regen traces diagrams
+	$(PY) -m fsm_agent replay traces/retry.jsonl --html traces/retry.html
+	@echo "open traces/retry.html in a browser to step through the retry scenario"
 
 test: $(STAMP)
 	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
