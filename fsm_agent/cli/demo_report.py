@@ -67,8 +67,8 @@ def path_line(states: Sequence[str], arrow: str = "→", times: str = "×") -> s
             if reps > 1 and size * reps > best_len * best_reps:
                 best_len, best_reps = size, reps
         if best_reps > 1:
-            block = f" {arrow} ".join(states[i : i + best_len])
-            parts.append(f"({block}) {times}{best_reps}")
+            loop = f" {arrow} ".join(states[i : i + best_len])
+            parts.append(f"({loop}) {times}{best_reps}")
             i += best_len * best_reps
         else:
             parts.append(states[i])
