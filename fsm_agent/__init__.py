@@ -25,7 +25,8 @@ from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.history import check_history
 from fsm_agent.core.table import MACHINE_HASH, STATES, TERMINAL_STATES, TRANSITIONS, Transition
-from fsm_agent.durable.store import IdempotencyRecord, MemoryStore, Store
+from fsm_agent.durable.memory import MemoryStore
+from fsm_agent.durable.store import IdempotencyRecord, Store
 from fsm_agent.errors import (
     ConfigError,
     FsmAgentError,

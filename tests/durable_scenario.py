@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.core.table import TRANSITIONS
 from fsm_agent.durable.sqlite import SqliteStore
 
 TOOLS = {"lookup", "create_ticket", "notify"}
@@ -138,15 +137,15 @@ class CrashingStore(SqliteStore):
         if kind == "save" and self.saves == n:
             _die()
 
-    def begin_idempotency(self, record: Any) -> None:
+    def begin_intent(self, record: Any, *, take_over: bool = False) -> Any:
         if _crash_point()[0] == "begin":
             _die()
-        super().begin_idempotency(record)
+        return super().begin_intent(record, take_over=take_over)
 
 
 def install_transition_crash() -> None:
     """``FSM_CRASH=transition:N``: die at the N-th transition, before it is saved."""
-    from fsm_agent.core.loop import TRANSITION_LISTENERS
+    from fsm_agent.core.engine import TRANSITION_LISTENERS
 
     kind, n = _crash_point()
     if kind != "transition":
@@ -163,42 +162,3 @@ def install_transition_crash() -> None:
 
 def runtime(store: SqliteStore, effects_path: Path) -> Runtime:
     return Runtime(model=model, tools=make_tools(effects_path), allowed_tools=TOOLS, store=store)
-
-
-def trace_problems(
-    events: list[dict[str, Any]], writes: tuple[str, ...] = ("create_ticket", "notify")
-) -> list[str]:
-    """The invariants ``fsm-agent check`` verifies, for traces with resumes and reviews:
-    contiguous seq, every transition a legal edge from the state the last one left, only
-    a review or a ``resume`` edge after a ``review_required`` end, nothing after any other
-    end, and no write tool returning twice for one call."""
-    edges = {(t.trigger, t.source, t.dest) for t in TRANSITIONS}
-    problems: list[str] = []
-    state, ended = "deciding", None
-    write_returns: dict[str, int] = {}
-    if not events or events[0].get("type") != "run_start":
-        problems.append("the trace does not start with run_start")
-    for i, event in enumerate(events):
-        if event.get("seq") != i:
-            problems.append(f"event {i}: seq {event.get('seq')} is not contiguous")
-        kind = event.get("type")
-        if ended is not None and not (
-            ended == "review_required"
-            and (kind == "review" or (kind == "transition" and event["trigger"] == "resume"))
-        ):
-            problems.append(f"event {i}: {kind} after run_end {ended}")
-        if kind == "transition":
-            key = (event["trigger"], event["source"], event["dest"])
-            if key not in edges:
-                problems.append(f"event {i}: {key} is not an edge of the machine")
-            if event["source"] != state:
-                problems.append(f"event {i}: leaves {event['source']} but the run is in {state}")
-            state, ended = event["dest"], None
-            if event["trigger"] == "tool_returned" and event.get("tool") in writes:
-                write_returns[event["call_id"]] = write_returns.get(event["call_id"], 0) + 1
-        elif kind == "run_end":
-            if event.get("status") != state:
-                problems.append(f"event {i}: run_end {event.get('status')} but state {state}")
-            ended = state
-    problems += [f"write {c} returned {n} times" for c, n in write_returns.items() if n > 1]
-    return problems

@@ -76,8 +76,12 @@ def test_an_unserialisable_reply_is_recorded_as_text() -> None:
         ("", "not valid JSON"),
         ('{"order_id": true}', "True is not of type 'string'"),
         ('{"order_id": "' + "9" * 5000 + '"}', "is too long"),
-        ('{"order_id": ' + "9" * 5000 + "}", "not valid JSON"),
-        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"order_id": ' + "9" * 5000 + "}", "an integer of 5000 digits"),
+        ('{"order_id": 1e400}', "out of range"),
+        ('{"order_id": "\\ud800"}', "lone surrogate"),
+        ('{"order_id": "\ud800"}', "lone surrogate"),
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than 100"),
+        ('{"order_id": ' + "[" * 150 + "]" * 150 + "}", "nested deeper than 100"),
     ],
 )
 def test_hostile_arguments_are_refused_not_crashed_on(arguments: str, needle: str) -> None:

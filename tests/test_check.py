@@ -15,12 +15,12 @@ from conftest import (
     make_runtime,
     say,
 )
-from test_machine_transitions import CASES, Case, ListSink
 
 from fsm_agent.cli import main
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core import select as select_module
+from fsm_agent.core.requests import IntentClaim
 from fsm_agent.core.table import TRANSITIONS, Transition
-from fsm_agent.durable.store import MemoryStore
+from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.trace import checker as check_module
 from fsm_agent.trace.checker import check_events, check_file, select_edge
 
@@ -49,35 +49,8 @@ def messages(violations: list[Any]) -> str:
 # ── every edge the runtime takes, checked and replayed ─────────────────────────────
 
 
-@pytest.mark.parametrize(
-    "case",
-    CASES,
-    ids=[f"{c.edge.trigger}:{c.edge.source}->{c.edge.dest}:{c.reason}" for c in CASES],
-)
-def test_every_transition_case_conforms_and_is_identified(case: Case) -> None:
-    runtime, _backend, *_ = case.build()
-    taken: list[Transition] = []
-    listeners = list(TRANSITION_LISTENERS)
-    TRANSITION_LISTENERS.append(lambda run, t: taken.append(t))
-    sink = ListSink()
-    try:
-        if case.interrupted:  # a cancelled run re-raises; its trace is complete all the same
-            with pytest.raises(KeyboardInterrupt):
-                runtime.run(case.task, trace=sink)
-            events = sink.events
-        else:
-            events = runtime.run(case.task).events
-    finally:
-        TRANSITION_LISTENERS[:] = listeners
-    assert check_events(events) == [], messages(check_events(events))
-    # The checker's edge selection (from the recorded guard outcomes) names exactly the
-    # edges the runtime took, in order: replay frames and counts rest on this.
-    selected = [
-        select_edge(e["source"], e["trigger"], e["dest"], e.get("reason"), e["guards"])
-        for e in events
-        if e["type"] == "transition"
-    ]
-    assert selected == taken
+# (Every edge's scenario is checked by the checker, and the edges it selects are compared
+# with the edges the engine took, in tests/test_testing_scenarios.py.)
 
 
 def test_a_retry_an_approval_stop_and_a_replayed_write_all_conform() -> None:
@@ -168,17 +141,16 @@ def test_anything_after_run_end_is_a_violation_unless_the_table_allows_it(
     assert f"{end + 1}: resume after the run ended in done" in found
     # A table with a resume edge out of the terminal state makes the same event legal.
     resume = Transition("resume", "done", "deciding", (), None, None, "test-only edge")
-    real = check_module.transitions_from
-    monkeypatch.setattr(
-        check_module,
-        "transitions_from",
-        lambda s, t: (resume,) if (s, t) == ("done", "resume") else real(s, t),
-    )
-    check_module._SELECTED.clear()
+    real = check_module.edges_from
+
+    def edges(s: str, t: str) -> tuple[Transition, ...]:
+        return (resume,) if (s, t) == ("done", "resume") else real(s, t)
+
+    monkeypatch.setattr(check_module, "edges_from", edges)
+    monkeypatch.setattr(select_module, "edges_from", edges)  # the one selector reads it too
     found = messages(check_events([*events, extra]))
     assert "after the run ended" not in found
     assert found.endswith("the trace ends in state deciding without run_end")
-    check_module._SELECTED.clear()
 
 
 def test_an_observation_after_run_end_is_a_violation() -> None:
@@ -200,17 +172,19 @@ def test_a_write_executed_twice_under_one_key_is_caught() -> None:
     class ForgetfulStore:
         """A broken store that keeps nothing: the second identical write runs again."""
 
-        def get_idempotency(self, tool: str, key: str) -> Any:
+        blocking = False
+
+        def begin_intent(self, record: Any, *, take_over: bool = False) -> IntentClaim:
+            return IntentClaim(True, None)
+
+        def commit_intent(self, tool: str, key: str, owner: Any, result: Any) -> None:
+            pass
+
+        def abort_intent(self, tool: str, key: str, owner: Any) -> None:
+            pass
+
+        def get_intent(self, tool: str, key: str) -> Any:
             return None
-
-        def begin_idempotency(self, record: Any) -> None:
-            pass
-
-        def commit_idempotency(self, tool: str, key: str, result: Any) -> None:
-            pass
-
-        def abort_idempotency(self, tool: str, key: str) -> None:
-            pass
 
     script = [
         calls(call("w1", "write", **TICKET)),

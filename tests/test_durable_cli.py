@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
-from durable_scenario import trace_problems
 
 from fsm_agent import read_trace
 from fsm_agent.cli import main
 from fsm_agent.durable.sqlite import SCHEMA_VERSION, SqliteStore
+from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -135,7 +135,7 @@ def test_export_writes_a_trace_that_reads_back(
     assert code == 0 and out.startswith("wrote ")
     events = read_trace(out_file)
     assert events[0]["type"] == "run_start" and events[-1]["status"] == "done"
-    assert trace_problems(events, writes=("write",)) == []
+    assert check_events(events) == []
     assert main(["check", str(out_file)]) == 0  # the trace checker accepts a resumed run
 
 

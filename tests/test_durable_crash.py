@@ -26,10 +26,11 @@ from fsm_agent.trace.checker import check_events
 
 CHILD = Path(__file__).with_name("durable_child.py")
 #: Transitions of the scenario's run when nothing goes wrong, and the checkpoints
-#: committed among them: the first reply (a read comes next), both write attempts, the
-#: unkeyed write's result (the keyed one's is in its idempotency record), the end.
+#: committed among them (after the run's creation): both replies with calls, both write
+#: attempts, the unkeyed write's result (the keyed one's is in its idempotency record),
+#: the end.
 TRANSITIONS = 15
-SAVES = 5
+SAVES = 6
 
 
 def child(
@@ -73,7 +74,7 @@ def settle(tmp: Path) -> RunResult:
 def check_end(tmp: Path, result: RunResult) -> None:
     assert (result.status, result.reason) == ("done", "final_answer"), result.detail
     assert check_history(result.messages) == []
-    assert scenario.trace_problems(result.events) == []
+    assert check_events(result.events) == []
     assert check_events(result.events) == []  # what `fsm-agent check` verifies
     with SqliteStore(tmp / "runs.db") as store:  # the store holds exactly that trace
         assert store.load_run("r1").events == result.events
@@ -111,9 +112,18 @@ def test_killed_at_a_transition_boundary_resumes_safely(tmp_path: Path, crash: s
     check_end(tmp_path, settle(tmp_path))
 
 
+def test_killed_before_a_write_began_runs_it_once_without_review(tmp_path: Path) -> None:
+    # Killed just before the keyed write's intent was begun: nothing of the write was
+    # stored, so it certainly never started; the resumed run simply runs it.
+    assert run_child(tmp_path, "begin") == -signal.SIGKILL
+    with SqliteStore(tmp_path / "runs.db") as store:
+        result = scenario.runtime(store, tmp_path / "effects.db").resume("r1")
+    assert not [e for e in result.events if e["type"] == "review"]
+    check_end(tmp_path, result)
+
+
 @pytest.mark.parametrize(
-    "crash",
-    ["begin", "create_ticket_before", "create_ticket_after", "notify_before", "notify_after"],
+    "crash", ["create_ticket_before", "create_ticket_after", "notify_before", "notify_after"]
 )
 def test_killed_inside_a_write_never_runs_it_twice(tmp_path: Path, crash: str) -> None:
     assert run_child(tmp_path, crash) == -signal.SIGKILL

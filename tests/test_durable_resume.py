@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from conftest import Backend, assert_valid_run, call, calls, edges, make_runtime, say
-from durable_scenario import trace_problems
 
 from fsm_agent import RunResult
 from fsm_agent.core.canonical import digest
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.testing.scenarios import Mortal, ProcessDied
 from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
@@ -28,32 +28,37 @@ class Died(BaseException):
 
 
 @contextmanager
-def dies_at(trigger: str) -> Iterator[None]:
-    """The process dies at the first ``trigger`` transition, before it is saved."""
+def dies_at(store: Any, trigger: str) -> Iterator[None]:
+    """The process dies at the first ``trigger`` transition, before it is saved (and
+    writes nothing after); the store works again for the next process."""
+    mortal = Mortal(store)
 
     def die(run: Any, transition: Any) -> None:
-        if transition.trigger == trigger:
-            raise Died
+        if transition.trigger == trigger and not mortal.dead:
+            mortal.kill()
+            raise ProcessDied
 
     TRANSITION_LISTENERS.append(die)
     try:
         yield
+    except ProcessDied:
+        raise Died from None
     finally:
         TRANSITION_LISTENERS.remove(die)
+        mortal.restart()
 
 
 @contextmanager
 def dies_before_result_is_stored(store: Any) -> Iterator[None]:
-    """The process dies after a keyed write ran, before its result is recorded."""
-
-    def die(*args: Any) -> None:
-        raise Died
-
-    store.commit_idempotency = die
+    """The process dies after a keyed write ran, before its result is recorded (and
+    writes nothing after that); the store works again for the next process."""
+    mortal = Mortal(store, before_commit=True)
     try:
         yield
+    except ProcessDied:
+        raise Died from None
     finally:
-        del store.commit_idempotency
+        mortal.restart()
 
 
 def content(result: RunResult, call_id: str) -> dict[str, Any]:
@@ -64,7 +69,6 @@ def content(result: RunResult, call_id: str) -> dict[str, Any]:
 
 def check(result: RunResult) -> None:
     assert_valid_run(result)
-    assert trace_problems(result.events, writes=("write",)) == []
     assert check_events(result.events) == []  # what `fsm-agent check` verifies
 
 
@@ -82,7 +86,7 @@ def test_a_write_that_was_running_when_the_process_died_stops_for_review(
     rt = make_runtime(script, backend, store=store, keyed=keyed)
     with (
         pytest.raises(Died),
-        dies_before_result_is_stored(store) if keyed else dies_at("tool_returned"),
+        dies_before_result_is_stored(store) if keyed else dies_at(store, "tool_returned"),
     ):
         rt.run("file it", run_id="r1")
     assert len(backend.writes) == 1
@@ -117,7 +121,7 @@ def test_a_write_whose_result_was_stored_before_the_crash_is_answered_with_it(
     store: Any, backend: Backend
 ) -> None:
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store)
-    with pytest.raises(Died), dies_at("tool_returned"):  # the result is in the record only
+    with pytest.raises(Died), dies_at(store, "tool_returned"):  # the result is in the record only
         rt.run("file it", run_id="r1")
 
     done = rt.resume("r1")
@@ -153,7 +157,7 @@ def test_a_read_that_died_is_simply_run_again(store: Any, backend: Backend) -> N
         return calls(call("c1", "lookup", order_id="A17")) if asked == 0 else say("In transit.")
 
     rt = make_runtime([], backend, store=store)
-    with pytest.raises(Died), dies_at("tool_returned"):
+    with pytest.raises(Died), dies_at(store, "tool_returned"):
         rt.run("where?", run_id="r1", model=model)
     done = rt.resume("r1", model=model)
     assert (done.status, done.answer) == ("done", "In transit.")
@@ -199,7 +203,14 @@ def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
             "seq": review[0]["seq"],
         }
     ]
-    assert store.load_run("r1").approvals == [("c2", "write", digest("write", WRITE))]
+    (attempt,) = [
+        e
+        for e in done.events
+        if e.get("call_id") == "c2"
+        and e.get("dest") == "executing"
+        and e.get("trigger") == "dispatch"
+    ]
+    assert attempt["approval"] == "review:c2"  # the trace names the approval it consumed
     assert all(content(done, c)["ok"] for c in ("c1", "c2", "c3"))
     check(done)
 

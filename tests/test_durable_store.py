@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,14 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import IdempotencyRecord, JsonlTrace, MemoryStore
+from fsm_agent.durable import owners
 from fsm_agent.durable.review import record_review
 from fsm_agent.durable.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
+from fsm_agent.durable.store import IntentClaim
 from fsm_agent.errors import (
+    CorruptRecord,
     IntentConflict,
+    MachineMismatch,
     ReviewError,
     RunBusy,
     RunExists,
@@ -47,7 +51,7 @@ def paused_run(store: Any, backend: Backend, *, fail: bool = False) -> Any:
 
 def snapshot(store: Any, run_id: str = "r1") -> Any:
     stored = store.load_run(run_id)
-    return (stored.ctx, stored.messages, stored.events, stored.approvals)
+    return (stored.snapshot, stored.messages, stored.events)
 
 
 # ── opening a file ────────────────────────────────────────────────────────────────
@@ -65,11 +69,27 @@ def test_a_new_file_gets_the_current_schema_and_reopens(tmp_path: Path) -> None:
         assert again.list_runs() == []
 
 
-def test_an_empty_file_is_initialised(tmp_path: Path) -> None:
+def test_an_empty_file_is_refused_not_initialised(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     path.write_bytes(b"")
+    for options in ({}, {"readonly": True}, {"create": False}):
+        with pytest.raises(StoreError, match="an empty file, not an fsm-agent database"):
+            SqliteStore(path, **options)
+    assert path.read_bytes() == b""
+
+
+def test_read_only_opening_never_writes(tmp_path: Path, backend: Backend) -> None:
+    path = tmp_path / "runs.db"
     with SqliteStore(path) as store:
-        assert store.list_runs() == []
+        paused_run(store, backend)
+    before = path.read_bytes()
+    with SqliteStore(path, readonly=True) as store:
+        assert [r.run_id for r in store.list_runs()] == ["r1"]
+        assert store.load_run("r1").run_id == "r1"
+        with pytest.raises(StoreError, match="opened read-only"):
+            record_review(store, "r1", "c1", "approve")
+    # (SQLite may leave its -wal/-shm side files: a WAL reader needs them.)
+    assert path.read_bytes() == before
 
 
 def _unchanged_after(path: Path, expect: str, **options: Any) -> None:
@@ -222,10 +242,16 @@ def test_a_decision_is_recorded_once(store: Any, backend: Backend) -> None:
     assert snapshot(store) == before
 
 
+def _owner_of(pid: int, start: str | None = None) -> str:
+    """An owner token of process ``pid`` on this host and boot (``owners.py``)."""
+    host, boot, _, _ = owners._this_process()
+    return "|".join((host, boot, str(pid), start or owners._start_time(pid), "test"))
+
+
 def test_a_run_driven_by_a_live_process_is_busy(tmp_path: Path, backend: Backend) -> None:
     with SqliteStore(tmp_path / "runs.db") as store:
         rt = paused_run(store, backend)
-        alive = f"{socket.gethostname()}:{os.getppid()}:test"  # our parent: alive
+        alive = _owner_of(os.getppid())  # our parent: alive
         store.claim("r1", alive)
         before = snapshot(store)
         with pytest.raises(RunBusy, match=f"being driven by {alive}"):
@@ -238,9 +264,12 @@ def test_a_claim_of_a_dead_process_or_an_expired_lease_is_taken_over(
 ) -> None:
     with SqliteStore(tmp_path / "runs.db", lease_s=0.0) as store:
         rt = paused_run(store, backend)
-        store.claim("r1", f"{socket.gethostname()}:999999999:gone")  # no such pid
+        store.claim("r1", _owner_of(999999999, "1"))  # no such pid
         record_review(store, "r1", "c1", "approve")
-        store.claim("r1", "elsewhere:1:x")  # another host; lease_s=0 so already expired
+        # The same pid, started at another time: a container's PID 1 after a restart.
+        store.claim("r1", _owner_of(os.getpid(), "12345"))
+        record_review(store, "r1", "c2", "deny", reason="not now")
+        store.claim("r1", "elsewhere|boot|1|2|x")  # another host; lease_s=0: expired
         assert rt.resume("r1").status == "done"
 
 
@@ -249,14 +278,14 @@ def test_a_process_that_lost_its_claim_stops_writing(tmp_path: Path, backend: Ba
 
     def steal(messages: list[dict[str, Any]]) -> dict[str, Any]:
         with sqlite3.connect(path) as db:  # someone else took the run over meanwhile
-            db.execute("UPDATE runs SET owner = 'elsewhere:1:x', lease_until = 1e12")
+            db.execute("UPDATE runs SET owner = 'elsewhere|b|1|2|x', lease_until = 1e12")
         return say("done")
 
     with SqliteStore(path) as store:
         rt = make_runtime([steal], backend, store=store)
-        with pytest.raises(RunBusy, match="taken over by elsewhere:1:x"):
+        with pytest.raises(RunBusy, match="taken over by elsewhere\\|b\\|1\\|2\\|x"):
             rt.run("hi", run_id="r1")
-        assert store.load_run("r1").ctx["state"] == "deciding"
+        assert store.load_run("r1").body["state"] == "deciding"
 
 
 # ── idempotency records behave the same in both stores ─────────────────────────────
@@ -264,26 +293,31 @@ def test_a_process_that_lost_its_claim_stops_writing(tmp_path: Path, backend: Ba
 
 def test_idempotency_records(store: Any) -> None:
     pending = IdempotencyRecord("write", "R-1", "d1", "pending", "r1", "c1")
-    store.begin_idempotency(pending)
-    store.begin_idempotency(pending)  # the same intent again (a retry) is fine
-    with pytest.raises(IntentConflict, match="is taken"):
-        store.begin_idempotency(IdempotencyRecord("write", "R-1", "d2", "pending", "r2", "c1"))
-    store.commit_idempotency("write", "R-1", {"ticket": "T-1"})
-    record = store.get_idempotency("write", "R-1")
+    assert store.begin_intent(pending) == IntentClaim(True, None)
+    assert store.begin_intent(pending) == IntentClaim(True, pending)  # ours again: a retry
+    other = IdempotencyRecord("write", "R-1", "d1", "pending", "r2", "c1")
+    assert store.begin_intent(other) == IntentClaim(False, pending)  # pending elsewhere
+    assert store.begin_intent(other, take_over=True) == IntentClaim(True, pending)  # dedup
+    assert store.begin_intent(pending) == IntentClaim(False, other)
+    conflict = IdempotencyRecord("write", "R-1", "d2", "pending", "r3", "c1")
+    assert store.begin_intent(conflict, take_over=True) == IntentClaim(False, other)
+    store.commit_intent("write", "R-1", ("r2", "c1"), {"ticket": "T-1"})
+    record = store.get_intent("write", "R-1")
     assert (record.status, record.result, record.owner) == (
         "committed",
         {"ticket": "T-1"},
-        ("r1", "c1"),
+        ("r2", "c1"),
     )
-    with pytest.raises(IntentConflict, match="is taken"):
-        store.begin_idempotency(pending)
-    store.abort_idempotency("write", "R-1")  # a committed record is never forgotten
-    assert store.get_idempotency("write", "R-1") is not None
-    store.begin_idempotency(IdempotencyRecord("write", "R-2", "d", "pending", "r1", "c2"))
-    store.abort_idempotency("write", "R-2")
-    assert store.get_idempotency("write", "R-2") is None
-    with pytest.raises(IntentConflict):
-        store.commit_idempotency("write", "R-3", 1)
+    assert store.begin_intent(pending, take_over=True) == IntentClaim(False, record)
+    store.abort_intent("write", "R-1", ("r2", "c1"))  # a committed record is never forgotten
+    assert store.get_intent("write", "R-1") == record
+    store.begin_intent(IdempotencyRecord("write", "R-2", "d", "pending", "r1", "c2"))
+    store.abort_intent("write", "R-2", ("r9", "c2"))  # not the owner: nothing happens
+    assert store.get_intent("write", "R-2") is not None
+    store.abort_intent("write", "R-2", ("r1", "c2"))
+    assert store.get_intent("write", "R-2") is None
+    with pytest.raises(IntentConflict, match="no pending intent"):
+        store.commit_intent("write", "R-3", ("r1", "c1"), 1)
 
 
 def test_a_memory_store_forgets_its_oldest_finished_runs(backend: Backend) -> None:
@@ -301,18 +335,48 @@ def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path, backen
     with SqliteStore(path) as store:
         rt = paused_run(store, backend)
         with sqlite3.connect(path) as db:
-            ctx = json.loads(db.execute("SELECT ctx FROM runs").fetchone()[0])
-            ctx["taken"] = ["validate", "validating", "nowhere", None]
-            db.execute("UPDATE runs SET ctx = ?", (json.dumps(ctx),))
+            snap = json.loads(db.execute("SELECT ctx FROM runs").fetchone()[0])
+        snap["body"]["taken"] = "validate/validating->nowhere"
+        snap["checksum"] = _resum(snap["body"])
+        _write_ctx(path, snap)
         before = snapshot(store)
-        with pytest.raises(
-            StoreError,
-            match=r"unreadable checkpoint .* not an edge of this "
-            r"machine",
-        ):
+        with pytest.raises(CorruptRecord, match=r"unreadable checkpoint .* no edge of this table"):
             rt.resume("r1")
         assert snapshot(store) == before
+        snap["body"]["machine_hash"] = "sha256:0000000000000000"
+        snap["checksum"] = _resum(snap["body"])
+        _write_ctx(path, snap)
+        with pytest.raises(MachineMismatch, match="checkpointed by machine sha256:0000"):
+            rt.resume("r1")
+        _write_ctx(path, {})
+        with pytest.raises(CorruptRecord, match="not a state snapshot"):
+            rt.resume("r1")
+        assert snapshot(store)[1:] == before[1:]
+
+
+def _resum(body: dict[str, Any]) -> str:
+    from fsm_agent.core.state import _checksum
+
+    return _checksum(body)
+
+
+def _write_ctx(path: Path, snap: dict[str, Any]) -> None:
+    """Rewrite the checkpoint row as a tool outside fsm-agent would (row checksum kept
+    valid, so only the snapshot's own checks can object)."""
+    text = json.dumps(snap)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runs SET ctx = ?, sum = ?", (text, zlib.crc32(text.encode())))
+
+
+def test_a_damaged_row_is_an_error_never_a_silent_change(tmp_path: Path, backend: Backend) -> None:
+    path = tmp_path / "runs.db"
+    with SqliteStore(path) as store:
+        rt = paused_run(store, backend)
         with sqlite3.connect(path) as db:
-            db.execute("UPDATE runs SET ctx = '{}'")
-        with pytest.raises(StoreError, match="unreadable checkpoint \\(KeyError"):
+            body = db.execute("SELECT body FROM messages ORDER BY key LIMIT 1").fetchone()[0]
+            db.execute(
+                "UPDATE messages SET body = ? WHERE body = ?",
+                (body.replace("file it", "file IT"), body),
+            )
+        with pytest.raises(CorruptRecord, match="history row 0 of run 'r1' fails its checksum"):
             rt.resume("r1")

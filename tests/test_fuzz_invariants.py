@@ -108,7 +108,7 @@ def test_the_checker_sees_a_broken_history_and_trace() -> None:
     result.events.append({"type": "observation", "seq": len(result.events)})
     problems = invariant_problems(outcome)
     assert any("returned history" in p and "never answered" in p for p in problems), problems
-    assert any("after run_end" in p for p in problems), problems
+    assert any("after the run ended" in p for p in problems), problems
 
 
 def test_a_reused_call_id_in_a_later_batch_is_answered_on_stop() -> None:

@@ -1,9 +1,10 @@
-"""The lean edge and event classes choose exactly what stock ``transitions`` would.
+"""The engine's trigger chooses exactly what stock ``transitions`` would.
 
-``fsm_agent.core.table`` subclasses ``transitions``' Transition and Event to drop per-candidate
-logging and empty callback lists. Under thousands of random guard outcomes, for every
-(state, trigger), both machines must take the same edge, and both must refuse a trigger
-that has no edge from the state.
+``fsm_agent.core.engine`` fires each trigger through a ``transitions`` event whose edge is
+chosen by the one selector (``core/select.py``), skipping the stock per-candidate logging
+and empty callback lists. Under thousands of random guard outcomes, for every (state,
+trigger), the engine and a stock machine must take the same edge, and both must refuse a
+trigger that has no edge from the state.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 from transitions import Machine, MachineError
 
+from fsm_agent.core.engine import build_machine
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.table import INITIAL_STATE, STATES, TRANSITIONS, Transition, _build
+from fsm_agent.core.table import INITIAL_STATE, STATES, TRANSITIONS, Transition
 
 
 class Model:
@@ -56,24 +58,24 @@ def _stock() -> Machine:
 
 
 def test_same_edge_under_random_guard_outcomes() -> None:
-    lean, stock = _build(_guards()), _stock()
+    lean, stock = build_machine(), _stock()
     rng = random.Random(7)
     groups = sorted({(t.source, t.trigger) for t in TRANSITIONS})
     for _ in range(3000):
         source, trigger = rng.choice(groups)
         values = {name: rng.random() < 0.3 for name in GUARDS}
         a, b = Model(source, values), Model(source, values)
-        assert lean.events[trigger].trigger(a) is True
+        a.taken = lean.events[trigger].trigger(a, values.__getitem__)
         assert stock.events[trigger].trigger(b, b) is True  # stock passes args to guards
         assert (a.state, a.taken) == (b.state, b.taken), (source, trigger, values)
 
 
 @pytest.mark.parametrize("state", STATES)
 def test_a_trigger_without_an_edge_from_the_state_is_refused_by_both(state: str) -> None:
-    lean, stock = _build(_guards()), _stock()
+    lean, stock = build_machine(), _stock()
     triggers = {t.trigger for t in TRANSITIONS}
     for trigger in sorted(triggers - {t.trigger for t in TRANSITIONS if t.source == state}):
         with pytest.raises(MachineError):
-            lean.events[trigger].trigger(Model(state, {}))
+            lean.events[trigger].trigger(Model(state, {}), {}.__getitem__)
         with pytest.raises(MachineError):
             stock.events[trigger].trigger(Model(state, {}))

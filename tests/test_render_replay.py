@@ -134,8 +134,8 @@ def test_outside_a_tty_steps_print_as_text(
     assert main(["replay", str(trace)]) == 0
     out = capsys.readouterr().out
     assert out.count("\nstep ") + out.startswith("step ") == steps
-    assert "edge:   3. tool_returned [is_retryable, attempts_left, retry_fits_deadline]" in out
-    assert "guards: call_succeeded=false" in out
+    assert "edge:   4. tool_returned [is_retryable, attempts_left, retry_fits_deadline]" in out
+    assert "guards: call_not_started=false, call_succeeded=false" in out
     assert HOSTILE.replace('"', '\\"') in out  # payloads shown as JSON text
     assert main(["replay", str(trace), "--step", "2"]) == 0
     only = capsys.readouterr().out

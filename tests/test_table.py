@@ -4,31 +4,38 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import get_args
 
+from fsm_agent.core.actions import ACTIONS
+from fsm_agent.core.engine import RUN_MACHINE
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.loop import Run
 from fsm_agent.core.table import (
     INITIAL_STATE,
+    LEGACY_MACHINE_HASHES,
     MACHINE_HASH,
-    RUN_MACHINE,
     STATES,
     TERMINAL_STATES,
     TRANSITIONS,
+    Action,
+    Reason,
+    State,
     Transition,
+    Trigger,
     check_table,
     definition,
+    edge_by_key,
 )
 
 
 def test_the_table_is_consistent() -> None:
-    assert check_table(TRANSITIONS) == []
+    assert check_table(TRANSITIONS, GUARDS) == []
 
 
 def test_every_name_in_the_table_resolves() -> None:
     for t in TRANSITIONS:
         for g in t.guards:
             assert g.lstrip("!") in GUARDS, t
-        assert t.action is None or callable(getattr(Run, t.action))
+        assert t.action is None or t.action in ACTIONS
         assert t.rule, f"{t.label} does not say which rule it encodes"
     assert set(RUN_MACHINE.states) == set(STATES)
     assert set(RUN_MACHINE.events) == {t.trigger for t in TRANSITIONS}
@@ -64,9 +71,11 @@ def test_check_table_finds_each_kind_of_mistake() -> None:
         Transition("shadow", "deciding", "validating", ()),
         Transition("shadow", "deciding", "done", ("has_answer",), "final_answer"),
         Transition("again", "done", "deciding", ()),
+        Transition("boom", "deciding", "validating", ("has_answer",), None, "explode"),  # type: ignore[arg-type]
     )
-    problems = "\n".join(check_table(bad))
+    problems = "\n".join(check_table(bad, GUARDS))
     assert "unknown guard 'no_such_guard'" in problems
+    assert "unknown action 'explode'" in problems
     assert "unknown state 'nowhere'" in problems
     assert "halt (deciding->done): reason and terminal disagree" in problems
     assert "shadow in deciding: the last edge must be an unguarded fallback" in problems
@@ -75,7 +84,28 @@ def test_check_table_finds_each_kind_of_mistake() -> None:
     assert "state 'executing' is unreachable" in problems
 
 
-def test_hash_is_stable_across_processes_and_covers_structure_only() -> None:
+def test_edges_have_one_identity_an_index_and_a_stable_key() -> None:
+    assert [t.index for t in TRANSITIONS] == list(range(len(TRANSITIONS)))
+    assert len({t.key for t in TRANSITIONS}) == len(TRANSITIONS)
+    assert all(edge_by_key(t.key) is t for t in TRANSITIONS)
+    assert TRANSITIONS[5].key == "validate/validating->done[!has_tool_calls,has_answer]"
+
+
+def test_the_literal_types_name_exactly_what_the_table_uses() -> None:
+    assert set(get_args(State)) == set(STATES)
+    assert set(get_args(Trigger)) == {t.trigger for t in TRANSITIONS}
+    assert set(get_args(Reason)) == {t.reason for t in TRANSITIONS if t.reason}
+    assert set(get_args(Action)) == {t.action for t in TRANSITIONS if t.action} == set(ACTIONS)
+
+
+def test_the_hash_covers_every_column_the_runtime_uses() -> None:
+    row = definition()["transitions"][0]
+    t = TRANSITIONS[0]
+    assert row == [t.trigger, t.source, t.dest, list(t.guards), t.reason, t.action]
+    assert MACHINE_HASH not in LEGACY_MACHINE_HASHES
+
+
+def test_hash_is_stable_across_processes() -> None:
     code = "import fsm_agent.core.table as m; print(m.MACHINE_HASH)"
     out = subprocess.run(
         [sys.executable, "-c", code],

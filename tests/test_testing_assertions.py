@@ -20,9 +20,9 @@ from fsm_agent.testing import (
     call,
     decide,
     duplicate_writes,
-    trace_problems,
 )
 from fsm_agent.testing.faults import SideEffect
+from fsm_agent.trace.checker import check_events
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -111,32 +111,36 @@ def test_assert_history_valid() -> None:
         assert_history_valid([*good, {"role": "tool", "tool_call_id": "c2", "content": ""}])
 
 
+def _problems(events: list[dict[str, Any]]) -> list[str]:
+    return [v.message for v in check_events(events)]
+
+
 def test_assert_trace_legal_catches_broken_traces(read_then_answer: Any) -> None:
     assert_trace_legal(read_then_answer)
     events = read_then_answer.events
     gap = copy.deepcopy(events)
     del gap[3]
-    assert any("seq" in p for p in trace_problems(gap))
+    assert any("seq" in p for p in _problems(gap))
     illegal = copy.deepcopy(events)
     first = next(e for e in illegal if e["type"] == "transition" and e["dest"] == "executing")
     first["dest"] = "done"
-    problems = trace_problems(illegal)
-    assert any("no edge of the table matches" in p for p in problems), problems
+    problems = _problems(illegal)
+    assert any("but the event went to 'done'" in p for p in problems), problems
     after_end = [*copy.deepcopy(events), {"type": "observation", "seq": len(events)}]
-    assert any("after run_end" in p for p in trace_problems(after_end))
+    assert any("after the run ended" in p for p in _problems(after_end))
     no_end = copy.deepcopy(events[:-1])
-    assert any("no run_end" in p for p in trace_problems(no_end))
+    assert any("without run_end" in p for p in _problems(no_end))
     with pytest.raises(AssertionError, match="not a legal path"):
         assert_trace_legal(gap)
 
 
-def test_trace_problems_spots_a_shadowed_edge(read_then_answer: Any) -> None:
+def test_the_checker_spots_a_shadowed_edge(read_then_answer: Any) -> None:
     """An event claiming a low-priority edge while a higher one's guards held is illegal."""
     events = copy.deepcopy(read_then_answer.events)
     validate = next(e for e in events if e["type"] == "transition" and e["dest"] == "executing")
     validate["guards"]["tool_rounds_spent"] = True
-    problems = trace_problems(events)
-    assert any("higher priority" in p for p in problems), problems
+    problems = _problems(events)
+    assert any("select validate [tool_rounds_spent]" in p for p in problems), problems
 
 
 def test_duplicate_writes_from_tools_and_from_events(fsm_tools: FaultyTools) -> None:

@@ -79,7 +79,15 @@ def test_transition_events_name_guards_calls_and_attempts(tmp_path: Path) -> Non
     assert len(unknown) == 1
     e = unknown[0]
     assert e["call_id"] == "w1" and e["tool"] == "write" and e["attempt"] == 1
+    assert list(e["guards"].items()) == [  # every guard that decided, in table order
+        ("call_not_started", False),
+        ("call_succeeded", False),
+        ("call_rejected", False),
+        ("is_retryable", False),
+        ("is_write", True),
+    ]
     assert e["guards"] == {
+        "call_not_started": False,
         "call_succeeded": False,
         "call_rejected": False,
         "is_retryable": False,

@@ -219,8 +219,11 @@ def _reconcile_and_resubmit(
     """The lost write, settled the safe way: a trusted party looks up the ticket in the
     backend and records that outcome under the same key; resubmitting replays it."""
     observed = backend.tickets.get(TICKET["request_id"])
-    if observed is not None:
-        runtime.store.commit_idempotency("create_ticket", TICKET["request_id"], dict(observed))
+    record = runtime.store.get_intent("create_ticket", TICKET["request_id"])
+    if observed is not None and record is not None and record.status == "pending":
+        runtime.store.commit_intent(
+            "create_ticket", TICKET["request_id"], record.owner, dict(observed)
+        )
     trace = folder / "lost_write_resubmit.jsonl" if folder is not None else None
     if trace is not None and trace.exists():
         trace.unlink()

@@ -83,6 +83,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", help="file to write (default: standard output)")
     p.set_defaults(handler=_export)
 
+    p = add("prune", "delete finished runs (never one waiting for review) and old records")
+    p.add_argument(
+        "--older-than",
+        required=True,
+        type=_age,
+        metavar="AGE",
+        help="how long ago a run must have ended, e.g. 7d, 12h, 30m, 90s",
+    )
+    p.add_argument(
+        "--keep-intents",
+        action="store_true",
+        help="keep committed idempotency records (by default those as old go too: a "
+        "request that old then runs again instead of replaying)",
+    )
+    p.set_defaults(handler=_prune)
+
 
 # ── argument types (argparse turns their ValueError into a usage error, exit 2) ───
 
@@ -95,6 +111,16 @@ def _seconds(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _age(text: str) -> float:
+    number, unit = text[:-1], text[-1:]
+    if unit not in _UNITS or not number.replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"an age like 7d, 12h, 30m or 90s, got {text!r}")
+    return float(number) * _UNITS[unit]
 
 
 def _count(text: str) -> int:
@@ -142,10 +168,12 @@ def _guarded(fn: Any) -> Any:
     return wrapper
 
 
-def _open(args: argparse.Namespace) -> Any:
+def _open(args: argparse.Namespace, *, write: bool = False) -> Any:
+    """The store; read-only unless the command records something (reading never writes,
+    not even a schema)."""
     from fsm_agent.durable.sqlite import SqliteStore
 
-    return SqliteStore(args.db, timeout=args.timeout, create=False)
+    return SqliteStore(args.db, timeout=args.timeout, create=False, readonly=not write)
 
 
 def _when(stamp: float) -> str:
@@ -184,7 +212,7 @@ def _show(args: argparse.Namespace) -> int:
 
     with _open(args) as store:
         stored = store.load_run(args.run_id)
-    ctx = stored.ctx
+    ctx = stored.body
     pending = pending_calls(stored)
     events = stored.events[-args.events :] if args.events else []
     if args.json:
@@ -257,7 +285,7 @@ def _describe(e: dict[str, Any]) -> str:
 def _review(args: argparse.Namespace) -> int:
     from fsm_agent.durable.review import BLOCKING, pending_calls, record_review
 
-    with _open(args) as store:
+    with _open(args, write=True) as store:
         record_review(
             store,
             args.run_id,
@@ -290,4 +318,15 @@ def _export(args: argparse.Namespace) -> int:
         print(f"wrote {len(events)} events to {args.output}")
     else:
         sys.stdout.write(lines)
+    return 0
+
+
+@_guarded
+def _prune(args: argparse.Namespace) -> int:
+    with _open(args, write=True) as store:
+        runs, intents = store.prune(args.older_than, intents=not args.keep_intents)
+    print(
+        f"pruned {runs} finished runs and {intents} idempotency records older than "
+        f"{args.older_than:g}s"
+    )
     return 0

@@ -1,26 +1,56 @@
-"""Reading a model's decision: its structure, its batch of calls, and each call's admission.
+"""Reading a model's decision: its structure, its batch of calls, each call's admission.
 
-The shell prepares a :class:`Decision` before firing ``validate``; the guards only read it.
+The loop prepares a :class:`Decision` before firing ``validate``; guards only read it.
 Internally a decision is a Chat Completions assistant message::
 
     {"role": "assistant", "content": "..." | None,
      "tool_calls": [{"id": "call-1", "type": "function",
                      "function": {"name": "check_order", "arguments": "{...}"}}]}
+
+Any other top-level key of the reply (a provider's reasoning or thinking blocks, a note
+of a normalisation an adapter applied) is kept verbatim, made JSON-safe, in the history
+message, so adapters can send it back where their API requires it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
-from fsm_agent.durable.store import IdempotencyRecord
-from fsm_agent.tools.registry import Tool, ToolRegistry
+from fsm_agent.core.jsonsafe import clean_text, make_safe
+from fsm_agent.core.requests import IdempotencyRecord
 
-__all__ = ["Decision", "PreparedCall", "parse_decision"]
+__all__ = ["Decision", "PreparedCall", "ToolLike", "admit_calls", "parse_decision"]
 
 _MAX_ERRORS = 5
+_CORE_KEYS = frozenset({"role", "content", "tool_calls"})
+
+
+class ToolLike(Protocol):
+    """What admission needs to know about a registered tool (``tools.registry.Tool``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def effect(self) -> str: ...
+    @property
+    def dedup(self) -> bool: ...
+    @property
+    def requires_approval(self) -> bool: ...
+    @property
+    def timeout_s(self) -> float | None: ...
+    @property
+    def idempotency_key(self) -> Callable[[dict[str, Any]], Any] | None: ...
+    @property
+    def validator(self) -> Any: ...
+
+
+#: Looks a tool up by name (``ToolRegistry.get``).
+ToolLookup = Callable[[str], "ToolLike | None"]
+#: ``(call id, args digest) -> approval id`` of an approval that covers the call, or None.
+ApprovalLookup = Callable[[str, str], "str | None"]
 
 
 @dataclass(eq=False)
@@ -32,21 +62,21 @@ class PreparedCall:
     name: str
     raw_arguments: str
     arguments: dict[str, Any] | None = None
-    tool: Tool | None = None
+    tool: ToolLike | None = None
     refusal: str | None = None  # unknown_tool | permission_denied | invalid_arguments
     refusal_detail: str = ""
+    #: The registrar's facts, copied at admission (a resumed in-flight write keeps the
+    #: facts it started with, whatever the registry says later).
+    effect: str | None = None
+    dedup: bool = False
     needs_approval: bool = False
+    approval: str | None = None  # the approval this call consumes, if it needs one
     args_digest: str = ""
     idempotency_key: str | None = None
-    record: IdempotencyRecord | None = None  # fetched by the shell just before dispatch
-
-    @property
-    def effect(self) -> str | None:
-        return self.tool.effect if self.tool is not None else None
-
-    @property
-    def tool_dedup(self) -> bool:
-        return self.tool is not None and self.tool.dedup
+    #: The record that was under the key when the call was dispatched (not ours).
+    record: IdempotencyRecord | None = None
+    #: This (run, call) holds the pending intent under the key.
+    claimed: bool = False
 
 
 @dataclass(eq=False)
@@ -61,12 +91,23 @@ class Decision:
     duplicate_id: str | None = None
 
 
-def parse_decision(raw: Any) -> Decision:  # noqa: C901 - one check per field of a reply, in reading order
+#: The decision of a run that has none (before the first reply, between batches).
+NO_DECISION = Decision()
+
+
+def parse_decision(raw: Any) -> Decision:
     """Check a reply's structure and batch ids; never raises."""
+    try:
+        return _parse(raw)
+    except Exception as exc:  # a Mapping subclass whose methods raise, and the like
+        return Decision(malformed=f"the reply could not be read: {type(exc).__name__}")
+
+
+def _parse(raw: Any) -> Decision:  # noqa: C901 - one check per field of a reply, in order
     if not isinstance(raw, Mapping):
         return Decision(malformed=f"the model returned {type(raw).__name__}, not a message dict")
     if raw.get("role") != "assistant":
-        return Decision(malformed=f"role must be 'assistant', got {raw.get('role')!r}")
+        return Decision(malformed=f"role must be 'assistant', got {make_safe(raw.get('role'))!r}")
     content = raw.get("content")
     if content is not None and not isinstance(content, str):
         return Decision(malformed=f"content must be a string or null, got {type(content).__name__}")
@@ -84,7 +125,9 @@ def parse_decision(raw: Any) -> Decision:  # noqa: C901 - one check per field of
         if not isinstance(call, Mapping):
             return Decision(malformed=f"{where} must be an object, got {type(call).__name__}")
         if call.get("type", "function") != "function":
-            return Decision(malformed=f"{where}.type must be 'function', got {call.get('type')!r}")
+            return Decision(
+                malformed=f"{where}.type must be 'function', got {make_safe(call.get('type'))!r}"
+            )
         fn = call.get("function")
         if not isinstance(fn, Mapping):
             return Decision(malformed=f"{where}.function is missing or not an object")
@@ -99,76 +142,101 @@ def parse_decision(raw: Any) -> Decision:  # noqa: C901 - one check per field of
         call_id = call.get("id")
         if call_id is not None and not isinstance(call_id, str):
             return Decision(malformed=f"{where}.id must be a string, got {type(call_id).__name__}")
+        call_id = clean_text(call_id) if call_id else ""
         if not call_id:
             missing = missing or f"{where} has no id"
         elif call_id in seen:
             duplicate = duplicate or f"id {call_id!r} is used twice"
         else:
             seen.add(call_id)
-        calls.append(PreparedCall(index=i, id=call_id or "", name=name, raw_arguments=args))
+        name = clean_text(name)
+        calls.append(PreparedCall(index=i, id=call_id, name=name, raw_arguments=args))
         normalised.append(
-            {"id": call_id or "", "type": "function", "function": {"name": name, "arguments": args}}
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": clean_text(args)},
+            }
         )
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    answer = None if content is None else clean_text(content)
+    message: dict[str, Any] = {"role": "assistant", "content": answer}
     if normalised:
         message["tool_calls"] = normalised
+    for key, value in raw.items():
+        if key not in _CORE_KEYS:
+            message[_safe_key(key)] = make_safe(value)
     return Decision(
-        message=message, answer=content, calls=calls, missing_id=missing, duplicate_id=duplicate
+        message=message, answer=answer, calls=calls, missing_id=missing, duplicate_id=duplicate
     )
+
+
+def _safe_key(key: Any) -> str:
+    return clean_text(key) if isinstance(key, str) else str(make_safe(key))
 
 
 def admit_calls(
     decision: Decision,
-    registry: ToolRegistry,
+    tools: ToolLookup,
     allowed: Collection[str],
-    approved: Collection[str],
+    approval: ApprovalLookup,
 ) -> None:
     """Decide, for every call of the batch and before any runs, whether it may run.
 
-    Sets each call's ``refusal`` (unknown tool, not allowed, invalid arguments) and, for
-    admitted writes that need approval, whether ``approved`` (approval digests) covers it.
+    Sets each call's ``refusal`` (unknown tool, not allowed, invalid arguments), its
+    registrar's facts, and, for admitted writes that need approval, the approval that
+    covers exactly these arguments (``approval(call_id, digest)``) or ``needs_approval``.
     """
     for call in decision.calls:
-        tool = registry.get(call.name)
-        call.tool = tool
-        if tool is None:
-            call.refusal, call.refusal_detail = "unknown_tool", f"no tool named {call.name!r}"
-            continue
-        if call.name not in allowed:
-            call.refusal = "permission_denied"
-            call.refusal_detail = f"tool {call.name!r} is not in this run's allowed_tools"
-            continue
-        try:
-            arguments = parse_arguments(call.raw_arguments)
-        except ArgumentsError as exc:
-            call.refusal, call.refusal_detail = "invalid_arguments", str(exc)
-            continue
+        _admit(call, tools(call.name), allowed, approval)
+
+
+def _admit(
+    call: PreparedCall, tool: ToolLike | None, allowed: Collection[str], approval: ApprovalLookup
+) -> None:
+    call.tool = tool
+    if tool is None:
+        call.refusal, call.refusal_detail = "unknown_tool", f"no tool named {call.name!r}"
+        return
+    call.effect, call.dedup = tool.effect, tool.dedup
+    if call.name not in allowed:
+        call.refusal = "permission_denied"
+        call.refusal_detail = f"tool {call.name!r} is not in this run's allowed_tools"
+        return
+    try:
+        arguments = parse_arguments(call.raw_arguments)
         errors = sorted(tool.validator.iter_errors(arguments), key=lambda e: list(e.path))
-        if errors:
+    except ArgumentsError as exc:
+        call.refusal, call.refusal_detail = "invalid_arguments", str(exc)
+        return
+    except RecursionError:  # a schema whose validation recurses past the limit
+        call.refusal, call.refusal_detail = "invalid_arguments", "arguments nest too deeply"
+        return
+    if errors:
+        call.refusal = "invalid_arguments"
+        call.refusal_detail = "; ".join(_describe(e) for e in errors[:_MAX_ERRORS])
+        return
+    call.arguments = arguments
+    if tool.idempotency_key is None and not tool.requires_approval:
+        return  # nothing binds to the arguments' hash, so it is not computed
+    call.args_digest = digest(tool.name, arguments)
+    if tool.idempotency_key is not None:
+        try:
+            key = tool.idempotency_key(arguments)
+            call.idempotency_key = clean_text(str(key))
+        except Exception as exc:  # a registrar's key function must not crash a run
             call.refusal = "invalid_arguments"
-            call.refusal_detail = "; ".join(_describe(e) for e in errors[:_MAX_ERRORS])
-            continue
-        call.arguments = arguments
-        if tool.idempotency_key is None and not tool.requires_approval:
-            continue  # nothing binds to the arguments' hash, so it is not computed
-        call.args_digest = digest(tool.name, arguments)
-        if tool.idempotency_key is not None:
-            try:
-                key = tool.idempotency_key(arguments)
-            except Exception as exc:  # a registrar's key function must not crash a run
-                call.refusal = "invalid_arguments"
-                call.refusal_detail = f"idempotency key could not be derived: {exc!r}"
-                continue
-            call.idempotency_key = str(key)
-        if tool.requires_approval and call.args_digest not in approved:
-            call.needs_approval = True
+            call.refusal_detail = f"idempotency key could not be derived: {make_safe(exc)!r}"
+            return
+    if tool.requires_approval:
+        call.approval = approval(call.id, call.args_digest)
+        call.needs_approval = call.approval is None
 
 
 def _describe(error: Any) -> str:
     """``path: message``, with a huge offending value shortened so the reason survives."""
-    path = "/".join(str(p) for p in error.absolute_path)
-    message = error.message
-    shown = repr(error.instance)
+    path = "/".join(clean_text(str(p)) for p in error.absolute_path)
+    message = clean_text(error.message)
+    shown = clean_text(repr(error.instance))
     if len(shown) > 60 and shown in message:
         message = message.replace(shown, f"{shown[:40]}... ({len(shown)} chars)")
     if len(message) > 300:

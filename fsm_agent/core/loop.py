@@ -1,521 +1,484 @@
-"""One run: its context, the edge-taking ``fire``, the actions, and the loop.
+"""The run loop: a generator that drives one run through the machine, sans I/O.
 
-The loop (:meth:`Run.steps`) is a generator that never does I/O itself: it yields a
-request (ask the model, call a tool, sleep) and is sent the answer. ``Runtime.run()``
-and ``Runtime.arun()`` are two small drivers of the same generator, so sync and async
-runs cannot drift apart.
+:func:`steps` fires the table's triggers on a :class:`~fsm_agent.core.state.RunState` and
+yields a request (``core/requests.py``) for every effect it needs — ask the model, call a
+tool, sleep, read the clock, begin/commit/abort a write's intent, save a checkpoint, emit
+trace events — and is sent the answer. It never touches a model, a tool, a clock, a store
+or a file itself, so the sync and async drivers (``runtime/drivers.py``) cannot drift
+apart, and a test can drive it by hand (``tests/core/``), like h11's connection objects.
+
+One step per working state::
+
+    deciding    AskModel -> ReadClock? -> fire model_replied | model_failed
+    validating  admit the batch (pure) -> fire validate
+    executing   [BeginIntent] -> ReadClock -> fire dispatch -> [AbortIntent]
+                -> CallTool -> [CommitIntent | AbortIntent] -> fire tool_returned
+    retry_wait  Sleep -> fire retry
+    observing   ReadClock -> fire observe
+
+After each transition a ``SaveCheckpoint`` follows where the run's save mode asks for one
+(:func:`_wants_save`), and before each request that leaves the process the events so far
+are emitted (``EmitEvents``) when the run has a trace sink.
+
+The driver stops a run by throwing :class:`Cancelled` into the generator at the request
+it is performing (Ctrl-C, a cancelled task, a tool raising ``GeneratorExit``...): the loop
+takes the ``cancel`` edge, so every open call is answered and ``run_end`` is written, then
+yields its last save/emit requests and returns; the driver re-raises what stopped it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
-from fsm_agent.core.budget import Budget, RetryPolicy
-from fsm_agent.core.decision import Decision, PreparedCall, admit_calls, parse_decision
-from fsm_agent.core.reasons import stop_detail
-from fsm_agent.core.requests import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
-from fsm_agent.core.table import MACHINE_HASH, RUN_MACHINE, TERMINAL_STATES, TRANSITIONS, Transition
-from fsm_agent.durable.store import IdempotencyRecord, Store
-from fsm_agent.tools.registry import ToolRegistry
-from fsm_agent.trace.io import Redactor, TraceSink
+from fsm_agent.core.actions import ACTIONS, BLOCKING
+from fsm_agent.core.decision import admit_calls, parse_decision
+from fsm_agent.core.engine import fire
+from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
+from fsm_agent.core.requests import (
+    READ_CLOCK,
+    AbortIntent,
+    AskModel,
+    BeginIntent,
+    CallTool,
+    CommitIntent,
+    EmitEvents,
+    IdempotencyRecord,
+    IntentClaim,
+    LoadIntent,
+    Request,
+    SaveCheckpoint,
+    Sleep,
+    ToolOutcome,
+)
+from fsm_agent.core.state import RunState
+from fsm_agent.core.table import TERMINAL_STATES, TRANSITIONS
 
-__all__ = ["SCHEMA", "TRANSITION_LISTENERS", "Counters", "Run"]
+__all__ = ["SCHEMA", "Cancelled", "Steps", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
-SCHEMA = "fsm-agent.trace/1"
+SCHEMA = "fsm-agent.trace/2"
 
-_EVENTS = RUN_MACHINE.events
+Steps = Generator[Request, Any, None]
 
-#: Functions called with ``(run, transition)`` after every transition of every run in
-#: the process (the pytest plugin's transition coverage uses this). Keep them cheap.
-TRANSITION_LISTENERS: list[Callable[[Run, Transition], None]] = []
 _TERMINAL = frozenset(TERMINAL_STATES)
-_EMPTY = Decision()
+#: Edges after which a checkpoint is saved in every save mode but ``never``.
+_SAVE_ALWAYS = frozenset(
+    t.index for t in TRANSITIONS if t.dest in _TERMINAL or t.trigger == "resume"
+)
+#: ... in ``replies`` mode also (a model reply cost tokens; a failed one ends the run).
+_SAVE_REPLIES = frozenset(t.index for t in TRANSITIONS if t.trigger == "model_replied")
+#: ... around a write: when its attempt starts and when its tool returned.
+_SAVE_WRITES = frozenset(
+    t.index for t in TRANSITIONS if t.action == "start_attempt" or t.trigger == "tool_returned"
+)
 
 
-class Counters:
-    """What a run has spent so far; ``as_dict()`` is ``RunResult.counters``."""
+class Cancelled(BaseException):
+    """Thrown into :func:`steps` by a driver to stop the run (never raised out of it)."""
 
-    __slots__ = (
-        "cost",
-        "input_tokens",
-        "model_calls",
-        "output_bytes",
-        "output_tokens",
-        "replays",
-        "retries",
-        "tokens",
-        "tool_attempts",
-        "tool_calls",
-        "tool_rounds",
-        "write_attempts",
+
+# ── starting and resuming ─────────────────────────────────────────────────────────
+
+
+def start(s: RunState) -> None:
+    """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
+    _record(
+        s,
+        {
+            "type": "run_start",
+            "seq": 0,
+            "schema": SCHEMA,
+            "run_id": s.run_id,
+            **s.config.header_fields(),
+            "messages": make_safe(s.messages),
+        },
     )
 
-    def __init__(self) -> None:
-        self.model_calls = self.tool_rounds = self.tool_calls = 0
-        self.write_attempts = self.replays = self.retries = self.output_bytes = 0
-        self.input_tokens = self.output_tokens = self.tokens = 0
-        self.cost = 0.0
-        self.tool_attempts: dict[str, int] = {}
 
-    def as_dict(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in self.__slots__}
-        out["tool_attempts"] = dict(self.tool_attempts)
-        return out
-
-
-def _content(result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The tool message text of a result, and a JSON-safe copy of it for the trace."""
-    try:
-        return json.dumps(result, ensure_ascii=False, allow_nan=False), result
-    except (TypeError, ValueError):
-        pass
-    try:  # objects that are not JSON: their str(), as the model will see them
-        text = json.dumps(result, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):  # circular data and the like: keep a readable form
-        text = json.dumps({**result, "value": repr(result.get("value"))}, ensure_ascii=False)
-    safe: dict[str, Any] = json.loads(text)
-    return text, safe
-
-
-def _json_safe(value: Any) -> Any:
-    try:
-        json.dumps(value, allow_nan=False)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-class Run:
-    """The context one run carries through the machine (a plain class: see ARCHITECTURE)."""
-
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        messages: list[dict[str, Any]],
-        registry: ToolRegistry,
-        allowed: frozenset[str],
-        approved: frozenset[str],
-        tool_specs: list[dict[str, Any]],
-        budget: Budget,
-        retry: RetryPolicy,
-        policy: str,
-        store: Store,
-        clock: Callable[[], float],
-        sink: TraceSink | None = None,
-        redact: Redactor | None = None,
-    ) -> None:
-        self.state = "deciding"  # the attribute ``transitions`` reads and writes
-        self.run_id = run_id
-        self.messages = messages
-        self.registry, self.allowed, self.approved = registry, allowed, approved
-        self.tool_specs = tool_specs
-        self.budget, self.retry, self.policy = budget, retry, policy
-        self.store, self.clock = store, clock
-        self.sink, self.redact = sink, redact
-        self.events: list[dict[str, Any]] = []
-        self.counters = Counters()
-        self.started = self.now = clock()
-        self.seq = 0
-        self.decision: Decision = _EMPTY
-        self.batch_appended = False
-        self.index = 0
-        self.call: PreparedCall = PreparedCall(-1, "", "", "")
-        self.attempt = 0
-        self.outcome = ToolOutcome("ok")
-        self.in_flight = False
-        self.cost_unknown = False
-        self.guard_log: dict[str, bool] = {}
-        self.taken: Transition = TRANSITIONS[0]
-        self.answered: set[str] = set()
-        #: call id -> index in ``messages`` of a synthetic result a reviewer may replace.
-        self.placeholders: dict[str, int] = {}
-        # Durable runs (durable.py): reviewers' decisions per paused call id, indexes of
-        # messages replaced in place since the last checkpoint, and the hook that saves
-        # a checkpoint after every transition (None: nothing is saved).
-        self.reviews: dict[str, dict[str, Any]] = {}
-        self.rewritten: list[int] = []
-        self.checkpoint: Callable[[Run], None] | None = None
-        self.status: str | None = None
-        self.reason: str | None = None
-        self.detail = ""
-        self.answer: str | None = None
-        self.model_error = ""
-
-    # ── events ────────────────────────────────────────────────────────────────────
-
-    def emit(self, event: dict[str, Any]) -> None:
-        self.seq += 1
-        event["seq"] = self.seq
-        self._write(event)
-
-    def _write(self, event: dict[str, Any]) -> None:
-        if self.redact is not None:
-            event = self.redact(event)
-        self.events.append(event)
-        if self.sink is not None:
-            self.sink.write(event)
-
-    def start(self, header: dict[str, Any]) -> None:
-        self._write(
-            {
-                "type": "run_start",
-                "seq": 0,
-                "schema": SCHEMA,
-                "run_id": self.run_id,
-                "machine_hash": MACHINE_HASH,
-                "policy": self.policy,
-                "budget": self.budget.to_dict(),
-                "retry": self.retry.to_dict(),
-                "allowed_tools": sorted(self.allowed),
-                **header,
-                "messages": list(self.messages),
+def _record(s: RunState, event: dict[str, Any]) -> None:
+    """Append ``event`` to the trace, through the caller's redaction hook if any. A hook
+    that fails keeps only the event's type and seq: a secret is never recorded because
+    redaction broke."""
+    redact = s.config.redact
+    if redact is not None:
+        try:
+            event = redact(event)
+        except Exception as exc:
+            event = {
+                "type": event["type"],
+                "seq": event["seq"],
+                "redaction_failed": _describe_error(exc),
             }
-        )
+    s.events.append(event)
 
-    def fire(self, trigger: str) -> None:
-        """Take the first edge of ``trigger`` whose guards hold, record it, run its action."""
-        source = self.state
-        self.guard_log = {}
-        _EVENTS[trigger].trigger(self)
-        t = self.taken
-        for listener in TRANSITION_LISTENERS:
-            listener(self, t)
-        event: dict[str, Any] = {
-            "type": "transition",
-            "trigger": trigger,
-            "source": source,
-            "dest": self.state,
-            "guards": self.guard_log,
-            "t": round(self.now - self.started, 6),
-        }
-        payloads: list[dict[str, Any]] = []
-        if t.action is not None:
-            getattr(self, t.action)(payloads)
-        if self.call.index >= 0:
-            event["call_id"], event["tool"] = self.call.id, self.call.name
-            event["attempt"] = self.attempt
-        if t.reason is not None:
-            event["reason"] = t.reason
-        if t.reason is not None:
-            event["detail"] = self.detail
-        self.emit(event)
-        for payload in payloads:
-            self.emit(payload)
-        if self.state in _TERMINAL:
-            self.emit(
-                {
-                    "type": "run_end",
-                    "status": self.status,
-                    "reason": self.reason,
-                    "detail": self.detail,
-                    "answer": self.answer,
-                    "counters": self.counters.as_dict(),
-                }
-            )
-        if self.checkpoint is not None:
-            self.checkpoint(self)
 
-    # ── the loop ──────────────────────────────────────────────────────────────────
+def settled(s: RunState) -> bool:
+    """A run paused for review whose every blocking placeholder has a reviewer's decision."""
+    if s.state != "review_required" or not s.reviews:
+        return False
+    return all(
+        call_id in s.reviews for call_id, (_, error) in s.placeholders.items() if error in BLOCKING
+    )
 
-    def steps(self) -> Generator[Request, Any, None]:  # noqa: C901 - one branch per working state
-        """Drive the run to a terminal state, yielding every I/O request to the driver."""
-        while self.state not in _TERMINAL:
-            state = self.state
+
+def steps(s: RunState, *, resumed: bool = False) -> Steps:
+    """Drive the run to a terminal state, yielding every effect as a request.
+
+    A new run must have had :func:`start`; a ``resumed`` one comes from
+    :meth:`RunState.restore` and first takes its ``resume`` edge if one applies.
+    """
+    try:
+        now = yield READ_CLOCK
+        s.started += now  # a new run starts at 0; a restored one stores -elapsed
+        s.now = now
+        if s.config.save != "never" and not resumed:
+            yield _save(s, header=True)
+        if resumed:
+            yield from _resume(s)
+        while s.state not in _TERMINAL:
+            state = s.state
             if state == "deciding":
-                reply = yield ModelRequest(list(self.messages), self.tool_specs)
-                self.now = self.clock()
-                self.counters.model_calls += 1
-                if isinstance(reply, BaseException):
-                    self.model_error = f"{type(reply).__name__}: {reply}"
-                    self.emit({"type": "decision", "error": self.model_error})
-                    self.fire("model_failed")
-                    continue
-                self._take_reply(reply)
-                self.fire("model_replied")
+                yield from _decide(s)
             elif state == "validating":
-                if self.decision.malformed is None and self.decision.missing_id is None:
-                    admit_calls(self.decision, self.registry, self.allowed, self.approved)
-                self.fire("validate")
+                yield from _validate(s)
             elif state == "executing":
-                call = self.call
-                if call.idempotency_key is not None:
-                    call.record = self.store.get_idempotency(call.name, call.idempotency_key)
-                self.now = self.clock()
-                self.fire("dispatch")
-                if self.state != "executing":
-                    continue
-                tool = call.tool
-                assert tool is not None  # admitted calls have a tool
-                if call.idempotency_key is not None:
-                    self.store.begin_idempotency(
-                        IdempotencyRecord(
-                            call.name,
-                            call.idempotency_key,
-                            call.args_digest,
-                            "pending",
-                            self.run_id,
-                            call.id,
-                        )
-                    )
-                self.in_flight = True
-                self.outcome = yield ToolRequest(call, self._timeout(tool.timeout_s))
-                self.in_flight = False
-                self.now = self.clock()
-                if call.idempotency_key is not None:
-                    if self.outcome.kind == "ok":
-                        self.store.commit_idempotency(
-                            call.name, call.idempotency_key, _json_safe(self.outcome.value)
-                        )
-                    elif self.outcome.kind == "rejected":
-                        self.store.abort_idempotency(call.name, call.idempotency_key)
-                self.fire("tool_returned")
+                yield from _execute(s)
             elif state == "retry_wait":
-                yield SleepRequest(self.retry.backoff(self.attempt))
-                self.now = self.clock()
-                self.fire("retry")
-            else:  # observing
-                self.now = self.clock()
-                self.fire("observe")
-
-    def cancel(self) -> None:
-        """The driver was interrupted (task cancelled, Ctrl-C): end the run in a defined
-        state with every open call answered. No-op once the run is over."""
-        if self.state not in _TERMINAL:
-            self.now = self.clock()
-            self.fire("cancel")
-
-    def _take_reply(self, reply: Any) -> None:
-        usage = reply.get("usage") if isinstance(reply, dict) else None
-        self.emit({"type": "decision", "message": _json_safe(reply)})
-        if isinstance(usage, dict):
-            self._count_usage(usage)
-        self.decision = parse_decision(reply)
-        self.batch_appended = False
-        # Ids need only be unique within a batch: a new batch may reuse an earlier one's ids.
-        self.answered = set()
-
-    def _count_usage(self, usage: dict[str, Any]) -> None:
-        def whole(*names: str) -> int:
-            for name in names:
-                value = usage.get(name)
-                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                    return value
-            return 0
-
-        c = self.counters
-        inp = whole("input_tokens", "prompt_tokens")
-        out = whole("output_tokens", "completion_tokens")
-        c.input_tokens += inp
-        c.output_tokens += out
-        c.tokens += whole("total_tokens") or inp + out
-        if "cost" in usage:
-            cost = usage["cost"]
-            if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0:
-                c.cost += float(cost)
-            else:  # a reply that could not be priced is never counted as free
-                self.cost_unknown = True
-
-    def _timeout(self, tool_timeout: float | None) -> float | None:
-        limit = self.budget.max_wall_clock_s
-        if limit is None:
-            return tool_timeout
-        left = max(limit - (self.now - self.started), 0.0)
-        return left if tool_timeout is None else min(tool_timeout, left)
-
-    def next_backoff(self) -> float:
-        return self.retry.backoff(self.attempt)
-
-    # ── actions (named by the table; each may add payload events) ─────────────────
-
-    def start_batch(self, payloads: list[dict[str, Any]]) -> None:
-        self._append_batch()
-        self.counters.tool_rounds += 1
-        self.counters.tool_calls += len(self.decision.calls)
-        self._select(0)
-
-    def next_call(self, payloads: list[dict[str, Any]]) -> None:
-        index = self.index + 1
-        while self.decision.calls[index].id in self.answered:  # settled by a reviewer
-            index += 1
-        self._select(index)
-
-    def end_batch(self, payloads: list[dict[str, Any]]) -> None:
-        self.decision = _EMPTY
-        self.call = PreparedCall(-1, "", "", "")
-
-    def start_attempt(self, payloads: list[dict[str, Any]]) -> None:
-        self.attempt += 1
-        c = self.counters
-        c.tool_attempts[self.call.name] = c.tool_attempts.get(self.call.name, 0) + 1
-        if self.call.effect == "write":
-            c.write_attempts += 1
-
-    def schedule_retry(self, payloads: list[dict[str, Any]]) -> None:
-        self.counters.retries += 1
-
-    def answer_refusal(self, payloads: list[dict[str, Any]]) -> None:
-        call = self.call
-        self._answer(payloads, {"ok": False, "error": call.refusal, "detail": call.refusal_detail})
-
-    def answer_replay(self, payloads: list[dict[str, Any]]) -> None:
-        record = self.call.record
-        assert record is not None
-        self.counters.replays += 1
-        if self.call.effect == "write":
-            self.counters.write_attempts += 1
-        self._answer(payloads, {"ok": True, "value": record.result, "replayed": True})
-
-    def answer_result(self, payloads: list[dict[str, Any]]) -> None:
-        self._answer(payloads, {"ok": True, "value": self.outcome.value})
-
-    def answer_failure(self, payloads: list[dict[str, Any]]) -> None:
-        kind = self.outcome.kind
-        error = {"rejected": "rejected", "timeout": "timeout"}.get(kind, "tool_failed")
-        self._answer(
-            payloads,
-            {"ok": False, "error": error, "detail": self.outcome.error, "attempts": self.attempt},
-        )
-
-    def finish(self, payloads: list[dict[str, Any]]) -> None:
-        self.messages.append(self.decision.message)
-        self.answer = self.decision.answer
-        self._set_stop()
-
-    def stop(self, payloads: list[dict[str, Any]]) -> None:
-        """Enter a terminal state, answering every unanswered call so history stays valid."""
-        self._set_stop()
-        d = self.decision
-        pairable = (
-            d.calls and d.malformed is None and d.missing_id is None and (d.duplicate_id is None)
-        )
-        if d is _EMPTY or not pairable:
-            if d is not _EMPTY and not d.calls and d.malformed is None:
-                self.messages.append(d.message)  # a text reply stopped by a budget is kept
-            return
-        self._append_batch()
-        reason = self.reason
-        review = self.state == "review_required"
-        for call in d.calls:
-            if call.id in self.answered:
-                continue
-            if reason == "cancelled":
-                error, detail = "cancelled", "the run was cancelled before this call ran"
-            elif reason == "approval_required" and call.needs_approval:
-                error, detail = "approval_required", "no approval matches these exact arguments"
-            elif review and call is self.call and reason != "approval_required":
-                error, detail = reason or "", stop_detail(self)
-            elif review:
-                error, detail = "skipped_pending_review", f"the run stopped for review: {reason}"
+                yield from _flush(s)
+                yield Sleep(s.config.retry.backoff(s.attempt))
+                s.now = yield READ_CLOCK
+                yield from _fire(s, "retry")
             else:
-                error, detail = "not_executed", f"the run stopped: {self.status}/{reason}"
-            at = self._answer(
-                payloads, {"ok": False, "error": error, "detail": detail}, call=call, synthetic=True
-            )
-            if review:
-                self.placeholders[call.id] = at
+                s.now = yield READ_CLOCK
+                yield from _fire(s, "observe")
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        # Cancelled (the driver stopped us), or raised right here: Ctrl-C can land in
+        # any line, and a registrar's function (an idempotency key, a redaction hook)
+        # runs inside the loop. Either way the run ends with every call answered.
+        stopped = None if isinstance(exc, Cancelled) else exc
+        if s.state not in _TERMINAL:
+            s.now = yield READ_CLOCK
+            yield from _fire(s, "cancel")
+        yield from _flush(s)
+        if stopped is not None:
+            raise stopped  # noqa: B904 - the very exception that stopped the run, as it was
+        return
+    yield from _flush(s)
 
-    def answer_stored(self, payloads: list[dict[str, Any]]) -> None:
-        """The result a write stored (idempotency record) before the process died."""
-        record = self.call.record
-        assert record is not None
-        self._answer(payloads, {"ok": True, "value": record.result})
 
-    def apply_review(self, payloads: list[dict[str, Any]]) -> None:
-        """Settle the paused batch with the reviewers' decisions (recorded by durable.py):
-        a denied call is answered as denied, a reconciled one with the observed result;
-        approved and skipped calls keep their placeholder until they run afresh."""
-        if self.reason == "approval_required":  # the pause came before the batch started
-            self.counters.tool_rounds += 1
-            self.counters.tool_calls += len(self.decision.calls)
-        for call in self.decision.calls:
-            if call.id not in self.placeholders:
-                continue
-            review = self.reviews.get(call.id, {})
-            action = review.get("action")
-            if action == "deny":
-                self._answer(
-                    payloads,
-                    {
-                        "ok": False,
-                        "error": "denied",
-                        "detail": review.get("reason") or "denied by review",
-                    },
-                    call=call,
-                    synthetic=True,
-                )
-            elif action == "reconcile":
-                self._answer(
-                    payloads,
-                    {"ok": True, "value": review.get("result"), "reconciled": True},
-                    call=call,
-                )
-            else:
-                self.answered.discard(call.id)
-        self.reviews = {}
-        self.index, self.attempt = -1, 0  # next_call picks the first call still to run
-        self.call = PreparedCall(-1, "", "", "")
-        self.status = self.reason = None
-        self.detail = ""
+def _resume(s: RunState) -> Steps:
+    """Take the ``resume`` edge where one applies: a write whose attempt was in flight
+    when the process died, or a paused run whose reviews are all in."""
+    if s.decision.calls and s.state != "validating":
+        _admit(s)  # the rest of the batch, with today's registry
+    call = s.call
+    if s.state == "executing" and s.taken.action == "start_attempt":
+        if call.idempotency_key is not None:
+            record = yield LoadIntent(call.name, call.idempotency_key)
+            call.record = record
+            # If the intent is gone (aborted after a rejection) it must be begun again.
+            call.claimed = record is not None and record.owner == (s.run_id, call.id)
+        yield from _fire(s, "resume")
+    elif settled(s):
+        yield from _commit_reconciled(s)
+        yield from _fire(s, "resume")
 
-    # ── helpers ───────────────────────────────────────────────────────────────────
 
-    def _select(self, index: int) -> None:
-        self.index = index
-        self.call = self.decision.calls[index]
-        self.attempt = 0
+def _commit_reconciled(s: RunState) -> Steps:
+    """A reconciled write's observed result becomes its idempotency record, so the same
+    request later replays it instead of running again. A pending intent with the same
+    arguments (this call's, or another run's that never reported) is committed as it is:
+    the reviewer found that write happened."""
+    for call in s.decision.calls:
+        review = s.reviews.get(call.id)
+        if not review or review["action"] != "reconcile" or call.idempotency_key is None:
+            continue
+        key, result = call.idempotency_key, review.get("result")
+        found = yield LoadIntent(call.name, key)
+        if found is None:
+            claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=False)
+            if claim.owned:
+                yield CommitIntent(call.name, key, (s.run_id, call.id), result)
+        elif found.status == "pending" and found.args_digest == call.args_digest:
+            yield CommitIntent(call.name, key, found.owner, result)
 
-    def _append_batch(self) -> None:
-        if not self.batch_appended:
-            self.messages.append(self.decision.message)
-            self.batch_appended = True
 
-    def _answer(
-        self,
-        payloads: list[dict[str, Any]],
-        result: dict[str, Any],
-        *,
-        call: PreparedCall | None = None,
-        synthetic: bool = False,
-    ) -> int:
-        call = call or self.call
-        content, safe = _content(result)
-        message = {"role": "tool", "tool_call_id": call.id, "content": content}
-        at = self.placeholders.pop(call.id, None)
-        if at is None:
-            at = len(self.messages)
-            self.messages.append(message)
-        else:  # a reviewed batch: the real answer takes the placeholder's place
-            self.messages[at] = message
-            self.rewritten.append(at)
-        self.answered.add(call.id)
-        if not synthetic:
-            self.counters.output_bytes += len(content.encode("utf-8"))
-        payloads.append(
+# ── one step per working state ────────────────────────────────────────────────────
+
+
+def _decide(s: RunState) -> Steps:
+    yield from _flush(s)
+    reply = yield AskModel(list(s.messages), s.config.tool_specs)
+    s.now = yield READ_CLOCK
+    s.counters.model_calls += 1
+    if isinstance(reply, BaseException):
+        s.model_error = _describe_error(reply)
+        s.seq += 1
+        _record(s, {"type": "decision", "seq": s.seq, "error": s.model_error})
+        yield from _fire(s, "model_failed")
+        return
+    s.decision = parse_decision(reply)
+    s.seq += 1
+    _record(s, {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply)})
+    if isinstance(reply, dict):
+        _count_usage(s, reply.get("usage"))
+    s.batch_appended = False
+    s.answered = set()  # ids need only be unique within a batch
+    yield from _fire(s, "model_replied")
+
+
+def _validate(s: RunState) -> Steps:
+    d = s.decision
+    if d.malformed is None and d.missing_id is None:
+        _admit(s)
+    yield from _fire(s, "validate")
+
+
+def _execute(s: RunState) -> Steps:
+    call = s.call
+    fresh = False
+    if call.idempotency_key is not None and call.refusal is None:
+        if call.claimed:  # ours already (a retry, a resumed dispatch)
+            call.record = None
+        else:
+            claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=call.dedup)
+            call.claimed = claim.owned
+            fresh = claim.owned and claim.found is None
+            call.record = None if claim.owned else claim.found
+    s.now = yield READ_CLOCK
+    edge = yield from _fire(s, "dispatch")
+    if edge.action != "start_attempt":
+        if fresh and call.idempotency_key is not None:  # begun for nothing: give it back
+            yield AbortIntent(call.name, call.idempotency_key, (s.run_id, call.id))
+            call.claimed = False
+        return
+    tool = call.tool
+    assert tool is not None and call.arguments is not None  # admitted calls have both
+    yield from _flush(s)
+    # In flight from the call until tool_returned is taken: a cancel in between (even
+    # while its result is being stored) may not say the write did not happen.
+    s.in_flight = True
+    outcome: ToolOutcome = yield CallTool(
+        call, copy.deepcopy(call.arguments), _timeout(s, tool.timeout_s)
+    )
+    s.outcome = outcome
+    key = call.idempotency_key
+    if key is not None:
+        owner = (s.run_id, call.id)
+        if outcome.kind == "ok":
+            yield CommitIntent(call.name, key, owner, make_safe(outcome.value))
+        elif outcome.kind in ("rejected", "not_started"):  # definitely nothing happened
+            yield AbortIntent(call.name, key, owner)
+            call.claimed = False
+    s.now = yield READ_CLOCK
+    s.in_flight = False
+    yield from _fire(s, "tool_returned")
+
+
+# ── firing, saving, emitting ──────────────────────────────────────────────────────
+
+
+def _fire(s: RunState, trigger: str) -> Generator[Request, Any, Any]:
+    edge = fire(s, trigger)
+    _after(s, edge)
+    if s.config.save != "never" and _wants_save(s, edge.index):
+        yield _save(s)
+    return edge
+
+
+def _wants_save(s: RunState, index: int) -> bool:
+    """Whether to save a checkpoint after edge ``index``: where losing the transitions
+    since the last save would matter, before anything outside the machine happens that
+    it would hide (D1).
+
+    * at every end and on resume;
+    * when a write's attempt starts (its intent is already stored) and when it returned,
+      unless its committed idempotency record already holds the result;
+    * in ``replies`` mode after a model reply with calls (it cost tokens, and a resume
+      must see the same call ids to find their intents).
+
+    Everything in between is pure or a read: a crash there resumes from the last save
+    and takes the same edges again, re-running at most a read or a model call.
+    """
+    if index in _SAVE_ALWAYS:
+        return True
+    if index in _SAVE_WRITES:
+        call = s.call
+        if call.effect != "write":
+            return False
+        return not (
+            s.taken.trigger == "tool_returned"
+            and s.outcome.kind == "ok"
+            and call.idempotency_key is not None
+        )
+    return s.config.save == "replies" and index in _SAVE_REPLIES and bool(s.decision.calls)
+
+
+def _after(s: RunState, edge: Any) -> None:
+    """Run the edge's action and record the transition (and its payloads, and
+    ``run_end`` at a terminal state) in ``s.events``."""
+    event: dict[str, Any] = {
+        "type": "transition",
+        "trigger": edge.trigger,
+        "source": edge.source,
+        "dest": edge.dest,
+        "guards": s.guard_log,
+        "t": round(s.now - s.started, 6),
+    }
+    payloads: list[dict[str, Any]] = []
+    if edge.action is not None:
+        ACTIONS[edge.action](s, payloads)
+    call = s.call
+    if call.index >= 0:
+        event["call_id"], event["tool"], event["attempt"] = call.id, call.name, s.attempt
+        if edge.action == "start_attempt" and call.approval is not None:
+            event["approval"] = call.approval
+        if edge.trigger == "tool_returned" and s.outcome.error:
+            event["error"] = s.outcome.error  # why it failed (and so why a retry follows)
+    if edge.reason is not None:
+        event["reason"], event["detail"] = edge.reason, s.detail
+    s.seq += 1
+    event["seq"] = s.seq
+    _record(s, event)
+    for payload in payloads:
+        s.seq += 1
+        payload["seq"] = s.seq
+        _record(s, payload)
+    if edge.dest in _TERMINAL:
+        s.seq += 1
+        _record(
+            s,
             {
-                "type": "observation",
-                "call_id": call.id,
-                "tool": call.name,
-                "result": safe,
-                "synthetic": synthetic,
-            }
+                "type": "run_end",
+                "seq": s.seq,
+                "status": s.status,
+                "reason": s.reason,
+                "detail": s.detail,
+                "answer": s.answer,
+                "counters": s.counters.as_dict(),
+            },
         )
-        return at
-
-    def _set_stop(self) -> None:
-        self.status, self.reason = self.state, self.taken.reason
-        self.detail = stop_detail(self)
 
 
-def _check_actions() -> None:
-    missing = [
-        t.action for t in TRANSITIONS if t.action and not callable(getattr(Run, t.action, None))
-    ]
-    if missing:
-        raise RuntimeError(f"run machine table names unknown actions: {missing}")
+def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
+    messages = s.messages
+    rows = [(i, messages[i]) for i in range(s.saved_messages, len(messages))]
+    rows += [(i, messages[i]) for i in s.rewritten if i < s.saved_messages]
+    s.rewritten.clear()
+    s.saved_messages = len(messages)
+    events = s.events[s.saved_events :]
+    s.saved_events = len(s.events)
+    return SaveCheckpoint(events, s.snapshot(), rows, s.config.header_fields() if header else None)
 
 
-_check_actions()
+def _flush(s: RunState) -> Steps:
+    """Emit the events written since the last emit (only for a run with a trace sink)."""
+    if s.config.emit and s.emitted < len(s.events):
+        events = s.events[s.emitted :]
+        s.emitted = len(s.events)
+        yield EmitEvents(events)
+
+
+# ── helpers ───────────────────────────────────────────────────────────────────────
+
+
+def _admit(s: RunState) -> None:
+    cfg = s.config
+    current = s.call if s.call.index >= 0 else None
+    facts = (
+        None
+        if current is None
+        else (current.effect, current.dedup, current.idempotency_key, current.args_digest)
+    )
+
+    def approval(call_id: str, args_digest: str) -> str | None:
+        """The approval this call consumes: one it already holds, a reviewer's approval
+        of this very call, or a configured one (using one of its uses)."""
+        got = s.approvals.get(call_id)
+        if got is None:
+            review = s.reviews.get(call_id) or {}
+            if review.get("action") == "approve" and review.get("digest") == args_digest:
+                got = f"review:{call_id}"
+            else:
+                got = cfg.approvals.take(args_digest)
+            if got is not None:
+                s.approvals[call_id] = got
+        return got
+
+    admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    if current is not None and facts is not None and facts[0] is not None:
+        # A restored call keeps the facts it was checkpointed with (R11).
+        current.effect, current.dedup, current.idempotency_key, current.args_digest = facts
+
+
+def _intent(s: RunState, call: Any) -> IdempotencyRecord:
+    return IdempotencyRecord(
+        call.name,
+        call.idempotency_key,
+        call.args_digest,
+        "pending",
+        s.run_id,
+        call.id,
+        effect=call.effect or "write",
+        dedup=call.dedup,
+    )
+
+
+def _timeout(s: RunState, tool_timeout: float | None) -> float | None:
+    limit = s.config.budget.max_wall_clock_s
+    if limit is None:
+        return tool_timeout
+    left = max(limit - (s.now - s.started), 0.0)
+    return left if tool_timeout is None else min(tool_timeout, left)
+
+
+def _describe_error(exc: BaseException) -> str:
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ raises
+        text = f"{type(exc).__name__}: <unprintable>"
+    return clean_text(text)
+
+
+def _recorded_reply(reply: Any) -> Any:
+    """The reply as the trace records it: a JSON-safe copy (R12), so a model that reuses
+    or mutates the dict it returned cannot change what was recorded."""
+    text, _, _ = dumps_safe(reply)
+    return json.loads(text)
+
+
+def _count_usage(s: RunState, usage: Any) -> None:
+    """Add a reply's usage. A reply without a usable token count (or cost) marks the run
+    ``tokens_unknown`` (``cost_unknown``); the budget guards count that as over a set
+    limit, because an unmetered reply is never free (R9)."""
+    c = s.counters
+    if not isinstance(usage, dict):
+        s.tokens_unknown = s.cost_unknown = True
+        return
+    inp = _whole(usage, "input_tokens", "prompt_tokens")
+    out = _whole(usage, "output_tokens", "completion_tokens")
+    total = _whole(usage, "total_tokens")
+    if inp is None and out is None and total is None:
+        s.tokens_unknown = True
+    else:
+        c.input_tokens += inp or 0
+        c.output_tokens += out or 0
+        c.tokens += total if total is not None else (inp or 0) + (out or 0)
+    cost = usage.get("cost")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 <= cost < 1e12:
+        c.cost += float(cost)
+    else:
+        s.cost_unknown = True
+
+
+def _whole(usage: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**15:
+            return value
+    return None

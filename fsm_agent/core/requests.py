@@ -1,44 +1,182 @@
-"""What the run loop asks its driver to do, and what a tool call came back with.
+"""What the loop asks its driver to do, and what comes back.
 
-``Run.steps()`` yields one of the requests; ``Runtime.run()`` answers it synchronously,
-``Runtime.arun()`` asynchronously.
+The loop (``core/loop.py``) is a generator: it yields one of these requests for every
+effect it needs and is sent the answer. Nothing else in ``core/`` does I/O, reads a clock
+or touches a store. The drivers (``runtime/drivers.py``) perform them synchronously or
+asynchronously; a test can perform them by hand (``tests/core/``).
+
+==================  =====================================  ================================
+request             the driver                             sends back
+==================  =====================================  ================================
+``AskModel``        calls the model                        the reply, or the exception
+``CallTool``        calls the tool (with its timeout)      a :class:`ToolOutcome`
+``Sleep``           waits                                  ``None``
+``ReadClock``       reads the run's clock                  seconds (float)
+``EmitEvents``      writes events to the trace sink        ``None``
+``SaveCheckpoint``  stores events + checkpoint (one txn)   ``None``
+``BeginIntent``     compare-and-set of a write's intent    an :class:`IntentClaim`
+``CommitIntent``    stores the write's result              ``None``
+``AbortIntent``     forgets an intent of this call         ``None``
+``LoadIntent``      reads an idempotency record            the record or ``None``
+==================  =====================================  ================================
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from fsm_agent.core.decision import PreparedCall
+if TYPE_CHECKING:
+    from fsm_agent.core.decision import PreparedCall
 
-__all__ = ["ModelRequest", "Request", "SleepRequest", "ToolOutcome", "ToolRequest"]
+__all__ = [
+    "READ_CLOCK",
+    "AbortIntent",
+    "AskModel",
+    "BeginIntent",
+    "CallTool",
+    "CommitIntent",
+    "EmitEvents",
+    "IdempotencyRecord",
+    "IntentClaim",
+    "LoadIntent",
+    "OutcomeKind",
+    "ReadClock",
+    "Request",
+    "SaveCheckpoint",
+    "Sleep",
+    "ToolOutcome",
+]
+
+OutcomeKind = Literal["ok", "rejected", "transient", "timeout", "error", "not_started"]
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolOutcome:
-    """What happened when a tool ran: ``ok`` | ``rejected`` | ``transient`` | ``timeout``
-    | ``error``."""
+    """What happened when a tool was called: ``ok`` | ``rejected`` | ``transient`` |
+    ``timeout`` | ``error`` | ``not_started`` (cancelled before it began: nothing ran)."""
 
-    kind: str
+    kind: OutcomeKind
     value: Any = None
     error: str = ""
 
 
-@dataclass
-class ModelRequest:
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """A write's intent (``pending``) or result (``committed``) under its idempotency key.
+
+    ``run_id``/``call_id`` own it. ``effect`` and ``dedup`` are the registrar's facts at
+    the time the intent was written, so a resume decides from the record, never from
+    whatever the registry holds then (R11).
+    """
+
+    tool: str
+    key: str
+    args_digest: str
+    status: Literal["pending", "committed"]
+    run_id: str
+    call_id: str
+    result: Any = None
+    effect: str = "write"
+    dedup: bool = False
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        return (self.run_id, self.call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class IntentClaim:
+    """The answer to :class:`BeginIntent`. ``owned``: the store now holds a pending
+    intent owned by this (run, call) — new, already ours, or taken over for a
+    deduplicating tool. ``found``: the record that was there before (``None`` if none)."""
+
+    owned: bool
+    found: IdempotencyRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class AskModel:
     messages: list[dict[str, Any]]
     tool_specs: list[dict[str, Any]]
 
 
-@dataclass
-class ToolRequest:
+@dataclass(frozen=True, slots=True)
+class CallTool:
     call: PreparedCall
+    arguments: dict[str, Any]  # a fresh deep copy per attempt (a tool may mutate it)
     timeout_s: float | None
 
 
-@dataclass
-class SleepRequest:
+@dataclass(frozen=True, slots=True)
+class Sleep:
     seconds: float
 
 
-Request = ModelRequest | ToolRequest | SleepRequest
+@dataclass(frozen=True, slots=True)
+class ReadClock:
+    pass
+
+
+#: The one ``ReadClock`` request (it carries nothing).
+READ_CLOCK = ReadClock()
+
+
+@dataclass(frozen=True, slots=True)
+class EmitEvents:
+    events: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class SaveCheckpoint:
+    """Store ``events`` (appended) and the checkpoint after them, in one transaction.
+
+    ``header`` is set on the run's first save (the store creates the run then).
+    ``messages`` are ``(index, message)`` history rows to insert or replace.
+    """
+
+    events: list[dict[str, Any]]
+    snapshot: dict[str, Any]
+    messages: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    header: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BeginIntent:
+    record: IdempotencyRecord  # status "pending", owned by this (run, call)
+    take_over: bool  # a deduplicating tool may take over another owner's pending intent
+
+
+@dataclass(frozen=True, slots=True)
+class CommitIntent:
+    tool: str
+    key: str
+    owner: tuple[str, str]
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class AbortIntent:
+    tool: str
+    key: str
+    owner: tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadIntent:
+    tool: str
+    key: str
+
+
+Request = (
+    AskModel
+    | CallTool
+    | Sleep
+    | ReadClock
+    | EmitEvents
+    | SaveCheckpoint
+    | BeginIntent
+    | CommitIntent
+    | AbortIntent
+    | LoadIntent
+)

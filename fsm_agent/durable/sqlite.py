@@ -1,36 +1,50 @@
-"""A durable :class:`~fsm_agent.store.Store` in one SQLite file (stdlib ``sqlite3``).
+"""A durable :class:`~fsm_agent.durable.store.RunStore` in one SQLite file (stdlib ``sqlite3``).
 
 WAL journal with ``synchronous=NORMAL``: a committed transaction survives the process
 being killed (SIGKILL included); after a power loss the last few commits may be lost,
 but the file stays consistent. Every checkpoint is one short ``BEGIN IMMEDIATE``
-transaction that appends the new events and messages and replaces one small context row,
-so its cost does not grow with the length of the run.
+transaction that appends the new events and history rows and replaces one small row, so
+its cost does not grow with the length of the run. Beginning a write's intent is its own
+``BEGIN IMMEDIATE`` compare-and-set, so two runs, two store objects or two processes on
+one file never both own one key (R11).
+
+Every stored row carries a CRC-32 of its body, checked on read: a damaged row is a
+:class:`~fsm_agent.errors.CorruptRecord`, never data read back silently changed (the
+checkpoint also carries its own SHA-256). Every failure is a
+:class:`~fsm_agent.errors.StoreError` that names the file and the cause.
 
 The schema version lives in ``PRAGMA user_version`` and is migrated on open; a file
 written by a newer fsm-agent is refused rather than guessed at. ``PRAGMA application_id``
-marks the file as ours, so another program's database is never written into.
+marks the file as ours: another program's database, or an existing empty file, is never
+written into. ``readonly=True`` opens without writing anything (the CLI's read commands).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.durable.store import (
-    Checkpoint,
-    IdempotencyRecord,
-    RunSummary,
-    StoredRun,
-    claim_is_stale,
+from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
+from fsm_agent.core.state import SaveMode
+from fsm_agent.durable import owners
+from fsm_agent.durable.store import Checkpoint, RunSummary, StoredRun
+from fsm_agent.errors import (
+    CorruptRecord,
+    IntentConflict,
+    RunBusy,
+    RunExists,
+    RunNotFound,
+    StoreError,
 )
-from fsm_agent.errors import IntentConflict, RunBusy, RunExists, RunNotFound, StoreError
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 
@@ -56,26 +70,12 @@ _MIGRATIONS: tuple[str, ...] = (
         created     REAL NOT NULL,
         updated     REAL NOT NULL
     );
-    CREATE TABLE headers (
-        num  INTEGER PRIMARY KEY,
-        body TEXT NOT NULL
-    );
-    CREATE TABLE events (
-        key  INTEGER PRIMARY KEY,
-        type TEXT NOT NULL,
-        body TEXT NOT NULL
-    );
-    CREATE TABLE messages (
-        key  INTEGER PRIMARY KEY,
-        body TEXT NOT NULL
-    );
+    CREATE TABLE headers (num INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TABLE events (key INTEGER PRIMARY KEY, type TEXT NOT NULL, body TEXT NOT NULL);
+    CREATE TABLE messages (key INTEGER PRIMARY KEY, body TEXT NOT NULL);
     CREATE TABLE approvals (
-        num     INTEGER NOT NULL,
-        call_id TEXT NOT NULL,
-        tool    TEXT NOT NULL,
-        digest  TEXT NOT NULL,
-        granted REAL NOT NULL,
-        PRIMARY KEY (num, call_id)
+        num INTEGER NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL,
+        digest TEXT NOT NULL, granted REAL NOT NULL, PRIMARY KEY (num, call_id)
     );
     CREATE TABLE idempotency (
         tool        TEXT NOT NULL,
@@ -89,6 +89,18 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (tool, key)
     ) WITHOUT ROWID;
     """,
+    # 2: row checksums (NULL on rows written by version 1: read unverified), the tool's
+    # effect facts on intents, and no separate approvals (they live in the checkpoint).
+    """
+    ALTER TABLE runs ADD COLUMN sum INTEGER;
+    ALTER TABLE headers ADD COLUMN sum INTEGER;
+    ALTER TABLE events ADD COLUMN sum INTEGER;
+    ALTER TABLE messages ADD COLUMN sum INTEGER;
+    ALTER TABLE idempotency ADD COLUMN effect TEXT NOT NULL DEFAULT 'write';
+    ALTER TABLE idempotency ADD COLUMN dedup INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE idempotency ADD COLUMN sum INTEGER;
+    DROP TABLE approvals;
+    """,
 )
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
@@ -98,19 +110,27 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=repr)
+    # Everything the engine stores is JSON-safe already (core/jsonsafe.py); a value that
+    # is not is a bug to surface, not to paper over with repr().
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _sum(text: str | None) -> int | None:
+    return None if text is None else zlib.crc32(text.encode("utf-8"))
 
 
 class SqliteStore:
-    """Runs, events, checkpoints, approvals and idempotency records in one SQLite file.
+    """Runs, events, checkpoints and idempotency records in one SQLite file.
 
-    ``timeout`` is how long to wait for another process's lock before failing with a
-    :class:`StoreError`; ``lease_s`` is how long a claim by a process on another host
-    holds without a checkpoint (on this host a claim holds exactly while its process
-    lives). ``create=False`` refuses to create a missing file (the CLI uses it).
+    ``timeout``: how long to wait for another process's lock before a ``StoreError``.
+    ``lease_s``: how long a claim by an owner this host cannot ask (another host, another
+    boot) holds without a heartbeat. ``create=False`` refuses a missing file;
+    ``readonly=True`` never writes (no schema, no migration, no claim).
     """
 
-    checkpoint_every_transition = True
+    blocking = True
+    keeps_runs = True
+    save_mode: SaveMode = "replies"
 
     def __init__(
         self,
@@ -119,18 +139,25 @@ class SqliteStore:
         timeout: float = 5.0,
         lease_s: float = 300.0,
         create: bool = True,
+        readonly: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.timeout = timeout
-        self.lease_s = lease_s
+        self.timeout, self.lease_s, self.readonly = timeout, lease_s, readonly
         self._lock = threading.RLock()
-        if not create and not self.path.exists():
-            raise StoreError(f"{self.path}: no such database")
         if self.path.is_dir():
             raise StoreError(f"{self.path}: is a directory, not a database file")
+        exists = self.path.exists()
+        if not exists and (readonly or not create):
+            raise StoreError(f"{self.path}: no such database")
+        if exists and self.path.stat().st_size == 0:
+            raise StoreError(
+                f"{self.path}: an empty file, not an fsm-agent database (remove "
+                "it to let fsm-agent create one there)"
+            )
         try:
+            target = f"{self.path.resolve().as_uri()}?mode=ro" if readonly else str(self.path)
             self._conn = sqlite3.connect(
-                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+                target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=readonly
             )
         except sqlite3.Error as exc:
             raise self._error(exc) from None
@@ -154,7 +181,7 @@ class SqliteStore:
                 raise StoreError(
                     f"{self.path}: not an fsm-agent database (application_id {app_id:#x})"
                 )
-            if app_id == 0 and version == 0:
+            if app_id == 0:
                 tables = self._conn.execute(
                     "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
                 ).fetchone()[0]
@@ -162,17 +189,23 @@ class SqliteStore:
                     raise StoreError(
                         f"{self.path}: not an fsm-agent database (it holds {tables} other tables)"
                     )
+            if self.readonly:
+                if version < SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path}: schema version {version} needs migrating "
+                        "to this fsm-agent's; open it writable once"
+                    )
+                return
             # WAL lets readers (the CLI) work while a run writes; NORMAL syncs at
             # checkpoints of the WAL, not at every commit (crash-safe, not power-safe).
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA foreign_keys=OFF")
             if version < SCHEMA_VERSION:
-                self._migrate(version)
+                self._migrate()
         except sqlite3.Error as exc:
             raise self._error(exc) from None
 
-    def _migrate(self, version: int) -> None:
+    def _migrate(self) -> None:
         with self._write() as c:
             # Re-read under the write lock: another process may have migrated meanwhile.
             current = c.execute("PRAGMA user_version").fetchone()[0]
@@ -195,25 +228,32 @@ class SqliteStore:
 
     # ── transactions and errors ───────────────────────────────────────────────────
 
-    def _error(self, exc: sqlite3.Error) -> StoreError:
+    def _error(self, exc: BaseException) -> StoreError:
         text = str(exc)
-        if "locked" in text or "busy" in text:
+        lowered = text.lower()
+        if "locked" in lowered or "busy" in lowered:
             return StoreError(
                 f"{self.path}: database is locked by another process (waited {self.timeout:g}s)"
             )
-        if (
-            "not a database" in text
-            or "malformed" in text
-            or (isinstance(exc, sqlite3.DatabaseError) and "corrupt" in text)
-        ):
-            return StoreError(f"{self.path}: not an SQLite database or corrupt ({text})")
-        if "unable to open" in text:
+        if "full" in lowered:
+            return StoreError(
+                f"{self.path}: the disk is full ({text}); nothing of this transaction was stored"
+            )
+        if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
+            return CorruptRecord(f"{self.path}: not an SQLite database or corrupt ({text})")
+        if "unable to open" in lowered:
             return StoreError(f"{self.path}: cannot open the database file ({text})")
+        if "readonly" in lowered or "read-only" in lowered:
+            return StoreError(f"{self.path}: the database is read-only ({text})")
         return StoreError(f"{self.path}: {text}")
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: all of it is committed, or none."""
+        """One ``BEGIN IMMEDIATE`` transaction: all of it is committed, or none. A failure
+        is reported by its first cause (a ROLLBACK that fails after a full disk must not
+        hide why)."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only; this command does not write")
         with self._lock:
             c = self._conn
             try:
@@ -222,17 +262,19 @@ class SqliteStore:
                 raise self._error(exc) from None
             try:
                 yield c
-            except sqlite3.Error as exc:
-                c.execute("ROLLBACK")
-                raise self._error(exc) from None
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-            try:
                 c.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except BaseException as exc:
+                self._rollback(c)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._error(exc) from None
+                raise
+
+    @staticmethod
+    def _rollback(c: sqlite3.Connection) -> None:
+        if c.in_transaction:
+            # The transaction is gone either way; the first error is what counts.
+            with contextlib.suppress(sqlite3.Error):
                 c.execute("ROLLBACK")
-                raise self._error(exc) from None
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
@@ -241,74 +283,126 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
 
+    def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
+        if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
+            raise CorruptRecord(
+                f"{self.path}: {what} fails its checksum (the row was changed or damaged)"
+            )
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptRecord(f"{self.path}: {what} is not readable JSON ({exc})") from None
+
     # ── idempotency ───────────────────────────────────────────────────────────────
 
-    def get_idempotency(self, tool: str, key: str) -> IdempotencyRecord | None:
-        rows = self._read(
-            "SELECT args_digest, status, run_id, call_id, result FROM "
-            "idempotency WHERE tool = ? AND key = ?",
-            (tool, key),
-        )
-        if not rows:
-            return None
-        digest, status, run_id, call_id, result = rows[0]
-        return IdempotencyRecord(
-            tool,
-            key,
-            digest,
-            status,
-            run_id,
-            call_id,
-            None if result is None else json.loads(result),
-        )
+    _INTENT = (
+        "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum "
+        "FROM idempotency WHERE tool = ? AND key = ?"
+    )
 
-    def begin_idempotency(self, record: IdempotencyRecord) -> None:
-        current = self.get_idempotency(record.tool, record.key)
-        if (
-            current is not None
-            and current.status == "pending"
-            and (current.args_digest, current.owner) == (record.args_digest, record.owner)
-        ):
-            return  # stored with the checkpoint that started this attempt
-        with self._write() as c:
-            self._begin(c, record)
+    def _intent(self, c: sqlite3.Connection, tool: str, key: str) -> IdempotencyRecord | None:
+        row = c.execute(self._INTENT, (tool, key)).fetchone()
+        if row is None:
+            return None
+        digest, status, run_id, call_id, result, effect, dedup, stored_sum = row
+        where = f"the idempotency record of {tool!r} key {key!r}"
+        body = "|".join((digest, status, run_id, call_id, result or "", effect, str(dedup)))
+        if stored_sum is not None and _sum(body) != stored_sum:
+            raise CorruptRecord(
+                f"{self.path}: {where} fails its checksum (the row was changed or damaged)"
+            )
+        if status not in ("pending", "committed"):
+            raise CorruptRecord(f"{self.path}: {where} has status {status!r}")
+        value = None if result is None else self._loads(result, None, where)
+        return IdempotencyRecord(
+            tool, key, digest, status, run_id, call_id, value, effect, bool(dedup)
+        )
 
     @staticmethod
-    def _begin(c: sqlite3.Connection, record: IdempotencyRecord) -> None:
-        row = c.execute(
-            "SELECT status, args_digest FROM idempotency WHERE tool = ? AND key = ?",
-            (record.tool, record.key),
-        ).fetchone()
-        if row is not None and (row[0] == "committed" or row[1] != record.args_digest):
-            raise IntentConflict(f"idempotency key {record.key!r} of {record.tool!r} is taken")
-        c.execute(
-            "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, 'pending', ?, ?, NULL, ?)",
+    def _put_intent(c: sqlite3.Connection, r: IdempotencyRecord, result: str | None) -> None:
+        body = "|".join(
             (
-                record.tool,
-                record.key,
-                record.args_digest,
-                record.run_id,
-                record.call_id,
+                r.args_digest,
+                r.status,
+                r.run_id,
+                r.call_id,
+                result or "",
+                r.effect,
+                str(int(r.dedup)),
+            )
+        )
+        c.execute(
+            "INSERT OR REPLACE INTO idempotency (tool, key, args_digest, status, run_id, "
+            "call_id, result, updated, effect, dedup, sum) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                r.tool,
+                r.key,
+                r.args_digest,
+                r.status,
+                r.run_id,
+                r.call_id,
+                result,
                 time.time(),
+                r.effect,
+                int(r.dedup),
+                _sum(body),
             ),
         )
 
-    def commit_idempotency(self, tool: str, key: str, result: Any) -> None:
+    def begin_intent(self, record: IdempotencyRecord, *, take_over: bool = False) -> IntentClaim:
         with self._write() as c:
-            cur = c.execute(
-                "UPDATE idempotency SET status = 'committed', result = ?, "
-                "updated = ? WHERE tool = ? AND key = ?",
-                (_dumps(result), time.time(), tool, key),
-            )
-            if cur.rowcount != 1:
-                raise IntentConflict(f"no idempotency record for {tool!r} key {key!r}")
+            found = self._intent(c, record.tool, record.key)
+            if found is None or (
+                found.status == "pending"
+                and (
+                    found.owner == record.owner
+                    or (take_over and found.args_digest == record.args_digest)
+                )
+            ):
+                self._put_intent(c, record, None)
+                return IntentClaim(True, found)
+            return IntentClaim(False, found)
 
-    def abort_idempotency(self, tool: str, key: str) -> None:
+    def commit_intent(self, tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
+        text = _dumps(result)
+        with self._write() as c:
+            found = self._intent(c, tool, key)
+            if found is not None and found.status == "committed" and found.owner == owner:
+                return  # committed already
+            if found is None or found.status != "pending":
+                raise IntentConflict(
+                    f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
+                )
+            done = IdempotencyRecord(
+                tool,
+                key,
+                found.args_digest,
+                "committed",
+                found.run_id,
+                found.call_id,
+                None,
+                found.effect,
+                found.dedup,
+            )
+            self._put_intent(c, done, text)
+
+    def abort_intent(self, tool: str, key: str, owner: tuple[str, str]) -> None:
         with self._write() as c:
             c.execute(
-                "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = 'pending'",
-                (tool, key),
+                "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
+                "'pending' AND run_id = ? AND call_id = ?",
+                (tool, key, *owner),
             )
+
+    def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
+        with self._lock:
+            try:
+                return self._intent(self._conn, tool, key)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+
+    #: The 0.1 name of :meth:`get_intent`.
+    get_idempotency = get_intent
 
     # ── runs ──────────────────────────────────────────────────────────────────────
 
@@ -321,87 +415,77 @@ class SqliteStore:
         checkpoint: Checkpoint,
     ) -> None:
         now = time.time()
+        header_text, snapshot = _dumps(header), _dumps(checkpoint.snapshot)
         with self._write() as c:
             if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 raise RunExists(f"run id {run_id!r} is already stored in {self.path}")
-            ctx = checkpoint.ctx
+            state, reason, pending = _columns(checkpoint.snapshot)
             # The header is written once, apart: the runs row stays small because every
             # checkpoint rewrites it.
             num = c.execute(
                 "INSERT INTO runs (run_id, state, reason, pending, ctx, owner, lease_until, "
-                "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created, updated, sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
-                    ctx.get("state", ""),
-                    ctx.get("reason") or "",
-                    len(ctx.get("placeholders") or ()),
-                    _dumps(ctx),
+                    state,
+                    reason,
+                    pending,
+                    snapshot,
                     owner,
                     now + self.lease_s,
                     now,
                     now,
+                    _sum(snapshot),
                 ),
             ).lastrowid
             assert num is not None
-            c.execute("INSERT INTO headers VALUES (?, ?)", (num, _dumps(header)))
+            c.execute("INSERT INTO headers VALUES (?, ?, ?)", (num, header_text, _sum(header_text)))
             self._append(c, num, events, checkpoint)
 
     def save(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
-        ctx = checkpoint.ctx
+        snapshot = _dumps(checkpoint.snapshot)
+        state, reason, pending = _columns(checkpoint.snapshot)
         now = time.time()
         with self._write() as c:
-            num = self._num(c, run_id)
+            # The fence: only the owner that holds the claim commits anything.
             cur = c.execute(
-                "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, updated = ?, "
-                "lease_until = ? WHERE num = ? AND owner = ?",
+                "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
+                "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
                 (
-                    ctx.get("state", ""),
-                    ctx.get("reason") or "",
-                    len(ctx.get("placeholders") or ()),
-                    _dumps(ctx),
+                    state,
+                    reason,
+                    pending,
+                    snapshot,
+                    _sum(snapshot),
                     now,
                     now + self.lease_s,
-                    num,
+                    run_id,
                     owner,
                 ),
             )
-            if cur.rowcount != 1:
+            row = cur.fetchone()
+            if row is None:
                 self._not_owner(c, run_id)
-            self._append(c, num, events, checkpoint)
+            self._append(c, int(row[0]), events, checkpoint)
 
-    def _num(self, c: sqlite3.Connection, run_id: str) -> int:
-        row = c.execute("SELECT num FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None:
-            raise RunNotFound(f"no run {run_id!r} in {self.path}")
-        return int(row[0])
-
-    @classmethod
+    @staticmethod
     def _append(
-        cls, c: sqlite3.Connection, num: int, events: list[dict[str, Any]], checkpoint: Checkpoint
+        c: sqlite3.Connection, num: int, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
-        for record in checkpoint.intents:
-            cls._begin(c, record)
         base = num << _SHIFT
         if events:
-            c.executemany(
-                "INSERT INTO events VALUES (?, ?, ?)",
-                [(base + e["seq"], e["type"], _dumps(e)) for e in events],
-            )
+            rows = []
+            for e in events:
+                text = _dumps(e)
+                rows.append((base + e["seq"], e["type"], text, _sum(text)))
+            c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
         if checkpoint.messages:
+            texts = [(base + i, _dumps(m)) for i, m in checkpoint.messages]
             c.executemany(
-                "INSERT OR REPLACE INTO messages VALUES (?, ?)",
-                [(base + i, _dumps(m)) for i, m in checkpoint.messages],
-            )
-        if checkpoint.approvals:
-            now = time.time()
-            c.executemany(
-                "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?)",
-                [
-                    (num, call_id, tool, digest, now)
-                    for call_id, tool, digest in checkpoint.approvals
-                ],
+                "INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
+                [(k, t, _sum(t)) for k, t in texts],
             )
 
     def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
@@ -409,37 +493,33 @@ class SqliteStore:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in {self.path}")
         raise RunBusy(
-            f"run {run_id!r} was taken over by {row[0] or 'nobody'}; this process "
-            "stopped driving it"
+            f"run {run_id!r} was taken over by {row[0] or 'nobody'}; this driver stopped driving it"
         )
 
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
             rows = self._read(
-                "SELECT r.num, h.body, r.ctx FROM runs r JOIN headers h "
-                "USING (num) WHERE r.run_id = ?",
+                "SELECT r.num, h.body, h.sum, r.ctx, r.sum FROM runs r JOIN "
+                "headers h USING (num) WHERE r.run_id = ?",
                 (run_id,),
             )
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
-            num, header, ctx = rows[0]
+            num, header, header_sum, snapshot, snapshot_sum = rows[0]
             span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
             messages = self._read(
-                "SELECT body FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
+                "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
             )
             events = self._read(
-                "SELECT body FROM events WHERE key BETWEEN ? AND ? ORDER BY key", span
+                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key", span
             )
-            approvals = self._read(
-                "SELECT call_id, tool, digest FROM approvals WHERE num = ? ORDER BY granted", (num,)
-            )
+        where = f"run {run_id!r}"
         return StoredRun(
             run_id,
-            json.loads(header),
-            json.loads(ctx),
-            [json.loads(m) for (m,) in messages],
-            [json.loads(e) for (e,) in events],
-            [(a, b, d) for a, b, d in approvals],
+            self._loads(header, header_sum, f"the header of {where}"),
+            self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
+            [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
+            [self._loads(b, s, f"event {k - span[0]} of {where}") for k, b, s in events],
         )
 
     def list_runs(self, state: str | None = None) -> list[RunSummary]:
@@ -459,7 +539,7 @@ class SqliteStore:
             if row is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
             holder, until = row
-            if holder not in (None, owner) and not claim_is_stale(holder, until, now):
+            if holder not in (None, owner) and owners.is_live(holder, until, now):
                 raise RunBusy(
                     f"run {run_id!r} is being driven by {holder}; try again when it stops"
                 )
@@ -468,8 +548,58 @@ class SqliteStore:
                 (owner, now + self.lease_s, run_id),
             )
 
+    def renew(self, run_id: str, owner: str) -> None:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
+                (time.time() + self.lease_s, run_id, owner),
+            )
+            if cur.rowcount != 1:
+                self._not_owner(c, run_id)
+
     def release(self, run_id: str, owner: str) -> None:
         with self._write() as c:
             c.execute(
                 "UPDATE runs SET owner = NULL WHERE run_id = ? AND owner = ?", (run_id, owner)
             )
+
+    # ── retention ─────────────────────────────────────────────────────────────────
+
+    def prune(self, older_than_s: float, *, intents: bool = True) -> tuple[int, int]:
+        """Delete runs that ended (any terminal state but ``review_required``) more than
+        ``older_than_s`` seconds ago and are not being driven, with their events and
+        history; with ``intents``, also committed idempotency records that old (a request
+        that old runs again instead of replaying). A run waiting for review and a pending
+        intent are never pruned. Returns ``(runs, intents)`` deleted."""
+        cutoff = time.time() - older_than_s
+        with self._write() as c:
+            nums = [
+                n
+                for (n,) in c.execute(
+                    "SELECT num FROM runs WHERE updated < ? AND owner IS NULL AND state IN "
+                    "('done', 'budget_exhausted', 'protocol_error', 'cancelled')",
+                    (cutoff,),
+                )
+            ]
+            for num in nums:
+                span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
+                c.execute("DELETE FROM events WHERE key BETWEEN ? AND ?", span)
+                c.execute("DELETE FROM messages WHERE key BETWEEN ? AND ?", span)
+                c.execute("DELETE FROM headers WHERE num = ?", (num,))
+                c.execute("DELETE FROM runs WHERE num = ?", (num,))
+            dropped = 0
+            if intents:
+                dropped = c.execute(
+                    "DELETE FROM idempotency WHERE status = 'committed' AND updated < ?", (cutoff,)
+                ).rowcount
+        return len(nums), dropped
+
+
+def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
+    body = snapshot.get("body") if isinstance(snapshot, dict) else None
+    body = body if isinstance(body, dict) else {}
+    return (
+        str(body.get("state", "")),
+        str(body.get("reason") or ""),
+        len(body.get("placeholders") or {}),
+    )

@@ -48,7 +48,7 @@ class Replay:
         self.path = str(path)
         self.events = events if events is not None else load_trace(path)
         self.steps: list[Step] = []
-        state = INITIAL_STATE
+        state: str = INITIAL_STATE
         for i, event in enumerate(self.events):
             taken = None
             if event.get("type") == "transition":
@@ -80,7 +80,7 @@ class Replay:
         n = len(self.steps) - 1 if n is None else n
         current = self.step(n)
         counts: Counter[int] = Counter()
-        visited = {INITIAL_STATE}
+        visited: set[str] = {INITIAL_STATE}
         last: int | None = None
         for step in self.steps[: n + 1]:
             if step.transition is not None:
@@ -193,7 +193,7 @@ def _wrap(line: str, width: int | None) -> list[str]:
 def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:
     """One heat map of edge counts over many traces."""
     counts: Counter[int] = Counter()
-    visited = {INITIAL_STATE}
+    visited: set[str] = {INITIAL_STATE}
     runs = 0
     for replay in replays:
         runs += 1

@@ -1,37 +1,41 @@
-"""The runtime: the I/O shell around the machine.
+"""``Runtime``: the public facade. It checks the caller's configuration once, builds each
+run's :class:`~fsm_agent.core.state.RunState`, and hands the loop to a driver.
 
-It asks the model, calls tools, sleeps between retries and reads the clock; the run
-(``run.py``) decides everything else through the machine. ``run()`` and ``arun()`` drive
-the same generator, so both obey every rule identically.
+``run()``/``resume()`` use the sync driver, ``arun()``/``aresume()`` the async one; both
+drive the same generator (``core/loop.py``), so they obey every rule identically.
+Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
+(``durable/review.py``) and the run is then resumed.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import inspect
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from fsm_agent.core.approvals import Approval
+from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.history import check_history
-from fsm_agent.core.loop import Run
-from fsm_agent.core.requests import ModelRequest, Request, SleepRequest, ToolOutcome, ToolRequest
-from fsm_agent.durable import journal as durable
-from fsm_agent.durable import review
-from fsm_agent.durable.store import MemoryStore, Store
-from fsm_agent.errors import ConfigError, ToolRejected, TransientToolError
-from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.core.jsonsafe import make_safe
+from fsm_agent.core.loop import start, steps
+from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.durable import owners, review
+from fsm_agent.durable.memory import MemoryStore
+from fsm_agent.durable.resume import Heartbeat, restore_run
+from fsm_agent.durable.store import Store, supports_runs
+from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.runtime.drivers import AsyncDriver, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.result import RunResult
+from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace.io import JsonlTrace, Redactor, TraceSink
 
 __all__ = ["Model", "Runtime"]
 
-Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
 Policy = Literal["default", "strict"]
 TraceArg = str | os.PathLike[str] | TraceSink | None
 
@@ -43,12 +47,14 @@ def _is_async_callable(fn: Any) -> bool:
 
 
 class Runtime:
-    """Runs agent loops under the rules of SPEC §2. Configuration errors raise ValueError.
+    """Runs agent loops under the rules of SPEC §2. Configuration errors raise
+    :class:`~fsm_agent.errors.ConfigError` (a ``ValueError``) at construction.
 
     ``allowed_tools`` is the trusted caller's allow-list: nothing a model writes widens it.
-    ``approvals`` bind a write tool to exact arguments. ``store`` keeps idempotency
-    records across runs (a fresh :class:`MemoryStore` per runtime by default). ``trace_dir``
-    writes one ``<run_id>.jsonl`` per run; ``redact`` rewrites each event before it leaves.
+    ``approvals`` bind a write tool to exact arguments (``core/approvals.py`` says what
+    each covers). ``store`` keeps idempotency records and runs (a fresh
+    :class:`MemoryStore` per runtime by default). ``trace_dir`` writes one
+    ``<run_id>.jsonl`` per run; ``redact`` rewrites each event before it leaves the loop.
     ``clock`` and ``sleep`` exist so tests can run backoffs and deadlines without waiting.
     """
 
@@ -56,7 +62,7 @@ class Runtime:
         self,
         *,
         model: Model,
-        tools: Any,
+        tools: ToolRegistry,
         allowed_tools: Iterable[str],
         budget: Budget | None = None,
         retry: RetryPolicy | None = None,
@@ -67,36 +73,16 @@ class Runtime:
         redact: Redactor | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
+        tool_threads: int = 16,
     ) -> None:
-        from fsm_agent.tools.registry import ToolRegistry
-
-        if not callable(model):
-            raise ConfigError(f"model must be callable as (messages, tool_specs), got {model!r}")
-        if not isinstance(tools, ToolRegistry):
-            raise ConfigError("tools must be a ToolRegistry")
-        if isinstance(allowed_tools, str):
-            raise ConfigError("allowed_tools must be a collection of tool names, not one string")
+        self._check(model, tools, allowed_tools, budget, retry, policy, redact)
         allowed = frozenset(allowed_tools)
-        unknown = sorted(allowed - set(tools.names()))
-        if unknown:
-            raise ConfigError(
-                f"allowed_tools names unregistered tools: {', '.join(unknown)} "
-                f"(registered: {', '.join(tools.names()) or 'none'})"
-            )
         approvals = tuple(approvals)
         for a in approvals:
             if not isinstance(a, Approval):
                 raise ConfigError(f"approvals must be Approval objects, got {a!r}")
             if a.tool not in tools:
                 raise ConfigError(f"approval for unregistered tool {a.tool!r}")
-        if policy not in ("default", "strict"):
-            raise ConfigError(f"policy must be 'default' or 'strict', got {policy!r}")
-        if budget is not None and not isinstance(budget, Budget):
-            raise ConfigError(f"budget must be a Budget, got {budget!r}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ConfigError(f"retry must be a RetryPolicy, got {retry!r}")
-        if redact is not None and not callable(redact):
-            raise ConfigError("redact must be a function of one event")
         self.model = model
         self.tools = tools
         self.allowed_tools = allowed
@@ -109,9 +95,49 @@ class Runtime:
         self.redact = redact
         self.clock = clock
         self.sleep = sleep
-        self._approved = frozenset(a.digest for a in approvals)
-        self._specs = [t.spec() for t in tools if t.name in allowed]
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._book = ApprovalBook(approvals)
+        self._threads = ToolThreads(tool_threads)
+        self._tool_facts = {
+            t.name: {
+                "effect": t.effect,
+                "requires_approval": t.requires_approval,
+                "idempotent": t.idempotency_key is not None,
+                "dedup": t.dedup,
+                "timeout_s": t.timeout_s,
+            }
+            for t in tools
+        }
+
+    @staticmethod
+    def _check(
+        model: Any,
+        tools: Any,
+        allowed_tools: Any,
+        budget: Any,
+        retry: Any,
+        policy: Any,
+        redact: Any,
+    ) -> None:
+        if not callable(model):
+            raise ConfigError(f"model must be callable as (messages, tool_specs), got {model!r}")
+        if not isinstance(tools, ToolRegistry):
+            raise ConfigError("tools must be a ToolRegistry")
+        if isinstance(allowed_tools, str):
+            raise ConfigError("allowed_tools must be a collection of tool names, not one string")
+        unknown = sorted(frozenset(allowed_tools) - set(tools.names()))
+        if unknown:
+            raise ConfigError(
+                f"allowed_tools names unregistered tools: {', '.join(unknown)} "
+                f"(registered: {', '.join(tools.names()) or 'none'})"
+            )
+        if policy not in ("default", "strict"):
+            raise ConfigError(f"policy must be 'default' or 'strict', got {policy!r}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise ConfigError(f"budget must be a Budget, got {budget!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"retry must be a RetryPolicy, got {retry!r}")
+        if redact is not None and not callable(redact):
+            raise ConfigError("redact must be a function of one event")
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -126,15 +152,11 @@ class Runtime:
         """Run to a terminal state synchronously. Bad model output never raises.
 
         ``model`` replaces the runtime's model for this run only (same tools, store and
-        policy); ``trace`` is a path or a sink for this run's events.
+        policy); ``trace`` is a new file path (one file holds one run) or a sink.
         """
-        model = self._model_for(model)
-        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
-        if _is_async_callable(model) or blocking:
-            what = f"async tools {blocking}" if blocking else "an async model"
-            raise ConfigError(f"run() cannot drive {what}; use 'await runtime.arun(...)'")
-        run, sink = self._new_run(task, run_id, trace)
-        return self._drive(run, run.steps(), model, sink)
+        model = self._sync_model(model, "run")
+        state, sink = self._new_run(task, run_id, trace)
+        return self._drive(state, model, sink, resumed=False)
 
     async def arun(
         self,
@@ -146,10 +168,10 @@ class Runtime:
     ) -> RunResult:
         """Run to a terminal state; sync or async models and tools both work."""
         model = self._model_for(model)
-        run, sink = self._new_run(task, run_id, trace)
-        return await self._adrive(run, run.steps(), model, sink)
+        state, sink = self._new_run(task, run_id, trace)
+        return await self._adrive(state, model, sink, resumed=False)
 
-    # ── durable runs: resume and review (SPEC §5; the logic lives in durable.py) ──
+    # ── durable runs: resume and review (SPEC §5) ─────────────────────────────────
 
     def resume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """Continue a stored run from its last checkpoint with this runtime's model and
@@ -158,49 +180,40 @@ class Runtime:
         A write that was running when the process died is never run again: the run stops
         in ``review_required/outcome_unknown``. A terminal run, or one still waiting for
         a reviewer, is returned as stored. Raises ``RunNotFound``, ``RunBusy`` (another
-        live process drives it) or ``StoreError``, changing nothing in the store.
+        live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
-        model = self._sync_model(model)
-        run, journal = durable.prepare_resume(self, run_id)
-        return self._drive(run, durable.steps(run), model, journal)
+        model = self._sync_model(model, "resume")
+        state, owner = self._restore(run_id)
+        return self._drive(state, model, None, resumed=True, owner=owner)
 
     async def aresume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """:meth:`resume` for async models and tools."""
         model = self._model_for(model)
-        run, journal = durable.prepare_resume(self, run_id)
-        return await self._adrive(run, durable.steps(run), model, journal)
+        state, owner = self._restore(run_id)
+        return await self._adrive(state, model, None, resumed=True, owner=owner)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
-        """Approve a paused call for its exact arguments, then :meth:`resume`.
-        (Async runtimes: ``review.record_review(...)``, then ``await aresume(...)``.)"""
-        self._sync_model(None)
+        """Approve a paused call (that call, once, for its exact arguments), then
+        :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
+        ``await aresume(...)``.)"""
+        self._sync_model(None, "resume")
         review.record_review(self.store, run_id, call_id, "approve")
         return self.resume(run_id)
 
     def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
-        self._sync_model(None)
+        self._sync_model(None, "resume")
         review.record_review(self.store, run_id, call_id, "deny", reason=reason)
         return self.resume(run_id)
 
     def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists), then :meth:`resume`; the write is not run again."""
-        self._sync_model(None)
+        self._sync_model(None, "resume")
         review.record_review(self.store, run_id, call_id, "reconcile", result=result)
         return self.resume(run_id)
 
-    def _sync_model(self, model: Model | None) -> Model:
-        """The model for a synchronous resume; refuses what only ``aresume`` can drive
-        before anything is recorded."""
-        model = self._model_for(model)
-        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
-        if _is_async_callable(model) or blocking:
-            what = f"async tools {blocking}" if blocking else "an async model"
-            raise ConfigError(f"resume() cannot drive {what}; use 'await runtime.aresume(...)'")
-        return model
-
-    # ── set-up and results ────────────────────────────────────────────────────────
+    # ── set-up ────────────────────────────────────────────────────────────────────
 
     def _model_for(self, model: Model | None) -> Model:
         if model is None:
@@ -209,246 +222,171 @@ class Runtime:
             raise ConfigError(f"model must be callable as (messages, tool_specs), got {model!r}")
         return model
 
+    def _sync_model(self, model: Model | None, what: str) -> Model:
+        """The model for a synchronous drive; refuses what only the async methods can
+        drive, before anything is recorded."""
+        model = self._model_for(model)
+        blocking = [t.name for t in self.tools if t.name in self.allowed_tools and t.is_async]
+        if _is_async_callable(model) or blocking:
+            which = f"async tools {blocking}" if blocking else "an async model"
+            raise ConfigError(f"{what}() cannot drive {which}; use 'await runtime.a{what}(...)'")
+        return model
+
+    def config(
+        self,
+        allowed: frozenset[str] | None = None,
+        budget: Budget | None = None,
+        retry: RetryPolicy | None = None,
+        policy: Policy | None = None,
+        *,
+        emit: bool = False,
+    ) -> RunConfig:
+        """The :class:`RunConfig` of a run of this runtime (a resumed run passes the
+        settings it started with)."""
+        allowed = self.allowed_tools if allowed is None else allowed
+        store = self.store
+        return RunConfig(
+            budget=budget or self.budget,
+            retry=retry or self.retry,
+            policy=policy or self.policy,
+            allowed=allowed,
+            tools=self.tools.get,
+            tool_specs=[t.spec() for t in self.tools if t.name in allowed],
+            approvals=self._book,
+            save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
+            emit=emit,
+            header={"tools": self._tool_facts},
+            redact=self.redact,
+        )
+
     def _new_run(
         self, task: str | list[dict[str, Any]], run_id: str | None, trace: TraceArg
-    ) -> tuple[Run, TraceSink | None]:
+    ) -> tuple[RunState, TraceSink | None]:
         if isinstance(task, str):
             messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
         elif isinstance(task, list) and task and all(isinstance(m, dict) for m in task):
-            messages = [dict(m) for m in task]
+            messages = make_safe(task)
             problems = check_history(messages)
             if problems:
                 raise ConfigError("task messages are not a valid history: " + "; ".join(problems))
         else:
             raise ConfigError("task must be a string or a non-empty list of message dicts")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
         run_id = run_id or uuid.uuid4().hex
         if trace is None and self.trace_dir is not None:
             trace = self.trace_dir / f"{run_id}.jsonl"
         sink: TraceSink | None = (
             JsonlTrace(trace) if isinstance(trace, (str, os.PathLike)) else trace
         )
-        run = Run(
-            run_id=run_id,
-            messages=messages,
-            registry=self.tools,
-            allowed=self.allowed_tools,
-            approved=self._approved,
-            tool_specs=self._specs,
-            budget=self.budget,
-            retry=self.retry,
-            policy=self.policy,
-            store=self.store,
-            clock=self.clock,
-            sink=sink,
-            redact=self.redact,
+        state = RunState(
+            run_id=run_id, config=self.config(emit=sink is not None), messages=messages
         )
-        run.start(
-            {
-                "tools": {
-                    t.name: {
-                        "effect": t.effect,
-                        "requires_approval": t.requires_approval,
-                        "idempotent": t.idempotency_key is not None,
-                        "dedup": t.dedup,
-                        "timeout_s": t.timeout_s,
-                    }
-                    for t in self.tools
-                }
-            }
-        )
-        return run, durable.attach(self, run, sink)  # checkpoints if the store keeps runs
+        start(state)
+        return state, sink
+
+    def _restore(self, run_id: str) -> tuple[RunState, str]:
+        store = self.store
+        if not supports_runs(store):
+            raise StoreError(
+                f"{type(store).__name__} does not keep runs; use a MemoryStore or SqliteStore"
+            )
+        return restore_run(store, run_id, self.config)
 
     @staticmethod
-    def _result(run: Run) -> RunResult:
+    def _result(s: RunState) -> RunResult:
         return RunResult(
-            run_id=run.run_id,
-            status=run.status or run.state,
-            reason=run.reason or "",
-            answer=run.answer,
-            messages=run.messages,
-            events=run.events,
-            counters=run.counters.as_dict(),
-            detail=run.detail,
-            pending=dict(run.placeholders),
+            run_id=s.run_id,
+            status=s.status or s.state,
+            reason=s.reason or "",
+            answer=s.answer,
+            messages=s.messages,
+            events=s.events,
+            counters=s.counters.as_dict(),
+            detail=s.detail,
+            pending={call_id: at for call_id, (at, _) in s.placeholders.items()},
         )
 
-    # ── the drivers: answer the loop's requests until it ends ────────────────────
+    # ── driving ───────────────────────────────────────────────────────────────────
+
+    def _io(self, s: RunState, model: Model, sink: TraceSink | None, owner: str | None) -> Io:
+        limit = s.config.budget.max_wall_clock_s
+
+        def deadline(now: float) -> float | None:
+            # The run's clock may be a test clock; adapters measure on time.monotonic().
+            if limit is None:
+                return None
+            return time.monotonic() + max(limit - (now - s.started), 0.0)
+
+        return Io(
+            run_id=s.run_id,
+            model=model,
+            clock=self.clock,
+            sleep=self.sleep,
+            threads=self._threads,
+            deadline=deadline,
+            store=self.store,
+            owner=owner,
+            sink=sink,
+        )
 
     def _drive(
         self,
-        run: Run,
-        steps: Generator[Request, Any, None],
+        s: RunState,
         model: Model,
-        closing: TraceSink | None,
+        sink: TraceSink | None,
+        *,
+        resumed: bool,
+        owner: str | None = None,
     ) -> RunResult:
-        try:
-            request = next(steps)
-            while True:
-                request = steps.send(self._do(request, run, model))
-        except StopIteration:
-            pass
-        except KeyboardInterrupt:
-            run.cancel()  # the trace ends cleanly and every open call is answered
-            raise
-        finally:
-            if closing is not None:
-                closing.close()
-        return self._result(run)
+        io = self._io(s, model, sink, owner)
+        with _Driving(self.store, s, io):
+            SyncDriver(io).drive(steps(s, resumed=resumed))
+        return self._result(s)
 
     async def _adrive(
         self,
-        run: Run,
-        steps: Generator[Request, Any, None],
+        s: RunState,
         model: Model,
-        closing: TraceSink | None,
+        sink: TraceSink | None,
+        *,
+        resumed: bool,
+        owner: str | None = None,
     ) -> RunResult:
-        import asyncio  # here, not at module level: sync users never load it
+        io = self._io(s, model, sink, owner)
+        with _Driving(self.store, s, io):
+            await AsyncDriver(io).drive(steps(s, resumed=resumed))
+        return self._result(s)
 
+
+class _Driving:
+    """Around one driving of one run: the owner token, the lease heartbeat, and at the
+    end the claim released and the trace sink closed — whatever stopped the run."""
+
+    def __init__(self, store: Store, s: RunState, io: Io) -> None:
+        self.store, self.s, self.io = store, s, io
+        self.heartbeat: Heartbeat | None = None
+
+    def __enter__(self) -> _Driving:
+        io = self.io
+        if io.owner is None:
+            io.owner = owners.new_owner()
+            owners.hold(io.owner)
+        if self.s.config.save != "never" and getattr(self.store, "blocking", False):
+            self.heartbeat = Heartbeat(self.store, self.s.run_id, io.owner)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        io = self.io
         try:
-            request = next(steps)
-            while True:
-                request = steps.send(await self._ado(request, run, model))
-        except StopIteration:
-            pass
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            run.cancel()
-            raise
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            if self.s.config.save != "never" and io.owner is not None:
+                # A broken store keeps the claim; it is reclaimable (durable/owners.py).
+                with contextlib.suppress(Exception):
+                    self.store.release(self.s.run_id, io.owner)  # type: ignore[attr-defined]
         finally:
-            if closing is not None:
-                closing.close()
-        return self._result(run)
-
-    # ── the sync driver ───────────────────────────────────────────────────────────
-
-    def _deadline(self, run: Run) -> float | None:
-        limit = self.budget.max_wall_clock_s
-        if limit is None:
-            return None
-        # The run's clock may be a test clock; adapters measure on time.monotonic().
-        return time.monotonic() + max(limit - (self.clock() - run.started), 0.0)
-
-    def _do(self, request: Request, run: Run, model: Model) -> Any:
-        if isinstance(request, ModelRequest):
-            token = set_deadline(self._deadline(run))
-            try:
-                reply = model(request.messages, request.tool_specs)
-            except BaseException as exc:
-                if _propagates(exc):
-                    raise
-                return exc
-            finally:
-                reset_deadline(token)
-            if inspect.isawaitable(reply):
-                _close(reply)
-                return TypeError("the model returned an awaitable; use runtime.arun()")
-            return reply
-        if isinstance(request, ToolRequest):
-            return self._call_tool(request)
-        assert isinstance(request, SleepRequest)
-        (self.sleep or time.sleep)(request.seconds)
-        return None
-
-    def _call_tool(self, request: ToolRequest) -> ToolOutcome:
-        call, timeout = request.call, request.timeout_s
-        fn = call.tool.fn  # type: ignore[union-attr]
-        kwargs = call.arguments or {}
-        try:
-            if timeout is None:
-                value = fn(**kwargs)
-            else:
-                if self._executor is None:
-                    self._executor = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=4, thread_name_prefix="fsm-agent-tool"
-                    )
-                future = self._executor.submit(fn, **kwargs)
-                try:
-                    value = future.result(timeout=timeout)
-                except concurrent.futures.TimeoutError:
-                    # The thread cannot be killed; it runs on, and a write may still land.
-                    return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
-            if inspect.isawaitable(value):
-                _close(value)
-                return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
-            return ToolOutcome("ok", value)
-        except BaseException as exc:
-            if _propagates(exc):
-                raise
-            return _classify(exc)
-
-    # ── the async driver ──────────────────────────────────────────────────────────
-
-    async def _ado(self, request: Request, run: Run, model: Model) -> Any:
-        import asyncio
-
-        if isinstance(request, ModelRequest):
-            token = set_deadline(self._deadline(run))
-            try:
-                reply = model(request.messages, request.tool_specs)
-                if inspect.isawaitable(reply):
-                    reply = await reply
-            except BaseException as exc:
-                if _propagates(exc):
-                    raise
-                return exc
-            finally:
-                reset_deadline(token)
-            return reply
-        if isinstance(request, ToolRequest):
-            return await self._acall_tool(request)
-        assert isinstance(request, SleepRequest)
-        if self.sleep is not None:
-            slept = self.sleep(request.seconds)
-            if inspect.isawaitable(slept):
-                await slept
-        else:
-            await asyncio.sleep(request.seconds)
-        return None
-
-    async def _acall_tool(self, request: ToolRequest) -> ToolOutcome:
-        import asyncio
-
-        call, timeout = request.call, request.timeout_s
-        tool = call.tool
-        assert tool is not None
-        kwargs = call.arguments or {}
-        try:
-            pending: Awaitable[Any]
-            if tool.is_async:
-                pending = tool.fn(**kwargs)
-            elif timeout is None:
-                return ToolOutcome("ok", tool.fn(**kwargs))
-            else:
-                pending = asyncio.to_thread(tool.fn, **kwargs)
-            try:
-                value = await asyncio.wait_for(pending, timeout)
-            except asyncio.TimeoutError:
-                return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
-            return ToolOutcome("ok", value)
-        except BaseException as exc:
-            if _propagates(exc):
-                raise
-            return _classify(exc)
-
-
-def _propagates(exc: BaseException) -> bool:
-    """KeyboardInterrupt, GeneratorExit, asyncio's CancelledError and the like belong to
-    the process and its event loop, not to the tool or model that was running; anything
-    else a tool raises (SystemExit included) is that tool's outcome."""
-    return not isinstance(exc, (Exception, SystemExit))
-
-
-def _classify(exc: BaseException) -> ToolOutcome:
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, ToolRejected):
-        return ToolOutcome("rejected", error=text)
-    if isinstance(exc, TransientToolError):
-        return ToolOutcome("transient", error=text)
-    if isinstance(exc, TimeoutError):  # asyncio's own timeout is handled in _acall_tool
-        return ToolOutcome("timeout", error=text)
-    return ToolOutcome("error", error=text)
-
-
-def _close(awaitable: Any) -> None:
-    close = getattr(awaitable, "close", None)
-    if close is not None:
-        close()
+            if io.owner is not None:
+                owners.drop(io.owner)
+            if io.sink is not None:
+                io.sink.close()

@@ -19,25 +19,21 @@ from fsm_agent.testing.decisions import answer, call, decide
 from fsm_agent.testing.faults import BEHAVIOURS, FakeClock, FaultyTool, FaultyTools, SideEffect
 from fsm_agent.testing.paths import (
     Path,
-    edge_of,
-    index_of,
     is_path,
     paths,
     shortest_paths,
-    trace_problems,
 )
 from fsm_agent.testing.scenarios import (
     Scenario,
     ScenarioRun,
     record_transitions,
-    scenario_for,
-    scenarios,
     scripted_runtime,
-    unbuildable,
 )
+from fsm_agent.testing.suite import SUITE, missing, scenario_for
 
 __all__ = [
     "BEHAVIOURS",
+    "SUITE",
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
@@ -54,15 +50,11 @@ __all__ = [
     "call",
     "decide",
     "duplicate_writes",
-    "edge_of",
-    "index_of",
     "is_path",
+    "missing",
     "paths",
     "record_transitions",
     "scenario_for",
-    "scenarios",
     "scripted_runtime",
     "shortest_paths",
-    "trace_problems",
-    "unbuildable",
 ]

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from fsm_agent.core.history import check_history
 from fsm_agent.testing.faults import FaultyTool, FaultyTools
-from fsm_agent.testing.paths import trace_problems
+from fsm_agent.trace.checker import check_events
 
 __all__ = [
     "assert_history_valid",
@@ -102,9 +102,12 @@ def assert_history_valid(messages: Sequence[Mapping[str, Any]] | Any) -> None:
 
 
 def assert_trace_legal(result: _HasEvents | Sequence[Mapping[str, Any]]) -> None:
-    """The events form a legal trace of the machine (see ``paths.trace_problems``)."""
+    """The events form a legal trace of the machine: the one checker
+    (``fsm_agent.trace.checker``, what ``fsm-agent check`` runs) finds no violation."""
     events = result if isinstance(result, Sequence) else result.events
-    problems = trace_problems(events)
+    problems = [
+        f"event line {v.line}: {v.message}" for v in check_events([dict(e) for e in events])
+    ]
     if problems:
         raise AssertionError(
             "trace is not a legal path of the machine:\n  " + "\n  ".join(problems)

@@ -1,6 +1,6 @@
 """Transition coverage: count the edges runs take, report them, draw them.
 
-:class:`TransitionCoverage` listens on ``fsm_agent.run.TRANSITION_LISTENERS`` (every
+:class:`TransitionCoverage` listens on ``fsm_agent.core.engine.TRANSITION_LISTENERS`` (every
 transition of every run in the process) and counts hits per table entry. The report
 lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
@@ -13,7 +13,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.core.loop import TRANSITION_LISTENERS
+from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
 from fsm_agent.render.dot import Overlay, machine_dot
 from fsm_agent.render.engine import RenderError, render

@@ -1,36 +1,26 @@
-"""The machine as a graph: edge identity, paths through it, and traces checked against it.
+"""The machine as a graph: paths through it.
 
-Everything here reads :data:`fsm_agent.machine.TRANSITIONS`, so a transition added to
-the table shows up in the enumeration, the coverage report and the trace checks at once.
-
-An edge is identified by its position in the table (``index_of``). A trace event names
-``trigger``, ``source`` and ``dest`` and the guard outcomes evaluated while choosing it
-(``guards``); :func:`edge_of` finds the one table entry those describe.
+Everything here reads :data:`fsm_agent.core.table.TRANSITIONS`, so a transition added
+to the table shows up in the enumeration and the coverage report at once. An edge is
+identified by :attr:`Transition.index` (its position) or :attr:`Transition.key`; which
+edge a recorded event took is decided by the one selector,
+:func:`fsm_agent.core.select.select_recorded`, and whether a trace is legal by the one
+checker, :mod:`fsm_agent.trace.checker`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fsm_agent.core.table import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
 
-__all__ = ["Path", "edge_of", "index_of", "is_path", "paths", "shortest_paths", "trace_problems"]
+__all__ = ["Path", "is_path", "paths", "shortest_paths"]
 
-_INDEX: dict[int, int] = {id(t): i for i, t in enumerate(TRANSITIONS)}
 _TERMINAL = frozenset(TERMINAL_STATES)
 #: Terminal states a ``resume`` edge leaves (read from the table, so none until one does).
 _RESUMABLE = frozenset(t.source for t in TRANSITIONS if t.trigger == "resume")
-
-
-def index_of(transition: Transition) -> int:
-    """The transition's position in the table (its identity)."""
-    try:
-        return _INDEX[id(transition)]
-    except KeyError:
-        return TRANSITIONS.index(transition)  # an equal copy (e.g. unpickled)
 
 
 @dataclass(frozen=True)
@@ -42,13 +32,12 @@ class Path:
     @property
     def states(self) -> list[str]:
         """The states visited, the initial one included (like ``RunResult.path``)."""
-        return [self.edges[0].source if self.edges else INITIAL_STATE] + [
-            t.dest for t in self.edges
-        ]
+        first: str = self.edges[0].source if self.edges else INITIAL_STATE
+        return [first] + [t.dest for t in self.edges]
 
     @property
     def indexes(self) -> tuple[int, ...]:
-        return tuple(index_of(t) for t in self.edges)
+        return tuple(t.index for t in self.edges)
 
     def __len__(self) -> int:
         return len(self.edges)
@@ -110,7 +99,7 @@ def shortest_paths() -> dict[int, Path]:
     for through_terminal in (False, True):
         frontier = list(prefix)
         while frontier:
-            grown = []
+            grown: list[str] = []
             for state in frontier:
                 if state in _TERMINAL and not through_terminal:
                     continue
@@ -136,104 +125,3 @@ def shortest_paths() -> dict[int, Path]:
         for i, t in enumerate(TRANSITIONS)
         if t.source in prefix and t.dest in suffix
     }
-
-
-def edge_of(event: Mapping[str, Any]) -> Transition | None:
-    """The table entry a ``transition`` event describes, or ``None`` if it is no edge.
-
-    Several edges share trigger, source and destination (e.g. the budget stops): the one
-    taken is the first, in priority order, whose guards all hold by the event's recorded
-    guard outcomes.
-    """
-    trigger, source, dest = event.get("trigger"), event.get("source"), event.get("dest")
-    guards = event.get("guards")
-    outcomes: Mapping[str, Any] = guards if isinstance(guards, Mapping) else {}
-    for t in TRANSITIONS:
-        if (t.trigger, t.source, t.dest) != (trigger, source, dest):
-            continue
-        if all(outcomes.get(g.lstrip("!")) is (not g.startswith("!")) for g in t.guards):
-            return t
-    return None
-
-
-def trace_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:  # noqa: C901 - one check per trace rule
-    """What is wrong with a run's events as a trace of the machine; empty when legal.
-
-    Checks: a ``run_start`` header with ``seq`` 0, then contiguous ``seq``; every
-    transition is an edge of the table leaving the state the previous one entered, with
-    the guard outcomes that edge needs and no earlier-priority edge that also held; the
-    first leaves the initial state; ``run_end`` follows the transition into a terminal
-    state and nothing follows it, except that a run stopped in a state a ``resume`` edge
-    leaves may go on with that edge (after review events).
-    """
-    problems: list[str] = []
-    if not events:
-        return ["no events"]
-    if events[0].get("type") != "run_start" or events[0].get("seq") != 0:
-        problems.append("event 0: expected the run_start header with seq 0")
-    state = INITIAL_STATE
-    ended_at: int | None = None
-    held: list[str] = []  # events after a review_required run_end, until a resume
-    for n, event in enumerate(events[1:], 1):
-        kind = event.get("type")
-        if event.get("seq") != n:
-            problems.append(f"event {n}: seq {event.get('seq')!r}, expected {n}")
-        if ended_at is not None:
-            # A run stopped for review may be resumed by a trusted caller (SPEC §5): its
-            # review events and the ``resume`` edge continue the same trace.
-            if state in _RESUMABLE and kind == "transition" and event.get("trigger") == "resume":
-                ended_at, held = None, []
-            else:
-                note = f"event {n} ({kind}): after run_end (event {ended_at})"
-                if state in _RESUMABLE and kind != "transition":
-                    held.append(note)
-                else:
-                    problems += [*held, note]
-                    held = []
-                continue
-        if kind == "transition":
-            where = f"event {n} ({event.get('trigger')} {event.get('source')}->{event.get('dest')})"
-            if event.get("source") != state:
-                problems.append(
-                    f"{where}: leaves {event.get('source')!r} but the run was in {state!r}"
-                )
-            if state in _TERMINAL and event.get("trigger") != "resume":
-                problems.append(f"{where}: the run had already stopped in {state!r}")
-            edge = edge_of(event)
-            if edge is None:
-                problems.append(
-                    f"{where}: no edge of the table matches (trigger, source, "
-                    f"dest and guard outcomes {event.get('guards')})"
-                )
-            else:
-                problems += _shadowed(edge, event, where)
-            state = str(event.get("dest"))
-        elif kind == "run_end":
-            ended_at = n
-            if state not in _TERMINAL:
-                problems.append(f"event {n}: run_end while in working state {state!r}")
-            elif event.get("status") != state:
-                problems.append(
-                    f"event {n}: run_end status {event.get('status')!r} but the run is in {state!r}"
-                )
-    problems += held
-    if ended_at is None:
-        problems.append(f"no run_end (the run is in {state!r})")
-    return problems
-
-
-def _shadowed(edge: Transition, event: Mapping[str, Any], where: str) -> list[str]:
-    """An earlier edge of the same trigger and source whose guards all held should have won."""
-    guards = event.get("guards")
-    outcomes: Mapping[str, Any] = guards if isinstance(guards, Mapping) else {}
-    for t in TRANSITIONS:
-        if t is edge:
-            return []
-        if (t.trigger, t.source) != (edge.trigger, edge.source) or not t.guards:
-            continue
-        if all(outcomes.get(g.lstrip("!")) is (not g.startswith("!")) for g in t.guards):
-            return [
-                f"{where}: edge #{index_of(t)} ({t.label} -> {t.dest}) has higher "
-                "priority and its guards held"
-            ]
-    return []

@@ -1,50 +1,50 @@
-"""Scripted scenarios that drive a run through each transition of the table.
+"""Scripted scenarios: the machinery that drives runs through chosen transitions.
 
-A :class:`Scenario` is a recipe: it registers fault tools on a fresh kit and returns one
-script of decisions per run (runs share the kit, its fake clock and one idempotency
-store, so a scenario can crash a write in one run and retry it in the next), plus the
-``Runtime`` options (budget, retry, policy, approvals) it needs.
+A :class:`Scenario` registers fault tools on a fresh kit and returns one script of
+decisions per run (runs share the kit, its fake clock and one store, so a scenario can
+crash a write in one run and resume or retry it in the next), plus the ``Runtime``
+options it needs and what must hold afterwards: the edge it aims at (``target``, an
+:attr:`~fsm_agent.core.table.Transition.key`), where the last run stops, counters, and a
+check of its own. :meth:`Scenario.verify` asserts all of that and the invariants every
+run keeps (a provider-valid history, a trace the one checker accepts, no write taking
+effect twice).
 
-The recipes live in ``recipes.py``. Each names the edge it aims at, but which edges a
-scenario takes is found by running it: :func:`scenario_for` prefers the recipe aimed at
-a transition and otherwise any recipe observed to take it, and :func:`unbuildable` lists
-the transitions of the table no recipe reaches. A transition added to the table without
-a recipe therefore shows up there (and fails the engine's test suite) instead of being
-skipped.
+The suite with one scenario per edge of the table is ``suite.py``; this module holds no
+scenarios and registers nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.core.loop import TRANSITION_LISTENERS
-from fsm_agent.core.table import TRANSITIONS, Transition
-from fsm_agent.durable.store import MemoryStore, Store
+from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.core.table import Transition, edge_by_key
+from fsm_agent.durable.memory import MemoryStore
+from fsm_agent.durable.store import Store
 from fsm_agent.models.scripted import ScriptedModel, Step
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
+from fsm_agent.testing.assertions import (
+    assert_history_valid,
+    assert_no_duplicate_writes,
+    assert_trace_legal,
+)
 from fsm_agent.testing.faults import FaultyTools
 
 __all__ = [
+    "Mortal",
     "ProcessDied",
     "Scenario",
     "ScenarioRun",
-    "edge_key",
     "record_transitions",
     "run_through_interrupts",
-    "scenario_for",
-    "scenarios",
     "scripted_runtime",
-    "stale_recipes",
-    "unbuildable",
 ]
 
-EdgeKey = tuple[str, str, str, tuple[str, ...]]
 Setup = Callable[[FaultyTools], list[list[Step]]]
 
 #: A write tool's arguments: an idempotency key and a title that can differ under one key.
@@ -56,12 +56,6 @@ TICKET_SCHEMA: dict[str, Any] = {
     },
     "required": ["key"],
 }
-
-
-def edge_key(t: Transition) -> EdgeKey:
-    """What identifies an edge independently of its position: trigger, source, dest,
-    guards."""
-    return (t.trigger, t.source, t.dest, t.guards)
 
 
 def scripted_runtime(
@@ -93,7 +87,7 @@ def record_transitions() -> Iterator[list[Transition]]:
     """Collect every transition taken (by any run) inside the ``with`` block."""
     taken: list[Transition] = []
 
-    def listener(run: Any, transition: Transition) -> None:
+    def listener(state: Any, transition: Transition) -> None:
         taken.append(transition)
 
     TRANSITION_LISTENERS.append(listener)
@@ -111,8 +105,8 @@ def run_through_interrupts(
     result it had reached. Returns ``(result, interrupted)``."""
     runs: dict[str, Any] = {}
 
-    def keep(run: Any, transition: Transition) -> None:
-        runs[run.run_id] = run
+    def keep(state: Any, transition: Transition) -> None:
+        runs[state.run_id] = state
 
     TRANSITION_LISTENERS.append(keep)
     try:
@@ -120,17 +114,62 @@ def run_through_interrupts(
             return asyncio.run(runtime.arun(task, run_id=run_id)), False
         return runtime.run(task, run_id=run_id), False
     except (KeyboardInterrupt, asyncio.CancelledError):
-        run = runs.get(run_id)
-        if run is None:
+        state = runs.get(run_id)
+        if state is None:
             raise
-        return Runtime._result(run), True
+        return Runtime._result(state), True
     finally:
         TRANSITION_LISTENERS.remove(keep)
 
 
 class ProcessDied(BaseException):
-    """The process dying mid-run, as far as the engine can tell: nothing catches it
-    (unlike ``KeyboardInterrupt``, which cancels the run cleanly)."""
+    """The process dying mid-run. Raised from a transition listener it escapes the loop
+    (which closes the run in memory, as it does for any exit); with the store killed
+    first (:class:`Mortal`), nothing the dying process would not have written is
+    written."""
+
+
+_STORE_WRITES = (
+    "begin_intent",
+    "commit_intent",
+    "abort_intent",
+    "create_run",
+    "save",
+    "claim",
+    "renew",
+    "release",
+)
+
+
+class Mortal:
+    """A store whose process can die: after :meth:`kill` (or, with ``before_commit``, at
+    the first idempotency commit) every write to it raises :class:`ProcessDied`, so a
+    dying run writes nothing more — as a killed process would not. :meth:`restart` is the
+    next process: the same data, writable again. Reads always work."""
+
+    def __init__(self, store: Store, *, before_commit: bool = False) -> None:
+        self.store, self.before_commit, self.dead = store, before_commit, False
+        for name in _STORE_WRITES:
+            if hasattr(store, name):
+                setattr(store, name, self._guard(name, getattr(store, name)))
+
+    def _guard(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.dead:
+                raise ProcessDied(f"the process is dead ({name} not written)")
+            if name == "commit_intent" and self.before_commit:
+                self.before_commit = False
+                self.kill()
+                raise ProcessDied(f"the process died before {args[0]!r} {args[1]!r} was stored")
+            return original(*args, **kwargs)
+
+        return call
+
+    def kill(self) -> None:
+        self.dead = True
+
+    def restart(self) -> None:
+        self.dead = False
 
 
 #: What a trusted caller does with a run after it stopped or its process died
@@ -156,19 +195,25 @@ class ScenarioRun:
 
 @dataclass
 class Scenario:
-    """A recipe that drives runs through ``target`` (trigger, source, dest, guards).
+    """Runs that drive the machine through ``target`` (an edge's key), and what must hold.
 
-    ``cancel_on_entering`` names a state: when a run enters it, the fake clock is armed
-    to raise ``KeyboardInterrupt`` at its next reading (Ctrl-C in that state).
-    ``die_at`` names a trigger: the process dies (:class:`ProcessDied`) the first time a
-    run takes an edge of it, before that edge is saved; ``die_before_commit`` kills it
-    after a keyed write ran, before its result reaches the idempotency record. ``review``
-    then runs after each script's run, as the trusted caller who resumes or settles it.
+    ``status``/``reason``: where the last run stops. ``counters``: values its counters
+    must have (a subset). ``check``: anything else, as assertions on the outcome.
+    ``cancel_on_entering`` names a state: when a run enters it, the fake clock raises
+    ``KeyboardInterrupt`` at its next reading (Ctrl-C in that state). ``die_at`` names a
+    trigger: the process dies (:class:`ProcessDied`) the first time a run takes an edge of
+    it, before that edge is saved; ``die_before_commit`` kills it after a keyed write
+    ran, before its result reaches the idempotency record. ``review`` then runs after
+    each script's run, as the trusted caller who resumes or settles it.
     """
 
     name: str
-    target: EdgeKey
+    target: str
     setup: Setup
+    status: str
+    reason: str
+    counters: dict[str, Any] = field(default_factory=dict)
+    check: Callable[[ScenarioRun], None] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     allowed_tools: Sequence[str] | None = None
     task: str = "Please help with order A17."
@@ -177,28 +222,27 @@ class Scenario:
     die_before_commit: bool = False
     review: Review | None = None
 
+    @property
+    def edge(self) -> Transition:
+        edge = edge_by_key(self.target)
+        if edge is None:
+            raise LookupError(f"scenario {self.name}: {self.target!r} is no edge of the table")
+        return edge
+
     def run(self) -> ScenarioRun:
         kit = FaultyTools()
         scripts = self.setup(kit)
         store = MemoryStore()
         outcome = ScenarioRun(self, kit, [], [])
         died: list[str] = []
-        if self.die_before_commit:
-            commit = store.commit_idempotency
+        mortal = Mortal(store, before_commit=self.die_before_commit)
 
-            def commit_or_die(tool: str, key: str, result: Any) -> None:
-                if not died:
-                    died.append(key)
-                    raise ProcessDied(f"the process died before {tool!r} {key!r} was stored")
-                commit(tool, key, result)
-
-            store.commit_idempotency = commit_or_die  # type: ignore[method-assign]
-
-        def faults(run: Any, transition: Transition) -> None:
+        def faults(state: Any, transition: Transition) -> None:
             if transition.dest == self.cancel_on_entering:
                 kit.clock.interrupt_next_read()
             if transition.trigger == self.die_at and not died:
-                died.append(run.run_id)
+                died.append(state.run_id)
+                mortal.kill()
                 raise ProcessDied(f"the process died at {transition.label}")
 
         with record_transitions() as taken:
@@ -218,7 +262,9 @@ class Scenario:
                         outcome.results.append(result)
                         outcome.interrupted.append(interrupted)
                     except ProcessDied:
-                        pass  # only what the store saved remains; ``review`` resumes it
+                        # Only what the store saved remains; ``review`` resumes it in a
+                        # new process, which finds the store working.
+                        mortal.restart()
                     for result in self.review(runtime, run_id) if self.review else ():
                         outcome.results.append(result)
                         outcome.interrupted.append(False)
@@ -227,92 +273,24 @@ class Scenario:
         outcome.taken = list(taken)
         return outcome
 
-
-RECIPES: list[Scenario] = []
-_TABLE_KEYS = {edge_key(t) for t in TRANSITIONS}
-
-
-def recipe(
-    trigger: str,
-    source: str,
-    dest: str,
-    guards: tuple[str, ...] = (),
-    *,
-    if_in_table: bool = False,
-    needs: bool = True,
-    **scenario: Any,
-) -> Callable[[Setup], Setup]:
-    """Register a recipe aimed at an edge. ``if_in_table`` recipes are for edges that
-    another part of the engine adds (durable runs): they register only once the table
-    has their edge and ``needs`` (the API they drive) holds."""
-
-    def register(setup: Setup) -> Setup:
-        name = setup.__name__.strip("_")
-        target = (trigger, source, dest, guards)
-        if not if_in_table or (needs and target in _TABLE_KEYS):
-            RECIPES.append(Scenario(name, target, setup, **scenario))
-        return setup
-
-    return register
-
-
-# ── resolution against the table ────────────────────────────────────────────────────
-
-
-def _load() -> None:
-    # The recipes register themselves on import; they live in their own module.
-    import fsm_agent.testing.recipes  # noqa: F401
-
-
-def scenarios() -> list[Scenario]:
-    """Every recipe, in the order they are declared."""
-    _load()
-    return list(RECIPES)
-
-
-@functools.lru_cache(maxsize=1)
-def _observed() -> dict[int, list[str]]:
-    """transition index -> names of the recipes whose runs take it (each recipe run once)."""
-    _load()
-    index = {id(t): i for i, t in enumerate(TRANSITIONS)}
-    seen: dict[int, list[str]] = {}
-    for scenario in RECIPES:
-        for t in scenario.run().taken:
-            names = seen.setdefault(index[id(t)], [])
-            if scenario.name not in names:
-                names.append(scenario.name)
-    return seen
-
-
-def scenario_for(transition: Transition | int) -> Scenario | None:
-    """The recipe that drives a run through ``transition`` (an edge or its index), or
-    ``None`` when no recipe does."""
-    _load()
-    i = transition if isinstance(transition, int) else TRANSITIONS.index(transition)
-    t = TRANSITIONS[i]
-    for scenario in RECIPES:
-        if scenario.target == edge_key(t):
-            return scenario
-    names = _observed().get(i, [])
-    by_name = {s.name: s for s in RECIPES}
-    return by_name[names[0]] if names else None
-
-
-def unbuildable() -> list[tuple[int, Transition, str]]:
-    """Transitions of the table no recipe drives a run through, with what is missing."""
-    missing = []
-    for i, t in enumerate(TRANSITIONS):
-        if scenario_for(i) is not None:
-            continue
-        why = "no recipe in fsm_agent/testing/recipes.py reaches it"
-        if t.trigger == "resume" and not any(hasattr(Runtime, n) for n in ("resume", "approve")):
-            why = "it needs the durable-run resume API, which Runtime does not have yet"
-        missing.append((i, t, why))
-    return missing
-
-
-def stale_recipes() -> list[Scenario]:
-    """Recipes aimed at an edge the table no longer has (their target needs updating)."""
-    _load()
-    keys = {edge_key(t) for t in TRANSITIONS}
-    return [s for s in RECIPES if s.target not in keys]
+    def verify(self, outcome: ScenarioRun | None = None) -> ScenarioRun:
+        """Run the scenario (unless ``outcome`` is given) and assert what it promises."""
+        outcome = outcome if outcome is not None else self.run()
+        where = f"scenario {self.name}"
+        assert self.edge in outcome.taken, f"{where}: {self.target} was never taken"
+        result = outcome.result
+        assert (result.status, result.reason) == (self.status, self.reason), (
+            f"{where}: stopped {result.status}/{result.reason} ({result.detail}), expected "
+            f"{self.status}/{self.reason}"
+        )
+        for name, want in self.counters.items():
+            assert result.counters[name] == want, (
+                f"{where}: counter {name} is {result.counters[name]!r}, expected {want!r}"
+            )
+        for each in outcome.results:
+            assert_history_valid(each)
+            assert_trace_legal(each)
+        assert_no_duplicate_writes(outcome.kit)
+        if self.check is not None:
+            self.check(outcome)
+        return outcome

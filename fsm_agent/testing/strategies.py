@@ -30,13 +30,13 @@ from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.canonical import digest
 from fsm_agent.core.history import check_history
 from fsm_agent.core.table import TERMINAL_STATES
-from fsm_agent.durable.store import MemoryStore
+from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.models.scripted import ScriptedModel, Step
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.testing.assertions import duplicate_writes
 from fsm_agent.testing.faults import BEHAVIOURS, KEY_SCHEMA, FaultyTools
-from fsm_agent.testing.paths import trace_problems
 from fsm_agent.testing.scenarios import TICKET_SCHEMA, run_through_interrupts, scripted_runtime
+from fsm_agent.trace.checker import check_events
 
 __all__ = [
     "TOOL_NAMES",
@@ -473,7 +473,9 @@ def invariant_problems(outcome: FuzzOutcome) -> list[str]:  # noqa: C901 - one c
         at = f"run {n}"
         if result.status not in TERMINAL_STATES:
             problems.append(f"{at}: ended in non-terminal state {result.status!r}")
-        problems += [f"{at}: trace: {p}" for p in trace_problems(result.events)]
+        problems += [
+            f"{at}: trace: line {v.line}: {v.message}" for v in check_events(result.events)
+        ]
         problems += [f"{at}: returned history: {p}" for p in check_history(result.messages)]
         for i, seen in enumerate(model.seen, 1):
             problems += [f"{at}: history given to model call {i}: {p}" for p in check_history(seen)]

@@ -30,17 +30,30 @@ from typing import Any
 from fsm_agent.core.canonical import canonical_json
 from fsm_agent.core.decision import parse_decision
 from fsm_agent.core.loop import SCHEMA
+from fsm_agent.core.select import GuardNotRecorded, select_recorded
 from fsm_agent.core.table import (
     INITIAL_STATE,
+    LEGACY_MACHINE_HASHES,
     MACHINE_HASH,
     TERMINAL_STATES,
     Transition,
-    transitions_from,
+    edges_from,
 )
 from fsm_agent.errors import TraceError
 from fsm_agent.trace.io import iter_trace
 
-__all__ = ["Violation", "check_events", "check_file", "load_trace", "select_edge"]
+__all__ = [
+    "LEGACY_SCHEMA",
+    "SCHEMAS",
+    "Violation",
+    "check_events",
+    "check_file",
+    "load_trace",
+    "select_edge",
+]
+
+#: The 0.1 trace format: no integrity data, guards recorded positive-first.
+LEGACY_SCHEMA = "fsm-agent.trace/1"
 
 _TERMINAL = frozenset(TERMINAL_STATES)
 # Answer states of one call of the current batch.
@@ -101,20 +114,26 @@ def _parse_whole(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
     return events
 
 
+#: The trace format this fsm-agent writes, and the older one it still reads.
+SCHEMAS = (SCHEMA, LEGACY_SCHEMA)
+
+
 def _check_header(name: str, events: list[dict[str, Any]]) -> None:
     if not events:
         raise TraceError(name, 1, "empty trace: no run_start header")
     head = events[0]
     if head.get("type") != "run_start":
         raise TraceError(name, 1, f"the first event is {head.get('type')!r}, not run_start")
-    if head.get("schema") != SCHEMA:
+    schema = head.get("schema")
+    if schema not in SCHEMAS:
         raise TraceError(
             name,
             1,
-            f"schema {head.get('schema')!r} is not {SCHEMA!r} "
-            "(written by another version of fsm-agent)",
+            f"schema {schema!r} is not one this fsm-agent reads "
+            f"({', '.join(SCHEMAS)}); written by another version",
         )
-    if head.get("machine_hash") != MACHINE_HASH:
+    hashes = {MACHINE_HASH} | (set(LEGACY_MACHINE_HASHES) if schema == LEGACY_SCHEMA else set())
+    if head.get("machine_hash") not in hashes:
         raise TraceError(
             name,
             1,
@@ -124,46 +143,26 @@ def _check_header(name: str, events: list[dict[str, Any]]) -> None:
         )
 
 
-def _holds(t: Transition, guards: Mapping[str, Any]) -> bool | None:
-    """Whether the recorded outcomes satisfy ``t``'s guards (None: not all recorded)."""
-    for g in t.guards:
-        name, want = (g[1:], False) if g[0] == "!" else (g, True)
-        value = guards.get(name)
-        if value is None:
-            return None
-        if value is not want:
-            return False
-    return True
-
-
-_SELECTED: dict[tuple[Any, ...], Transition | None] = {}
-
-
 def select_edge(
-    source: str, trigger: str, dest: Any, reason: Any, guards: Mapping[str, Any]
+    source: str,
+    trigger: str,
+    dest: Any,
+    reason: Any,
+    guards: Mapping[str, Any],
+    *,
+    legacy: bool = False,
 ) -> Transition | None:
-    """The edge of ``trigger`` in ``source`` that a transition event took, or None.
-
-    The table's priority order decides: the first edge whose recorded guard outcomes all
-    hold. Guards are evaluated lazily, so an edge whose outcomes were not all recorded
-    was not taken, unless the event recorded no outcomes at all (a redacted trace): then
-    the first edge with the event's destination and reason stands for it.
-    """
-    key: tuple[Any, ...] | None = (source, trigger, dest, reason, *guards.items())
-    try:
-        if key in _SELECTED:
-            return _SELECTED[key]
-    except TypeError:  # an unhashable outcome in a hand-edited trace: just don't cache
-        key = None
-    chosen: Transition | None = None
-    for t in transitions_from(source, trigger):
-        verdict = _holds(t, guards)
-        if verdict or (verdict is None and not guards and t.dest == dest and t.reason == reason):
-            chosen = t
-            break
-    if key is not None and len(_SELECTED) < 4096:  # guard logs are few; bound it anyway
-        _SELECTED[key] = chosen
-    return chosen
+    """The edge of ``trigger`` in ``source`` that a transition event took, or None: the
+    one selector (``core/select.py``) over the recorded outcomes. A trace whose events
+    record no outcomes at all (redacted) cannot say which edge was taken: the first edge
+    with the event's destination and reason stands for it. Raises
+    :class:`~fsm_agent.core.select.GuardNotRecorded` when an outcome the choice needs is
+    missing."""
+    if not guards:
+        for t in edges_from(source, trigger):
+            if t.dest == dest and t.reason == reason:
+                return t
+    return select_recorded(source, trigger, guards, legacy=legacy)
 
 
 class _Checker:
@@ -172,9 +171,10 @@ class _Checker:
     def __init__(self, events: list[dict[str, Any]]) -> None:
         self.events = events
         self.out: list[Violation] = []
+        self.legacy = bool(events) and events[0].get("schema") == LEGACY_SCHEMA
         tools = events[0].get("tools") if events else None
         self.tools: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
-        self.state = INITIAL_STATE
+        self.state: str = INITIAL_STATE
         self.decided = False  # a decision event since the last edge out of the initial state
         self.batch: dict[str, int] = {}
         self.batch_line = 0
@@ -264,13 +264,20 @@ class _Checker:
         if not (isinstance(source, str) and isinstance(trigger, str) and isinstance(dest, str)):
             self.fail(line, "a transition without a source, trigger or dest")
             return
-        if self.ended_line and not transitions_from(source, trigger):
+        if self.ended_line and not edges_from(source, trigger):
             self.fail(
                 line,
                 f"{trigger} after the run ended in {state} (run_end at line "
                 f"{self.ended_line}); the table has no such edge out of it",
             )
-        edge = select_edge(source, trigger, dest, reason, guards)
+        try:
+            edge = select_edge(source, trigger, dest, reason, guards, legacy=self.legacy)
+        except GuardNotRecorded as exc:
+            self.fail(line, f"{trigger} in {source}: {exc}")
+            edge = next(
+                (t for t in edges_from(source, trigger) if t.dest == dest and t.reason == reason),
+                None,
+            )
         if edge is None or edge.dest != dest or edge.reason != reason:
             self.wrong_edge(line, edge, event, guards)
         if source == INITIAL_STATE:
@@ -284,6 +291,12 @@ class _Checker:
                     f"{trigger} for call {call_id!r}, which is not a call of the current batch",
                 )
             elif edge is not None and edge.action == "start_attempt":
+                if call_id in self.attempted and self.once(get("tool")):
+                    self.fail(
+                        line,
+                        f"write call {call_id!r} started a second attempt, but "
+                        f"{get('tool')!r} neither reads nor deduplicates",
+                    )
                 self.attempted.add(call_id)
         self.state = dest
         if dest in _TERMINAL:
@@ -298,7 +311,7 @@ class _Checker:
         source, trigger = event["source"], event["trigger"]
         dest, reason = event["dest"], event.get("reason")
         if edge is None:
-            if transitions_from(source, trigger):
+            if edges_from(source, trigger):
                 self.fail(
                     line,
                     f"no {trigger!r} edge out of {source} has its guards satisfied by {guards}",
@@ -331,6 +344,11 @@ class _Checker:
         call_id = event.get("call_id")
         if not isinstance(call_id, str) or self.batch.get(call_id) != _PLACEHOLDER:
             self.fail(line, f"review of {call_id!r}, which is not a paused call of the batch")
+
+    def once(self, tool: Any) -> bool:
+        """Whether a call of ``tool`` may run at most once (a write without dedup)."""
+        spec = self.tools.get(tool) if isinstance(tool, str) else None
+        return isinstance(spec, Mapping) and spec.get("effect") == "write" and not spec.get("dedup")
 
     def observation(self, line: int, event: dict[str, Any]) -> None:
         if self.prev_type not in ("transition", "observation"):

@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from fsm_agent.errors import TraceError
+from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.errors import ConfigError, TraceError
 
-__all__ = ["JsonlTrace", "TraceSink", "iter_trace", "read_trace"]
+__all__ = ["JsonlTrace", "Redactor", "TraceSink", "iter_trace", "read_trace"]
 
 Redactor = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -40,17 +41,34 @@ class TraceSink(Protocol):
 
 
 class JsonlTrace:
-    """Appends events to a JSON Lines file, flushing each line so a crash loses none."""
+    """Writes events to a JSON Lines file, flushing each line so a crash loses none.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    One trace file holds one run: an existing file is refused (``ConfigError``) unless
+    ``append=True`` says the caller means to add to it. Lines are strict UTF-8 JSON (no
+    bare ``NaN``/``Infinity``; see ``core/jsonsafe.py``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] | None = self.path.open("a" if append else "x", encoding="utf-8")
+        except FileExistsError:
+            raise ConfigError(
+                f"{self.path}: the trace file exists; one file holds one run. Choose a new "
+                "path (e.g. Runtime(trace_dir=...) names files by run id) or pass "
+                "JsonlTrace(path, append=True)"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.path}: cannot write a trace there ({exc.strerror or exc})"
+            ) from None
 
     def write(self, event: dict[str, Any]) -> None:
         if self._file is None:
             raise ValueError(f"trace {self.path} is closed")
-        self._file.write(json.dumps(event, ensure_ascii=False, default=repr) + "\n")
+        text, _, _ = dumps_safe(event)
+        self._file.write(text + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -1,0 +1,249 @@
+"""Actions: what taking an edge does to the run, named by the table's ``action`` column.
+
+Each action is a pure function of the :class:`~fsm_agent.core.state.RunState` (and the
+list of payload events it adds, written after the transition event). The loop runs the
+action of every edge it takes (``core/loop.py``); nothing here does I/O.
+
+Answering a call appends (or, after a review, replaces) one ``tool`` message bound to the
+call's id, so the history is provider-valid at every stop (R1, R2). A tool message's
+``content`` is the JSON text of a result object: ``{"ok": true, "value": ...}`` (with
+``"replayed": true`` for an idempotent replay, ``"reconciled": true`` for a reviewer's
+observed fact) or ``{"ok": false, "error": ..., "detail": ...}``; values are made
+JSON-safe by ``core/jsonsafe.py`` (R12).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fsm_agent.core.decision import NO_DECISION, PreparedCall
+from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.reasons import stop_detail
+from fsm_agent.core.state import RunState
+
+__all__ = ["ACTIONS", "BLOCKING", "answer"]
+
+Payloads = list[dict[str, Any]]
+ActionFn = Callable[[RunState, Payloads], None]
+
+#: Placeholder errors a reviewer must settle before a paused run can go on
+#: (``skipped_pending_review`` calls simply run afresh).
+BLOCKING = frozenset({"approval_required", "outcome_unknown", "idempotency_conflict"})
+
+_FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
+
+
+def answer(
+    s: RunState,
+    payloads: Payloads,
+    result: dict[str, Any],
+    *,
+    call: PreparedCall | None = None,
+    synthetic: bool = False,
+) -> int:
+    """Bind ``result`` to ``call`` (default: the current one) as its tool message; returns
+    the message's index in the history. The trace gets a copy (``observation``), so a
+    tool that mutates what it returned later cannot change what was recorded."""
+    call = call or s.call
+    text, data, _ = dumps_safe(result)
+    message = {"role": "tool", "tool_call_id": call.id, "content": text}
+    at_error = s.placeholders.pop(call.id, None)
+    if at_error is None:
+        at = len(s.messages)
+        s.messages.append(message)
+    else:  # a reviewed batch: the real answer takes the placeholder's place
+        at = at_error[0]
+        s.messages[at] = message
+        s.rewritten.append(at)
+    s.answered.add(call.id)
+    if not synthetic:
+        s.counters.output_bytes += len(data)
+    payloads.append(
+        {
+            "type": "observation",
+            "call_id": call.id,
+            "tool": call.name,
+            "result": json.loads(text),
+            "synthetic": synthetic,
+        }
+    )
+    return at
+
+
+def _append_batch(s: RunState) -> None:
+    if not s.batch_appended:
+        s.messages.append(s.decision.message)
+        s.batch_appended = True
+
+
+def _set_stop(s: RunState) -> None:
+    s.status, s.reason = s.state, s.taken.reason
+    s.detail = stop_detail(s)
+
+
+def start_batch(s: RunState, payloads: Payloads) -> None:
+    _append_batch(s)
+    s.counters.tool_rounds += 1
+    s.counters.tool_calls += len(s.decision.calls)
+    s.select_call(0)
+
+
+def next_call(s: RunState, payloads: Payloads) -> None:
+    index = s.index + 1
+    while s.decision.calls[index].id in s.answered:  # settled by a reviewer
+        index += 1
+    s.select_call(index)
+
+
+def end_batch(s: RunState, payloads: Payloads) -> None:
+    s.decision = NO_DECISION
+    s.clear_call()
+    s.approvals = {}
+
+
+def start_attempt(s: RunState, payloads: Payloads) -> None:
+    s.attempt += 1
+    c, name = s.counters, s.call.name
+    c.tool_attempts[name] = c.tool_attempts.get(name, 0) + 1
+    if s.call.effect == "write":
+        c.write_attempts += 1
+
+
+def schedule_retry(s: RunState, payloads: Payloads) -> None:
+    s.counters.retries += 1
+
+
+def answer_refusal(s: RunState, payloads: Payloads) -> None:
+    call = s.call
+    answer(s, payloads, {"ok": False, "error": call.refusal, "detail": call.refusal_detail})
+
+
+def answer_replay(s: RunState, payloads: Payloads) -> None:
+    record = s.call.record
+    assert record is not None
+    s.counters.replays += 1
+    if s.call.effect == "write":
+        s.counters.write_attempts += 1
+    answer(s, payloads, {"ok": True, "value": record.result, "replayed": True})
+
+
+def answer_result(s: RunState, payloads: Payloads) -> None:
+    answer(s, payloads, {"ok": True, "value": s.outcome.value})
+
+
+def answer_failure(s: RunState, payloads: Payloads) -> None:
+    error = _FAILURE_ERRORS.get(s.outcome.kind, "tool_failed")
+    answer(
+        s, payloads, {"ok": False, "error": error, "detail": s.outcome.error, "attempts": s.attempt}
+    )
+
+
+def answer_stored(s: RunState, payloads: Payloads) -> None:
+    """The result a write stored (idempotency record) before the process died."""
+    record = s.call.record
+    assert record is not None
+    answer(s, payloads, {"ok": True, "value": record.result})
+
+
+def finish(s: RunState, payloads: Payloads) -> None:
+    s.messages.append(s.decision.message)
+    s.answer = s.decision.answer
+    _set_stop(s)
+
+
+def stop(s: RunState, payloads: Payloads) -> None:
+    """Enter a terminal state, answering every unanswered call so history stays valid."""
+    _set_stop(s)
+    d = s.decision
+    pairable = d.calls and d.malformed is None and d.missing_id is None and (d.duplicate_id is None)
+    if d is NO_DECISION or not pairable:
+        if d is not NO_DECISION and not d.calls and d.malformed is None:
+            s.messages.append(d.message)  # a text reply stopped by a budget is kept
+        return
+    _append_batch(s)
+    for call in d.calls:
+        if call.id not in s.answered:
+            error, detail = _placeholder(s, call)
+            at = answer(
+                s,
+                payloads,
+                {"ok": False, "error": error, "detail": detail},
+                call=call,
+                synthetic=True,
+            )
+            if s.state == "review_required":
+                s.placeholders[call.id] = (at, error)
+
+
+def _placeholder(s: RunState, call: PreparedCall) -> tuple[str, str]:
+    """The synthetic answer of a call the run stops before answering."""
+    reason = s.reason or ""
+    if reason == "cancelled":
+        return "cancelled", "the run was cancelled before this call ran"
+    if reason == "approval_required" and call.needs_approval:
+        return "approval_required", "no approval matches these exact arguments"
+    if s.state == "review_required":
+        if call is s.call and reason != "approval_required":
+            return reason, stop_detail(s)
+        return "skipped_pending_review", f"the run stopped for review: {reason}"
+    return "not_executed", f"the run stopped: {s.status}/{reason}"
+
+
+def apply_review(s: RunState, payloads: Payloads) -> None:
+    """Settle the paused batch with the reviewers' decisions: a denied call is answered
+    as denied, a reconciled one with the observed result; approved and skipped calls keep
+    their placeholder until they run afresh."""
+    if s.reason == "approval_required":  # the pause came before the batch started
+        s.counters.tool_rounds += 1
+        s.counters.tool_calls += len(s.decision.calls)
+    for call in s.decision.calls:
+        if call.id not in s.placeholders:
+            continue
+        review = s.reviews.get(call.id, {})
+        action = review.get("action")
+        if action == "deny":
+            detail = review.get("reason") or "denied by review"
+            answer(
+                s,
+                payloads,
+                {"ok": False, "error": "denied", "detail": detail},
+                call=call,
+                synthetic=True,
+            )
+        elif action == "reconcile":
+            answer(
+                s,
+                payloads,
+                {"ok": True, "value": review.get("result"), "reconciled": True},
+                call=call,
+            )
+        else:  # approved (admission found the review) or skipped: runs afresh
+            s.answered.discard(call.id)
+    s.reviews = {}
+    s.index, s.attempt = -1, 0  # next_call picks the first call still to run
+    s.clear_call()
+    s.status = s.reason = None
+    s.detail = ""
+
+
+#: action name (the table's ``action`` column) -> function.
+ACTIONS: dict[str, ActionFn] = {
+    fn.__name__: fn
+    for fn in (
+        start_batch,
+        next_call,
+        end_batch,
+        start_attempt,
+        schedule_retry,
+        answer_refusal,
+        answer_replay,
+        answer_result,
+        answer_failure,
+        answer_stored,
+        finish,
+        stop,
+        apply_review,
+    )
+}

@@ -1,0 +1,71 @@
+"""The one edge selector: which edge a trigger takes, given its guards' outcomes.
+
+The engine, the trace checker, replay and the testing toolkit all call :func:`select`, so
+"which edge do these outcomes pick" is coded once. It walks the edges of ``trigger`` in
+``state`` in priority order and, within an edge, its guards in the order the table lists
+them, asking ``guard(name)`` only until one fails: the engine passes a function that
+evaluates (and records) the guard; the checker passes the recorded outcomes, so a guard
+that decided the choice but was not recorded raises :class:`GuardNotRecorded`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from fsm_agent.core.table import Transition, edges_from
+
+__all__ = ["GuardNotRecorded", "select", "select_recorded"]
+
+
+class GuardNotRecorded(LookupError):
+    """Choosing the edge needs the outcome of ``name``, which was not given."""
+
+    def __init__(self, name: str, edge: Transition) -> None:
+        super().__init__(
+            f"the outcome of guard {name!r} decides {edge.label} -> {edge.dest}, "
+            "and it was not recorded"
+        )
+        self.name = name
+        self.edge = edge
+
+
+def select(state: str, trigger: str, guard: Callable[[str], bool]) -> Transition | None:
+    """The edge ``trigger`` takes from ``state``: the first in priority order whose guards
+    all hold. ``None`` when the table has no edge of ``trigger`` out of ``state``.
+
+    ``guard(name)`` gives a guard's outcome; it is asked in table order and only as far as
+    the choice needs, so the names asked are exactly the outcomes a trace records.
+    """
+    for edge in edges_from(state, trigger):
+        for name, want in edge.checks:
+            if guard(name) is not want:
+                break
+        else:
+            return edge
+    return None  # a valid table ends every group with an unguarded edge: no trigger there
+
+
+def select_recorded(
+    state: str, trigger: str, outcomes: Mapping[str, object], *, legacy: bool = False
+) -> Transition | None:
+    """:func:`select` over recorded outcomes; :class:`GuardNotRecorded` if one it needs is
+    missing. Outcomes that are not booleans count as not holding.
+
+    ``legacy``: the outcomes come from a ``fsm-agent.trace/1`` trace, whose engine
+    evaluated an edge's positive guards before its negated ones; the same order is used
+    to decide which outcomes must be there.
+    """
+    for edge in edges_from(state, trigger):
+        checks = edge.checks
+        if legacy:
+            checks = tuple(c for c in checks if c[1]) + tuple(c for c in checks if not c[1])
+        for name, want in checks:
+            try:
+                value = outcomes[name]
+            except KeyError:
+                raise GuardNotRecorded(name, edge) from None
+            if (value is True) is not want:
+                break
+        else:
+            return edge
+    return None

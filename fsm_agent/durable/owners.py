@@ -1,0 +1,99 @@
+"""Who drives a run: owner identities that a restart cannot impersonate (R11).
+
+An owner token is ``host|boot|pid|start|token``: the host name, the kernel's boot id,
+the process id, the process's start time (clock ticks since boot, from ``/proc``) and a
+random token per driving. A claim is *live* when:
+
+* it was made by this process: its token is one this process is still driving with
+  (so a claim left behind by a run that failed here is reclaimable at once);
+* it was made on this host in this boot: that pid still runs *and* started at the
+  recorded time — so a container's PID 1 after a restart, or a recycled pid, is not
+  mistaken for the dead owner;
+* otherwise (another host, another boot, no ``/proc``): its lease has not expired. The
+  driver renews the lease while it drives (heartbeats).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from functools import cache
+
+__all__ = ["drop", "hold", "is_live", "new_owner"]
+
+_SEP = "|"
+_LIVE: set[str] = set()
+_LOCK = threading.Lock()
+
+
+@cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "-"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot, or ``"-"`` if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return "-"
+    # Field 22; the command name (field 2) may hold spaces and parentheses.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else "-"
+
+
+@cache
+def _this_process() -> tuple[str, str, str, str]:
+    pid = os.getpid()
+    return socket.gethostname(), _boot_id(), str(pid), _start_time(pid)
+
+
+def _reset_after_fork() -> None:
+    _this_process.cache_clear()
+    with _LOCK:
+        _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def new_owner() -> str:
+    """A fresh owner token for one driving of one run."""
+    return _SEP.join((*_this_process(), os.urandom(6).hex()))
+
+
+def hold(owner: str) -> None:
+    """Mark ``owner`` as driving in this process (until :func:`drop`)."""
+    with _LOCK:
+        _LIVE.add(owner)
+
+
+def drop(owner: str) -> None:
+    with _LOCK:
+        _LIVE.discard(owner)
+
+
+def is_live(owner: str | None, lease_until: float, now: float) -> bool:
+    """Whether a claim by ``owner`` still holds (see the module docstring)."""
+    if not owner:
+        return False
+    parts = owner.split(_SEP)
+    if len(parts) != 5:
+        return lease_until > now  # a token of another version: trust only its lease
+    host, boot, pid, start, _ = parts
+    me = _this_process()
+    if (host, boot) != me[:2] or boot == "-":
+        return lease_until > now
+    if (pid, start) == me[2:]:
+        with _LOCK:
+            return owner in _LIVE
+    if start == "-" or not pid.isdigit():
+        return lease_until > now
+    return _start_time(int(pid)) == start

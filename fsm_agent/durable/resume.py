@@ -1,0 +1,109 @@
+"""Resuming a stored run: claim it, read it back, and rebuild its state (D1, D2).
+
+:func:`restore_run` claims the run for a fresh owner (``RunBusy`` if a live one drives
+it), loads it and rebuilds its :class:`~fsm_agent.core.state.RunState` with the settings
+it started with (budget, retry policy, policy, and its allow-list, which the resuming
+caller may narrow but never widen). The loop then takes the ``resume`` edge where one
+applies (``core/loop.py``). On any failure the claim is released and nothing changes.
+
+:class:`Heartbeat` renews the claim's lease while a run is driven, so an owner on another
+host (which cannot be asked whether it lives) holds the run exactly while it works.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.state import RunConfig, RunState, allowed_tools
+from fsm_agent.durable import owners
+from fsm_agent.durable.store import RunStore, StoredRun
+from fsm_agent.errors import ConfigError, CorruptRecord, RunNotFound, StoreError
+
+__all__ = ["ConfigFactory", "Heartbeat", "restore_run", "restore_state"]
+
+#: Builds a run's config from the settings it started with (``Runtime.config``).
+ConfigFactory = Callable[..., RunConfig]
+
+
+def restore_state(
+    stored: StoredRun, config: ConfigFactory, narrowed_by: frozenset[str] | None = None
+) -> RunState:
+    """The state of a stored run under the settings recorded in its header."""
+    header = stored.header
+    try:
+        allowed = frozenset(header["allowed_tools"])
+        if narrowed_by is not None:
+            allowed = allowed_tools(header, narrowed_by)
+        cfg = config(
+            allowed, Budget(**header["budget"]), RetryPolicy(**header["retry"]), header["policy"]
+        )
+    except (KeyError, TypeError, ConfigError) as exc:
+        raise CorruptRecord(f"run {stored.run_id!r}: unreadable header ({exc})") from None
+    return RunState.restore(
+        stored.snapshot,
+        run_id=stored.run_id,
+        config=cfg,
+        messages=stored.messages,
+        events=stored.events,
+    )
+
+
+def restore_run(store: RunStore, run_id: str, config: ConfigFactory) -> tuple[RunState, str]:
+    """Claim ``run_id`` and rebuild it; returns its state and the owner token that holds
+    the claim (the caller releases it when it stops driving)."""
+    owner = owners.new_owner()
+    owners.hold(owner)
+    store.claim(run_id, owner)
+    try:
+        stored = store.load_run(run_id)
+        narrowed = _allowed_of(config)
+        return restore_state(stored, config, narrowed), owner
+    except BaseException:
+        try:
+            store.release(run_id, owner)
+        finally:
+            owners.drop(owner)
+        raise
+
+
+def _allowed_of(config: ConfigFactory) -> frozenset[str] | None:
+    runtime = getattr(config, "__self__", None)
+    allowed = getattr(runtime, "allowed_tools", None)
+    return frozenset(allowed) if allowed is not None else None
+
+
+class Heartbeat:
+    """Renews ``owner``'s lease on ``run_id`` every third of the store's lease, on a
+    daemon thread, until :meth:`stop`. A renewal that finds the claim lost stops the
+    heartbeat; the run's next save is then refused (``RunBusy``): a fenced owner
+    commits nothing."""
+
+    def __init__(self, store: Any, run_id: str, owner: str) -> None:
+        self.store, self.run_id, self.owner = store, run_id, owner
+        self.lost: BaseException | None = None
+        self._stop = threading.Event()
+        interval = max(float(getattr(store, "lease_s", 300.0)) / 3.0, 0.05)
+        self._thread = threading.Thread(
+            target=self._beat, args=(interval,), daemon=True, name="fsm-agent-heartbeat"
+        )
+        self._thread.start()
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.store.renew(self.run_id, self.owner)
+            except RunNotFound:
+                continue  # a new run's first save has not created it yet
+            except StoreError as exc:
+                self.lost = exc
+                return
+            except Exception as exc:  # a store that cannot be reached now: try again later
+                self.lost = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)

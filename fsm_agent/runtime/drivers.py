@@ -1,0 +1,415 @@
+"""The drivers: the only code that performs the loop's requests (all of fsm-agent's I/O).
+
+:class:`SyncDriver` answers each request of :func:`fsm_agent.core.loop.steps` in the
+calling thread; :class:`AsyncDriver` awaits them, running a blocking store's operations
+in a worker thread (a non-blocking one such as ``MemoryStore`` is called inline: no
+thread hop per event), so ``arun()`` never blocks its event loop on a store.
+
+Stopping. When performing a request raises — Ctrl-C, a cancelled task, a tool raising
+``GeneratorExit`` or another ``BaseException``, a ``StoreError`` (disk full, lock
+timeout, a fenced owner), a trace file that cannot be written — the driver throws
+:class:`~fsm_agent.core.loop.Cancelled` into the loop, which takes the ``cancel`` edge so
+every open call is answered and ``run_end`` is written; the driver performs what the loop
+still asks (best effort: a broken store or sink is not asked again) and then re-raises
+the first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
+``SystemExit`` from a model or tool) never stop the driver: the loop is sent them.
+
+Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s`` runs
+on a thread of its own, at most ``ToolThreads.limit`` at once per runtime; a call that
+cannot start within its timeout (every thread busy with hung calls) is never started and
+answered ``not_executed``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from fsm_agent.core.loop import Cancelled, Steps
+from fsm_agent.core.requests import (
+    AbortIntent,
+    AskModel,
+    BeginIntent,
+    CallTool,
+    CommitIntent,
+    EmitEvents,
+    IntentClaim,
+    LoadIntent,
+    ReadClock,
+    Request,
+    SaveCheckpoint,
+    Sleep,
+    ToolOutcome,
+)
+from fsm_agent.durable.store import Checkpoint, RunStore, Store
+from fsm_agent.errors import ToolRejected, TransientToolError
+from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.trace.io import TraceSink
+
+__all__ = ["AsyncDriver", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
+
+Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
+
+
+class ToolThreads:
+    """Threads for sync tools with a timeout: each call starts on a thread of its own, so
+    its timeout never counts time spent waiting behind other calls."""
+
+    def __init__(self, limit: int = 16) -> None:
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def try_start(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], wait_s: float
+    ) -> concurrent.futures.Future[Any] | None:
+        """Start ``fn(**kwargs)`` on a new thread within ``wait_s`` seconds, or ``None``
+        (nothing started) if every slot stays busy that long."""
+        if not self._slots.acquire(timeout=max(wait_s, 0.0)):
+            return None
+        return self._start(fn, kwargs)
+
+    def try_start_now(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> concurrent.futures.Future[Any] | None:
+        return self._start(fn, kwargs) if self._slots.acquire(blocking=False) else None
+
+    def _start(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(**kwargs))
+            except BaseException as exc:  # handed to the waiting driver
+                future.set_exception(exc)
+            finally:
+                self._slots.release()
+
+        future.set_running_or_notify_cancel()
+        threading.Thread(target=run, name="fsm-agent-tool", daemon=True).start()
+        return future
+
+
+@dataclass
+class Io:
+    """What one driving of one run performs requests against."""
+
+    run_id: str
+    model: Model
+    clock: Callable[[], float]
+    sleep: Callable[[float], Any] | None
+    threads: ToolThreads
+    deadline: Callable[[float], float | None]
+    store: Store | None = None
+    owner: str | None = None
+    sink: TraceSink | None = None
+    # Set when a store or sink failed while the run was stopping: not asked again.
+    broken: set[str] = field(default_factory=set)
+
+
+def propagates(exc: BaseException) -> bool:
+    """KeyboardInterrupt, GeneratorExit, asyncio's CancelledError and other non-Exception
+    BaseExceptions belong to the process and its event loop, not to the tool or model
+    that was running: they stop the run (cleanly) and propagate. Anything else a tool or
+    model raises (SystemExit included) is that call's outcome."""
+    return not isinstance(exc, (Exception, SystemExit))
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ raises
+        return f"{type(exc).__name__}: <unprintable>"
+
+
+def outcome_of(exc: BaseException) -> ToolOutcome:
+    """The outcome of a tool that raised ``exc``."""
+    text = _text(exc)
+    if isinstance(exc, ToolRejected):
+        return ToolOutcome("rejected", error=text)
+    if isinstance(exc, TransientToolError):
+        return ToolOutcome("transient", error=text)
+    if isinstance(exc, TimeoutError):
+        return ToolOutcome("timeout", error=text)
+    return ToolOutcome("error", error=text)
+
+
+def _creates_run(request: Request) -> bool:
+    return isinstance(request, SaveCheckpoint) and request.header is not None
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+
+
+class _Driver:
+    """What both drivers share: the store, sink and clock operations, and stopping."""
+
+    def __init__(self, io: Io) -> None:
+        self.io = io
+
+    def store_op(self, request: Request) -> Any:
+        store = self.io.store
+        if store is None:
+            raise RuntimeError(f"{type(request).__name__} needs a store")  # a loop bug
+        if isinstance(request, BeginIntent):
+            return store.begin_intent(request.record, take_over=request.take_over)
+        if isinstance(request, CommitIntent):
+            return store.commit_intent(request.tool, request.key, request.owner, request.result)
+        if isinstance(request, AbortIntent):
+            return store.abort_intent(request.tool, request.key, request.owner)
+        if isinstance(request, LoadIntent):
+            return store.get_intent(request.tool, request.key)
+        assert isinstance(request, SaveCheckpoint)
+        checkpoint = Checkpoint(request.snapshot, request.messages)
+        owner = self.io.owner or ""
+        runs = cast(RunStore, store)  # the loop saves only when the store keeps runs
+        if request.header is not None:
+            return runs.create_run(
+                self.io.run_id, request.header, owner, request.events, checkpoint
+            )
+        return runs.save(self.io.run_id, owner, request.events, checkpoint)
+
+    def emit(self, request: EmitEvents) -> None:
+        sink = self.io.sink
+        if sink is not None:
+            for event in request.events:
+                sink.write(event)
+
+    def fallback(self, request: Request, exc: BaseException) -> Any:
+        """The answer to a request that failed while the run was stopping."""
+        if isinstance(request, EmitEvents):
+            self.io.broken.add("sink")
+        elif isinstance(
+            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+        ):
+            self.io.broken.add("store")
+        if isinstance(request, ReadClock):
+            return 0.0
+        if isinstance(request, BeginIntent):
+            return IntentClaim(False, None)
+        if isinstance(request, CallTool):
+            return ToolOutcome("not_started", error="the run was stopping")
+        return None
+
+    def skipped(self, request: Request) -> bool:
+        broken = self.io.broken
+        if "sink" in broken and isinstance(request, EmitEvents):
+            return True
+        return "store" in broken and isinstance(
+            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+        )
+
+
+class SyncDriver(_Driver):
+    """Performs every request in the calling thread."""
+
+    def drive(self, steps: Steps) -> None:
+        failure: BaseException | None = None
+        request = next(steps)
+        while True:
+            try:
+                if failure is not None and self.skipped(request):
+                    answer = self.fallback(request, failure)
+                else:
+                    answer = self.perform(request)
+            except BaseException as exc:
+                if failure is not None:  # already stopping: keep going, first cause wins
+                    answer = self.fallback(request, exc)
+                elif _creates_run(request):  # the run never existed: nothing to close
+                    steps.close()
+                    raise
+                else:
+                    failure = exc
+                    try:
+                        request = steps.throw(Cancelled())
+                    except (StopIteration, Cancelled):
+                        break
+                    continue
+            try:
+                request = steps.send(answer)
+            except StopIteration:
+                break
+        if failure is not None:
+            raise failure
+
+    def perform(self, request: Request) -> Any:
+        io = self.io
+        if isinstance(request, ReadClock):
+            return io.clock()
+        if isinstance(request, AskModel):
+            return self.ask(request)
+        if isinstance(request, CallTool):
+            return self.call_tool(request)
+        if isinstance(request, EmitEvents):
+            return self.emit(request)
+        if isinstance(request, Sleep):
+            (io.sleep or time.sleep)(request.seconds)
+            return None
+        return self.store_op(request)
+
+    def ask(self, request: AskModel) -> Any:
+        token = set_deadline(self.io.deadline(self.io.clock()))
+        try:
+            reply = self.io.model(request.messages, request.tool_specs)
+        except BaseException as exc:
+            if propagates(exc):
+                raise
+            return exc
+        finally:
+            reset_deadline(token)
+        if inspect.isawaitable(reply):
+            _close(reply)
+            return TypeError("the model returned an awaitable; use runtime.arun()")
+        return reply
+
+    def call_tool(self, request: CallTool) -> ToolOutcome:
+        fn = request.call.tool.fn  # type: ignore[union-attr]
+        timeout = request.timeout_s
+        try:
+            if timeout is None:
+                value = fn(**request.arguments)
+            else:
+                future = self.io.threads.try_start(fn, request.arguments, timeout)
+                if future is None:
+                    return ToolOutcome(
+                        "not_started",
+                        error=f"no tool thread was free within {timeout:.3f}s; it never started",
+                    )
+                try:
+                    value = future.result(timeout=timeout)
+                except concurrent.futures.TimeoutError:
+                    # The thread cannot be killed; it runs on, and a write may still land.
+                    return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
+        except BaseException as exc:
+            if propagates(exc):
+                raise
+            return outcome_of(exc)
+        if inspect.isawaitable(value):
+            _close(value)
+            return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
+        return ToolOutcome("ok", value)
+
+
+class AsyncDriver(_Driver):
+    """Awaits every request; blocking store operations run in a worker thread."""
+
+    async def drive(self, steps: Steps) -> None:
+        failure: BaseException | None = None
+        request = next(steps)
+        while True:
+            try:
+                if failure is not None and self.skipped(request):
+                    answer = self.fallback(request, failure)
+                else:
+                    answer = await self.perform(request)
+            except BaseException as exc:
+                if failure is not None:
+                    answer = self.fallback(request, exc)
+                elif _creates_run(request):
+                    steps.close()
+                    raise
+                else:
+                    failure = exc
+                    try:
+                        request = steps.throw(Cancelled())
+                    except (StopIteration, Cancelled):
+                        break
+                    continue
+            try:
+                request = steps.send(answer)
+            except StopIteration:
+                break
+        if failure is not None:
+            raise failure
+
+    async def perform(self, request: Request) -> Any:
+        import asyncio
+
+        io = self.io
+        if isinstance(request, ReadClock):
+            return io.clock()
+        if isinstance(request, AskModel):
+            return await self.ask(request)
+        if isinstance(request, CallTool):
+            return await self.call_tool(request)
+        if isinstance(request, EmitEvents):
+            return self.emit(request)
+        if isinstance(request, Sleep):
+            if io.sleep is None:
+                await asyncio.sleep(request.seconds)
+            else:
+                slept = io.sleep(request.seconds)
+                if inspect.isawaitable(slept):
+                    await slept
+            return None
+        if io.store is not None and io.store.blocking:
+            return await asyncio.to_thread(self.store_op, request)
+        return self.store_op(request)
+
+    async def ask(self, request: AskModel) -> Any:
+        token = set_deadline(self.io.deadline(self.io.clock()))
+        try:
+            reply = self.io.model(request.messages, request.tool_specs)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        except BaseException as exc:
+            if propagates(exc):
+                raise
+            return exc
+        finally:
+            reset_deadline(token)
+        return reply
+
+    async def call_tool(self, request: CallTool) -> ToolOutcome:
+        import asyncio
+
+        tool = request.call.tool
+        assert tool is not None
+        timeout = request.timeout_s
+        try:
+            if getattr(tool, "is_async", False):
+                value = await asyncio.wait_for(tool.fn(**request.arguments), timeout)  # type: ignore[attr-defined]
+            elif timeout is None:
+                value = tool.fn(**request.arguments)  # type: ignore[attr-defined]
+            else:
+                future = await self._start_thread(tool.fn, request.arguments, timeout)  # type: ignore[attr-defined]
+                if future is None:
+                    return ToolOutcome(
+                        "not_started",
+                        error=f"no tool thread was free within {timeout:.3f}s; it never started",
+                    )
+                value = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            if isinstance(exc, asyncio.TimeoutError) and timeout is not None:
+                return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
+            return outcome_of(exc)
+        except BaseException as exc:
+            if propagates(exc):
+                raise
+            return outcome_of(exc)
+        if inspect.isawaitable(value):
+            _close(value)
+            return ToolOutcome("error", error="the tool returned an awaitable it did not await")
+        return ToolOutcome("ok", value)
+
+    async def _start_thread(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], wait_s: float
+    ) -> concurrent.futures.Future[Any] | None:
+        """Start a tool thread without blocking the event loop: poll for a free slot."""
+        import asyncio
+
+        give_up = time.monotonic() + wait_s
+        while True:
+            future = self.io.threads.try_start_now(fn, kwargs)
+            if future is not None or time.monotonic() >= give_up:
+                return future
+            await asyncio.sleep(0.01)
