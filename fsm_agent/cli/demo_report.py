@@ -46,7 +46,7 @@ def _paint(text: str, colour: str) -> str:
 def run_path(result: RunResult) -> list[str]:
     """The states a run went through, in order; a self-loop (a call being dispatched in
     ``executing``) adds nothing a reader needs, so consecutive repeats are one."""
-    states = [INITIAL_STATE]
+    states: list[str] = [INITIAL_STATE]
     for event in result.events:
         if event.get("type") == "transition" and event.get("dest") != states[-1]:
             states.append(str(event.get("dest")))
