@@ -49,7 +49,7 @@ def test_the_rule_rows_are_generated_from_the_table() -> None:
     )
     for t in TRANSITIONS:
         index = TRANSITIONS.index(t)
-        rows = re.findall(rf"^\| {index} \| `{t.source}` \|.*$", RULES_TEXT, re.M)
+        rows = re.findall(rf"^\| {index} \| `{t.source}` → `{t.dest}`<br>.*$", RULES_TEXT, re.M)
         # A row is listed under each code it cites (or once, under "cite no rule").
         assert len(rows) == max(len(set(codes_of(t))), 1), (index, t.rule)
 

@@ -42,11 +42,12 @@ def rows_table(code: str | None) -> str:
     ]
     if not rows:
         return "*No row of the table cites this rule yet.*\n"
-    out = ["| # | from | edge | to | why |", "|---|---|---|---|---|"]
+    out = ["| # | move and edge | why |", "|---|---|---|"]
     for t in rows:
         index = TRANSITIONS.index(t)
         out.append(
-            f"| {index} | `{t.source}` | `{_cell(detail_line(t))}` | `{t.dest}` | {_cell(t.rule)} |"
+            f"| {index} | `{t.source}` → `{t.dest}`<br>`{_cell(detail_line(t))}` "
+            f"| {_cell(t.rule)} |"
         )
     return "\n".join(out) + "\n"
 
