@@ -279,3 +279,24 @@ def test_the_event_is_formatted_and_a_call_id_can_be_jumped_to(opened: Any) -> N
     page.click("#event-view button.call-link >> text=c1")
     assert page.evaluate("() => document.getElementById('call').value") == "c1"
     assert '"c1"' in current(page)["event"]
+
+
+@pytest.mark.parametrize("name", ["run_machine.svg", "run_machine_full.svg"])
+def test_self_loop_labels_are_not_struck_through_by_their_loops(browser: Any, name: str) -> None:
+    page = browser.new_page()
+    page.goto((Path(__file__).resolve().parents[1] / "diagrams" / name).as_uri())
+    loops = page.evaluate("""() => Array.from(document.querySelectorAll('g.edge'))
+        .filter(g => g.querySelector('title').textContent.includes(' → ')
+                     && g.id.startsWith('edge-executing-') && g.id.endsWith('-executing'))
+        .map(g => {
+            const loop = g.querySelector('path').getBBox();
+            return Array.from(g.querySelectorAll('text')).map(t => {
+                const r = t.getBBox();
+                const apart = r.x > loop.x + loop.width || r.x + r.width < loop.x
+                    || r.y > loop.y + loop.height || r.y + r.height < loop.y;
+                return [t.textContent, apart];
+            });
+        }).flat()""")
+    page.close()
+    assert loops, "no self-loop found"
+    assert all(apart for _text, apart in loops), loops
