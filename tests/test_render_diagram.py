@@ -228,3 +228,36 @@ def test_make_diagrams_is_byte_stable_whichever_renderer_is_installed(
     assert sorted(p.name for p in written) == committed
     changed = [p.name for p in written if p.read_bytes() != (DIAGRAMS / p.name).read_bytes()]
     assert changed == [], "run `make diagrams` and commit the result"
+
+
+def _arrowheads_by_destination(svg: str) -> dict[str, list[tuple[float, float]]]:
+    """The centre of each arrow's head in the overview, grouped by the state it enters."""
+    heads: dict[str, list[tuple[float, float]]] = {}
+    for group_id, body in re.findall(r'<g id="([^"]+)" class="edge">(.*?)</g>', svg, re.S):
+        polygon = re.search(r'<polygon[^>]*points="([^"]+)"', body)
+        if polygon is None:
+            continue
+        points = [tuple(map(float, p.split(","))) for p in polygon.group(1).split()][:3]
+        centre = (sum(p[0] for p in points) / 3, sum(p[1] for p in points) / 3)
+        heads.setdefault(html.unescape(group_id).rsplit("-", 1)[1], []).append(centre)
+    return heads
+
+
+@pytest.mark.skipif(not (HAS_DOT or HAS_WASM), reason="no Graphviz renderer installed")
+def test_arrowheads_do_not_pile_up_on_terminal_states() -> None:
+    import itertools
+    import math
+
+    svgs = [(DIAGRAMS / "run_machine.svg").read_text(encoding="utf-8")]
+    svgs += [
+        machine_svg(detail="overview", renderer=r).decode("utf-8")
+        for r, ok in (("dot", HAS_DOT), ("wasm", HAS_WASM))
+        if ok
+    ]
+    for svg in svgs:
+        heads = _arrowheads_by_destination(svg)
+        for state in TERMINAL_STATES:
+            arriving = heads.get(state, [])
+            assert 1 <= len(arriving) <= 4, (state, len(arriving))
+            gaps = [math.dist(a, b) for a, b in itertools.combinations(arriving, 2)]
+            assert min(gaps, default=99.0) >= 10.0, (state, gaps)  # apart: an arrowhead is ~8
