@@ -300,3 +300,28 @@ def test_self_loop_labels_are_not_struck_through_by_their_loops(browser: Any, na
     page.close()
     assert loops, "no self-loop found"
     assert all(apart for _text, apart in loops), loops
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_make_screenshots_takes_the_three_pictures_of_the_docs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, str(root / "scripts" / "screenshots.py"), str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    width, height = _png_size(tmp_path / "readme-picture.png")
+    assert width == 900 and height > 400  # the README picture at the width it is read at
+    assert _png_size(tmp_path / "viewer.png") == (1280, 800)
+    assert _png_size(tmp_path / "demo.png")[0] == 900
+    for name in ("readme-picture.png", "viewer.png", "demo.png"):
+        assert (root / "docs" / "assets" / name).is_file(), f"make screenshots: {name}"
