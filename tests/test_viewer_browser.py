@@ -88,11 +88,11 @@ def opened(browser: Any, page_file: Path) -> Iterator[tuple[Any, list[str], list
     dialogs: list[str] = []
     requests: list[str] = []
 
-    def on_dialog(dialog: Any) -> None:
+    def dismiss(dialog: Any) -> None:
         dialogs.append(dialog.message)
         dialog.dismiss()
 
-    page.on("dialog", on_dialog)
+    page.on("dialog", dismiss)
     page.on("request", lambda r: requests.append(r.url))
     page.goto(page_file.as_uri())
     yield page, dialogs, requests

@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
@@ -45,6 +45,9 @@ from fsm_agent.errors import (
     RunNotFound,
     StoreError,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 
@@ -220,7 +223,7 @@ class SqliteStore:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> SqliteStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
