@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "fsm_agent"
 
 #: Lowest first. A module may import its own layer and the layers before it.
-LAYERS = ("errors", "_compat", "core", "trace", "durable", "tools", "runtime", "models",
+LAYERS = ("_version", "errors", "_compat", "core", "trace", "durable", "tools", "runtime", "models",
           "render", "testing", "cli")  # fmt: skip
 TOP = ("__init__", "__main__")
 

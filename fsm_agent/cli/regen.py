@@ -64,13 +64,11 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
 
 def regenerate_docs(docs_dir: Path) -> list[Path]:
     """Rewrite the generated parts of the docs; return the paths written."""
-    import fsm_agent
-
     rules = docs_dir / RULES_PAGE
     rules.write_text(update_rule_rows(rules.read_text(encoding="utf-8")), encoding="utf-8")
     assets = docs_dir / "assets"
     assets.mkdir(parents=True, exist_ok=True)
-    dot = layer_dot(Path(fsm_agent.__file__).parent)
+    dot = layer_dot(Path(__file__).resolve().parents[1])  # the fsm_agent package folder
     (assets / "layers.dot").write_text(dot, encoding="utf-8")
     (assets / "layers.svg").write_bytes(render(dot, "svg", COMMITTED_RENDERER))
     return [rules, assets / "layers.dot", assets / "layers.svg"]
