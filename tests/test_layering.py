@@ -14,8 +14,20 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "fsm_agent"
 
 #: Lowest first. A module may import its own layer and the layers before it.
-LAYERS = ("_version", "errors", "_compat", "core", "trace", "durable", "tools", "runtime", "models",
-          "render", "testing", "cli")  # fmt: skip
+LAYERS = (
+    "_version",
+    "errors",
+    "_compat",
+    "core",
+    "trace",
+    "durable",
+    "tools",
+    "runtime",
+    "models",
+    "render",
+    "testing",
+    "cli",
+)
 TOP = ("__init__", "__main__")
 
 
@@ -76,16 +88,35 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 def test_core_does_no_io() -> None:
     """Nothing in ``core/`` imports a module that talks to the world."""
-    io_modules = {"os", "socket", "sqlite3", "asyncio", "time", "subprocess", "threading",
-                  "pathlib", "io", "shutil", "random", "uuid"}  # fmt: skip
+    io_modules = {
+        "os",
+        "socket",
+        "sqlite3",
+        "asyncio",
+        "time",
+        "subprocess",
+        "threading",
+        "pathlib",
+        "io",
+        "shutil",
+        "random",
+        "uuid",
+    }
     for name, path in MODULES.items():
         if not name.startswith("fsm_agent.core"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        used = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-                for a in n.names}  # fmt: skip
-        used |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and not n.level}  # fmt: skip
+        used = {
+            a.name.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import)
+            for a in n.names
+        }
+        used |= {
+            (n.module or "").split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and not n.level
+        }
         # approvals.py holds a lock for its use counts: in-memory state, not I/O.
         allowed = {"threading"} if name == "fsm_agent.core.approvals" else set()
         assert not (used & io_modules) - allowed, f"{name} imports {used & io_modules}"

@@ -52,8 +52,11 @@ TOOLS.register(
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
 
 
 def decide(*calls: dict[str, Any]) -> dict[str, Any]:
@@ -65,10 +68,16 @@ ANSWER = {"role": "assistant", "content": "Done."}
 
 def new_state(*, save: SaveMode = "never", emit: bool = False, **budget: Any) -> RunState:
     config = RunConfig(
-        budget=Budget(**budget), retry=RetryPolicy(max_attempts=2, backoff_s=0.5),
-        policy="default", allowed=frozenset({"lookup", "ticket"}), tools=TOOLS.get,
-        tool_specs=[t.spec() for t in TOOLS], approvals=ApprovalBook(), save=save, emit=emit,
-    )  # fmt: skip
+        budget=Budget(**budget),
+        retry=RetryPolicy(max_attempts=2, backoff_s=0.5),
+        policy="default",
+        allowed=frozenset({"lookup", "ticket"}),
+        tools=TOOLS.get,
+        tool_specs=[t.spec() for t in TOOLS],
+        approvals=ApprovalBook(),
+        save=save,
+        emit=emit,
+    )
     s = RunState(run_id="r1", config=config, messages=[{"role": "user", "content": "hi"}])
     start(s)
     return s
@@ -89,8 +98,11 @@ def drive(gen: Generator[Request, Any, None], answer: Answer) -> list[Request]:
             return seen
 
 
-def scripted(replies: list[Any], tool: Callable[[CallTool], ToolOutcome] | None = None,
-             claims: Callable[[BeginIntent], IntentClaim] | None = None) -> Answer:  # fmt: skip
+def scripted(
+    replies: list[Any],
+    tool: Callable[[CallTool], ToolOutcome] | None = None,
+    claims: Callable[[BeginIntent], IntentClaim] | None = None,
+) -> Answer:
     """Answers like a driver would: the model's replies in turn, tools by ``tool``
     (default: run the registered function), a clock that ticks 1 s per reading."""
     replies = list(replies)
@@ -123,19 +135,32 @@ def test_a_read_then_an_answer_with_nothing_to_save_or_emit() -> None:
     requests = drive(steps(s), scripted([decide(call("c1", "lookup", key="A")), ANSWER]))
     assert kinds(requests) == [
         "ReadClock",  # the run's start
-        "AskModel", "ReadClock",  # the reply and when it came
-        "CallTool", "ReadClock",  # the read and when it returned
-        "AskModel", "ReadClock",
-    ]  # fmt: skip
+        "AskModel",
+        "ReadClock",  # the reply and when it came
+        "CallTool",
+        "ReadClock",  # the read and when it returned
+        "AskModel",
+        "ReadClock",
+    ]
     assert (s.state, s.reason, s.answer) == ("done", "final_answer", "Done.")
     ask = requests[1]
     assert isinstance(ask, AskModel) and ask.messages == [{"role": "user", "content": "hi"}]
     tool = requests[3]
     assert isinstance(tool, CallTool) and tool.arguments == {"key": "A"} and tool.timeout_s is None
     assert [e["type"] for e in s.events] == [
-        "run_start", "decision", "transition", "transition", "transition", "transition",
-        "observation", "transition", "decision", "transition", "transition", "run_end",
-    ]  # fmt: skip
+        "run_start",
+        "decision",
+        "transition",
+        "transition",
+        "transition",
+        "transition",
+        "observation",
+        "transition",
+        "decision",
+        "transition",
+        "transition",
+        "run_end",
+    ]
     assert s.events[0]["schema"] == SCHEMA and [e["seq"] for e in s.events] == list(range(12))
 
 
@@ -143,9 +168,18 @@ def test_a_run_with_a_sink_emits_before_every_request_that_leaves() -> None:
     s = new_state(emit=True)
     requests = drive(steps(s), scripted([decide(call("c1", "lookup", key="A")), ANSWER]))
     assert kinds(requests) == [
-        "ReadClock", "EmitEvents", "AskModel", "ReadClock", "EmitEvents", "CallTool",
-        "ReadClock", "EmitEvents", "AskModel", "ReadClock", "EmitEvents",
-    ]  # fmt: skip
+        "ReadClock",
+        "EmitEvents",
+        "AskModel",
+        "ReadClock",
+        "EmitEvents",
+        "CallTool",
+        "ReadClock",
+        "EmitEvents",
+        "AskModel",
+        "ReadClock",
+        "EmitEvents",
+    ]
     emitted = [e for r in requests if isinstance(r, EmitEvents) for e in r.events]
     assert emitted == s.events  # every event exactly once, in order
 
@@ -154,12 +188,20 @@ def test_a_durable_write_begins_its_intent_saves_then_runs_then_commits() -> Non
     s = new_state(save="replies")
     requests = drive(steps(s), scripted([decide(call("w1", "ticket", key="K")), ANSWER]))
     assert kinds(requests) == [
-        "ReadClock", "SaveCheckpoint",  # the run is created
-        "AskModel", "ReadClock", "SaveCheckpoint",  # a reply with calls is saved
-        "BeginIntent", "SaveCheckpoint",  # intent, then the attempt's checkpoint: D1
-        "CallTool", "CommitIntent", "ReadClock",  # the result under its key: no save
-        "AskModel", "ReadClock", "SaveCheckpoint",  # the end
-    ]  # fmt: skip
+        "ReadClock",
+        "SaveCheckpoint",  # the run is created
+        "AskModel",
+        "ReadClock",
+        "SaveCheckpoint",  # a reply with calls is saved
+        "BeginIntent",
+        "SaveCheckpoint",  # intent, then the attempt's checkpoint: D1
+        "CallTool",
+        "CommitIntent",
+        "ReadClock",  # the result under its key: no save
+        "AskModel",
+        "ReadClock",
+        "SaveCheckpoint",  # the end
+    ]
     create = requests[1]
     assert isinstance(create, SaveCheckpoint) and create.header is not None
     begin = requests[5]
@@ -183,8 +225,9 @@ def test_a_key_held_by_a_committed_write_is_replayed_without_calling_the_tool() 
         return IntentClaim(False, done)
 
     s = new_state()
-    requests = drive(steps(s), scripted([decide(call("w1", "ticket", key="K")), ANSWER],
-                                        claims=claims))  # fmt: skip
+    requests = drive(
+        steps(s), scripted([decide(call("w1", "ticket", key="K")), ANSWER], claims=claims)
+    )
     assert "CallTool" not in kinds(requests)
     assert s.counters.replays == 1 and json.loads(s.messages[2]["content"])["replayed"] is True
 
@@ -200,11 +243,15 @@ def test_an_intent_begun_for_nothing_is_given_back() -> None:
 
 
 def test_a_transient_read_sleeps_then_calls_again() -> None:
-    outcomes = [ToolOutcome("transient", error="TransientToolError: busy"),
-                ToolOutcome("ok", {"key": "A"})]  # fmt: skip
+    outcomes = [
+        ToolOutcome("transient", error="TransientToolError: busy"),
+        ToolOutcome("ok", {"key": "A"}),
+    ]
     s = new_state()
-    requests = drive(steps(s), scripted([decide(call("c1", "lookup", key="A")), ANSWER],
-                                        tool=lambda r: outcomes.pop(0)))  # fmt: skip
+    requests = drive(
+        steps(s),
+        scripted([decide(call("c1", "lookup", key="A")), ANSWER], tool=lambda r: outcomes.pop(0)),
+    )
     assert kinds(requests)[3:8] == ["CallTool", "ReadClock", "Sleep", "ReadClock", "CallTool"]
     sleep = requests[5]
     assert isinstance(sleep, Sleep) and sleep.seconds == 0.5
@@ -217,10 +264,18 @@ def test_a_transient_read_sleeps_then_calls_again() -> None:
 def test_a_model_error_ends_the_run_and_a_durable_one_saves_it() -> None:
     s = new_state(save="writes")
     requests = drive(steps(s), scripted([ConnectionError("down")]))
-    assert kinds(requests) == ["ReadClock", "SaveCheckpoint", "AskModel", "ReadClock",
-                               "SaveCheckpoint"]  # fmt: skip
-    assert (s.state, s.reason, s.detail) == ("protocol_error", "model_error",
-                                             "ConnectionError: down")  # fmt: skip
+    assert kinds(requests) == [
+        "ReadClock",
+        "SaveCheckpoint",
+        "AskModel",
+        "ReadClock",
+        "SaveCheckpoint",
+    ]
+    assert (s.state, s.reason, s.detail) == (
+        "protocol_error",
+        "model_error",
+        "ConnectionError: down",
+    )
 
 
 def test_a_driver_that_stops_mid_write_gets_a_closed_run_for_review() -> None:
@@ -235,8 +290,11 @@ def test_a_driver_that_stops_mid_write_gets_a_closed_run_for_review() -> None:
     after += drive_rest(gen, answer)
     assert kinds(after) == ["ReadClock", "EmitEvents"]
     assert (s.state, s.reason) == ("review_required", "outcome_unknown")
-    answers = {m["tool_call_id"]: json.loads(m["content"])["error"] for m in s.messages
-               if m["role"] == "tool"}  # fmt: skip
+    answers = {
+        m["tool_call_id"]: json.loads(m["content"])["error"]
+        for m in s.messages
+        if m["role"] == "tool"
+    }
     assert answers == {"w1": "outcome_unknown", "c2": "skipped_pending_review"}
     assert s.events[-1]["type"] == "run_end"
 
@@ -258,11 +316,23 @@ def test_an_exception_raised_inside_the_loop_closes_the_run_then_propagates() ->
     def interrupted_key(arguments: dict[str, Any]) -> str:
         raise KeyboardInterrupt  # a registrar's function runs inside the loop
 
-    tools.register(lambda key: key, name="ticket", effect="write", idempotency_key=interrupted_key,
-                   schema={"type": "object"}, allow_extra_fields=True)  # fmt: skip
+    tools.register(
+        lambda key: key,
+        name="ticket",
+        effect="write",
+        idempotency_key=interrupted_key,
+        schema={"type": "object"},
+        allow_extra_fields=True,
+    )
     s = new_state()
-    s.config = RunConfig(budget=Budget(), retry=RetryPolicy(), policy="default",
-                         allowed=frozenset({"ticket"}), tools=tools.get, tool_specs=[])  # fmt: skip
+    s.config = RunConfig(
+        budget=Budget(),
+        retry=RetryPolicy(),
+        policy="default",
+        allowed=frozenset({"ticket"}),
+        tools=tools.get,
+        tool_specs=[],
+    )
     with pytest.raises(KeyboardInterrupt):
         drive(steps(s), scripted([decide(call("w1", "ticket", key="K"))]))
     assert (s.state, s.reason) == ("cancelled", "cancelled")
@@ -281,10 +351,16 @@ def test_a_resumed_write_that_was_in_flight_reads_its_record_and_stops() -> None
         request = gen.send(answer(request))
     gen.close()
     last = saves[-1]
-    resumed = RunState.restore(last.snapshot, run_id="r1", config=s.config,
-                               messages=list(s.messages), events=list(s.events))  # fmt: skip
+    resumed = RunState.restore(
+        last.snapshot,
+        run_id="r1",
+        config=s.config,
+        messages=list(s.messages),
+        events=list(s.events),
+    )
     pending = IdempotencyRecord("ticket", "K", "d", "pending", "r1", "w1")
-    requests = drive(steps(resumed, resumed=True),
-                     lambda r: pending if isinstance(r, LoadIntent) else answer(r))  # fmt: skip
+    requests = drive(
+        steps(resumed, resumed=True), lambda r: pending if isinstance(r, LoadIntent) else answer(r)
+    )
     assert kinds(requests) == ["ReadClock", "LoadIntent", "SaveCheckpoint"]
     assert (resumed.state, resumed.reason) == ("review_required", "outcome_unknown")
