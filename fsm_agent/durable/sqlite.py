@@ -286,8 +286,10 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
             except UnicodeDecodeError as exc:  # a damaged TEXT value
-                raise CorruptRecord(f"{self.path}: a stored row is not UTF-8 text ({exc.reason}"
-                                    f" at byte {exc.start}); the file is damaged") from None
+                raise CorruptRecord(
+                    f"{self.path}: a stored row is not UTF-8 text ({exc.reason}"
+                    f" at byte {exc.start}); the file is damaged"
+                ) from None
 
     def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
         if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
@@ -407,8 +409,10 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
             except UnicodeDecodeError as exc:
-                raise CorruptRecord(f"{self.path}: the idempotency record of {tool!r} key "
-                                    f"{key!r} is not UTF-8 text ({exc.reason})") from None
+                raise CorruptRecord(
+                    f"{self.path}: the idempotency record of {tool!r} key "
+                    f"{key!r} is not UTF-8 text ({exc.reason})"
+                ) from None
 
     #: The 0.1 name of :meth:`get_intent`.
     get_idempotency = get_intent
