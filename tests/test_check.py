@@ -175,13 +175,13 @@ def test_a_write_executed_twice_under_one_key_is_caught() -> None:
 
         blocking = False
 
-        def begin_intent(self, record: Any, *, take_over: bool = False) -> IntentClaim:
+        def begin_intent(self, record: Any, *, take_over: bool = False, save: Any = None) -> Any:
             return IntentClaim(True, None)
 
-        def commit_intent(self, tool: str, key: str, owner: Any, result: Any) -> None:
+        def commit_intent(self, tool: str, key: str, owner: Any, result: Any, **_: Any) -> None:
             pass
 
-        def abort_intent(self, tool: str, key: str, owner: Any) -> None:
+        def abort_intent(self, tool: str, key: str, owner: Any, **_: Any) -> None:
             pass
 
         def get_intent(self, tool: str, key: str) -> Any:

@@ -26,11 +26,11 @@ from fsm_agent.trace.checker import check_events
 
 CHILD = Path(__file__).with_name("durable_child.py")
 #: Transitions of the scenario's run when nothing goes wrong, and the checkpoints
-#: committed among them (after the run's creation): both replies with calls, both write
-#: attempts, the unkeyed write's result (the keyed one's is in its idempotency record),
-#: the end.
+#: committed among them by ``save`` (after the run's creation): both accepted batches,
+#: the unkeyed write's attempt and its result, the end. (The keyed write's checkpoint
+#: goes in with its intent; its result is in its idempotency record.)
 TRANSITIONS = 15
-SAVES = 6
+SAVES = 5
 
 
 def child(
@@ -139,7 +139,7 @@ def test_killed_inside_a_write_never_runs_it_twice(tmp_path: Path, crash: str) -
 @pytest.mark.parametrize(
     ("first", "second"),
     [
-        ("transition:6", "transition:2"),
+        ("transition:5", "transition:2"),
         ("create_ticket_after", "save:1"),
         ("save:1", "notify_after"),
     ],

@@ -68,8 +68,8 @@ _TERMINAL = frozenset(TERMINAL_STATES)
 _SAVE_ALWAYS = frozenset(
     t.index for t in TRANSITIONS if t.dest in _TERMINAL or t.trigger == "resume"
 )
-#: ... in ``replies`` mode also (a model reply cost tokens; a failed one ends the run).
-_SAVE_REPLIES = frozenset(t.index for t in TRANSITIONS if t.trigger == "model_replied")
+#: ... in ``replies`` mode also when a batch is accepted (its reply cost tokens).
+_BATCH_ACCEPTED = next(t.index for t in TRANSITIONS if t.action == "start_batch")
 #: ... around a write: when its attempt starts and when its tool returned.
 _SAVE_WRITES = frozenset(
     t.index for t in TRANSITIONS if t.action == "start_attempt" or t.trigger == "tool_returned"
@@ -185,12 +185,21 @@ def _resume(s: RunState) -> Steps:
     if s.decision.calls and s.state != "validating":
         _admit(s)  # the rest of the batch, with today's registry
     call = s.call
-    if s.state == "executing" and s.taken.action == "start_attempt":
-        if call.idempotency_key is not None:
-            record = yield LoadIntent(call.name, call.idempotency_key)
-            call.record = record
-            # If the intent is gone (aborted after a rejection) it must be begun again.
-            call.claimed = record is not None and record.owner == (s.run_id, call.id)
+    in_flight = s.state == "executing" and s.taken.action == "start_attempt"
+    if s.state == "executing" and call.index >= 0 and call.idempotency_key is not None:
+        # A keyed write's attempt starts without a checkpoint of its own: its pending
+        # intent, begun with the checkpoint before dispatch, says it may have started.
+        record = yield LoadIntent(call.name, call.idempotency_key)
+        call.record = record
+        ours = record is not None and record.owner == (s.run_id, call.id)
+        # If the intent is gone (aborted after a rejection) it must be begun again.
+        call.claimed = ours and record is not None and record.status == "pending"
+        if ours and not in_flight:
+            # Begun, so its attempt was starting: count it as start_attempt would have
+            # (the transition itself died with the process that took it).
+            ACTIONS["start_attempt"](s, [])
+            in_flight = True
+    if in_flight:
         save = _fire(s, "resume")
         if save is not None:
             yield save
@@ -273,7 +282,12 @@ def _execute(s: RunState) -> Steps:
         if call.claimed:  # ours already (a retry, a resumed dispatch)
             call.record = None
         else:
-            claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=call.dedup)
+            # The checkpoint before dispatch rides in the intent's transaction: a resume
+            # that finds this pending intent knows the write may have started (D1, R11).
+            pending = _save(s) if s.config.save != "never" else None
+            claim: IntentClaim = yield BeginIntent(
+                _intent(s, call), take_over=call.dedup, save=pending
+            )
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
@@ -301,6 +315,10 @@ def _execute(s: RunState) -> Steps:
     s.outcome = outcome
     key = call.idempotency_key
     if key is not None:
+        # The attempt's checkpoint goes in with its result (or with the intent's end):
+        # after a crash, a committed record and an attempt in flight are read together.
+        # No checkpoint needed here: after a crash, the record tells a resume what happened
+        # (committed: the result answers the call; gone: nothing ran; pending: unknown).
         owner = (s.run_id, call.id)
         if outcome.kind == "ok":
             yield CommitIntent(call.name, key, owner, make_safe(outcome.value))
@@ -336,10 +354,12 @@ def _wants_save(s: RunState, index: int) -> bool:
     it would hide (D1).
 
     * at every end and on resume;
-    * when a write's attempt starts (its intent is already stored) and when it returned,
-      unless its committed idempotency record already holds the result;
-    * in ``replies`` mode after a model reply with calls (it cost tokens, and a resume
-      must see the same call ids to find their intents).
+    * in ``replies`` mode when a batch is accepted (its reply cost tokens, and a resume
+      must see the same call ids to find their intents) — unless its first call begins
+      an intent, whose transaction carries that checkpoint anyway;
+    * when a write's attempt starts and when it returned, unless an idempotency record
+      covers it: a keyed write's intent (begun with the checkpoint before dispatch) marks
+      it in flight, and its committed record holds its result.
 
     Everything in between is pure or a read: a crash there resumes from the last save
     and takes the same edges again, re-running at most a read or a model call.
@@ -348,14 +368,11 @@ def _wants_save(s: RunState, index: int) -> bool:
         return True
     if index in _SAVE_WRITES:
         call = s.call
-        if call.effect != "write":
-            return False
-        return not (
-            s.taken.trigger == "tool_returned"
-            and s.outcome.kind == "ok"
-            and call.idempotency_key is not None
-        )
-    return s.config.save == "replies" and index in _SAVE_REPLIES and bool(s.decision.calls)
+        return call.effect == "write" and call.idempotency_key is None
+    if index == _BATCH_ACCEPTED and s.config.save == "replies":
+        first = s.decision.calls[0]
+        return first.idempotency_key is None or first.refusal is not None
+    return False
 
 
 def _after(s: RunState, edge: Any) -> None:

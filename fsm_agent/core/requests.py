@@ -15,6 +15,7 @@ request             the driver                             sends back
 ``EmitEvents``      writes events to the trace sink        ``None``
 ``SaveCheckpoint``  stores events + checkpoint (one txn)   ``None``
 ``BeginIntent``     compare-and-set of a write's intent    an :class:`IntentClaim`
+                    (and its checkpoint, one txn)
 ``CommitIntent``    stores the write's result              ``None``
 ``AbortIntent``     forgets an intent of this call         ``None``
 ``LoadIntent``      reads an idempotency record            the record or ``None``
@@ -111,8 +112,13 @@ class SaveCheckpoint:
 
 @dataclass(frozen=True, slots=True)
 class BeginIntent:
+    """Begin a write's intent; with ``save``, the run's checkpoint goes in the same
+    transaction (the state just before the write is dispatched: a resume that finds this
+    run's pending intent knows the write may have started)."""
+
     record: IdempotencyRecord  # status "pending", owned by this (run, call)
     take_over: bool  # a deduplicating tool may take over another owner's pending intent
+    save: SaveCheckpoint | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from the snapshot: stores append them row by row.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -283,8 +283,11 @@ class RunState:
 
 
 def _checksum(body: dict[str, Any]) -> str:
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """CRC-32 of the body's compact JSON (key order as written: a JSON round trip keeps
+    it). A checksum against damage, cheap enough for every checkpoint; protection
+    against deliberate edits is the trace's hash chain and signature, not this."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return f"crc32:{zlib.crc32(text.encode('utf-8')):08x}"
 
 
 def _verified(snapshot: Any, run_id: str) -> dict[str, Any]:

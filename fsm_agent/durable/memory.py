@@ -36,7 +36,7 @@ from typing import Any
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
-from fsm_agent.durable.store import Checkpoint, RunSummary, StoredRun, summary_of
+from fsm_agent.durable.store import Checkpoint, RunSave, RunSummary, StoredRun, summary_of
 from fsm_agent.errors import IntentConflict, RunBusy, RunExists, RunNotFound, StoreError
 
 __all__ = ["MemoryStore"]
@@ -104,9 +104,12 @@ class MemoryStore:
 
     # ── idempotency ───────────────────────────────────────────────────────────────
 
-    def begin_intent(self, record: IdempotencyRecord, *, take_over: bool = False) -> IntentClaim:
+    def begin_intent(
+        self, record: IdempotencyRecord, *, take_over: bool = False, save: RunSave | None = None
+    ) -> IntentClaim:
         where = (record.tool, record.key)
         with self._lock:
+            self._save_with(save)
             found = self._get(where)
             if found is None or (
                 found.status == "pending"
@@ -209,15 +212,26 @@ class MemoryStore:
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
         with self._lock:
-            row = self._row(run_id)
-            if row.owner != owner:
-                raise RunBusy(
-                    f"run {run_id!r} was taken over by {row.owner or 'nobody'}; "
-                    "this driver stopped driving it"
-                )
-            now = time.time()
-            row.lease = now + self.lease_s
-            self._store(run_id, row, events, checkpoint, now)
+            row = self._owned_row(run_id, owner)
+            self._store(run_id, row, events, checkpoint, time.time())
+
+    def _save_with(self, save: RunSave | None) -> None:
+        """A run's save riding with an intent operation (under the lock, first: a fenced
+        owner changes nothing at all)."""
+        if save is not None:
+            row = self._owned_row(save.run_id, save.owner)
+            self._store(save.run_id, row, save.events, save.checkpoint, time.time())
+
+    def _owned_row(self, run_id: str, owner: str) -> _Run:
+        """The run's row if ``owner`` holds its claim (the lease renewed); else RunBusy."""
+        row = self._row(run_id)
+        if row.owner != owner:
+            raise RunBusy(
+                f"run {run_id!r} was taken over by {row.owner or 'nobody'}; "
+                "this driver stopped driving it"
+            )
+        row.lease = time.time() + self.lease_s
+        return row
 
     def _store(
         self,

@@ -10,7 +10,7 @@ one file never both own one key (R11).
 
 Every stored row carries a CRC-32 of its body, checked on read: a damaged row is a
 :class:`~fsm_agent.errors.CorruptRecord`, never data read back silently changed (the
-checkpoint also carries its own SHA-256). Every failure is a
+checkpoint also carries its own CRC-32). Every failure is a
 :class:`~fsm_agent.errors.StoreError` that names the file and the cause.
 
 The schema version lives in ``PRAGMA user_version`` and is migrated on open; a file
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
-from fsm_agent.durable.store import Checkpoint, RunSummary, StoredRun
+from fsm_agent.durable.store import Checkpoint, RunSave, RunSummary, StoredRun
 from fsm_agent.errors import (
     CorruptRecord,
     IntentConflict,
@@ -357,8 +357,11 @@ class SqliteStore:
             ),
         )
 
-    def begin_intent(self, record: IdempotencyRecord, *, take_over: bool = False) -> IntentClaim:
+    def begin_intent(
+        self, record: IdempotencyRecord, *, take_over: bool = False, save: RunSave | None = None
+    ) -> IntentClaim:
         with self._write() as c:
+            self._save_with(c, save)
             found = self._intent(c, record.tool, record.key)
             if found is None or (
                 found.status == "pending"
@@ -458,30 +461,37 @@ class SqliteStore:
     def save(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
+        with self._write() as c:
+            self._save(c, run_id, owner, events, checkpoint)
+
+    def _save_with(self, c: sqlite3.Connection, save: RunSave | None) -> None:
+        """A run's save riding with an intent operation (first, in its transaction: a
+        fenced owner changes nothing at all)."""
+        if save is not None:
+            self._save(c, save.run_id, save.owner, save.events, save.checkpoint)
+
+    def _save(
+        self,
+        c: sqlite3.Connection,
+        run_id: str,
+        owner: str,
+        events: list[dict[str, Any]],
+        checkpoint: Checkpoint,
+    ) -> None:
         snapshot = _dumps(checkpoint.snapshot)
         state, reason, pending = _columns(checkpoint.snapshot)
         now = time.time()
-        with self._write() as c:
-            # The fence: only the owner that holds the claim commits anything.
-            cur = c.execute(
-                "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
-                "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
-                (
-                    state,
-                    reason,
-                    pending,
-                    snapshot,
-                    _sum(snapshot),
-                    now,
-                    now + self.lease_s,
-                    run_id,
-                    owner,
-                ),
-            )
-            row = cur.fetchone()
-            if row is None:
-                self._not_owner(c, run_id)
-            self._append(c, int(row[0]), events, checkpoint)
+        # The fence: only the owner that holds the claim commits anything.
+        cur = c.execute(
+            "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
+            "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
+            (state, reason, pending, snapshot, _sum(snapshot), now, now + self.lease_s, run_id,
+             owner),
+        )  # fmt: skip
+        row = cur.fetchone()
+        if row is None:
+            self._not_owner(c, run_id)
+        self._append(c, int(row[0]), events, checkpoint)
 
     @staticmethod
     def _append(

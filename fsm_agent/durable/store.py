@@ -31,6 +31,7 @@ __all__ = [
     "Checkpoint",
     "IdempotencyRecord",
     "IntentClaim",
+    "RunSave",
     "RunStore",
     "RunSummary",
     "Store",
@@ -50,6 +51,16 @@ class Checkpoint:
 
     snapshot: dict[str, Any]
     messages: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunSave:
+    """A run's save riding with another store operation (see ``begin_intent``)."""
+
+    run_id: str
+    owner: str
+    events: list[dict[str, Any]]
+    checkpoint: Checkpoint
 
 
 @dataclass
@@ -87,12 +98,18 @@ class Store(Protocol):
     #: worker thread so the event loop never waits on them.
     blocking: bool
 
-    def begin_intent(self, record: IdempotencyRecord, *, take_over: bool = False) -> IntentClaim:
+    def begin_intent(
+        self, record: IdempotencyRecord, *, take_over: bool = False, save: RunSave | None = None
+    ) -> IntentClaim:
         """Atomically: read what is under ``(record.tool, record.key)``; if nothing, or a
         pending intent of this very owner, or (``take_over``, for a deduplicating tool) a
         pending intent of another owner with the same arguments, make ``record`` the
-        pending intent and answer ``owned=True``; otherwise change nothing and answer
-        ``owned=False``. ``found`` is what was there before."""
+        pending intent and answer ``owned=True``; otherwise leave the record and answer
+        ``owned=False``. ``found`` is what was there before.
+
+        With ``save`` (a store that keeps runs), also store the run's events and
+        checkpoint, exactly as :meth:`RunStore.save` would, in the same transaction: all
+        of it or none (``RunBusy`` if ``save.owner`` lost the claim)."""
         ...
 
     def commit_intent(self, tool: str, key: str, owner: tuple[str, str], result: Any) -> None:

@@ -51,7 +51,7 @@ from fsm_agent.core.requests import (
 from fsm_agent.core.state import RunState
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import Heartbeat
-from fsm_agent.durable.store import Checkpoint, RunStore, Store
+from fsm_agent.durable.store import Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
 from fsm_agent.trace.io import TraceSink
@@ -185,7 +185,9 @@ class _Driver:
         if store is None:
             raise RuntimeError(f"{type(request).__name__} needs a store")  # a loop bug
         if isinstance(request, BeginIntent):
-            return store.begin_intent(request.record, take_over=request.take_over)
+            return store.begin_intent(
+                request.record, take_over=request.take_over, save=self.riding(request.save)
+            )
         if isinstance(request, CommitIntent):
             return store.commit_intent(request.tool, request.key, request.owner, request.result)
         if isinstance(request, AbortIntent):
@@ -201,6 +203,13 @@ class _Driver:
                 self.io.run_id, request.header, owner, request.events, checkpoint
             )
         return runs.save(self.io.run_id, owner, request.events, checkpoint)
+
+    def riding(self, save: SaveCheckpoint | None) -> RunSave | None:
+        """A checkpoint that goes in with an intent operation, as the store takes it."""
+        if save is None:
+            return None
+        return RunSave(self.io.run_id, self.io.owner or "", save.events,
+                       Checkpoint(save.snapshot, save.messages))  # fmt: skip
 
     def emit(self, request: EmitEvents) -> None:
         sink = self.io.sink

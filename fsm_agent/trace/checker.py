@@ -298,6 +298,10 @@ class _Checker:
                         f"{get('tool')!r} neither reads nor deduplicates",
                     )
                 self.attempted.add(call_id)
+            elif edge is not None and edge.action == "answer_stored":
+                # Resumed: the store holds this call's committed result, so it ran (its
+                # attempt's transition died with the process that took it).
+                self.attempted.add(call_id)
         self.state = dest
         if dest in _TERMINAL:
             self.stop_reason = reason

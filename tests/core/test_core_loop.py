@@ -184,38 +184,54 @@ def test_a_run_with_a_sink_emits_before_every_request_that_leaves() -> None:
     assert emitted == s.events  # every event exactly once, in order
 
 
-def test_a_durable_write_begins_its_intent_saves_then_runs_then_commits() -> None:
+def test_a_durable_write_begins_its_intent_with_its_checkpoint_then_runs_then_commits() -> None:
     s = new_state(save="replies")
     requests = drive(steps(s), scripted([decide(call("w1", "ticket", key="K")), ANSWER]))
     assert kinds(requests) == [
         "ReadClock",
         "SaveCheckpoint",  # the run is created
         "AskModel",
-        "ReadClock",
-        "SaveCheckpoint",  # a reply with calls is saved
-        "BeginIntent",
-        "SaveCheckpoint",  # intent, then the attempt's checkpoint: D1
+        "ReadClock",  # the batch starts with a keyed write: no save of its own...
+        "BeginIntent",  # ...its intent and the checkpoint before dispatch: one transaction
         "CallTool",
         "CommitIntent",
-        "ReadClock",  # the result under its key: no save
+        "ReadClock",  # the result is under its key: no save
         "AskModel",
         "ReadClock",
         "SaveCheckpoint",  # the end
     ]
     create = requests[1]
     assert isinstance(create, SaveCheckpoint) and create.header is not None
-    begin = requests[5]
-    assert isinstance(begin, BeginIntent) and not begin.take_over
+    begin = requests[4]
+    assert isinstance(begin, BeginIntent) and not begin.take_over and begin.save is not None
+    assert begin.save.snapshot["body"]["state"] == "executing"  # just before dispatch
     assert (begin.record.tool, begin.record.key, begin.record.owner) == (
         "ticket",
         "K",
         ("r1", "w1"),
     )
-    commit = requests[8]
+    commit = requests[6]
     assert isinstance(commit, CommitIntent) and commit.result == {"ticket": "K"}
-    saved = [e for r in requests if isinstance(r, SaveCheckpoint) for e in r.events]
+    saved = [e for r in requests for e in _saved_events(r)]
     assert saved == s.events  # the store gets every event exactly once
     assert s.state == "done"
+
+
+def test_a_read_batch_is_saved_when_accepted() -> None:
+    s = new_state(save="replies")
+    requests = drive(steps(s), scripted([decide(call("c1", "lookup", key="A")), ANSWER]))
+    assert kinds(requests)[:5] == ["ReadClock", "SaveCheckpoint", "AskModel", "ReadClock",
+                                   "SaveCheckpoint"]  # fmt: skip
+    accepted = requests[4]
+    assert isinstance(accepted, SaveCheckpoint)
+    assert accepted.snapshot["body"]["state"] == "executing"
+
+
+def _saved_events(request: Request) -> list[dict[str, Any]]:
+    if isinstance(request, SaveCheckpoint):
+        return request.events
+    save = getattr(request, "save", None)  # riding with an intent operation
+    return save.events if isinstance(save, SaveCheckpoint) else []
 
 
 def test_a_key_held_by_a_committed_write_is_replayed_without_calling_the_tool() -> None:
@@ -348,6 +364,8 @@ def test_a_resumed_write_that_was_in_flight_reads_its_record_and_stops() -> None
     while not isinstance(request, CallTool):  # the process dies while the write runs
         if isinstance(request, SaveCheckpoint):
             saves.append(request)
+        if isinstance(request, BeginIntent) and request.save is not None:
+            saves.append(request.save)  # what the store committed with the intent
         request = gen.send(answer(request))
     gen.close()
     last = saves[-1]
