@@ -29,6 +29,7 @@ from fsm_agent.core.state import SaveMode
 
 __all__ = [
     "Checkpoint",
+    "Fence",
     "IdempotencyRecord",
     "IntentClaim",
     "RunStore",
@@ -37,6 +38,11 @@ __all__ = [
     "StoredRun",
     "supports_runs",
 ]
+
+
+#: ``(run_id, owner)``: the run being driven and the owner token that must still hold its
+#: claim for an intent operation to be accepted (see :meth:`Store.begin_intent`).
+Fence = tuple[str, str]
 
 
 @dataclass
@@ -87,21 +93,40 @@ class Store(Protocol):
     #: worker thread so the event loop never waits on them.
     blocking: bool
 
-    def begin_intent(self, record: IdempotencyRecord, *, take_over: bool = False) -> IntentClaim:
+    def begin_intent(
+        self, record: IdempotencyRecord, *, take_over: bool = False, fence: Fence | None = None
+    ) -> IntentClaim:
         """Atomically: read what is under ``(record.tool, record.key)``; if nothing, or a
         pending intent of this very owner, or (``take_over``, for a deduplicating tool) a
         pending intent of another owner with the same arguments, make ``record`` the
         pending intent and answer ``owned=True``; otherwise change nothing and answer
-        ``owned=False``. ``found`` is what was there before."""
+        ``owned=False``. ``found`` is what was there before.
+
+        ``fence`` (a store that keeps runs): ``(run_id, owner)`` of the driving that asks.
+        In the same atomic step the store checks that ``owner`` still holds the claim on
+        that run, and changes nothing (:class:`~fsm_agent.errors.RunBusy`) if it does not:
+        a driver that lost its claim (stalled past its lease) can begin, commit or abort
+        no write after another driver took the run over."""
         ...
 
-    def commit_intent(self, tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
+    def commit_intent(
+        self,
+        tool: str,
+        key: str,
+        owner: tuple[str, str],
+        result: Any,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         """Record the write's result (the pending intent becomes ``committed``);
         :class:`~fsm_agent.errors.IntentConflict` if no intent with those arguments is
-        there."""
+        there. ``fence`` as for :meth:`begin_intent`."""
 
-    def abort_intent(self, tool: str, key: str, owner: tuple[str, str]) -> None:
-        """Forget ``owner``'s pending intent: its write definitely did not happen."""
+    def abort_intent(
+        self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
+    ) -> None:
+        """Forget ``owner``'s pending intent: its write definitely did not happen.
+        ``fence`` as for :meth:`begin_intent`."""
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None: ...
 

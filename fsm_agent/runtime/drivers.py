@@ -109,6 +109,9 @@ class Io:
     store: Store | None = None
     owner: str | None = None
     sink: TraceSink | None = None
+    #: The store keeps this run: every intent operation carries ``(run_id, owner)`` so
+    #: the store refuses it once another driver took the run over (R11 fencing).
+    fenced: bool = False
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -160,12 +163,19 @@ class _Driver:
         store = self.io.store
         if store is None:
             raise RuntimeError(f"{type(request).__name__} needs a store")  # a loop bug
+        # Only a store that keeps runs is asked to fence (an idempotency-only store may
+        # not know the keyword).
+        fence: dict[str, Any] = (
+            {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
+        )
         if isinstance(request, BeginIntent):
-            return store.begin_intent(request.record, take_over=request.take_over)
+            return store.begin_intent(request.record, take_over=request.take_over, **fence)
         if isinstance(request, CommitIntent):
-            return store.commit_intent(request.tool, request.key, request.owner, request.result)
+            return store.commit_intent(
+                request.tool, request.key, request.owner, request.result, **fence
+            )
         if isinstance(request, AbortIntent):
-            return store.abort_intent(request.tool, request.key, request.owner)
+            return store.abort_intent(request.tool, request.key, request.owner, **fence)
         if isinstance(request, LoadIntent):
             return store.get_intent(request.tool, request.key)
         assert isinstance(request, SaveCheckpoint)

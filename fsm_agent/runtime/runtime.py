@@ -328,6 +328,7 @@ class Runtime:
             store=self.store,
             owner=owner,
             sink=sink,
+            fenced=s.config.save != "never",
         )
 
     def _drive(
