@@ -102,6 +102,7 @@ class Statements:
         self.claim_next = q(
             "WITH c AS (SELECT num, owner AS previous, claimed_at IS NULL AS first "
             "FROM {s}.runs WHERE runnable AND (owner IS NULL OR lease_until < now()) "
+            "AND run_id <> ALL(%(skip)s::text[]) "
             "ORDER BY updated LIMIT 1 FOR UPDATE SKIP LOCKED) "
             "UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() FROM c "
@@ -128,4 +129,24 @@ class Statements:
         self.prune_intents = q(
             "DELETE FROM {s}.idempotency WHERE status = 'committed' "
             "AND updated < now() - %(age)s * interval '1 second'"
+        )
+        self.report_worker = q(
+            "INSERT INTO {s}.workers AS w (worker, host, pid, concurrency, state, active, "
+            "claimed, finished, released, failed, fenced) VALUES (%(worker)s, %(host)s, "
+            "%(pid)s, %(concurrency)s, %(state)s, %(active)s, %(claimed)s, %(finished)s, "
+            "%(released)s, %(failed)s, %(fenced)s) ON CONFLICT (worker) DO UPDATE SET "
+            "state = excluded.state, active = excluded.active, claimed = excluded.claimed, "
+            "finished = excluded.finished, released = excluded.released, "
+            "failed = excluded.failed, fenced = excluded.fenced, seen = now()"
+        )
+        self.workers = q(
+            "SELECT worker, state, concurrency, active, claimed, finished, released, failed, "
+            "fenced, extract(epoch FROM now() - seen)::float8, "
+            "extract(epoch FROM started)::float8 FROM {s}.workers ORDER BY started"
+        )
+        self.queue = q(
+            "SELECT state, count(*), count(*) FILTER (WHERE runnable AND owner IS NULL), "
+            "count(*) FILTER (WHERE owner IS NOT NULL AND lease_until >= now()), "
+            "count(*) FILTER (WHERE runnable AND owner IS NOT NULL AND lease_until < now()) "
+            "FROM {s}.runs GROUP BY state ORDER BY state"
         )

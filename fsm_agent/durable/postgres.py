@@ -539,11 +539,14 @@ class PostgresStore:
         with self._lock:
             self._epochs[owner] = epoch
 
-    def claim_next(self, owner: str) -> Claim | None:
+    def claim_next(self, owner: str, skip: tuple[str, ...] = ()) -> Claim | None:
         """Claim the oldest run a worker may drive now — new, its reviews settled, or
         orphaned by an expired lease — skipping rows other workers are claiming
-        (``FOR UPDATE SKIP LOCKED``); ``None`` if there is none."""
-        row = self._one(self.sql.claim_next, {"owner": owner, "lease": self.lease_s})
+        (``FOR UPDATE SKIP LOCKED``) and the run ids in ``skip``; ``None`` if there is
+        none."""
+        row = self._one(
+            self.sql.claim_next, {"owner": owner, "lease": self.lease_s, "skip": list(skip)}
+        )
         if row is None:
             return None
         run_id, epoch, state, previous, first = row
@@ -573,6 +576,40 @@ class PostgresStore:
         finally:
             with self._lock:
                 self._epochs.pop(owner, None)
+
+    # ── the fleet ─────────────────────────────────────────────────────────────────
+
+    def report_worker(
+        self, worker: str, state: str, concurrency: int, active: int, counts: dict[str, int]
+    ) -> None:
+        """Record a worker's state and counts (``fsm-agent worker --status``)."""
+        host, _, rest = worker.partition(":")
+        pid = int(rest.partition(":")[0] or 0)
+        self._all(
+            self.sql.report_worker,
+            {
+                "worker": worker,
+                "host": host,
+                "pid": pid,
+                "concurrency": concurrency,
+                "state": state,
+                "active": active,
+                **counts,
+            },
+        )
+
+    def fleet(self) -> dict[str, Any]:
+        """Workers as last reported (``seen_s``: seconds since) and the runs by state
+        (``queued``: unclaimed and runnable; ``claimed``: held under a live lease;
+        ``orphaned``: runnable with an expired lease)."""
+        names = ("worker", "state", "concurrency", "active", "claimed", "finished",
+                 "released", "failed", "fenced", "seen_s", "started")  # fmt: skip
+        workers = [dict(zip(names, row)) for row in self._all(self.sql.workers)]
+        runs = {
+            state: {"runs": n, "queued": q, "claimed": c, "orphaned": o}
+            for state, n, q, c, o in self._all(self.sql.queue)
+        }
+        return {"workers": workers, "runs": runs}
 
     # ── retention ─────────────────────────────────────────────────────────────────
 

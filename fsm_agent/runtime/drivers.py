@@ -143,6 +143,9 @@ def outcome_of(exc: BaseException) -> ToolOutcome:
     return ToolOutcome("error", error=text)
 
 
+_STORE_REQUESTS = (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+
+
 def _creates_run(request: Request) -> bool:
     return isinstance(request, SaveCheckpoint) and request.header is not None
 
@@ -198,9 +201,7 @@ class _Driver:
         """The answer to a request that failed while the run was stopping."""
         if isinstance(request, EmitEvents):
             self.io.broken.add("sink")
-        elif isinstance(
-            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
-        ):
+        elif isinstance(request, _STORE_REQUESTS):
             self.io.broken.add("store")
         if isinstance(request, ReadClock):
             return 0.0
@@ -210,13 +211,19 @@ class _Driver:
             return ToolOutcome("not_started", error="the run was stopping")
         return None
 
+    def failed(self, request: Request, exc: BaseException) -> None:
+        """A store operation that failed (a lost connection, a fenced owner, a lock
+        timeout) stops the run without another store operation: whatever the store holds
+        (its last checkpoint) is where a resume continues. Writing the cancel edge after
+        the store came back would end a run a blip interrupted."""
+        if isinstance(exc, Exception) and isinstance(request, _STORE_REQUESTS):
+            self.io.broken.add("store")
+
     def skipped(self, request: Request) -> bool:
         broken = self.io.broken
         if "sink" in broken and isinstance(request, EmitEvents):
             return True
-        return "store" in broken and isinstance(
-            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
-        )
+        return "store" in broken and isinstance(request, _STORE_REQUESTS)
 
 
 class SyncDriver(_Driver):
@@ -239,6 +246,7 @@ class SyncDriver(_Driver):
                     raise
                 else:
                     failure = exc
+                    self.failed(request, exc)
                     try:
                         request = steps.throw(Cancelled())
                     except (StopIteration, Cancelled):
@@ -329,6 +337,7 @@ class AsyncDriver(_Driver):
                     raise
                 else:
                     failure = exc
+                    self.failed(request, exc)
                     try:
                         request = steps.throw(Cancelled())
                     except (StopIteration, Cancelled):
