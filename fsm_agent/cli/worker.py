@@ -140,6 +140,8 @@ def _work(args: argparse.Namespace) -> int:
         format="%(asctime)s %(message)s",
         stream=sys.stderr,
     )
+    # The pool's own reconnection warnings span lines; the worker logs its own one-liners.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     # Each run in progress may hold a connection (a store operation, its heartbeat).
     store = _store(args, pool_size=args.concurrency + 4)
     with store:

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,9 +46,10 @@ def find_binaries() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def unavailable() -> str | None:
-    """Why no server can be had here (``None`` if one can)."""
-    if os.environ.get(ENV):
+def unavailable(*, own: bool = False) -> str | None:
+    """Why no server can be had here (``None`` if one can); with ``own``, why no
+    throwaway cluster can be started."""
+    if os.environ.get(ENV) and not own:
         return None
     if find_binaries() is None:
         return (
@@ -78,10 +80,13 @@ class Server:
         return self.directory is not None
 
     @classmethod
-    def start(cls, settings: tuple[str, ...] = FAST, max_connections: int = 200) -> Server:
-        """The server named by ``FSM_AGENT_PG_DSN``, else a new throwaway cluster."""
+    def start(
+        cls, settings: tuple[str, ...] = FAST, max_connections: int = 200, *, own: bool = False
+    ) -> Server:
+        """The server named by ``FSM_AGENT_PG_DSN``, else a new throwaway cluster (with
+        ``own``, a throwaway cluster whenever the binaries are here: one to restart)."""
         dsn = os.environ.get(ENV)
-        if dsn:
+        if dsn and not (own and find_binaries() is not None):
             return cls(dsn)
         reason = unavailable()
         if reason:
@@ -89,7 +94,8 @@ class Server:
         bin_dir = find_binaries()
         assert bin_dir is not None
         directory = Path(tempfile.mkdtemp(prefix="fsm-agent-pg-"))
-        server = cls(f"host={directory} user=postgres dbname=postgres", directory, bin_dir)
+        socket_dir = urllib.parse.quote(str(directory), safe="")
+        server = cls(f"postgresql://postgres@/postgres?host={socket_dir}", directory, bin_dir)
         server.settings = (*settings, f"-c max_connections={max_connections}")
         if os.geteuid() == 0:
             shutil.chown(directory, "postgres", "postgres")
