@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import threading
 import zlib
 from collections.abc import Iterator
@@ -181,6 +182,7 @@ class PostgresStore:
             timeout=timeout,
             open=False,
             name=f"fsm-agent {self.name}",
+            check=_alive,
         )
         try:
             self._pool.open(wait=True, timeout=timeout)
@@ -631,6 +633,20 @@ class PostgresStore:
             if intents:
                 dropped = conn.execute(self.sql.prune_intents, {"age": older_than_s}).rowcount
         return len(nums), dropped
+
+
+def _alive(conn: Any) -> None:
+    """The pool's check of a connection it hands out, without a round trip: an idle
+    connection the server has something to say on is one it closed (a restart, an
+    administrator, an idle timeout) — discarded, so the operation gets a fresh one instead
+    of failing. A connection cut *during* an operation still fails that operation: it may
+    have committed."""
+    import psycopg
+
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        conn.close()  # (else the pool would take it back as healthy and hand it out again)
+        raise psycopg.OperationalError("the server closed this idle connection")
 
 
 def _conninfo(dsn: str, statement_timeout_s: float, readonly: bool, timeout: float) -> tuple[str, str]:
