@@ -320,6 +320,8 @@ def _review(args: argparse.Namespace) -> int:
     print(f"recorded {args.action} of {args.call_id} in run {args.run_id}")
     if waiting:
         print(f"still waiting for: {', '.join(waiting)}")
+    elif hasattr(store, "claim_next"):
+        print("a worker continues the run (fsm-agent worker)")
     else:
         print("the run continues when the application resumes it (Runtime.resume)")
     return 0

@@ -120,7 +120,10 @@ def _load_app(spec: str, store: Any) -> Any:
         raise UsageError(f"cannot load --app {spec}: {exc}") from None
     if not callable(factory):
         raise UsageError(f"--app {spec} is not a function")
-    runtime = factory(store) if inspect.signature(factory).parameters else factory()
+    try:
+        runtime = factory(store) if inspect.signature(factory).parameters else factory()
+    except Exception as exc:  # the application's own error: one line, exit 2
+        raise UsageError(f"--app {spec} failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(runtime, Runtime):
         raise UsageError(f"--app {spec} returned {type(runtime).__name__}, not a Runtime")
     if runtime.store is not store:

@@ -98,7 +98,7 @@ CREATE TRIGGER events_append_only BEFORE UPDATE ON {s}.events
 CREATE FUNCTION {s}.begin_intent(
     p_tool text, p_key text, p_digest text, p_run text, p_call text, p_effect text,
     p_dedup boolean, p_sum bigint, p_result_sum bigint, p_take_over boolean,
-    p_fence text, p_epoch bigint
+    p_fence_run text, p_fence text, p_epoch bigint
 ) RETURNS TABLE (
     outcome text, f_digest text, f_status text, f_run text, f_call text, f_result text,
     f_effect text, f_dedup boolean, f_sum bigint, f_result_sum bigint
@@ -108,7 +108,7 @@ DECLARE
 BEGIN
     IF p_fence IS NOT NULL THEN
         -- FOR SHARE: a claim (an UPDATE of this row) waits until this intent is decided.
-        PERFORM 1 FROM {s}.runs WHERE run_id = p_run AND owner = p_fence
+        PERFORM 1 FROM {s}.runs WHERE run_id = p_fence_run AND owner = p_fence
             AND (p_epoch IS NULL OR epoch = p_epoch) FOR SHARE;
         IF NOT FOUND THEN
             outcome := 'fenced';

@@ -38,7 +38,7 @@ class Statements:
             return text.replace("{s}", s)
 
         self.owner_of = q("SELECT owner, epoch FROM {s}.runs WHERE run_id = %s")
-        self.begin_intent = q("SELECT * FROM {s}.begin_intent(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+        self.begin_intent = q("SELECT * FROM {s}.begin_intent(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
         self.get_intent = q(
             "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum, result_sum "
             "FROM {s}.idempotency WHERE tool = %s AND key = %s"

@@ -318,8 +318,13 @@ class PostgresStore:
                 f"{self.name}: a statement ran past the statement timeout "
                 f"({self.statement_timeout_s:g}s) and was cancelled; nothing of it was stored"
             )
-        if isinstance(exc, (errors.AdminShutdown, errors.CrashShutdown, errors.CannotConnectNow)):
-            return StoreError(f"{self.name}: the server is shutting down or restarting ({text})")
+        if isinstance(exc, (errors.AdminShutdown, errors.CrashShutdown)):
+            return StoreError(
+                f"{self.name}: the server closed the connection ({text}); the interrupted "
+                "statement was rolled back"
+            )
+        if isinstance(exc, errors.CannotConnectNow):
+            return StoreError(f"{self.name}: the server is starting or shutting down ({text})")
         if isinstance(exc, errors.ReadOnlySqlTransaction):
             return StoreError(f"{self.name}: opened read-only; this command does not write")
         if isinstance(exc, psycopg.OperationalError):
@@ -377,13 +382,14 @@ class PostgresStore:
                 _intent_sum(r.args_digest, r.run_id, r.call_id, r.effect, r.dedup),
                 _result_sum("pending", None),
                 take_over,
+                f["frun"],
                 f["fowner"],
                 f["fepoch"],
             ],
         )
         outcome = row[0]
         if outcome == "fenced":
-            self._not_owner(r.run_id)
+            self._not_owner(f["frun"])
         found = None if row[1] is None else self._record(r.tool, r.key, row[1:])
         return IntentClaim(outcome == "owned", found)
 
