@@ -54,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from fsm_agent.durable.sqlite import SqliteStore
 
         return SqliteStore
+    if name == "PostgresStore":  # needs the postgres extra (psycopg) only when opened
+        from fsm_agent.durable.postgres import PostgresStore
+
+        return PostgresStore
     raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")
 
 
@@ -69,6 +73,7 @@ __all__ = [
     "IdempotencyRecord",
     "JsonlTrace",
     "MemoryStore",
+    "PostgresStore",
     "RetryPolicy",
     "ReviewError",
     "RunBusy",

@@ -264,12 +264,14 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
     return report
 
 
-def _audit(store: PostgresStore, ledger_path: Path, report: Report) -> None:  # noqa: C901 - one checklist
+def _audit(store: PostgresStore, ledger_path: Path, report: Report) -> None:
     """Check the store against the ledger (see the module docstring of the test)."""
     ledger = fleet_app.ledger(str(ledger_path))
     report.writes = len(ledger)
     executed = Counter((e["tool"], e["key"]) for e in ledger)
-    report.duplicates = sum(n - 1 for (tool, _), n in executed.items() if tool in KEYED_TOOLS and n > 1)
+    report.duplicates = sum(
+        n - 1 for (tool, _), n in executed.items() if tool in KEYED_TOOLS and n > 1
+    )
     report.dedup_repeats = sum(n - 1 for (tool, _), n in executed.items() if tool == "charge")
 
     runs = {r.run_id: store.load_run(r.run_id) for r in store.list_runs()}
@@ -292,8 +294,11 @@ def _audit(store: PostgresStore, ledger_path: Path, report: Report) -> None:  # 
             if m.get("role") == "tool" and m.get("tool_call_id") == "c2":
                 content = json.loads(m["content"])
                 tool = _tool_of(plan["kind"])
-                if tool and isinstance(content, dict) and content.get("ok", True) and (
-                    "error" not in content
+                if (
+                    tool
+                    and isinstance(content, dict)
+                    and content.get("ok", True)
+                    and ("error" not in content)
                 ):
                     recorded.add((tool, _key_of(tool, {}, plan)))
     for tool, key in executed:

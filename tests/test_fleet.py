@@ -56,7 +56,9 @@ def test_a_stale_owner_commits_nothing_after_a_takeover(pg_server: Any, pg_schem
         before = store.load_run("r1")
         record = IdempotencyRecord("create_ticket", "r1", "d", "pending", "r1", "c2")
         stale_ops = [
-            lambda: store.save("r1", stale, [{"type": "x", "seq": 99}], Checkpoint(before.snapshot)),
+            lambda: store.save(
+                "r1", stale, [{"type": "x", "seq": 99}], Checkpoint(before.snapshot)
+            ),
             lambda: store.begin_intent(record, fence=("r1", stale)),
             lambda: store.renew("r1", stale),
         ]
@@ -66,7 +68,9 @@ def test_a_stale_owner_commits_nothing_after_a_takeover(pg_server: Any, pg_schem
         assert store.get_intent("create_ticket", "r1") is None
         assert store.begin_intent(record, fence=("r1", fresh)).owned  # the new owner's
         for op in (
-            lambda: store.commit_intent("create_ticket", "r1", ("r1", "c2"), 1, fence=("r1", stale)),
+            lambda: store.commit_intent(
+                "create_ticket", "r1", ("r1", "c2"), 1, fence=("r1", stale)
+            ),
             lambda: store.abort_intent("create_ticket", "r1", ("r1", "c2"), fence=("r1", stale)),
         ):
             with pytest.raises(RunBusy):

@@ -90,21 +90,30 @@ def test_a_missing_database_and_a_missing_schema(pg_server: Any, pg_schema: str)
 def test_a_newer_schema_is_refused_with_nothing_changed(pg_server: Any, pg_schema: str) -> None:
     PostgresStore(pg_server.dsn, schema=pg_schema).close()
     sql(pg_server, f"UPDATE \"{pg_schema}\".meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(StoreError, match=f"schema version 99 is newer than this fsm-agent supports \\({SCHEMA_VERSION}\\)"):
+    with pytest.raises(
+        StoreError,
+        match=f"schema version 99 is newer than this fsm-agent supports \\({SCHEMA_VERSION}\\)",
+    ):
         PostgresStore(pg_server.dsn, schema=pg_schema)
-    assert sql(pg_server, f"SELECT value FROM \"{pg_schema}\".meta WHERE key = 'schema_version'") == [("99",)]
+    assert sql(
+        pg_server, f"SELECT value FROM \"{pg_schema}\".meta WHERE key = 'schema_version'"
+    ) == [("99",)]
 
 
 def test_another_programs_schema_is_never_written_into(pg_server: Any, pg_schema: str) -> None:
     sql(pg_server, f'CREATE SCHEMA "{pg_schema}"')
     sql(pg_server, f'CREATE TABLE "{pg_schema}".customers (id int)')
-    with pytest.raises(StoreError, match=f"schema '{pg_schema}' is not fsm-agent's \\(it holds 1 other"):
+    with pytest.raises(
+        StoreError, match=f"schema '{pg_schema}' is not fsm-agent's \\(it holds 1 other"
+    ):
         PostgresStore(pg_server.dsn, schema=pg_schema)
     sql(pg_server, f'CREATE TABLE "{pg_schema}".meta (key text, value text)')
     sql(pg_server, f"INSERT INTO \"{pg_schema}\".meta VALUES ('application', 'billing')")
     with pytest.raises(StoreError, match="its meta table names 'billing'"):
         PostgresStore(pg_server.dsn, schema=pg_schema)
-    tables = sql(pg_server, "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", [pg_schema])
+    tables = sql(
+        pg_server, "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", [pg_schema]
+    )
     assert tables == [("customers",), ("meta",)]
 
 
@@ -136,7 +145,9 @@ def test_a_statement_timeout_is_one_line_with_nothing_stored(
         before = store.load_run("r1")
         with psycopg.connect(pg_server.dsn) as other:  # holds the run's row: a long lock
             other.execute(f'SELECT 1 FROM "{pg_schema}".runs WHERE run_id = %s FOR UPDATE', ["r1"])
-            with pytest.raises(StoreError, match="ran past the statement timeout \\(0.2s\\)") as info:
+            with pytest.raises(
+                StoreError, match=r"ran past the statement timeout \(0.2s\)"
+            ) as info:
                 rt.approve("r1", "c1")
             one_line(info.value)
             other.rollback()
@@ -170,7 +181,11 @@ def test_a_connection_cut_mid_statement_is_one_line_and_the_next_call_works(
             one_line(info.value)
             other.rollback()
         after = store.load_run("r1")
-        assert (after.snapshot, after.events, backend.writes) == (before.snapshot, before.events, [])
+        assert (after.snapshot, after.events, backend.writes) == (
+            before.snapshot,
+            before.events,
+            [],
+        )
         assert rt.approve("r1", "c1").status == "done" and backend.writes == [WRITE]
 
 
@@ -179,11 +194,14 @@ def test_a_damaged_row_is_an_error_never_a_silent_change(
 ) -> None:
     with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
         rt = paused(store, backend)
-        sql(pg_server, f"UPDATE \"{pg_schema}\".messages SET body = replace(body, 'file it', 'file IT')")
+        sql(
+            pg_server,
+            f"UPDATE \"{pg_schema}\".messages SET body = replace(body, 'file it', 'file IT')",
+        )
         with pytest.raises(CorruptRecord, match="history row 0 of run 'r1' fails its checksum"):
             rt.resume("r1")
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-            sql(pg_server, f"UPDATE \"{pg_schema}\".events SET body = body")
+            sql(pg_server, f'UPDATE "{pg_schema}".events SET body = body')
 
 
 # ── the command line ──────────────────────────────────────────────────────────────
@@ -196,7 +214,11 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_runs_commands_on_postgres(
-    pg_server: Any, pg_schema: str, backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg_server: Any,
+    pg_schema: str,
+    backend: Backend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     db = ["--db", pg_server.dsn, "--schema", pg_schema]
     with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
@@ -227,8 +249,18 @@ def test_runs_commands_on_postgres(
     ("argv", "expect"),
     [
         (["runs", "list", "--db", "postgresql://x@[bad"], "not a valid PostgreSQL DSN"),
-        (["runs", "show", "r1", "--db", "postgresql://nobody@/db?host=/nonexistent", "--timeout", "1"],
-         "connection failed or lost"),  # fmt: skip
+        (
+            [
+                "runs",
+                "show",
+                "r1",
+                "--db",
+                "postgresql://nobody@/db?host=/nonexistent",
+                "--timeout",
+                "1",
+            ],
+            "connection failed or lost",
+        ),
         (["worker", "--status", "--db", "postgresql://x@[bad"], "not a valid PostgreSQL DSN"),
         (["worker", "--db", "runs.db", "--app", "x:y"], "--db must be a postgresql:// DSN"),
     ],
@@ -236,11 +268,13 @@ def test_runs_commands_on_postgres(
 def test_bad_databases_exit_2_with_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], expect: str
 ) -> None:
-    code, out, err = cli(capsys, *argv)
+    code, _, err = cli(capsys, *argv)
     assert code == 2 and expect in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_a_bad_app_exits_2(pg_server: Any, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_app_exits_2(
+    pg_server: Any, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = ["--db", pg_server.dsn, "--schema", pg_schema]
     for app, expect in [
         ("nowhere_module:make", "cannot load --app nowhere_module:make"),

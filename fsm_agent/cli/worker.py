@@ -55,7 +55,9 @@ def register(subparsers: Any) -> None:
         default=5.0,
         help="seconds between looks for expired leases when nothing is announced (default 5)",
     )
-    p.add_argument("--schema", default="fsm_agent", help="the PostgreSQL schema (default fsm_agent)")
+    p.add_argument(
+        "--schema", default="fsm_agent", help="the PostgreSQL schema (default fsm_agent)"
+    )
     p.add_argument("--status", action="store_true", help="print the fleet and the queue, and exit")
     p.add_argument("--json", action="store_true", help="with --status: one JSON object")
     p.add_argument("--quiet", action="store_true", help="log warnings only")

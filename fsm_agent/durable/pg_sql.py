@@ -38,7 +38,9 @@ class Statements:
             return text.replace("{s}", s)
 
         self.owner_of = q("SELECT owner, epoch FROM {s}.runs WHERE run_id = %s")
-        self.begin_intent = q("SELECT * FROM {s}.begin_intent(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+        self.begin_intent = q(
+            "SELECT * FROM {s}.begin_intent(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        )
         self.get_intent = q(
             "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum, result_sum "
             "FROM {s}.idempotency WHERE tool = %s AND key = %s"
@@ -64,7 +66,8 @@ class Statements:
             "sum, owner, epoch, lease_until) VALUES (%(run_id)s, %(state)s, %(reason)s, "
             f"%(pending)s, %(runnable)s, %(ctx)s, %(sum)s, %(owner)s, 1, {_LEASE}) "
             "ON CONFLICT (run_id) DO NOTHING RETURNING num, epoch), "
-            "h AS (INSERT INTO {s}.headers (num, body, sum) SELECT num, %(header)s, %(hsum)s FROM r), "
+            "h AS (INSERT INTO {s}.headers (num, body, sum) "
+            "SELECT num, %(header)s, %(hsum)s FROM r), "
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
         self.save = q(

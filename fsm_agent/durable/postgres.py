@@ -198,27 +198,27 @@ class PostgresStore:
         import psycopg
 
         try:
-            with psycopg.connect(self.conninfo, autocommit=True) as conn:
-                with conn.transaction():
-                    if not self.readonly:
-                        # Workers starting together create and migrate the schema once.
-                        conn.execute(
-                            "SELECT pg_advisory_xact_lock(hashtext(%s))", [f"fsm-agent:{self.schema}"]
+            with psycopg.connect(self.conninfo, autocommit=True) as conn, conn.transaction():
+                if not self.readonly:
+                    # Workers starting together create and migrate the schema once.
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                        [f"fsm-agent:{self.schema}"],
+                    )
+                version = self._version(conn)
+                if version == SCHEMA_VERSION:
+                    return
+                if self.readonly or not create:
+                    raise StoreError(
+                        f"{self.name}: "
+                        + (
+                            f"no fsm-agent schema {self.schema!r} in this database"
+                            if version is None
+                            else f"schema version {version} needs migrating to this "
+                            "fsm-agent's; open it writable once"
                         )
-                    version = self._version(conn)
-                    if version == SCHEMA_VERSION:
-                        return
-                    if self.readonly or not create:
-                        raise StoreError(
-                            f"{self.name}: "
-                            + (
-                                f"no fsm-agent schema {self.schema!r} in this database"
-                                if version is None
-                                else f"schema version {version} needs migrating to this "
-                                "fsm-agent's; open it writable once"
-                            )
-                        )
-                    self._migrate(conn, version or 0)
+                    )
+                self._migrate(conn, version or 0)
         except psycopg.Error as exc:
             raise self._error(exc) from None
 
@@ -300,7 +300,7 @@ class PostgresStore:
 
     def _all(self, sql: str, params: Any = None) -> list[Any]:
         with self.connection() as conn:
-            return conn.execute(sql, params).fetchall()
+            return list(conn.execute(sql, params).fetchall())
 
     def _error(self, exc: BaseException) -> StoreError:
         import psycopg
@@ -396,9 +396,10 @@ class PostgresStore:
     def _record(self, tool: str, key: str, row: Any) -> IdempotencyRecord:
         digest, status, run_id, call_id, result, effect, dedup, stored_sum, result_sum = row
         where = f"the idempotency record of {tool!r} key {key!r}"
-        if (stored_sum is not None and _intent_sum(digest, run_id, call_id, effect, dedup) != stored_sum) or (
-            result_sum is not None and _result_sum(status, result) != result_sum
-        ):
+        if (
+            stored_sum is not None
+            and _intent_sum(digest, run_id, call_id, effect, dedup) != stored_sum
+        ) or (result_sum is not None and _result_sum(status, result) != result_sum):
             raise CorruptRecord(
                 f"{self.name}: {where} fails its checksum (the row was changed or damaged)"
             )
@@ -443,9 +444,12 @@ class PostgresStore:
             "call": owner[1],
             **self._fence_params(fence),
         }
-        if self._one(self.sql.abort_intent, params) is None and fence is not None:
-            if self._one(self.sql.fence_holds, params) is None:
-                self._not_owner(fence[0])
+        if (
+            self._one(self.sql.abort_intent, params) is None
+            and fence is not None
+            and self._one(self.sql.fence_holds, params) is None
+        ):
+            self._not_owner(fence[0])
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
         row = self._one(self.sql.get_intent, [tool, key])
@@ -520,10 +524,13 @@ class PostgresStore:
             run_id,
             self._loads(header, header_sum, f"the header of {where}"),
             self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
-            [self._loads(b, s, f"history row {i} of {where}") for i, b, s in zip(mi, mb, ms)],
+            [
+                self._loads(b, s, f"history row {i} of {where}")
+                for i, b, s in zip(mi, mb, ms, strict=True)
+            ],
             [
                 self._loads(b, s, f"event {q} of {where}")
-                for q, b, s in zip(es or [], eb or [], esum or [])
+                for q, b, s in zip(es or [], eb or [], esum or [], strict=True)
             ],
         )
 
@@ -543,7 +550,9 @@ class PostgresStore:
                 raise RunBusy(
                     f"run {run_id!r} is being driven by {holder}; try again when it stops"
                 )
-            (epoch,) = conn.execute(self.sql.take_run, {"run_id": run_id, "owner": owner, "lease": self.lease_s}).fetchone()
+            (epoch,) = conn.execute(
+                self.sql.take_run, {"run_id": run_id, "owner": owner, "lease": self.lease_s}
+            ).fetchone()
         with self._lock:
             self._epochs[owner] = epoch
 
@@ -572,7 +581,12 @@ class PostgresStore:
         return Claim(run_id, owner, epoch, why)
 
     def renew(self, run_id: str, owner: str) -> None:
-        params = {"run_id": run_id, "owner": owner, "epoch": self._epoch(owner), "lease": self.lease_s}
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "epoch": self._epoch(owner),
+            "lease": self.lease_s,
+        }
         if self._one(self.sql.renew, params) is None:
             self._not_owner(run_id)
 
@@ -612,7 +626,7 @@ class PostgresStore:
         ``orphaned``: runnable with an expired lease)."""
         names = ("worker", "state", "concurrency", "active", "claimed", "finished",
                  "released", "failed", "fenced", "seen_s", "started")  # fmt: skip
-        workers = [dict(zip(names, row)) for row in self._all(self.sql.workers)]
+        workers = [dict(zip(names, row, strict=True)) for row in self._all(self.sql.workers)]
         runs = {
             state: {"runs": n, "queued": q, "claimed": c, "orphaned": o}
             for state, n, q, c, o in self._all(self.sql.queue)
@@ -655,7 +669,9 @@ def _alive(conn: Any) -> None:
         raise psycopg.OperationalError("the server closed this idle connection")
 
 
-def _conninfo(dsn: str, statement_timeout_s: float, readonly: bool, timeout: float) -> tuple[str, str]:
+def _conninfo(
+    dsn: str, statement_timeout_s: float, readonly: bool, timeout: float
+) -> tuple[str, str]:
     """The connection string with fsm-agent's session settings, and a name for messages
     (user, host, port and database; never the password)."""
     import psycopg
@@ -681,4 +697,4 @@ def _conninfo(dsn: str, statement_timeout_s: float, readonly: bool, timeout: flo
     params["options"] = " ".join(o for o in options if o)
     params.setdefault("connect_timeout", max(int(timeout), 1))
     params.setdefault("application_name", "fsm-agent")
-    return make_conninfo(**params), name
+    return make_conninfo("", **params), name

@@ -23,11 +23,11 @@ from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.history import check_history
 from fsm_agent.core.jsonsafe import make_safe
 from fsm_agent.core.loop import start, steps
+from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import Heartbeat, restore_run
-from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.durable.store import Checkpoint, Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.drivers import AsyncDriver, Io, Model, SyncDriver, ToolThreads

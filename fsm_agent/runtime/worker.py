@@ -24,14 +24,16 @@ store's ``workers`` table (``fsm-agent worker --status``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from fsm_agent.durable import owners
+from fsm_agent.durable.postgres import PostgresStore
 from fsm_agent.errors import ConfigError, RunBusy, StoreError
 from fsm_agent.runtime.runtime import Runtime
 
@@ -65,11 +67,13 @@ class Worker:
         store = runtime.store
         if not hasattr(store, "claim_next"):
             raise ConfigError(
-                f"a worker needs a store with a run queue (PostgresStore), not {type(store).__name__}"
+                "a worker needs a store with a run queue (PostgresStore), not "
+                + type(store).__name__
             )
         if concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
-        self.runtime, self.store = runtime, store
+        self.runtime = runtime
+        self.store = cast(PostgresStore, store)
         self.concurrency, self.grace_s, self.poll_s, self.report_s = (
             concurrency,
             grace_s,
@@ -165,7 +169,9 @@ class Worker:
 
     def _down(self, exc: BaseException) -> None:
         if not self._store_down:
-            log.warning("worker %s: store unreachable, claiming nothing until it is back: %s", self.id, exc)
+            log.warning(
+                "worker %s: store unreachable, claiming nothing until it is back: %s", self.id, exc
+            )
         self._store_down = True
 
     async def _drive(self, claim: Any) -> None:
@@ -174,10 +180,17 @@ class Worker:
             result = await self.runtime.aresume(claim.run_id, claimed_by=claim.owner)
         except RunBusy as exc:
             self.counts.fenced += 1
-            log.warning("worker %s: lost run %s (fenced, committed nothing more): %s", self.id, claim.run_id, exc)
+            log.warning(
+                "worker %s: lost run %s (fenced, committed nothing more): %s",
+                self.id,
+                claim.run_id,
+                exc,
+            )
         except asyncio.CancelledError:
             self.counts.released += 1
-            log.warning("worker %s: released run %s unfinished (grace period over)", self.id, claim.run_id)
+            log.warning(
+                "worker %s: released run %s unfinished (grace period over)", self.id, claim.run_id
+            )
             raise
         except StoreError as exc:
             self.counts.failed += 1
@@ -185,11 +198,15 @@ class Worker:
             # when the store is back, or it lapses with its lease.
             self._unreleased.append((claim.run_id, claim.owner))
             self._skip[claim.run_id] = time.monotonic() + self.store.lease_s
-            log.warning("worker %s: run %s stopped, the store failed: %s", self.id, claim.run_id, exc)
+            log.warning(
+                "worker %s: run %s stopped, the store failed: %s", self.id, claim.run_id, exc
+            )
         except Exception as exc:  # an application error outside the run's rules
             self.counts.failed += 1
             self._skip[claim.run_id] = time.monotonic() + self.store.lease_s
-            log.error("worker %s: run %s failed: %s: %s", self.id, claim.run_id, type(exc).__name__, exc)
+            log.error(
+                "worker %s: run %s failed: %s: %s", self.id, claim.run_id, type(exc).__name__, exc
+            )
         else:
             self.counts.finished += 1
             status = result.status + (f"/{result.reason}" if result.reason else "")
@@ -227,10 +244,10 @@ class Worker:
         for task in late:
             claim = self._active.get(task)
             if claim is not None:
-                try:  # from here on every commit of this driving is refused
+                # From here on every commit of this driving is refused (if the store
+                # cannot be told, the claim lapses with its lease).
+                with contextlib.suppress(StoreError):
                     await asyncio.to_thread(self.store.release, claim.run_id, claim.owner)
-                except StoreError:
-                    pass  # the claim lapses with its lease
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
 
@@ -239,7 +256,7 @@ class Worker:
         if not force and now - self._reported < self.report_s:
             return
         self._reported = now
-        try:
+        with contextlib.suppress(StoreError):  # reported again on the next round
             await asyncio.to_thread(
                 self.store.report_worker,
                 self.id,
@@ -248,8 +265,6 @@ class Worker:
                 len(self._active),
                 asdict(self.counts),
             )
-        except StoreError:
-            pass  # counts are reported again on the next round
 
     # ── notifications ─────────────────────────────────────────────────────────────
 

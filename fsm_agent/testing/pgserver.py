@@ -13,6 +13,7 @@ run as that user.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -147,10 +148,8 @@ class Server:
     def stop(self) -> None:
         if self.directory is None:
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # already stopped
             self._pg_ctl("stop", "-m", "immediate")
-        except RuntimeError:
-            pass  # already stopped
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory = None
 
