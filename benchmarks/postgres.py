@@ -103,7 +103,7 @@ def langgraph_app(dsn: str) -> Any:
 
     def agent(state: MessagesState) -> dict[str, Any]:
         done = sum(1 for m in state["messages"] if isinstance(m, AIMessage))
-        tag = json.loads(state["messages"][0].content)["tag"]
+        tag = json.loads(str(state["messages"][0].content))["tag"]
         if done >= ROUNDS:
             return {"messages": [AIMessage(content="All recorded.")]}
         calls = [
@@ -119,7 +119,7 @@ def langgraph_app(dsn: str) -> Any:
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
     conn = Connection.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-    saver = PostgresSaver(conn)  # type: ignore[arg-type]
+    saver = PostgresSaver(conn)
     saver.setup()
     _ = END
     return graph.compile(checkpointer=saver)
@@ -195,7 +195,7 @@ def fleet(server: Server, workers: int, tmp: Path) -> float:
             f"SELECT extract(epoch FROM max(updated) - min(claimed_at))::float8 FROM {schema}.runs"
         ).fetchone()
     store.close()
-    return FLEET_RUNS * FLEET_ROUNDS / window
+    return FLEET_RUNS * FLEET_ROUNDS / float(window)
 
 
 def claim_latency(server: Server, tmp: Path) -> list[float]:

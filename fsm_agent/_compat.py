@@ -10,8 +10,8 @@ imported. Remove in 0.3.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 import warnings
@@ -49,19 +49,26 @@ MOVED: dict[str, tuple[str, ...]] = {
 
 
 def _caller_stacklevel() -> int:
-    """The stack level of the first frame outside the import machinery and this file."""
-    frame = sys._getframe(1)
-    level = 1
+    """The ``stacklevel`` that points a warning from ``exec_module`` at the importing
+    line. ``warnings`` does not count the import machinery's own frames (it skips
+    ``importlib._bootstrap`` frames), so neither does this."""
+    frame = sys._getframe(2)  # the caller of exec_module
+    level = 2
     while frame is not None:
         name = frame.f_code.co_filename
-        if "importlib" not in name and name != __file__ and not name.startswith("<frozen"):
+        bootstrap = "importlib" in name and "_bootstrap" in name
+        machinery = bootstrap or f"{os.sep}importlib{os.sep}" in name or name == __file__
+        if not machinery:
             return level
+        if not bootstrap:
+            level += 1
         frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return 1
+    return 2
 
 
-class _Forwarder(importlib.abc.Loader):
+class _Forwarder:
+    """A loader (duck-typed: ``importlib.abc`` costs milliseconds to import)."""
+
     def __init__(self, targets: tuple[str, ...]) -> None:
         self.targets = targets
 
@@ -97,7 +104,9 @@ class _Forwarder(importlib.abc.Loader):
         module.__dir__ = names  # type: ignore[method-assign]
 
 
-class _OldPaths(importlib.abc.MetaPathFinder):
+class _OldPaths:
+    """A meta path finder for the old names (duck-typed, as above)."""
+
     def find_spec(
         self,
         fullname: str,
@@ -107,7 +116,7 @@ class _OldPaths(importlib.abc.MetaPathFinder):
         targets = MOVED.get(fullname)
         if targets is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _Forwarder(targets))
+        return importlib.machinery.ModuleSpec(fullname, _Forwarder(targets))  # type: ignore[arg-type]
 
 
 def install() -> None:

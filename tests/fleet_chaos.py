@@ -196,9 +196,9 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
         waves = [plans[i : i + 12] for i in range(0, len(plans), 12)]
         # What happens after which wave: kills, stalls and one restart, spread out.
         actions: dict[int, str] = {}
-        for n, what in enumerate(["kill", "stall", "kill", "kill", "stall", "restart", "kill",
+        for n, planned in enumerate(["kill", "stall", "kill", "kill", "stall", "restart", "kill",
                                   "stall", "kill", "kill"]):  # fmt: skip
-            actions[1 + n * max(len(waves) // 10, 1)] = what
+            actions[1 + n * max(len(waves) // 10, 1)] = planned
         stalled: list[threading.Timer] = []
         for n, wave in enumerate(waves):
             for run_id, kind, key in wave:

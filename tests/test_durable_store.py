@@ -9,6 +9,7 @@ import os
 import sqlite3
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -397,10 +398,11 @@ def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
             store.begin_intent(mine, fence=("r1", gone))
         assert store.get_intent("write", "R-7") is None
         assert store.begin_intent(mine, fence=("r1", holder)).owned
-        for stale in (
+        stale_ops: list[Callable[[], Any]] = [
             lambda: store.commit_intent("write", "R-7", ("r1", "c1"), 1, fence=("r1", gone)),
             lambda: store.abort_intent("write", "R-7", ("r1", "c1"), fence=("r1", gone)),
-        ):
+        ]
+        for stale in stale_ops:
             with pytest.raises(RunBusy):
                 stale()
         assert store.get_intent("write", "R-7").status == "pending"

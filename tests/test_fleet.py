@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def test_a_stale_owner_commits_nothing_after_a_takeover(pg_server: Any, pg_schem
         assert second.epoch == first.epoch + 1
         before = store.load_run("r1")
         record = IdempotencyRecord("create_ticket", "r1", "d", "pending", "r1", "c2")
-        stale_ops = [
+        stale_ops: list[Callable[[], Any]] = [
             lambda: store.save(
                 "r1", stale, [{"type": "x", "seq": 99}], Checkpoint(before.snapshot)
             ),
@@ -67,12 +68,13 @@ def test_a_stale_owner_commits_nothing_after_a_takeover(pg_server: Any, pg_schem
                 op()
         assert store.get_intent("create_ticket", "r1") is None
         assert store.begin_intent(record, fence=("r1", fresh)).owned  # the new owner's
-        for op in (
+        late_ops: list[Callable[[], Any]] = [
             lambda: store.commit_intent(
                 "create_ticket", "r1", ("r1", "c2"), 1, fence=("r1", stale)
             ),
             lambda: store.abort_intent("create_ticket", "r1", ("r1", "c2"), fence=("r1", stale)),
-        ):
+        ]
+        for op in late_ops:
             with pytest.raises(RunBusy):
                 op()
         assert store.get_intent("create_ticket", "r1").status == "pending"  # type: ignore[union-attr]

@@ -268,7 +268,7 @@ def test_invalid_history_is_refused_before_any_request(api: Any, server: FakePro
 def test_a_provider_only_rule_stops_the_run_before_sending(server: FakeProvider) -> None:
     """Valid Chat Completions, invalid for Anthropic (tool_use ids allow no spaces): the
     runtime accepts the history, the adapter refuses it before any request."""
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "x"},
         {
             "role": "assistant",

@@ -31,7 +31,7 @@ def result(cid: str, ok: bool = True) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": cid, "content": json.dumps({"ok": ok})}
 
 
-VALID = [
+VALID: list[dict[str, Any]] = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Two lookups"},
     {"role": "assistant", "content": "Looking.", "tool_calls": [call("c1"), call("c2")]},

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
+from fsm_agent.core.intents import IdempotencyRecord
 from fsm_agent.core.jsonsafe import clean_text, make_safe
-from fsm_agent.core.requests import IdempotencyRecord
 
 __all__ = ["Decision", "PreparedCall", "ToolLike", "admit_calls", "parse_decision"]
 
@@ -204,7 +204,7 @@ def _admit(
         return
     try:
         arguments = parse_arguments(call.raw_arguments)
-        errors = sorted(tool.validator.iter_errors(arguments), key=lambda e: list(e.path))
+        errors = list(tool.validator.iter_errors(arguments))
     except ArgumentsError as exc:
         call.refusal, call.refusal_detail = "invalid_arguments", str(exc)
         return
@@ -212,6 +212,7 @@ def _admit(
         call.refusal, call.refusal_detail = "invalid_arguments", "arguments nest too deeply"
         return
     if errors:
+        errors.sort(key=lambda e: list(e.path))
         call.refusal = "invalid_arguments"
         call.refusal_detail = "; ".join(_describe(e) for e in errors[:_MAX_ERRORS])
         return

@@ -4,8 +4,8 @@ One ``transitions.Machine(model=None, auto_transitions=False)`` is built from th
 at import; a run (its :class:`~fsm_agent.core.state.RunState`) is fired through
 ``RUN_MACHINE.events[trigger]`` and never attached with ``add_model`` (a list scan that
 slows past ~10k runs). Each trigger's ``transitions`` event picks its edge with the one
-selector (:func:`~fsm_agent.core.select.select`) and moves the run with
-``Machine.set_state``; an invalid source raises the stock ``MachineError``.
+selector (:func:`~fsm_agent.core.select.select`) and sets the run's ``state`` as
+``Machine.set_state`` would; an invalid source raises the stock ``MachineError``.
 
 Importing this module checks the table (:func:`~fsm_agent.core.table.check_table`), so a
 table that names an unknown guard, state or action fails at once.
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["RUN_MACHINE", "TRANSITION_LISTENERS", "build_machine", "fire"]
 
 #: Functions called with ``(state, transition)`` after every transition of every run in
-#: the process (the pytest plugin's transition coverage uses this). Keep them cheap.
+#: the process, once it is recorded and before it is saved (``core/loop.py``; the pytest
+#: plugin's transition coverage uses this). Keep them cheap.
 TRANSITION_LISTENERS: list[Callable[[Any, Transition], None]] = []
 
 
@@ -44,7 +45,9 @@ class _Trigger(TransitionsEvent):
             return super().trigger(model, *args, **kwargs)
         edge = select(model.state, self.name, args[0])
         assert edge is not None, "every group ends with an unguarded edge"
-        self.machine.set_state(edge.dest, model)
+        # What ``Machine.set_state`` does, minus its name lookup and list handling: the
+        # destination is a state of this machine (``check_table`` verified every one).
+        model.state = edge.dest
         return edge
 
 
@@ -92,13 +95,11 @@ def fire(state: RunState, trigger: str) -> Transition:
     state.guard_log = log
 
     def guard(name: str) -> bool:
-        value = log.get(name)
-        if value is None:
-            value = log[name] = GUARDS[name](state)
+        # (A guard met twice in one choice is evaluated twice: pure, and cheaper than
+        # a memo on the hot path.)
+        value = log[name] = GUARDS[name](state)
         return value
 
     edge = cast(Transition, _EVENTS[trigger].trigger(state, guard))
     state.taken = edge
-    for listener in TRANSITION_LISTENERS:
-        listener(state, edge)
     return edge

@@ -28,14 +28,14 @@ yields its last save/emit requests and returns; the driver re-raises what stoppe
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Generator
 from typing import Any
 
 from fsm_agent.core.actions import ACTIONS, BLOCKING
-from fsm_agent.core.decision import admit_calls, parse_decision
-from fsm_agent.core.engine import fire
+from fsm_agent.core.canonical import parse_arguments
+from fsm_agent.core.decision import Decision, admit_calls, parse_decision
+from fsm_agent.core.engine import TRANSITION_LISTENERS, fire
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -131,44 +131,52 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
     :meth:`RunState.restore` and first takes its ``resume`` edge if one applies.
     """
     try:
-        now = yield READ_CLOCK
-        s.started += now  # a new run starts at 0; a restored one stores -elapsed
-        s.now = now
-        if s.config.save != "never" and not resumed:
-            yield _save(s, header=True)
-        if resumed:
-            yield from _resume(s)
+        yield from _begin(s, resumed)
         while s.state not in _TERMINAL:
             state = s.state
             if state == "deciding":
                 yield from _decide(s)
-            elif state == "validating":
-                yield from _validate(s)
             elif state == "executing":
                 yield from _execute(s)
             elif state == "retry_wait":
-                yield from _flush(s)
-                yield Sleep(s.config.retry.backoff(s.attempt))
-                s.now = yield READ_CLOCK
-                yield from _fire(s, "retry")
-            else:
-                s.now = yield READ_CLOCK
-                yield from _fire(s, "observe")
+                yield from _wait(s)
+            else:  # validating, observing: pure steps
+                save = _validate(s) if state == "validating" else _fire(s, "observe")
+                if save is not None:
+                    yield save
     except GeneratorExit:
         raise
     except BaseException as exc:
         # Cancelled (the driver stopped us), or raised right here: Ctrl-C can land in
         # any line, and a registrar's function (an idempotency key, a redaction hook)
         # runs inside the loop. Either way the run ends with every call answered.
-        stopped = None if isinstance(exc, Cancelled) else exc
-        if s.state not in _TERMINAL:
-            s.now = yield READ_CLOCK
-            yield from _fire(s, "cancel")
-        yield from _flush(s)
-        if stopped is not None:
-            raise stopped  # noqa: B904 - the very exception that stopped the run, as it was
+        yield from _stop(s)
+        if not isinstance(exc, Cancelled):
+            raise exc  # the very exception that stopped the run, as it was
         return
-    yield from _flush(s)
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)
+
+
+def _begin(s: RunState, resumed: bool) -> Steps:
+    now = yield READ_CLOCK
+    s.started += now  # a new run starts at 0; a restored one stores -elapsed
+    s.now = now
+    if resumed:
+        yield from _resume(s)
+    elif s.config.save != "never":
+        yield _save(s, header=True)
+
+
+def _stop(s: RunState) -> Steps:
+    """Take the ``cancel`` edge (unless the run already ended) and emit what is left."""
+    if s.state not in _TERMINAL:
+        s.now = yield READ_CLOCK
+        save = _fire(s, "cancel")
+        if save is not None:
+            yield save
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)
 
 
 def _resume(s: RunState) -> Steps:
@@ -183,10 +191,14 @@ def _resume(s: RunState) -> Steps:
             call.record = record
             # If the intent is gone (aborted after a rejection) it must be begun again.
             call.claimed = record is not None and record.owner == (s.run_id, call.id)
-        yield from _fire(s, "resume")
+        save = _fire(s, "resume")
+        if save is not None:
+            yield save
     elif settled(s):
         yield from _commit_reconciled(s)
-        yield from _fire(s, "resume")
+        save = _fire(s, "resume")
+        if save is not None:
+            yield save
 
 
 def _commit_reconciled(s: RunState) -> Steps:
@@ -212,7 +224,8 @@ def _commit_reconciled(s: RunState) -> Steps:
 
 
 def _decide(s: RunState) -> Steps:
-    yield from _flush(s)
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)
     reply = yield AskModel(list(s.messages), s.config.tool_specs)
     s.now = yield READ_CLOCK
     s.counters.model_calls += 1
@@ -220,23 +233,37 @@ def _decide(s: RunState) -> Steps:
         s.model_error = _describe_error(reply)
         s.seq += 1
         _record(s, {"type": "decision", "seq": s.seq, "error": s.model_error})
-        yield from _fire(s, "model_failed")
+        save = _fire(s, "model_failed")
+        if save is not None:
+            yield save
         return
     s.decision = parse_decision(reply)
     s.seq += 1
-    _record(s, {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply)})
+    _record(s, {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply, s.decision)})
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
     s.answered = set()  # ids need only be unique within a batch
-    yield from _fire(s, "model_replied")
+    save = _fire(s, "model_replied")
+    if save is not None:
+        yield save
 
 
-def _validate(s: RunState) -> Steps:
+def _validate(s: RunState) -> SaveCheckpoint | None:
     d = s.decision
     if d.malformed is None and d.missing_id is None:
         _admit(s)
-    yield from _fire(s, "validate")
+    return _fire(s, "validate")
+
+
+def _wait(s: RunState) -> Steps:
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)
+    yield Sleep(s.config.retry.backoff(s.attempt))
+    s.now = yield READ_CLOCK
+    save = _fire(s, "retry")
+    if save is not None:
+        yield save
 
 
 def _execute(s: RunState) -> Steps:
@@ -250,8 +277,11 @@ def _execute(s: RunState) -> Steps:
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
-    s.now = yield READ_CLOCK
-    edge = yield from _fire(s, "dispatch")
+    # (``s.now`` is the reading after the last I/O: only pure steps came since.)
+    save = _fire(s, "dispatch")
+    if save is not None:
+        yield save
+    edge = s.taken
     if edge.action != "start_attempt":
         if fresh and call.idempotency_key is not None:  # begun for nothing: give it back
             yield AbortIntent(call.name, call.idempotency_key, (s.run_id, call.id))
@@ -259,13 +289,15 @@ def _execute(s: RunState) -> Steps:
         return
     tool = call.tool
     assert tool is not None and call.arguments is not None  # admitted calls have both
-    yield from _flush(s)
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)
     # In flight from the call until tool_returned is taken: a cancel in between (even
     # while its result is being stored) may not say the write did not happen.
     s.in_flight = True
-    outcome: ToolOutcome = yield CallTool(
-        call, copy.deepcopy(call.arguments), _timeout(s, tool.timeout_s)
-    )
+    # A tool may mutate its arguments: a retry gets them afresh from the exact text that
+    # was validated and digested, never what an earlier attempt left behind.
+    arguments = call.arguments if s.attempt == 1 else parse_arguments(call.raw_arguments)
+    outcome: ToolOutcome = yield CallTool(call, arguments, _timeout(s, tool.timeout_s))
     s.outcome = outcome
     key = call.idempotency_key
     if key is not None:
@@ -277,18 +309,25 @@ def _execute(s: RunState) -> Steps:
             call.claimed = False
     s.now = yield READ_CLOCK
     s.in_flight = False
-    yield from _fire(s, "tool_returned")
+    save = _fire(s, "tool_returned")
+    if save is not None:
+        yield save
 
 
 # ── firing, saving, emitting ──────────────────────────────────────────────────────
 
 
-def _fire(s: RunState, trigger: str) -> Generator[Request, Any, Any]:
+def _fire(s: RunState, trigger: str) -> SaveCheckpoint | None:
+    """Take the edge of ``trigger``, run its action, record it; the checkpoint to save
+    after it, if this run saves one there (a plain function, not a generator: this is
+    the hot path, five times per tool round)."""
     edge = fire(s, trigger)
     _after(s, edge)
+    for listener in TRANSITION_LISTENERS:
+        listener(s, edge)
     if s.config.save != "never" and _wants_save(s, edge.index):
-        yield _save(s)
-    return edge
+        return _save(s)
+    return None
 
 
 def _wants_save(s: RunState, index: int) -> bool:
@@ -376,12 +415,11 @@ def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
     return SaveCheckpoint(events, s.snapshot(), rows, s.config.header_fields() if header else None)
 
 
-def _flush(s: RunState) -> Steps:
-    """Emit the events written since the last emit (only for a run with a trace sink)."""
-    if s.config.emit and s.emitted < len(s.events):
-        events = s.events[s.emitted :]
-        s.emitted = len(s.events)
-        yield EmitEvents(events)
+def _emit(s: RunState) -> EmitEvents:
+    """The events written since the last emit (for a run with a trace sink)."""
+    events = s.events[s.emitted :]
+    s.emitted = len(s.events)
+    return EmitEvents(events)
 
 
 # ── helpers ───────────────────────────────────────────────────────────────────────
@@ -445,9 +483,13 @@ def _describe_error(exc: BaseException) -> str:
     return clean_text(text)
 
 
-def _recorded_reply(reply: Any) -> Any:
-    """The reply as the trace records it: a JSON-safe copy (R12), so a model that reuses
-    or mutates the dict it returned cannot change what was recorded."""
+def _recorded_reply(reply: Any, decision: Decision) -> Any:
+    """The reply as the trace records it, JSON-safe (R12) and a copy, so a model that
+    reuses or mutates the dict it returned cannot change what was recorded. A well-formed
+    reply is recorded as its normalised message (fresh dicts already, and what the
+    history holds); one that was refused, exactly as it came."""
+    if decision.malformed is None:
+        return decision.message
     text, _, _ = dumps_safe(reply)
     return json.loads(text)
 

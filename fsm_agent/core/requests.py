@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
+
 if TYPE_CHECKING:
     from fsm_agent.core.decision import PreparedCall
 
@@ -59,40 +61,6 @@ class ToolOutcome:
     kind: OutcomeKind
     value: Any = None
     error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class IdempotencyRecord:
-    """A write's intent (``pending``) or result (``committed``) under its idempotency key.
-
-    ``run_id``/``call_id`` own it. ``effect`` and ``dedup`` are the registrar's facts at
-    the time the intent was written, so a resume decides from the record, never from
-    whatever the registry holds then (R11).
-    """
-
-    tool: str
-    key: str
-    args_digest: str
-    status: Literal["pending", "committed"]
-    run_id: str
-    call_id: str
-    result: Any = None
-    effect: str = "write"
-    dedup: bool = False
-
-    @property
-    def owner(self) -> tuple[str, str]:
-        return (self.run_id, self.call_id)
-
-
-@dataclass(frozen=True, slots=True)
-class IntentClaim:
-    """The answer to :class:`BeginIntent`. ``owned``: the store now holds a pending
-    intent owned by this (run, call) — new, already ours, or taken over for a
-    deduplicating tool. ``found``: the record that was there before (``None`` if none)."""
-
-    owned: bool
-    found: IdempotencyRecord | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
+from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import Checkpoint, Fence, RunSummary, StoredRun, summary_of

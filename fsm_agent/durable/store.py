@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 
-from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
+from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 
 __all__ = [

@@ -10,8 +10,9 @@ Stopping. When performing a request raises — Ctrl-C, a cancelled task, a tool 
 timeout, a fenced owner), a trace file that cannot be written — the driver throws
 :class:`~fsm_agent.core.loop.Cancelled` into the loop, which takes the ``cancel`` edge so
 every open call is answered and ``run_end`` is written; the driver performs what the loop
-still asks (best effort: a broken store or sink is not asked again) and then re-raises
-the first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
+still asks (best effort: a store or sink that failed is not asked again, so a store keeps
+its last good checkpoint and the run can be resumed from there) and then re-raises the
+first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
 ``SystemExit`` from a model or tool) never stop the driver: the loop is sent them.
 
 Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s`` runs
@@ -197,12 +198,17 @@ class _Driver:
             for event in request.events:
                 sink.write(event)
 
-    def fallback(self, request: Request, exc: BaseException) -> Any:
-        """The answer to a request that failed while the run was stopping."""
+    def broke(self, request: Request) -> None:
+        """A store or sink operation failed: that one is not asked again in this driving
+        (a store keeps its last good checkpoint, from which the run can be resumed)."""
         if isinstance(request, EmitEvents):
             self.io.broken.add("sink")
         elif isinstance(request, _STORE_REQUESTS):
             self.io.broken.add("store")
+
+    def fallback(self, request: Request, exc: BaseException) -> Any:
+        """The answer to a request that failed while the run was stopping."""
+        self.broke(request)
         if isinstance(request, ReadClock):
             return 0.0
         if isinstance(request, BeginIntent):
@@ -210,14 +216,6 @@ class _Driver:
         if isinstance(request, CallTool):
             return ToolOutcome("not_started", error="the run was stopping")
         return None
-
-    def failed(self, request: Request, exc: BaseException) -> None:
-        """A store operation that failed (a lost connection, a fenced owner, a lock
-        timeout) stops the run without another store operation: whatever the store holds
-        (its last checkpoint) is where a resume continues. Writing the cancel edge after
-        the store came back would end a run a blip interrupted."""
-        if isinstance(exc, Exception) and isinstance(request, _STORE_REQUESTS):
-            self.io.broken.add("store")
 
     def skipped(self, request: Request) -> bool:
         broken = self.io.broken
@@ -246,7 +244,7 @@ class SyncDriver(_Driver):
                     raise
                 else:
                     failure = exc
-                    self.failed(request, exc)
+                    self.broke(request)
                     try:
                         request = steps.throw(Cancelled())
                     except (StopIteration, Cancelled):
@@ -337,7 +335,7 @@ class AsyncDriver(_Driver):
                     raise
                 else:
                     failure = exc
-                    self.failed(request, exc)
+                    self.broke(request)
                     try:
                         request = steps.throw(Cancelled())
                     except (StopIteration, Cancelled):

@@ -199,8 +199,8 @@ class Scenario:
 
     ``status``/``reason``: where the last run stops. ``counters``: values its counters
     must have (a subset). ``check``: anything else, as assertions on the outcome.
-    ``cancel_on_entering`` names a state: when a run enters it, the fake clock raises
-    ``KeyboardInterrupt`` at its next reading (Ctrl-C in that state). ``die_at`` names a
+    ``cancel_on_entering`` names a state: when a run enters it, ``KeyboardInterrupt`` is
+    raised there (Ctrl-C in that state). ``die_at`` names a
     trigger: the process dies (:class:`ProcessDied`) the first time a run takes an edge of
     it, before that edge is saved; ``die_before_commit`` kills it after a keyed write
     ran, before its result reaches the idempotency record. ``review`` then runs after
@@ -237,9 +237,11 @@ class Scenario:
         died: list[str] = []
         mortal = Mortal(store, before_commit=self.die_before_commit)
 
-        def faults(state: Any, transition: Transition) -> None:
+        def interrupt(state: Any, transition: Transition) -> None:
             if transition.dest == self.cancel_on_entering:
-                kit.clock.interrupt_next_read()
+                raise KeyboardInterrupt(f"Ctrl-C on entering {transition.dest}")
+
+        def faults(state: Any, transition: Transition) -> None:
             if transition.trigger == self.die_at and not died:
                 died.append(state.run_id)
                 mortal.kill()
@@ -249,6 +251,8 @@ class Scenario:
             # First in line: a transition the process died in is never saved, so no
             # other listener (recorder, coverage) should count it either.
             TRANSITION_LISTENERS.insert(0, faults)
+            # Last in line: Ctrl-C lands after the transition was recorded everywhere.
+            TRANSITION_LISTENERS.append(interrupt)
             try:
                 for n, script in enumerate(scripts, 1):
                     runtime = scripted_runtime(
@@ -270,6 +274,7 @@ class Scenario:
                         outcome.interrupted.append(False)
             finally:
                 TRANSITION_LISTENERS.remove(faults)
+                TRANSITION_LISTENERS.remove(interrupt)
         outcome.taken = list(taken)
         return outcome
 
