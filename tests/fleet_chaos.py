@@ -57,6 +57,7 @@ class Report:
     trace_problems: int = 0  # problems `fsm-agent check` finds in stored traces
     stale_accepted: int = 0  # commits of a fenced (older-epoch) driver found in the store
     fenced: int = 0  # commits the store refused to a worker that had lost its run
+    stalled_holding: int = 0  # runs the stalled workers held when they were stopped
     dedup_repeats: int = 0  # extra executions of a dedup write (its downstream dedups)
     states: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
@@ -66,6 +67,7 @@ class Report:
         return (
             f"chaos: {self.runs} runs, {self.kills} kills, {self.stalls} stalls past the lease, "
             f"{self.restarts} PostgreSQL restart(s), {self.approvals} concurrent approvals, "
+            f"{self.stalled_holding} runs held by stalled workers, "
             f"{self.writes} writes in the ledger; duplicates {self.duplicates}, lost "
             f"{self.lost}, phantom {self.phantom}, unsettled {self.unsettled}, trace problems "
             f"{self.trace_problems}, stale commits accepted {self.stale_accepted} (refused "
@@ -120,6 +122,23 @@ class Fleet:
 def _resume(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:  # (it may have been killed while stopped)
         os.kill(proc.pid, signal.SIGCONT)
+
+
+def _held_by_pid(store: PostgresStore) -> dict[int, int]:
+    """Runs held under a live lease, by the process id in the owner token."""
+    try:
+        with store.connection() as conn:
+            rows = conn.execute(
+                f"SELECT owner FROM {SCHEMA}.runs WHERE owner IS NOT NULL AND lease_until > now()"
+            ).fetchall()
+    except StoreError:
+        return {}
+    held: Counter[int] = Counter()
+    for (owner,) in rows:
+        parts = owner.split("|")
+        if len(parts) == 5 and parts[2].isdigit():
+            held[int(parts[2])] += 1
+    return dict(held)
 
 
 def _plans(count: int, rng: random.Random) -> list[tuple[str, str, str]]:
@@ -217,9 +236,13 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
                 report.kills += 1
                 fleet.spawn()
             elif what == "stall" and live:
-                victim = rng.choice(live)
+                # The worker holding the most runs: it wakes up holding runs another
+                # worker took over meanwhile.
+                held = _held_by_pid(store)
+                victim = max(live, key=lambda p: (held.get(p.pid, 0), rng.random()))
                 os.kill(victim.pid, signal.SIGSTOP)
                 report.stalls += 1
+                report.stalled_holding += held.get(victim.pid, 0)
                 timer = threading.Timer(LEASE_S * 2.5, _resume, (victim,))
                 timer.start()
                 stalled.append(timer)
@@ -249,7 +272,8 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
             t.join()
         fleet.stop()
         _audit(store, ledger, report)
-        report.fenced = sum(w["fenced"] for w in store.fleet()["workers"])
+        # (from the logs: a worker killed later never reported its counts)
+        report.fenced = fleet.logs().count(" (fenced, committed nothing more)")
         store.close()
     except BaseException:
         if fleet is not None:

@@ -236,6 +236,8 @@ def test_chaos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.unsettled == 0, report.line()
     assert report.trace_problems == 0, report.line()
     assert report.stale_accepted == 0, report.line()
+    if report.stalled_holding:  # a stalled worker woke up to runs taken over: refused
+        assert report.fenced > 0, report.line()
 
 
 # ── the same promises through the plain Runtime on PostgreSQL ──────────────────────
