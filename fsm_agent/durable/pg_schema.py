@@ -22,7 +22,12 @@ Design notes:
 
 from __future__ import annotations
 
-__all__ = ["APPLICATION", "MIGRATIONS", "SCHEMA_VERSION"]
+from typing import Any
+
+from fsm_agent.durable.pg_conn import store_error
+from fsm_agent.errors import StoreError
+
+__all__ = ["APPLICATION", "MIGRATIONS", "SCHEMA_VERSION", "open_schema"]
 
 #: ``meta.application``: the mark of a schema fsm-agent created.
 APPLICATION = "fsm-agent"
@@ -157,3 +162,90 @@ MIGRATIONS: tuple[str, ...] = (_V1,)
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def open_schema(
+    conn_string: str,
+    name: str,
+    schema: str,
+    *,
+    readonly: bool,
+    create: bool,
+    timeouts: tuple[float, float],
+) -> None:
+    """Check (and create or migrate) ``schema`` on a connection of its own, so a bad DSN
+    or a foreign schema is reported with its precise cause. ``timeouts``: the store's
+    connection and statement timeouts (for the messages)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(conn_string, autocommit=True) as conn, conn.transaction():
+            if not readonly:
+                # Workers starting together create and migrate the schema once.
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                    [f"fsm-agent:{schema}"],
+                )
+            version = _version(conn, name, schema)
+            if version == SCHEMA_VERSION:
+                return
+            if readonly or not create:
+                raise StoreError(
+                    f"{name}: "
+                    + (
+                        f"no fsm-agent schema {schema!r} in this database"
+                        if version is None
+                        else f"schema version {version} needs migrating to this "
+                        "fsm-agent's; open it writable once"
+                    )
+                )
+            _migrate(conn, schema, version or 0)
+    except psycopg.Error as exc:
+        raise store_error(name, exc, *timeouts) from None
+
+
+def _version(conn: Any, name: str, schema: str) -> int | None:
+    """The schema's version; ``None`` where it does not exist yet. Refuses a schema
+    of another program and one written by a newer fsm-agent."""
+    s = schema
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid), "
+        "to_regclass(quote_ident(n.nspname) || '.meta') IS NOT NULL "
+        "FROM pg_namespace n WHERE n.nspname = %s",
+        [s],
+    ).fetchone()
+    if row is None:
+        return None
+    objects, has_meta = row
+    if not has_meta:
+        if objects:
+            raise StoreError(
+                f"{name}: schema {s!r} is not fsm-agent's (it holds {objects} "
+                "other tables or objects); give PostgresStore another schema"
+            )
+        return 0
+    meta = dict(conn.execute(f'SELECT key, value FROM "{s}".meta').fetchall())
+    if meta.get("application") != APPLICATION:
+        raise StoreError(
+            f"{name}: schema {s!r} is not fsm-agent's (its meta table names "
+            f"{meta.get('application')!r})"
+        )
+    version = int(meta.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{name}: schema version {version} is newer than this fsm-agent "
+            f"supports ({SCHEMA_VERSION}); upgrade fsm-agent to open it"
+        )
+    return version
+
+
+def _migrate(conn: Any, schema: str, version: int) -> None:
+    s = f'"{schema}"'
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+    for step in range(version, SCHEMA_VERSION):
+        conn.execute(MIGRATIONS[step].replace("{s}", s))
+    conn.execute(
+        f"INSERT INTO {s}.meta VALUES ('application', %s), ('schema_version', %s) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        [APPLICATION, str(SCHEMA_VERSION)],
+    )

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import re
-import select
 import threading
 import zlib
 from collections.abc import Iterator
@@ -48,7 +47,8 @@ from fsm_agent.core.actions import BLOCKING
 from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners, pg_sql
-from fsm_agent.durable.pg_schema import APPLICATION, MIGRATIONS, SCHEMA_VERSION
+from fsm_agent.durable.pg_conn import alive, conninfo, is_postgres_dsn, store_error
+from fsm_agent.durable.pg_schema import SCHEMA_VERSION, open_schema
 from fsm_agent.durable.store import Checkpoint, Fence, RunSummary, StoredRun
 from fsm_agent.errors import (
     ConfigError,
@@ -64,11 +64,6 @@ __all__ = ["SCHEMA_VERSION", "Claim", "PostgresStore", "is_postgres_dsn"]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _FINISHED = ("done", "budget_exhausted", "protocol_error", "cancelled")
-
-
-def is_postgres_dsn(text: str) -> bool:
-    """Whether ``text`` names a PostgreSQL server (a URI) rather than a SQLite file."""
-    return text.startswith(("postgresql://", "postgres://"))
 
 
 def _dumps(value: Any) -> str:
@@ -168,12 +163,19 @@ class PostgresStore:
         self.schema, self.lease_s, self.timeout = schema, lease_s, timeout
         self.statement_timeout_s, self.readonly = statement_timeout_s, readonly
         self.channel = f"{schema}_work"
-        self.conninfo, self.name = _conninfo(dsn, statement_timeout_s, readonly, timeout)
+        self.conninfo, self.name = conninfo(dsn, statement_timeout_s, readonly, timeout)
         self.sql = pg_sql.Statements(f'"{schema}"')
         #: the epoch each owner token of this process claimed at (its fencing token)
         self._epochs: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._open(create)
+        open_schema(
+            self.conninfo,
+            self.name,
+            schema,
+            readonly=readonly,
+            create=create,
+            timeouts=(timeout, statement_timeout_s),
+        )
         self._pool = ConnectionPool(
             self.conninfo,
             kwargs={"autocommit": True},
@@ -182,7 +184,7 @@ class PostgresStore:
             timeout=timeout,
             open=False,
             name=f"fsm-agent {self.name}",
-            check=_alive,
+            check=alive,
         )
         try:
             self._pool.open(wait=True, timeout=timeout)
@@ -191,81 +193,6 @@ class PostgresStore:
             raise self._error(exc) from None
 
     # ── opening ───────────────────────────────────────────────────────────────────
-
-    def _open(self, create: bool) -> None:
-        """Check (and create or migrate) the schema on a connection of its own, so a bad
-        DSN or a foreign schema is reported with its precise cause."""
-        import psycopg
-
-        try:
-            with psycopg.connect(self.conninfo, autocommit=True) as conn, conn.transaction():
-                if not self.readonly:
-                    # Workers starting together create and migrate the schema once.
-                    conn.execute(
-                        "SELECT pg_advisory_xact_lock(hashtext(%s))",
-                        [f"fsm-agent:{self.schema}"],
-                    )
-                version = self._version(conn)
-                if version == SCHEMA_VERSION:
-                    return
-                if self.readonly or not create:
-                    raise StoreError(
-                        f"{self.name}: "
-                        + (
-                            f"no fsm-agent schema {self.schema!r} in this database"
-                            if version is None
-                            else f"schema version {version} needs migrating to this "
-                            "fsm-agent's; open it writable once"
-                        )
-                    )
-                self._migrate(conn, version or 0)
-        except psycopg.Error as exc:
-            raise self._error(exc) from None
-
-    def _version(self, conn: Any) -> int | None:
-        """The schema's version; ``None`` where it does not exist yet. Refuses a schema
-        of another program and one written by a newer fsm-agent."""
-        s = self.schema
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid), "
-            "to_regclass(quote_ident(n.nspname) || '.meta') IS NOT NULL "
-            "FROM pg_namespace n WHERE n.nspname = %s",
-            [s],
-        ).fetchone()
-        if row is None:
-            return None
-        objects, has_meta = row
-        if not has_meta:
-            if objects:
-                raise StoreError(
-                    f"{self.name}: schema {s!r} is not fsm-agent's (it holds {objects} "
-                    "other tables or objects); give PostgresStore another schema"
-                )
-            return 0
-        meta = dict(conn.execute(f'SELECT key, value FROM "{s}".meta').fetchall())
-        if meta.get("application") != APPLICATION:
-            raise StoreError(
-                f"{self.name}: schema {s!r} is not fsm-agent's (its meta table names "
-                f"{meta.get('application')!r})"
-            )
-        version = int(meta.get("schema_version", "0"))
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.name}: schema version {version} is newer than this fsm-agent "
-                f"supports ({SCHEMA_VERSION}); upgrade fsm-agent to open it"
-            )
-        return version
-
-    def _migrate(self, conn: Any, version: int) -> None:
-        s = f'"{self.schema}"'
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-        for step in range(version, SCHEMA_VERSION):
-            conn.execute(MIGRATIONS[step].replace("{s}", s))
-        conn.execute(
-            f"INSERT INTO {s}.meta VALUES ('application', %s), ('schema_version', %s) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            [APPLICATION, str(SCHEMA_VERSION)],
-        )
 
     def close(self) -> None:
         self._pool.close()
@@ -303,33 +230,7 @@ class PostgresStore:
             return list(conn.execute(sql, params).fetchall())
 
     def _error(self, exc: BaseException) -> StoreError:
-        import psycopg
-        from psycopg import errors
-        from psycopg_pool import PoolTimeout
-
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, PoolTimeout):
-            return StoreError(
-                f"{self.name}: no connection within {self.timeout:g}s (the server is down, "
-                "restarting or unreachable, or every connection is busy)"
-            )
-        if isinstance(exc, errors.QueryCanceled):
-            return StoreError(
-                f"{self.name}: a statement ran past the statement timeout "
-                f"({self.statement_timeout_s:g}s) and was cancelled; nothing of it was stored"
-            )
-        if isinstance(exc, (errors.AdminShutdown, errors.CrashShutdown)):
-            return StoreError(
-                f"{self.name}: the server closed the connection ({text}); the interrupted "
-                "statement was rolled back"
-            )
-        if isinstance(exc, errors.CannotConnectNow):
-            return StoreError(f"{self.name}: the server is starting or shutting down ({text})")
-        if isinstance(exc, errors.ReadOnlySqlTransaction):
-            return StoreError(f"{self.name}: opened read-only; this command does not write")
-        if isinstance(exc, psycopg.OperationalError):
-            return StoreError(f"{self.name}: connection failed or lost: {text}")
-        return StoreError(f"{self.name}: {text}")
+        return store_error(self.name, exc, self.timeout, self.statement_timeout_s)
 
     def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
         if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
@@ -653,48 +554,3 @@ class PostgresStore:
             if intents:
                 dropped = conn.execute(self.sql.prune_intents, {"age": older_than_s}).rowcount
         return len(nums), dropped
-
-
-def _alive(conn: Any) -> None:
-    """The pool's check of a connection it hands out, without a round trip: an idle
-    connection the server has something to say on is one it closed (a restart, an
-    administrator, an idle timeout) — discarded, so the operation gets a fresh one instead
-    of failing. A connection cut *during* an operation still fails that operation: it may
-    have committed."""
-    import psycopg
-
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
-        conn.close()  # (else the pool would take it back as healthy and hand it out again)
-        raise psycopg.OperationalError("the server closed this idle connection")
-
-
-def _conninfo(
-    dsn: str, statement_timeout_s: float, readonly: bool, timeout: float
-) -> tuple[str, str]:
-    """The connection string with fsm-agent's session settings, and a name for messages
-    (user, host, port and database; never the password)."""
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    if not isinstance(dsn, str) or not dsn.strip():
-        raise StoreError("an empty PostgreSQL DSN")
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.Error as exc:
-        first = " ".join(str(exc).split())
-        raise StoreError(f"not a valid PostgreSQL DSN ({first})") from None
-    host = str(params.get("host") or "localhost")
-    port = params.get("port")
-    name = (
-        f"postgresql://{params.get('user') or ''}{'@' if params.get('user') else ''}"
-        f"{host}{':' + str(port) if port else ''}/{params.get('dbname') or ''}"
-    )
-    options = [str(params.get("options") or "")]
-    options.append(f"-c statement_timeout={int(statement_timeout_s * 1000)}")
-    if readonly:
-        options.append("-c default_transaction_read_only=on")
-    params["options"] = " ".join(o for o in options if o)
-    params.setdefault("connect_timeout", max(int(timeout), 1))
-    params.setdefault("application_name", "fsm-agent")
-    return make_conninfo("", **params), name
