@@ -54,6 +54,10 @@ def conninfo(
     )
     options = [str(params.get("options") or "")]
     options.append(f"-c statement_timeout={int(statement_timeout_s * 1000)}")
+    # Every statement of the store is a lookup by key: a generic plan is always right, and
+    # planning each execution (the custom plans PostgreSQL tries first) would cost more
+    # than running it.
+    options.append("-c plan_cache_mode=force_generic_plan")
     if readonly:
         options.append("-c default_transaction_read_only=on")
     params["options"] = " ".join(o for o in options if o)

@@ -18,16 +18,18 @@ _FENCE = (
     "AND epoch = coalesce(%(fepoch)s, epoch) FOR SHARE"
 )
 
+# The arrays go in binary: as text, every quote in every JSON body would be escaped in
+# Python (measured: ~120 µs per event) before the server unescaped it again.
 _EVENTS = """
     INSERT INTO {s}.events (num, seq, type, body, sum, epoch)
     SELECT r.num, x.seq, x.type, x.body, x.sum, r.epoch FROM r,
-        unnest(%(seqs)s::integer[], %(types)s::text[], %(bodies)s::text[], %(sums)s::bigint[])
+        unnest(%(seqs)b::integer[], %(types)b::text[], %(bodies)b::text[], %(sums)b::bigint[])
         AS x(seq, type, body, sum)
 """
 _MESSAGES = """
     INSERT INTO {s}.messages (num, idx, body, sum)
     SELECT r.num, x.idx, x.body, x.sum FROM r,
-        unnest(%(idx)s::integer[], %(mbodies)s::text[], %(msums)s::bigint[]) AS x(idx, body, sum)
+        unnest(%(idx)b::integer[], %(mbodies)b::text[], %(msums)b::bigint[]) AS x(idx, body, sum)
     ON CONFLICT (num, idx) DO UPDATE SET body = excluded.body, sum = excluded.sum
 """
 
