@@ -287,3 +287,19 @@ def test_a_bad_app_exits_2(
         assert expect in err or app.endswith(":plan"), err
     code, _, err = cli(capsys, "worker", *db)
     assert code == 2 and "--app MODULE:FUNCTION is required" in err
+
+
+def test_store_objects_racing_on_one_key_run_it_once(pg_server: Any, pg_schema: str) -> None:
+    """The race of ``test_safety_concurrency.py`` (every key raced by three runtimes at
+    once, an independent ledger) with one PostgresStore object per runtime: the atomic
+    compare-and-set is the server's, shared by every worker."""
+    from test_safety_concurrency import _runtime, assert_once, race
+
+    ledger: list[str] = []
+    stores = [PostgresStore(pg_server.dsn, schema=pg_schema) for _ in range(3)]
+    try:
+        outcomes = race([_runtime(s, ledger.append) for s in stores], "pg")
+    finally:
+        for s in stores:
+            s.close()
+    assert_once(ledger, outcomes, 3)
