@@ -290,7 +290,12 @@ def claim_latency(server: Server, tmp: Path) -> list[float]:
     return sorted(waits)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # so the throwaway server is stopped and deleted
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminated)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         server = Server.start(SETTINGS)

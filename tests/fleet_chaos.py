@@ -124,6 +124,14 @@ def _resume(proc: subprocess.Popen[bytes]) -> None:
         os.kill(proc.pid, signal.SIGCONT)
 
 
+def _wait_until_running(store: PostgresStore, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while sum(w["state"] == "running" for w in store.fleet()["workers"]) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start")
+        time.sleep(0.1)
+
+
 def _held_by_pid(store: PostgresStore) -> dict[int, int]:
     """Runs held under a live lease, by the process id in the owner token."""
     try:
@@ -188,7 +196,7 @@ def _quiet(store: PostgresStore) -> bool:
     return True
 
 
-def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float = 0.03) -> Report:  # noqa: C901 - one scripted scenario
+def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float = 0.05) -> Report:  # noqa: C901 - one scripted scenario
     seed = seed if seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     report = Report(runs=runs)
@@ -202,6 +210,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
         fleet = Fleet(server.dsn, tmp, ledger, tool_s)
         for _ in range(4):
             fleet.spawn()
+        _wait_until_running(store, 4)  # chaos for workers still importing would test little
         stop_reviews = threading.Event()
         lock = threading.Lock()
         reviewers = [
@@ -227,6 +236,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
                         break
                     except StoreError:
                         time.sleep(0.2)  # the server is restarting
+            time.sleep(0.15)  # mid-wave: the workers are driving these runs now
             what = actions.get(n)
             live = fleet.live()
             if what == "kill" and live:
@@ -249,7 +259,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
             elif what == "restart" and server.throwaway:
                 server.restart()
                 report.restarts += 1
-            time.sleep(0.5)
+            time.sleep(0.35)
         for timer in stalled:
             timer.join()
 

@@ -24,6 +24,7 @@ answered ``not_executed``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
 import threading
 import time
@@ -47,12 +48,15 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
+from fsm_agent.core.state import RunState
+from fsm_agent.durable import owners
+from fsm_agent.durable.resume import Heartbeat
 from fsm_agent.durable.store import Checkpoint, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
 from fsm_agent.trace.io import TraceSink
 
-__all__ = ["AsyncDriver", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
+__all__ = ["AsyncDriver", "Driving", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
 
 Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
 
@@ -100,6 +104,20 @@ class ToolThreads:
 @dataclass
 class Io:
     """What one driving of one run performs requests against."""
+
+    @classmethod
+    def of(cls, s: RunState, **parts: Any) -> Io:
+        """The I/O of run ``s``: its deadline is the run's wall-clock budget, measured on
+        ``time.monotonic()`` (the run's clock may be a test clock)."""
+        limit = s.config.budget.max_wall_clock_s
+
+        def deadline(now: float) -> float | None:
+            if limit is None:
+                return None
+            return time.monotonic() + max(limit - (now - s.started), 0.0)
+
+        # A run its store keeps is fenced: see ``fenced`` below.
+        return cls(run_id=s.run_id, deadline=deadline, fenced=s.config.save != "never", **parts)
 
     run_id: str
     model: Model
@@ -430,3 +448,36 @@ class AsyncDriver(_Driver):
             if future is not None or time.monotonic() >= give_up:
                 return future
             await asyncio.sleep(0.01)
+
+
+class Driving:
+    """Around one driving of one run: the owner token, the lease heartbeat, and at the
+    end the claim released and the trace sink closed — whatever stopped the run."""
+
+    def __init__(self, store: Store, s: RunState, io: Io) -> None:
+        self.store, self.s, self.io = store, s, io
+        self.heartbeat: Heartbeat | None = None
+
+    def __enter__(self) -> Driving:
+        io = self.io
+        if io.owner is None:
+            io.owner = owners.new_owner()
+            owners.hold(io.owner)
+        if self.s.config.save != "never" and getattr(self.store, "blocking", False):
+            self.heartbeat = Heartbeat(self.store, self.s.run_id, io.owner)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        io = self.io
+        try:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            if self.s.config.save != "never" and io.owner is not None:
+                # A broken store keeps the claim; it is reclaimable (durable/owners.py).
+                with contextlib.suppress(Exception):
+                    cast(RunStore, self.store).release(self.s.run_id, io.owner)
+        finally:
+            if io.owner is not None:
+                owners.drop(io.owner)
+            if io.sink is not None:
+                io.sink.close()

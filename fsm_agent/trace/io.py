@@ -50,28 +50,34 @@ class JsonlTrace:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = self.path.open("a" if append else "x", encoding="utf-8")
-        except FileExistsError:
+        self.append = append
+        if not append and self.path.exists():
             raise ConfigError(
                 f"{self.path}: the trace file exists; one file holds one run. Choose a new "
                 "path (e.g. Runtime(trace_dir=...) names files by run id) or pass "
                 "JsonlTrace(path, append=True)"
-            ) from None
+            )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(
                 f"{self.path}: cannot write a trace there ({exc.strerror or exc})"
             ) from None
+        # Opened at the first event: a run that never started leaves no file behind.
+        self._file: IO[str] | None = None
+        self._closed = False
 
     def write(self, event: dict[str, Any]) -> None:
-        if self._file is None:
+        if self._closed:
             raise ValueError(f"trace {self.path} is closed")
+        if self._file is None:
+            self._file = self.path.open("a" if self.append else "x", encoding="utf-8")
         text, _, _ = dumps_safe(event)
         self._file.write(text + "\n")
         self._file.flush()
 
     def close(self) -> None:
+        self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None
