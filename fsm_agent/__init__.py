@@ -8,7 +8,8 @@ this list (``tests/test_layering.py`` enforces it)::
     core/       the transition table, guards, edge selection, run state, decisions and the
                 sans-IO loop: no I/O, no clock, no store
     trace/      trace events, JSON Lines reading and writing, the one checker
-    durable/    the store protocol, MemoryStore, SqliteStore, checkpoints, resume, review
+    durable/    the store protocol, MemoryStore, SqliteStore, PostgresStore (and its run
+                queue), checkpoints, resume, review
     tools/      the tool registry, MCP servers as tools
     runtime/    configuration, the sync and async drivers (the only I/O), Runtime
     models/     scripted models and provider adapters (OpenAI, Anthropic)

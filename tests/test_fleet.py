@@ -272,3 +272,43 @@ def test_submit_records_without_driving(pg_server: Any, pg_schema: str) -> None:
         assert json.loads(stored.messages[0]["content"])["tag"] == "r1"
         result = asyncio.run(rt.aresume(run_id))  # any driver may take it from here
         assert result.status == "done"
+
+
+def test_a_long_call_keeps_its_claim_by_heartbeats(
+    pg_server: Any, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool that runs three leases long: the heartbeat renews the claim meanwhile, so a
+    competing worker polling all along never takes the run over (which would stop it for
+    review as an unknown outcome)."""
+    import threading
+
+    monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("FSM_TOOL_S", "0.6")  # the write: two pauses, about 1.2 s in all
+    with _store(pg_server, pg_schema, lease_s=0.4) as store:
+        rt = fleet_app.make_runtime(store)
+        rt.submit(fleet_app.plan("r1", "unkeyed"), run_id="r1")
+        owner = owners.new_owner()
+        owners.hold(owner)
+        claim = store.claim_next(owner)
+        assert claim is not None
+        taken: list[str] = []
+        stop = threading.Event()
+
+        def compete() -> None:
+            while not stop.is_set():
+                other = store.claim_next(owners.new_owner())
+                if other is not None:
+                    taken.append(other.run_id)
+                time.sleep(0.05)
+
+        competitor = threading.Thread(target=compete)
+        competitor.start()
+        try:
+            result = asyncio.run(rt.aresume("r1", claimed_by=owner))
+        finally:
+            stop.set()
+            competitor.join()
+        assert (result.status, taken) == ("done", [])
+        assert [e["key"] for e in fleet_app.ledger(str(tmp_path / "ledger.jsonl"))] == [
+            "hello from r1"
+        ]

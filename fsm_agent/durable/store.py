@@ -4,7 +4,9 @@ A store holds idempotency records (write-ahead intents and their results), runs 
 trace events, history rows and the checkpoint after the last saved transition) and a
 claim that lets exactly one owner drive a run at a time. :class:`~fsm_agent.durable.
 memory.MemoryStore` keeps them for the life of the process;
-:class:`~fsm_agent.durable.sqlite.SqliteStore` in one SQLite file. Every store raises
+:class:`~fsm_agent.durable.sqlite.SqliteStore` in one SQLite file;
+:class:`~fsm_agent.durable.postgres.PostgresStore` in PostgreSQL, shared by a fleet of
+workers on many hosts. Every store raises
 only :class:`~fsm_agent.errors.StoreError` and its subclasses, naming the store and the
 cause.
 
