@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsm_agent.cli.demo import SCENARIOS
+from fsm_agent.trace.checker import check_file
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -26,7 +27,8 @@ def test_the_api_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     finally:
         os.chdir(cwd)
     assert capsys.readouterr().out == "Order A17 is in transit. {'check_order': 1}\n"
-    assert (tmp_path / "traces" / "example.jsonl").exists()
+    (trace,) = (tmp_path / "traces").glob("*.jsonl")  # one file, named by the run's id
+    assert check_file(trace) == []
 
 
 def test_the_demo_table_lists_every_scenario_with_its_stop() -> None:

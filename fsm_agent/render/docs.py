@@ -44,7 +44,7 @@ def rows_table(code: str | None) -> str:
         return "*No row of the table cites this rule yet.*\n"
     out = ["| # | move and edge | why |", "|---|---|---|"]
     for t in rows:
-        index = TRANSITIONS.index(t)
+        index = t.index
         out.append(
             f"| {index} | `{t.source}` → `{t.dest}`<br>`{_cell(detail_line(t))}` "
             f"| {_cell(t.rule)} |"

@@ -102,7 +102,7 @@ def _state_id(state: str) -> str:
 def _edge_label(edge: DrawnEdge, overlay: Overlay | None) -> str:
     lines = edge.lines()
     if overlay is not None:
-        index = {t: TRANSITIONS.index(t) for t in edge.transitions}
+        index = {t: t.index for t in edge.transitions}
         lines = [
             f"{text}  ×{overlay.counts[index[t]]}" if overlay.counts.get(index[t]) else text
             for text, t in zip(lines, edge.transitions, strict=True)
@@ -212,11 +212,8 @@ def machine_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
     return g
 
 
-_INDEX = {t: i for i, t in enumerate(TRANSITIONS)}
-
-
 def _taken(transitions: tuple[Transition, ...], overlay: Overlay) -> int:
-    return sum(overlay.counts.get(_INDEX[t], 0) for t in transitions)
+    return sum(overlay.counts.get(t.index, 0) for t in transitions)
 
 
 def _peak(drawn: tuple[DrawnEdge, ...] | tuple[Arrow, ...], overlay: Overlay | None) -> int:

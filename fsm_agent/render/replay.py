@@ -16,15 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.table import INITIAL_STATE, Transition
 from fsm_agent.errors import StepError
 from fsm_agent.render.dot import Overlay
 from fsm_agent.render.edges import edge_of, priority
 from fsm_agent.trace.checker import load_trace, select_edge
 
 __all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
-
-_INDEX = {t: i for i, t in enumerate(TRANSITIONS)}
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ class Replay:
         last: int | None = None
         for step in self.steps[: n + 1]:
             if step.transition is not None:
-                last = _INDEX[step.transition]
+                last = step.transition.index
                 counts[last] += 1
                 visited.add(step.state)
         event = current.event
@@ -199,7 +197,7 @@ def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:
         runs += 1
         for step in replay.steps:
             if step.transition is not None:
-                counts[_INDEX[step.transition]] += 1
+                counts[step.transition.index] += 1
                 visited.add(step.state)
     return Overlay(
         counts=dict(counts),
