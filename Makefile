@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/durable.py
 	$(PY) benchmarks/check_speed.py
 	$(PY) benchmarks/replay_frame.py
+	$(PY) -m pip install -q -e '.[bench-langgraph]'
+	$(PY) benchmarks/postgres.py
 
 # The machine picture from the table, and one replay frame per demo scenario.
 DIAGRAM_TRACES := build/diagram-traces

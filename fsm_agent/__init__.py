@@ -8,7 +8,8 @@ this list (``tests/test_layering.py`` enforces it)::
     core/       the transition table, guards, edge selection, run state, decisions and the
                 sans-IO loop: no I/O, no clock, no store
     trace/      trace events, JSON Lines reading and writing, the one checker
-    durable/    the store protocol, MemoryStore, SqliteStore, checkpoints, resume, review
+    durable/    the store protocol, MemoryStore, SqliteStore, PostgresStore (and its run
+                queue), checkpoints, resume, review
     tools/      the tool registry, MCP servers as tools
     runtime/    configuration, the sync and async drivers (the only I/O), Runtime
     models/     scripted models and provider adapters (OpenAI, Anthropic)
@@ -53,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from fsm_agent.durable.sqlite import SqliteStore
 
         return SqliteStore
+    if name == "PostgresStore":  # needs the postgres extra (psycopg) only when opened
+        from fsm_agent.durable.postgres import PostgresStore
+
+        return PostgresStore
     raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")
 
 
@@ -68,6 +73,7 @@ __all__ = [
     "IdempotencyRecord",
     "JsonlTrace",
     "MemoryStore",
+    "PostgresStore",
     "RetryPolicy",
     "ReviewError",
     "RunBusy",

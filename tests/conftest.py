@@ -186,11 +186,50 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """A real PostgreSQL server for the session: ``FSM_AGENT_PG_DSN``, else a throwaway
+    cluster from the installed binaries, else the test is skipped saying why."""
+    from fsm_agent.testing import pgserver
+
+    reason = pgserver.unavailable()
+    if reason:
+        pytest.skip(reason)
+    server = pgserver.Server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_schema(pg_server: Any) -> Iterator[str]:
+    """A schema name of its own for one test (dropped afterwards)."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def pg_store(pg_server: Any, pg_schema: str) -> Iterator[Any]:
+    from fsm_agent.durable.postgres import PostgresStore
+
+    with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
+        yield store
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """Each durable test runs against both stores."""
+    """Each durable test runs against every store (PostgreSQL: a real server)."""
     if request.param == "memory":
         yield MemoryStore()
-    else:
+    elif request.param == "sqlite":
         with SqliteStore(tmp_path / "runs.db") as sqlite:
             yield sqlite
+    else:
+        yield request.getfixturevalue("pg_store")

@@ -137,10 +137,10 @@ class CrashingStore(SqliteStore):
         if kind == "save" and self.saves == n:
             _die()
 
-    def begin_intent(self, record: Any, *, take_over: bool = False, save: Any = None) -> Any:
+    def begin_intent(self, record: Any, **options: Any) -> Any:
         if _crash_point()[0] == "begin":
             _die()
-        return super().begin_intent(record, take_over=take_over, save=save)
+        return super().begin_intent(record, **options)
 
 
 def install_transition_crash() -> None:

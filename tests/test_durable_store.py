@@ -9,6 +9,7 @@ import os
 import sqlite3
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -380,3 +381,33 @@ def test_a_damaged_row_is_an_error_never_a_silent_change(tmp_path: Path, backend
             )
         with pytest.raises(CorruptRecord, match="history row 0 of run 'r1' fails its checksum"):
             rt.resume("r1")
+
+
+def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
+    store: Any, backend: Backend
+) -> None:
+    paused_run(store, backend)
+    gone, holder = owners.new_owner(), owners.new_owner()
+    store.claim("r1", gone)
+    store.release("r1", gone)
+    owners.hold(holder)
+    store.claim("r1", holder)  # another driver took the run over
+    try:
+        mine = IdempotencyRecord("write", "R-7", "d", "pending", "r1", "c1")
+        with pytest.raises(RunBusy):
+            store.begin_intent(mine, fence=("r1", gone))
+        assert store.get_intent("write", "R-7") is None
+        assert store.begin_intent(mine, fence=("r1", holder)).owned
+        stale_ops: list[Callable[[], Any]] = [
+            lambda: store.commit_intent("write", "R-7", ("r1", "c1"), 1, fence=("r1", gone)),
+            lambda: store.abort_intent("write", "R-7", ("r1", "c1"), fence=("r1", gone)),
+        ]
+        for stale in stale_ops:
+            with pytest.raises(RunBusy):
+                stale()
+        assert store.get_intent("write", "R-7").status == "pending"
+        with pytest.raises(RunNotFound):
+            store.begin_intent(mine, fence=("nope", holder))
+    finally:
+        store.release("r1", holder)
+        owners.drop(holder)

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fsm_agent.cli.diagram",
     "fsm_agent.cli.check",
     "fsm_agent.cli.runs",
+    "fsm_agent.cli.worker",
 )
 
 

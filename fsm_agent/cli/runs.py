@@ -23,18 +23,26 @@ def register(subparsers: Any) -> None:
     runs = subparsers.add_parser(
         "runs",
         help="list, show, approve, deny, reconcile or export stored runs",
-        description="Inspect and review durable runs stored in a SQLite file.",
+        description="Inspect and review durable runs stored in a SQLite file or PostgreSQL.",
     )
     sub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--db", required=True, help="the SQLite file (e.g. runs.db)")
+        p.add_argument(
+            "--db", required=True, help="the SQLite file (e.g. runs.db) or a postgresql:// DSN"
+        )
         p.add_argument(
             "--timeout",
             type=_seconds,
             default=5.0,
-            help="seconds to wait for a lock held by another process (default 5)",
+            help="seconds to wait for a lock held by another process, or for a PostgreSQL "
+            "connection (default 5)",
+        )
+        p.add_argument(
+            "--schema",
+            default="fsm_agent",
+            help="PostgreSQL only: the schema that holds the runs (default fsm_agent)",
         )
         return p
 
@@ -171,8 +179,20 @@ def _guarded(fn: Any) -> Any:
 def _open(args: argparse.Namespace, *, write: bool = False) -> Any:
     """The store; read-only unless the command records something (reading never writes,
     not even a schema)."""
+    from fsm_agent.durable.postgres import is_postgres_dsn
     from fsm_agent.durable.sqlite import SqliteStore
 
+    if is_postgres_dsn(args.db):
+        from fsm_agent.durable.postgres import PostgresStore
+
+        return PostgresStore(
+            args.db,
+            schema=args.schema,
+            timeout=args.timeout,
+            pool_size=1,
+            create=False,
+            readonly=not write,
+        )
     return SqliteStore(args.db, timeout=args.timeout, create=False, readonly=not write)
 
 
@@ -302,6 +322,8 @@ def _review(args: argparse.Namespace) -> int:
     print(f"recorded {args.action} of {args.call_id} in run {args.run_id}")
     if waiting:
         print(f"still waiting for: {', '.join(waiting)}")
+    elif hasattr(store, "claim_next"):
+        print("a worker continues the run (fsm-agent worker)")
     else:
         print("the run continues when the application resumes it (Runtime.resume)")
     return 0

@@ -36,7 +36,7 @@ from typing import Any
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
-from fsm_agent.durable.store import Checkpoint, RunSave, RunSummary, StoredRun, summary_of
+from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun, summary_of
 from fsm_agent.errors import IntentConflict, RunBusy, RunExists, RunNotFound, StoreError
 
 __all__ = ["MemoryStore"]
@@ -105,10 +105,16 @@ class MemoryStore:
     # ── idempotency ───────────────────────────────────────────────────────────────
 
     def begin_intent(
-        self, record: IdempotencyRecord, *, take_over: bool = False, save: RunSave | None = None
+        self,
+        record: IdempotencyRecord,
+        *,
+        take_over: bool = False,
+        fence: Fence | None = None,
+        save: RunSave | None = None,
     ) -> IntentClaim:
         where = (record.tool, record.key)
         with self._lock:
+            self._check_fence(fence)
             self._save_with(save)
             found = self._get(where)
             if found is None or (
@@ -122,9 +128,18 @@ class MemoryStore:
                 return IntentClaim(True, found)
             return IntentClaim(False, found)
 
-    def commit_intent(self, tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
+    def commit_intent(
+        self,
+        tool: str,
+        key: str,
+        owner: tuple[str, str],
+        result: Any,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         text = _text(result)
         with self._lock:
+            self._check_fence(fence)
             current = self._pending.get((tool, key))
             if current is None:
                 done = self._committed.get((tool, key))
@@ -135,8 +150,11 @@ class MemoryStore:
             self._committed[(tool, key)] = (current, text, time.time())
             self._evict_intents()
 
-    def abort_intent(self, tool: str, key: str, owner: tuple[str, str]) -> None:
+    def abort_intent(
+        self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
+    ) -> None:
         with self._lock:
+            self._check_fence(fence)
             current = self._pending.get((tool, key))
             if current is not None and current.owner == owner:
                 del self._pending[(tool, key)]
@@ -144,6 +162,18 @@ class MemoryStore:
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
         with self._lock:
             return self._get((tool, key))
+
+    def _check_fence(self, fence: Fence | None) -> None:
+        """Refuse an intent operation of a driver that no longer holds its run's claim."""
+        if fence is None or not self.keeps_runs:
+            return
+        run_id, owner = fence
+        row = self._row(run_id)
+        if row.owner != owner:
+            raise RunBusy(
+                f"run {run_id!r} was taken over by {row.owner or 'nobody'}; "
+                "this driver stopped driving it"
+            )
 
     #: The 0.1 name of :meth:`get_intent`.
     get_idempotency = get_intent

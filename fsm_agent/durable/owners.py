@@ -20,7 +20,7 @@ import socket
 import threading
 from functools import cache
 
-__all__ = ["drop", "hold", "is_live", "new_owner"]
+__all__ = ["drop", "hold", "is_dead", "is_live", "new_owner"]
 
 _SEP = "|"
 _LIVE: set[str] = set()
@@ -97,3 +97,24 @@ def is_live(owner: str | None, lease_until: float, now: float) -> bool:
     if start == "-" or not pid.isdigit():
         return lease_until > now
     return _start_time(int(pid)) == start
+
+
+def is_dead(owner: str | None) -> bool:
+    """Whether ``owner`` certainly drives nothing any more: it was made on this host in
+    this boot and its process is gone (or is this process, which no longer drives with
+    it). A store whose claims are judged by lease alone (a fleet sharing PostgreSQL, where
+    a stalled process is alive yet must lose its runs) may still take such a claim at
+    once instead of waiting for the lease."""
+    if not owner:
+        return True
+    parts = owner.split(_SEP)
+    if len(parts) != 5:
+        return False
+    host, boot, pid, start, _ = parts
+    me = _this_process()
+    if (host, boot) != me[:2] or boot == "-" or start == "-" or not pid.isdigit():
+        return False
+    if (pid, start) == me[2:]:
+        with _LOCK:
+            return owner not in _LIVE
+    return _start_time(int(pid)) != start

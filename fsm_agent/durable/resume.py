@@ -51,12 +51,20 @@ def restore_state(
     )
 
 
-def restore_run(store: RunStore, run_id: str, config: ConfigFactory) -> tuple[RunState, str]:
+def restore_run(
+    store: RunStore, run_id: str, config: ConfigFactory, *, claimed_by: str | None = None
+) -> tuple[RunState, str]:
     """Claim ``run_id`` and rebuild it; returns its state and the owner token that holds
-    the claim (the caller releases it when it stops driving)."""
-    owner = owners.new_owner()
+    the claim (the caller releases it when it stops driving). ``claimed_by``: the owner
+    token of a claim the caller already holds (a worker's, from its queue)."""
+    owner = claimed_by or owners.new_owner()
     owners.hold(owner)
-    store.claim(run_id, owner)
+    try:
+        if claimed_by is None:
+            store.claim(run_id, owner)
+    except BaseException:
+        owners.drop(owner)
+        raise
     try:
         stored = store.load_run(run_id)
         narrowed = _allowed_of(config)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
-from fsm_agent.durable.store import Checkpoint, RunSave, RunSummary, StoredRun
+from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
 from fsm_agent.errors import (
     CorruptRecord,
     IntentConflict,
@@ -358,9 +358,15 @@ class SqliteStore:
         )
 
     def begin_intent(
-        self, record: IdempotencyRecord, *, take_over: bool = False, save: RunSave | None = None
+        self,
+        record: IdempotencyRecord,
+        *,
+        take_over: bool = False,
+        fence: Fence | None = None,
+        save: RunSave | None = None,
     ) -> IntentClaim:
         with self._write() as c:
+            self._check_fence(c, fence)
             self._save_with(c, save)
             found = self._intent(c, record.tool, record.key)
             if found is None or (
@@ -374,9 +380,18 @@ class SqliteStore:
                 return IntentClaim(True, found)
             return IntentClaim(False, found)
 
-    def commit_intent(self, tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
+    def commit_intent(
+        self,
+        tool: str,
+        key: str,
+        owner: tuple[str, str],
+        result: Any,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         text = _dumps(result)
         with self._write() as c:
+            self._check_fence(c, fence)
             found = self._intent(c, tool, key)
             if found is not None and found.status == "committed" and found.owner == owner:
                 return  # committed already
@@ -397,13 +412,25 @@ class SqliteStore:
             )
             self._put_intent(c, done, text)
 
-    def abort_intent(self, tool: str, key: str, owner: tuple[str, str]) -> None:
+    def abort_intent(
+        self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
+    ) -> None:
         with self._write() as c:
+            self._check_fence(c, fence)
             c.execute(
                 "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
                 "'pending' AND run_id = ? AND call_id = ?",
                 (tool, key, *owner),
             )
+
+    def _check_fence(self, c: sqlite3.Connection, fence: Fence | None) -> None:
+        """Inside the intent's own transaction: refuse a driver that lost its claim."""
+        if fence is None:
+            return
+        run_id, owner = fence
+        row = c.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or row[0] != owner:
+            self._not_owner(c, run_id)
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
         with self._lock:

@@ -4,7 +4,9 @@ A store holds idempotency records (write-ahead intents and their results), runs 
 trace events, history rows and the checkpoint after the last saved transition) and a
 claim that lets exactly one owner drive a run at a time. :class:`~fsm_agent.durable.
 memory.MemoryStore` keeps them for the life of the process;
-:class:`~fsm_agent.durable.sqlite.SqliteStore` in one SQLite file. Every store raises
+:class:`~fsm_agent.durable.sqlite.SqliteStore` in one SQLite file;
+:class:`~fsm_agent.durable.postgres.PostgresStore` in PostgreSQL, shared by a fleet of
+workers on many hosts. Every store raises
 only :class:`~fsm_agent.errors.StoreError` and its subclasses, naming the store and the
 cause.
 
@@ -29,6 +31,7 @@ from fsm_agent.core.state import SaveMode
 
 __all__ = [
     "Checkpoint",
+    "Fence",
     "IdempotencyRecord",
     "IntentClaim",
     "RunSave",
@@ -38,6 +41,11 @@ __all__ = [
     "StoredRun",
     "supports_runs",
 ]
+
+
+#: ``(run_id, owner)``: the run being driven and the owner token that must still hold its
+#: claim for an intent operation to be accepted (see :meth:`Store.begin_intent`).
+Fence = tuple[str, str]
 
 
 @dataclass
@@ -99,7 +107,12 @@ class Store(Protocol):
     blocking: bool
 
     def begin_intent(
-        self, record: IdempotencyRecord, *, take_over: bool = False, save: RunSave | None = None
+        self,
+        record: IdempotencyRecord,
+        *,
+        take_over: bool = False,
+        fence: Fence | None = None,
+        save: RunSave | None = None,
     ) -> IntentClaim:
         """Atomically: read what is under ``(record.tool, record.key)``; if nothing, or a
         pending intent of this very owner, or (``take_over``, for a deduplicating tool) a
@@ -107,18 +120,35 @@ class Store(Protocol):
         pending intent and answer ``owned=True``; otherwise leave the record and answer
         ``owned=False``. ``found`` is what was there before.
 
-        With ``save`` (a store that keeps runs), also store the run's events and
-        checkpoint, exactly as :meth:`RunStore.save` would, in the same transaction: all
-        of it or none (``RunBusy`` if ``save.owner`` lost the claim)."""
+        ``fence`` (a store that keeps runs): ``(run_id, owner)`` of the driving that asks.
+        In the same atomic step the store checks that ``owner`` still holds the claim on
+        that run, and changes nothing (:class:`~fsm_agent.errors.RunBusy`) if it does not:
+        a driver that lost its claim (stalled past its lease) can begin, commit or abort
+        no write after another driver took the run over.
+
+        ``save`` (a store that keeps runs): also store the run's events and checkpoint,
+        exactly as :meth:`RunStore.save` would, in the same transaction — all of it or
+        none (it is fenced by its own owner)."""
         ...
 
-    def commit_intent(self, tool: str, key: str, owner: tuple[str, str], result: Any) -> None:
+    def commit_intent(
+        self,
+        tool: str,
+        key: str,
+        owner: tuple[str, str],
+        result: Any,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         """Record the write's result (the pending intent becomes ``committed``);
         :class:`~fsm_agent.errors.IntentConflict` if no intent with those arguments is
-        there."""
+        there. ``fence`` as for :meth:`begin_intent`."""
 
-    def abort_intent(self, tool: str, key: str, owner: tuple[str, str]) -> None:
-        """Forget ``owner``'s pending intent: its write definitely did not happen."""
+    def abort_intent(
+        self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
+    ) -> None:
+        """Forget ``owner``'s pending intent: its write definitely did not happen.
+        ``fence`` as for :meth:`begin_intent`."""
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None: ...
 

@@ -116,7 +116,8 @@ class Io:
                 return None
             return time.monotonic() + max(limit - (now - s.started), 0.0)
 
-        return cls(run_id=s.run_id, deadline=deadline, **parts)
+        # A run its store keeps is fenced: see ``fenced`` below.
+        return cls(run_id=s.run_id, deadline=deadline, fenced=s.config.save != "never", **parts)
 
     run_id: str
     model: Model
@@ -127,6 +128,9 @@ class Io:
     store: Store | None = None
     owner: str | None = None
     sink: TraceSink | None = None
+    #: The store keeps this run: every intent operation carries ``(run_id, owner)`` so
+    #: the store refuses it once another driver took the run over (R11 fencing).
+    fenced: bool = False
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -184,14 +188,22 @@ class _Driver:
         store = self.io.store
         if store is None:
             raise RuntimeError(f"{type(request).__name__} needs a store")  # a loop bug
+        # Only a store that keeps runs is asked to fence (an idempotency-only store may
+        # not know the keyword).
+        fence: dict[str, Any] = (
+            {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
+        )
         if isinstance(request, BeginIntent):
-            return store.begin_intent(
-                request.record, take_over=request.take_over, save=self.riding(request.save)
-            )
+            riding = self.riding(request.save)
+            if riding is not None:  # only a store that keeps runs gets a save
+                fence["save"] = riding
+            return store.begin_intent(request.record, take_over=request.take_over, **fence)
         if isinstance(request, CommitIntent):
-            return store.commit_intent(request.tool, request.key, request.owner, request.result)
+            return store.commit_intent(
+                request.tool, request.key, request.owner, request.result, **fence
+            )
         if isinstance(request, AbortIntent):
-            return store.abort_intent(request.tool, request.key, request.owner)
+            return store.abort_intent(request.tool, request.key, request.owner, **fence)
         if isinstance(request, LoadIntent):
             return store.get_intent(request.tool, request.key)
         assert isinstance(request, SaveCheckpoint)

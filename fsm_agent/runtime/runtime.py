@@ -20,11 +20,12 @@ from typing import Any, Literal
 from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
+from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
-from fsm_agent.durable import review
+from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import restore_run
-from fsm_agent.durable.store import Store, supports_runs
+from fsm_agent.durable.store import Checkpoint, Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
@@ -124,6 +125,34 @@ class Runtime:
         state, sink = self._new_run(task, run_id, trace)
         return await self._adrive(state, model, sink, resumed=False)
 
+    def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
+        """Record a new run in the store without driving it, and return its id: a worker
+        (``fsm-agent worker``) claims and drives it, with the settings of this runtime
+        (budget, retry, policy, allow-list) recorded in its header. The time it waits in
+        the queue does not count against its wall-clock budget. Raises ``RunExists`` for
+        a taken id, ``StoreError`` for a store that keeps no runs."""
+        store = self.store
+        if not supports_runs(store):
+            raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
+        state, _ = self._new_run(task, run_id, None, traced=False)
+        # The loop's own first step writes the run's creation (header, run_start, the
+        # checkpoint at ``deciding``); it is stopped there, before asking the model.
+        loop = steps(state)
+        next(loop)  # ReadClock
+        first = loop.send(self.clock())
+        loop.close()
+        assert isinstance(first, SaveCheckpoint) and first.header is not None
+        owner = owners.new_owner()
+        store.create_run(
+            state.run_id,
+            first.header,
+            owner,
+            first.events,
+            Checkpoint(first.snapshot, first.messages),
+        )
+        store.release(state.run_id, owner)  # announces it to the workers
+        return state.run_id
+
     # ── durable runs: resume and review (SPEC §5) ─────────────────────────────────
 
     def resume(self, run_id: str, *, model: Model | None = None) -> RunResult:
@@ -139,10 +168,13 @@ class Runtime:
         state, owner = self._restore(run_id)
         return self._drive(state, model, None, resumed=True, owner=owner)
 
-    async def aresume(self, run_id: str, *, model: Model | None = None) -> RunResult:
-        """:meth:`resume` for async models and tools."""
+    async def aresume(
+        self, run_id: str, *, model: Model | None = None, claimed_by: str | None = None
+    ) -> RunResult:
+        """:meth:`resume` for async models and tools. ``claimed_by``: the owner token of
+        a claim the caller already holds on the run (a worker's: ``runtime/worker.py``)."""
         model = self._model_for(model)
-        state, owner = self._restore(run_id)
+        state, owner = self._restore(run_id, claimed_by)
         return await self._adrive(state, model, None, resumed=True, owner=owner)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
@@ -213,13 +245,18 @@ class Runtime:
         )
 
     def _new_run(
-        self, task: str | list[dict[str, Any]], run_id: str | None, trace: TraceArg
+        self,
+        task: str | list[dict[str, Any]],
+        run_id: str | None,
+        trace: TraceArg,
+        *,
+        traced: bool = True,
     ) -> tuple[RunState, TraceSink | None]:
         messages = initial_messages(task)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
         run_id = run_id or uuid.uuid4().hex
-        if trace is None and self.trace_dir is not None:
+        if trace is None and self.trace_dir is not None and traced:
             trace = self.trace_dir / f"{run_id}.jsonl"
         sink: TraceSink | None = (
             JsonlTrace(trace) if isinstance(trace, (str, os.PathLike)) else trace
@@ -230,13 +267,13 @@ class Runtime:
         start(state)
         return state, sink
 
-    def _restore(self, run_id: str) -> tuple[RunState, str]:
+    def _restore(self, run_id: str, claimed_by: str | None = None) -> tuple[RunState, str]:
         store = self.store
         if not supports_runs(store):
             raise StoreError(
                 f"{type(store).__name__} does not keep runs; use a MemoryStore or SqliteStore"
             )
-        return restore_run(store, run_id, self.config)
+        return restore_run(store, run_id, self.config, claimed_by=claimed_by)
 
     @staticmethod
     def _result(s: RunState) -> RunResult:

@@ -1,0 +1,584 @@
+"""A :class:`~fsm_agent.durable.store.RunStore` on PostgreSQL, shared by a fleet of workers.
+
+``PostgresStore(dsn)`` keeps what :class:`~fsm_agent.durable.sqlite.SqliteStore` keeps —
+runs, append-only trace events, history rows, checksummed checkpoints, idempotency
+intents — with the same semantics, so ``Runtime``, resume, review and ``fsm-agent runs``
+work on it unchanged; and a queue of runs that workers on any number of hosts claim
+(``fsm_agent.runtime.worker``). Install with ``pip install 'fsm-agent[postgres]'``
+(psycopg 3 and psycopg-pool).
+
+Exactly once across the fleet (R11):
+
+* A write's intent is begun by one server-side compare-and-set (``pg_schema.py``): two
+  workers never both own one key.
+* A run is driven by one owner at a time. A claim sets the owner and increments the run's
+  **epoch** (the fencing token); the owner holds it with a lease, judged by the server's
+  clock and renewed by heartbeats. Every commit of a driver — a checkpoint, an intent
+  begun, committed or aborted, a renewal — names its owner and epoch and is refused
+  (:class:`~fsm_agent.errors.RunBusy`, nothing written) once another owner took the run:
+  a worker stalled past its lease (a GC pause, SIGSTOP, a network cut) commits nothing
+  after that. A write it had in flight is settled by the outcome-unknown rule.
+* Unlike a single host, a live process is no proof of a live owner (a stopped process
+  lives): a claim lapses with its lease alone, or at once when its process is known dead
+  on this host (``owners.is_dead``).
+
+Every failure is a one-line :class:`~fsm_agent.errors.StoreError` naming the server
+(never the password) and the cause: a bad DSN, a server that is down or restarting, a
+connection cut, a statement timeout, a schema from a newer fsm-agent, a schema of another
+program. A statement that fails is not retried: whether it committed may be unknown, and
+the run continues from its last checkpoint under the usual rules.
+
+Each checkpoint is one SQL statement (the fenced update of the run row and the inserts of
+its events and history rows, in one implicit transaction): one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fsm_agent.core.actions import BLOCKING
+from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
+from fsm_agent.core.state import SaveMode
+from fsm_agent.durable import owners, pg_sql
+from fsm_agent.durable.pg_conn import alive, conninfo, is_postgres_dsn, store_error
+from fsm_agent.durable.pg_schema import SCHEMA_VERSION, open_schema
+from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
+from fsm_agent.errors import (
+    ConfigError,
+    CorruptRecord,
+    IntentConflict,
+    RunBusy,
+    RunExists,
+    RunNotFound,
+    StoreError,
+)
+
+__all__ = ["SCHEMA_VERSION", "Claim", "PostgresStore", "is_postgres_dsn"]
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_FINISHED = ("done", "budget_exhausted", "protocol_error", "cancelled")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _sum(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def _intent_sum(digest: str, run_id: str, call_id: str, effect: str, dedup: bool) -> int:
+    return _sum("|".join((digest, run_id, call_id, effect, "1" if dedup else "0")))
+
+
+def _result_sum(status: str, result: str | None) -> int:
+    return _sum(f"{status}|{result or ''}")
+
+
+def runnable(body: dict[str, Any]) -> bool:
+    """Whether a worker may drive a run with this checkpoint now: a working state, or a
+    review whose every blocking call has a reviewer's decision (``loop.settled``)."""
+    state = body.get("state")
+    if state in _FINISHED:
+        return False
+    if state != "review_required":
+        return True
+    reviews = body.get("reviews") or {}
+    placeholders = body.get("placeholders") or {}
+    return bool(reviews) and all(
+        call_id in reviews
+        for call_id, entry in placeholders.items()
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[1] in BLOCKING
+    )
+
+
+def _columns(snapshot: dict[str, Any]) -> dict[str, Any]:
+    body = snapshot.get("body") if isinstance(snapshot, dict) else None
+    body = body if isinstance(body, dict) else {}
+    return {
+        "state": str(body.get("state", "")),
+        "reason": str(body.get("reason") or ""),
+        "pending": len(body.get("placeholders") or {}),
+        "runnable": runnable(body),
+    }
+
+
+class _Fenced(Exception):
+    """Inside a transaction: the owner lost its claim (rolled back, then reported)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run a worker claimed from the queue: drive it as ``owner`` (fencing epoch
+    ``epoch``). ``why``: ``new``, ``reviewed`` (its reviews are settled), ``orphaned``
+    (its owner's lease expired) or ``released`` (an owner let it go unfinished)."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    why: str
+
+
+class PostgresStore:
+    """Runs, events, checkpoints, intents and the run queue in one PostgreSQL schema.
+
+    ``dsn``: a libpq connection string or ``postgresql://`` URI. ``schema``: the
+    PostgreSQL schema that holds fsm-agent's tables (created on first use; a schema that
+    holds anything else is never written into). ``lease_s``: how long a claim holds
+    without a heartbeat (the heartbeat renews it every third of that). ``timeout``: how
+    long to wait for a connection. ``statement_timeout_s``: the server cancels a statement
+    that runs longer. ``pool_size``: connections kept open. ``create=False`` refuses a
+    database where fsm-agent's schema does not exist yet; ``readonly=True`` opens
+    read-only sessions (the CLI's read commands).
+    """
+
+    blocking = True
+    keeps_runs = True
+    save_mode: SaveMode = "replies"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "fsm_agent",
+        lease_s: float = 30.0,
+        timeout: float = 5.0,
+        statement_timeout_s: float = 30.0,
+        pool_size: int = 8,
+        create: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        try:
+            import psycopg  # noqa: F401
+            from psycopg_pool import ConnectionPool
+        except ImportError:
+            raise ConfigError(
+                "PostgresStore needs psycopg 3 and psycopg-pool: pip install 'fsm-agent[postgres]'"
+            ) from None
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ConfigError(f"schema must be a lower-case SQL identifier, got {schema!r}")
+        self.schema, self.lease_s, self.timeout = schema, lease_s, timeout
+        self.statement_timeout_s, self.readonly = statement_timeout_s, readonly
+        self.channel = f"{schema}_work"
+        self.conninfo, self.name = conninfo(dsn, statement_timeout_s, readonly, timeout)
+        self.sql = pg_sql.Statements(f'"{schema}"')
+        #: the epoch each owner token of this process claimed at (its fencing token)
+        self._epochs: dict[str, int] = {}
+        self._lock = threading.Lock()
+        open_schema(
+            self.conninfo,
+            self.name,
+            schema,
+            readonly=readonly,
+            create=create,
+            timeouts=(timeout, statement_timeout_s),
+        )
+        self._pool = ConnectionPool(
+            self.conninfo,
+            kwargs={"autocommit": True},
+            min_size=1,
+            max_size=max(pool_size, 1),
+            timeout=timeout,
+            open=False,
+            name=f"fsm-agent {self.name}",
+            check=alive,
+        )
+        try:
+            self._pool.open(wait=True, timeout=timeout)
+        except Exception as exc:
+            self._pool.close()
+            raise self._error(exc) from None
+
+    # ── opening ───────────────────────────────────────────────────────────────────
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ── connections and errors ────────────────────────────────────────────────────
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A pooled connection (autocommit); any driver error becomes a ``StoreError``."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        try:
+            with self._pool.connection(timeout=self.timeout) as conn:
+                yield conn
+        except (psycopg.Error, PoolTimeout) as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                # Drop the pool's other connections that died with this one (a server
+                # restart kills them all), so the next operation gets a fresh one.
+                threading.Thread(target=self._pool.check, daemon=True).start()
+            raise self._error(exc) from None
+
+    def _one(self, sql: str, params: Any = None) -> Any:
+        with self.connection() as conn:
+            return conn.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: Any = None) -> list[Any]:
+        with self.connection() as conn:
+            return list(conn.execute(sql, params).fetchall())
+
+    def _error(self, exc: BaseException) -> StoreError:
+        return store_error(self.name, exc, self.timeout, self.statement_timeout_s)
+
+    def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
+        if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
+            raise CorruptRecord(
+                f"{self.name}: {what} fails its checksum (the row was changed or damaged)"
+            )
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptRecord(f"{self.name}: {what} is not readable JSON ({exc})") from None
+
+    def _fence_params(self, fence: Fence | None) -> dict[str, Any]:
+        if fence is None:
+            return {"fenced": False, "frun": None, "fowner": None, "fepoch": None}
+        run_id, owner = fence
+        with self._lock:
+            epoch = self._epochs.get(owner)
+        return {"fenced": True, "frun": run_id, "fowner": owner, "fepoch": epoch}
+
+    def _epoch(self, owner: str) -> int | None:
+        with self._lock:
+            return self._epochs.get(owner)
+
+    def _not_owner(self, run_id: str) -> None:
+        row = self._one(self.sql.owner_of, [run_id])
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r} in {self.name}")
+        raise RunBusy(
+            f"run {run_id!r} was taken over by {row[0] or 'nobody'} (epoch {row[1]}); "
+            "this driver stopped driving it"
+        )
+
+    # ── idempotency ───────────────────────────────────────────────────────────────
+
+    def begin_intent(
+        self,
+        record: IdempotencyRecord,
+        *,
+        take_over: bool = False,
+        fence: Fence | None = None,
+        save: RunSave | None = None,
+    ) -> IntentClaim:
+        r = record
+        f = self._fence_params(fence)
+        params = [
+            r.tool,
+            r.key,
+            r.args_digest,
+            r.run_id,
+            r.call_id,
+            r.effect,
+            r.dedup,
+            _intent_sum(r.args_digest, r.run_id, r.call_id, r.effect, r.dedup),
+            _result_sum("pending", None),
+            take_over,
+            f["frun"],
+            f["fowner"],
+            f["fepoch"],
+        ]
+        if save is None:
+            row = self._one(self.sql.begin_intent, params)
+        else:
+            # The run's checkpoint rides in the intent's transaction: both or neither.
+            saved = self._save_params(save.run_id, save.owner, save.events, save.checkpoint)
+            try:
+                with self.connection() as conn, conn.transaction():
+                    if conn.execute(self.sql.save, saved).fetchone() is None:
+                        raise _Fenced(save.run_id)  # rolls the transaction back
+                    row = conn.execute(self.sql.begin_intent, params).fetchone()
+                    if row[0] == "fenced":
+                        raise _Fenced(str(f["frun"]))
+            except _Fenced as fenced:
+                self._not_owner(fenced.run_id)
+        outcome = row[0]
+        if outcome == "fenced":
+            self._not_owner(f["frun"])
+        found = None if row[1] is None else self._record(r.tool, r.key, row[1:])
+        return IntentClaim(outcome == "owned", found)
+
+    def _record(self, tool: str, key: str, row: Any) -> IdempotencyRecord:
+        digest, status, run_id, call_id, result, effect, dedup, stored_sum, result_sum = row
+        where = f"the idempotency record of {tool!r} key {key!r}"
+        if (
+            stored_sum is not None
+            and _intent_sum(digest, run_id, call_id, effect, dedup) != stored_sum
+        ) or (result_sum is not None and _result_sum(status, result) != result_sum):
+            raise CorruptRecord(
+                f"{self.name}: {where} fails its checksum (the row was changed or damaged)"
+            )
+        if status not in ("pending", "committed"):
+            raise CorruptRecord(f"{self.name}: {where} has status {status!r}")
+        value = None if result is None else self._loads(result, None, where)
+        return IdempotencyRecord(tool, key, digest, status, run_id, call_id, value, effect, dedup)
+
+    def commit_intent(
+        self,
+        tool: str,
+        key: str,
+        owner: tuple[str, str],
+        result: Any,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
+        text = _dumps(result)
+        params = {
+            "tool": tool,
+            "key": key,
+            "result": text,
+            "rsum": _result_sum("committed", text),
+            **self._fence_params(fence),
+        }
+        if self._one(self.sql.commit_intent, params) is not None:
+            return
+        if fence is not None and self._one(self.sql.fence_holds, params) is None:
+            self._not_owner(fence[0])
+        found = self.get_intent(tool, key)
+        if found is not None and found.status == "committed" and found.owner == owner:
+            return  # committed already
+        raise IntentConflict(f"{self.name}: no pending intent for {tool!r} key {key!r} to commit")
+
+    def abort_intent(
+        self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
+    ) -> None:
+        params = {
+            "tool": tool,
+            "key": key,
+            "run": owner[0],
+            "call": owner[1],
+            **self._fence_params(fence),
+        }
+        if (
+            self._one(self.sql.abort_intent, params) is None
+            and fence is not None
+            and self._one(self.sql.fence_holds, params) is None
+        ):
+            self._not_owner(fence[0])
+
+    def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
+        row = self._one(self.sql.get_intent, [tool, key])
+        return None if row is None else self._record(tool, key, row)
+
+    # ── runs ──────────────────────────────────────────────────────────────────────
+
+    def _rows(self, events: list[dict[str, Any]], checkpoint: Checkpoint) -> dict[str, Any]:
+        texts = [_dumps(e) for e in events]
+        messages = [(i, _dumps(m)) for i, m in checkpoint.messages]
+        snapshot = _dumps(checkpoint.snapshot)
+        return {
+            **_columns(checkpoint.snapshot),
+            "ctx": snapshot,
+            "sum": _sum(snapshot),
+            "lease": self.lease_s,
+            "seqs": [e["seq"] for e in events],
+            "types": [e["type"] for e in events],
+            "bodies": texts,
+            "sums": [_sum(t) for t in texts],
+            "idx": [i for i, _ in messages],
+            "mbodies": [t for _, t in messages],
+            "msums": [_sum(t) for _, t in messages],
+        }
+
+    def create_run(
+        self,
+        run_id: str,
+        header: dict[str, Any],
+        owner: str,
+        events: list[dict[str, Any]],
+        checkpoint: Checkpoint,
+    ) -> None:
+        header_text = _dumps(header)
+        params = {
+            **self._rows(events, checkpoint),
+            "run_id": run_id,
+            "owner": owner,
+            "header": header_text,
+            "hsum": _sum(header_text),
+        }
+        row = self._one(self.sql.create_run, params)
+        if row is None:
+            raise RunExists(f"run id {run_id!r} is already stored in {self.name}")
+        with self._lock:
+            self._epochs[owner] = row[1]
+
+    def save(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        # The fence: the run row is updated (and the events and history rows inserted)
+        # only where this owner still holds the claim at the epoch it claimed at.
+        if self._one(self.sql.save, self._save_params(run_id, owner, events, checkpoint)) is None:
+            self._not_owner(run_id)
+
+    def _save_params(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> dict[str, Any]:
+        return {
+            **self._rows(events, checkpoint),
+            "run_id": run_id,
+            "owner": owner,
+            "epoch": self._epoch(owner),
+        }
+
+    def load_run(self, run_id: str) -> StoredRun:
+        row = self._one(self.sql.load_run, [run_id])
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r} in {self.name}")
+        header, header_sum, snapshot, snapshot_sum, mi, mb, ms, es, eb, esum = row
+        where = f"run {run_id!r}"
+        mi, mb, ms = mi or [], mb or [], ms or []
+        if mi != list(range(len(mi))):
+            raise CorruptRecord(f"{self.name}: the history of {where} has gaps")
+        return StoredRun(
+            run_id,
+            self._loads(header, header_sum, f"the header of {where}"),
+            self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
+            [
+                self._loads(b, s, f"history row {i} of {where}")
+                for i, b, s in zip(mi, mb, ms, strict=True)
+            ],
+            [
+                self._loads(b, s, f"event {q} of {where}")
+                for q, b, s in zip(es or [], eb or [], esum or [], strict=True)
+            ],
+        )
+
+    def list_runs(self, state: str | None = None) -> list[RunSummary]:
+        rows = self._all(self.sql.list_runs, {"state": state})
+        return [RunSummary(*row) for row in rows]
+
+    # ── claims ────────────────────────────────────────────────────────────────────
+
+    def claim(self, run_id: str, owner: str) -> None:
+        with self.connection() as conn, conn.transaction():
+            row = conn.execute(self.sql.lock_run, [run_id]).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.name}")
+            holder, expired = row
+            if holder not in (None, owner) and not expired and not owners.is_dead(holder):
+                raise RunBusy(
+                    f"run {run_id!r} is being driven by {holder}; try again when it stops"
+                )
+            (epoch,) = conn.execute(
+                self.sql.take_run, {"run_id": run_id, "owner": owner, "lease": self.lease_s}
+            ).fetchone()
+        with self._lock:
+            self._epochs[owner] = epoch
+
+    def claim_next(self, owner: str, skip: tuple[str, ...] = ()) -> Claim | None:
+        """Claim the oldest run a worker may drive now — new, its reviews settled, or
+        orphaned by an expired lease — skipping rows other workers are claiming
+        (``FOR UPDATE SKIP LOCKED``) and the run ids in ``skip``; ``None`` if there is
+        none."""
+        row = self._one(
+            self.sql.claim_next, {"owner": owner, "lease": self.lease_s, "skip": list(skip)}
+        )
+        if row is None:
+            return None
+        run_id, epoch, state, previous, first = row
+        with self._lock:
+            self._epochs[owner] = epoch
+        why = (
+            "orphaned"
+            if previous is not None
+            else "new"
+            if first
+            else "reviewed"
+            if state == "review_required"
+            else "released"
+        )
+        return Claim(run_id, owner, epoch, why)
+
+    def renew(self, run_id: str, owner: str) -> None:
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "epoch": self._epoch(owner),
+            "lease": self.lease_s,
+        }
+        if self._one(self.sql.renew, params) is None:
+            self._not_owner(run_id)
+
+    def release(self, run_id: str, owner: str) -> None:
+        """Give up the claim; a run a worker may drive (not finished, not waiting for a
+        reviewer) is announced on the work channel for the next worker."""
+        try:
+            self._all(self.sql.release, {"run_id": run_id, "owner": owner, "channel": self.channel})
+        finally:
+            with self._lock:
+                self._epochs.pop(owner, None)
+
+    # ── the fleet ─────────────────────────────────────────────────────────────────
+
+    def report_worker(
+        self, worker: str, state: str, concurrency: int, active: int, counts: dict[str, int]
+    ) -> None:
+        """Record a worker's state and counts (``fsm-agent worker --status``)."""
+        host, _, rest = worker.partition(":")
+        pid = int(rest.partition(":")[0] or 0)
+        self._all(
+            self.sql.report_worker,
+            {
+                "worker": worker,
+                "host": host,
+                "pid": pid,
+                "concurrency": concurrency,
+                "state": state,
+                "active": active,
+                **counts,
+            },
+        )
+
+    def fleet(self) -> dict[str, Any]:
+        """Workers as last reported (``seen_s``: seconds since) and the runs by state
+        (``queued``: unclaimed and runnable; ``claimed``: held under a live lease;
+        ``orphaned``: runnable with an expired lease)."""
+        names = ("worker", "state", "concurrency", "active", "claimed", "finished",
+                 "released", "failed", "fenced", "seen_s", "started")  # fmt: skip
+        workers = [dict(zip(names, row, strict=True)) for row in self._all(self.sql.workers)]
+        runs = {
+            state: {"runs": n, "queued": q, "claimed": c, "orphaned": o}
+            for state, n, q, c, o in self._all(self.sql.queue)
+        }
+        return {"workers": workers, "runs": runs}
+
+    # ── retention ─────────────────────────────────────────────────────────────────
+
+    def prune(self, older_than_s: float, *, intents: bool = True) -> tuple[int, int]:
+        """As :meth:`SqliteStore.prune`: finished, unclaimed runs older than
+        ``older_than_s`` go with their events and history; with ``intents``, committed
+        idempotency records that old too. Never a run waiting for review, never a
+        pending intent. Returns ``(runs, intents)`` deleted."""
+        with self.connection() as conn, conn.transaction():
+            nums = [
+                n
+                for (n,) in conn.execute(
+                    self.sql.prune_runs, {"age": older_than_s, "finished": list(_FINISHED)}
+                ).fetchall()
+            ]
+            if nums:
+                conn.execute(self.sql.prune_rows, {"nums": nums})
+            dropped = 0
+            if intents:
+                dropped = conn.execute(self.sql.prune_intents, {"age": older_than_s}).rowcount
+        return len(nums), dropped
