@@ -131,6 +131,8 @@ class SqliteStore:
     blocking = True
     keeps_runs = True
     save_mode: SaveMode = "replies"
+    #: Events are stored as the driver's chained trace lines (``Checkpoint.event_lines``).
+    wants_lines = True
 
     def __init__(
         self,
@@ -477,8 +479,11 @@ class SqliteStore:
         base = num << _SHIFT
         if events:
             rows = []
-            for e in events:
-                text = _dumps(e)
+            # The driver's chained lines when it encoded them (the trace file's bytes).
+            lines = checkpoint.event_lines
+            if lines is None or len(lines) != len(events):
+                lines = [_dumps(e) for e in events]
+            for e, text in zip(events, lines):
                 rows.append((base + e["seq"], e["type"], text, _sum(text)))
             c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
         if checkpoint.messages:

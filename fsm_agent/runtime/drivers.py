@@ -49,6 +49,7 @@ from fsm_agent.core.requests import (
 from fsm_agent.durable.store import Checkpoint, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import TraceSink
 
 __all__ = ["AsyncDriver", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
@@ -109,6 +110,9 @@ class Io:
     store: Store | None = None
     owner: str | None = None
     sink: TraceSink | None = None
+    #: Encodes each event once as its chained line, for the sink and a store that keeps
+    #: JSON text (``None``: neither wants lines, and nothing is encoded).
+    encoder: Encoder | None = None
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -169,7 +173,11 @@ class _Driver:
         if isinstance(request, LoadIntent):
             return store.get_intent(request.tool, request.key)
         assert isinstance(request, SaveCheckpoint)
-        checkpoint = Checkpoint(request.snapshot, request.messages)
+        encoder = self.io.encoder
+        lines = None
+        if encoder is not None and getattr(store, "wants_lines", False):
+            lines = encoder.lines(request.events)
+        checkpoint = Checkpoint(request.snapshot, request.messages, lines)
         owner = self.io.owner or ""
         runs = cast(RunStore, store)  # the loop saves only when the store keeps runs
         if request.header is not None:
@@ -180,7 +188,14 @@ class _Driver:
 
     def emit(self, request: EmitEvents) -> None:
         sink = self.io.sink
-        if sink is not None:
+        if sink is None:
+            return
+        write_line = getattr(sink, "write_line", None)
+        encoder = self.io.encoder
+        if encoder is not None and write_line is not None:
+            for line in encoder.lines(request.events):
+                write_line(line)
+        else:  # a sink of event dicts
             for event in request.events:
                 sink.write(event)
 

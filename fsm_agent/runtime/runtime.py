@@ -32,6 +32,8 @@ from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.drivers import AsyncDriver, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.tools.registry import ToolRegistry
+from fsm_agent.trace import chain
+from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import JsonlTrace, Redactor, TraceSink
 
 __all__ = ["Model", "Runtime"]
@@ -56,6 +58,9 @@ class Runtime:
     :class:`MemoryStore` per runtime by default). ``trace_dir`` writes one
     ``<run_id>.jsonl`` per run; ``redact`` rewrites each event before it leaves the loop.
     ``clock`` and ``sleep`` exist so tests can run backoffs and deadlines without waiting.
+    ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain
+    link becomes an HMAC, so ``fsm-agent check --key-env`` detects any edit
+    (``trace/chain.py``); keep it where the runs' writers and auditors can read it.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
         tool_threads: int = 16,
+        trace_key: bytes | str | None = None,
     ) -> None:
         self._check(model, tools, allowed_tools, budget, retry, policy, redact)
         allowed = frozenset(allowed_tools)
@@ -96,6 +102,7 @@ class Runtime:
         self.clock = clock
         self.sleep = sleep
         self._book = ApprovalBook(approvals)
+        self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = {
             t.name: {
@@ -156,7 +163,7 @@ class Runtime:
         """
         model = self._sync_model(model, "run")
         state, sink = self._new_run(task, run_id, trace)
-        return self._drive(state, model, sink, resumed=False)
+        return self._drive(state, model, sink, resumed=False, encoder=self._encoder(state, sink))
 
     async def arun(
         self,
@@ -169,7 +176,8 @@ class Runtime:
         """Run to a terminal state; sync or async models and tools both work."""
         model = self._model_for(model)
         state, sink = self._new_run(task, run_id, trace)
-        return await self._adrive(state, model, sink, resumed=False)
+        encoder = self._encoder(state, sink)
+        return await self._adrive(state, model, sink, resumed=False, encoder=encoder)
 
     # ── durable runs: resume and review (SPEC §5) ─────────────────────────────────
 
@@ -183,34 +191,40 @@ class Runtime:
         live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
         model = self._sync_model(model, "resume")
-        state, owner = self._restore(run_id)
-        return self._drive(state, model, None, resumed=True, owner=owner)
+        state, owner, encoder = self._restore(run_id)
+        return self._drive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
     async def aresume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """:meth:`resume` for async models and tools."""
         model = self._model_for(model)
-        state, owner = self._restore(run_id)
-        return await self._adrive(state, model, None, resumed=True, owner=owner)
+        state, owner, encoder = self._restore(run_id)
+        return await self._adrive(
+            state, model, None, resumed=True, owner=owner, encoder=encoder
+        )
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments), then
         :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
         ``await aresume(...)``.)"""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "approve")
+        review.record_review(self.store, run_id, call_id, "approve", key=self._trace_key)
         return self.resume(run_id)
 
     def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "deny", reason=reason)
+        review.record_review(
+            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key
+        )
         return self.resume(run_id)
 
     def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists), then :meth:`resume`; the write is not run again."""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "reconcile", result=result)
+        review.record_review(
+            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key
+        )
         return self.resume(run_id)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
@@ -255,7 +269,7 @@ class Runtime:
             approvals=self._book,
             save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
             emit=emit,
-            header={"tools": self._tool_facts},
+            header={"tools": self._tool_facts, "integrity": chain.mode_for(self._trace_key)},
             redact=self.redact,
         )
 
@@ -285,13 +299,34 @@ class Runtime:
         start(state)
         return state, sink
 
-    def _restore(self, run_id: str) -> tuple[RunState, str]:
+    def _restore(self, run_id: str) -> tuple[RunState, str, Encoder | None]:
         store = self.store
         if not supports_runs(store):
             raise StoreError(
                 f"{type(store).__name__} does not keep runs; use a MemoryStore or SqliteStore"
             )
-        return restore_run(store, run_id, self.config)
+        state, owner, tail = restore_run(store, run_id, self.config)
+        try:
+            return state, owner, self._encoder(state, None, tail)
+        except BaseException:
+            try:
+                store.release(run_id, owner)
+            finally:
+                owners.drop(owner)
+            raise
+
+    def _encoder(
+        self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
+    ) -> Encoder | None:
+        """What encodes the run's events into chained lines, if anything wants lines: a
+        sink that writes lines, a store that keeps JSON text. ``None`` on the in-memory
+        path (no sink, ``MemoryStore``): nothing is encoded there."""
+        consumers = int(sink is not None and hasattr(sink, "write_line"))
+        if s.config.save != "never" and getattr(self.store, "wants_lines", False):
+            consumers += 1
+        if not consumers or not s.events:
+            return None
+        return chain.continue_chain(s.run_id, s.events[0], tail or [], self._trace_key, consumers)
 
     @staticmethod
     def _result(s: RunState) -> RunResult:
@@ -309,7 +344,14 @@ class Runtime:
 
     # ── driving ───────────────────────────────────────────────────────────────────
 
-    def _io(self, s: RunState, model: Model, sink: TraceSink | None, owner: str | None) -> Io:
+    def _io(
+        self,
+        s: RunState,
+        model: Model,
+        sink: TraceSink | None,
+        owner: str | None,
+        encoder: Encoder | None,
+    ) -> Io:
         limit = s.config.budget.max_wall_clock_s
 
         def deadline(now: float) -> float | None:
@@ -328,6 +370,7 @@ class Runtime:
             store=self.store,
             owner=owner,
             sink=sink,
+            encoder=encoder,
         )
 
     def _drive(
@@ -338,8 +381,9 @@ class Runtime:
         *,
         resumed: bool,
         owner: str | None = None,
+        encoder: Encoder | None = None,
     ) -> RunResult:
-        io = self._io(s, model, sink, owner)
+        io = self._io(s, model, sink, owner, encoder)
         with _Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)
@@ -352,8 +396,9 @@ class Runtime:
         *,
         resumed: bool,
         owner: str | None = None,
+        encoder: Encoder | None = None,
     ) -> RunResult:
-        io = self._io(s, model, sink, owner)
+        io = self._io(s, model, sink, owner, encoder)
         with _Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.errors import ConfigError, TraceError
+from fsm_agent.trace.chain import dumps_event
 
-__all__ = ["JsonlTrace", "Redactor", "TraceSink", "iter_trace", "read_trace"]
+__all__ = ["JsonlTrace", "LineSink", "Redactor", "TraceSink", "iter_trace", "read_trace"]
 
 Redactor = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -38,6 +38,13 @@ class TraceSink(Protocol):
     def write(self, event: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class LineSink(TraceSink, Protocol):
+    """A sink that takes encoded lines: the driver hands it each event's chained line
+    (``trace/chain.py``), the same bytes a serializing store keeps."""
+
+    def write_line(self, line: str) -> None: ...
 
 
 class JsonlTrace:
@@ -65,10 +72,14 @@ class JsonlTrace:
             ) from None
 
     def write(self, event: dict[str, Any]) -> None:
+        """Write one event as it is (no chain link: the runtime writes lines)."""
+        self.write_line(dumps_event(event))
+
+    def write_line(self, line: str) -> None:
+        """Write one encoded event line (the runtime's chained lines)."""
         if self._file is None:
             raise ValueError(f"trace {self.path} is closed")
-        text, _, _ = dumps_safe(event)
-        self._file.write(text + "\n")
+        self._file.write(line + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -100,6 +111,8 @@ def iter_trace(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                     event = json.loads(line)
                 except ValueError as exc:
                     raise TraceError(name, line_no, f"not JSON: {exc}") from None
+                except RecursionError:
+                    raise TraceError(name, line_no, "not JSON this reader takes: nested too deeply") from None
                 if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                     raise TraceError(name, line_no, "not a trace event (no 'type' field)")
                 yield event
