@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import read_trace
+from fsm_agent.trace.chain import strip_links
 from fsm_agent.cli import main
 from fsm_agent.cli.demo import SCENARIOS, Scenario
 
@@ -25,7 +26,8 @@ def test_all_scenarios_pass_and_write_their_traces(
     assert all(s["ok"] and s["mismatches"] == {} for s in summaries)
     assert "all 7 scenario(s) behaved as expected" in err
     for name in SCENARIOS:
-        events = read_trace(tmp_path / f"{name}.jsonl")
+        # The file's lines carry their run id and chain link (trace/chain.py).
+        events = strip_links(read_trace(tmp_path / f"{name}.jsonl"))
         printed = [
             {k: v for k, v in x.items() if k != "scenario"}
             for x in lines

@@ -239,7 +239,12 @@ def _decide(s: RunState) -> Steps:
         return
     s.decision = parse_decision(reply)
     s.seq += 1
-    _record(s, {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply, s.decision)})
+    event = {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply, s.decision)}
+    if s.decision.malformed is not None:
+        # Why it was refused: the recorded copy is JSON-safe, so a reply refused for a
+        # non-JSON value may read as well-formed (the checker needs the verdict).
+        event["malformed"] = s.decision.malformed
+    _record(s, event)
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
@@ -377,8 +382,12 @@ def _after(s: RunState, edge: Any) -> None:
         event["call_id"], event["tool"], event["attempt"] = call.id, call.name, s.attempt
         if edge.action == "start_attempt" and call.approval is not None:
             event["approval"] = call.approval
-        if edge.trigger == "tool_returned" and s.outcome.error:
-            event["error"] = s.outcome.error  # why it failed (and so why a retry follows)
+        if edge.trigger == "tool_returned":
+            # What the tool did (the call_* and is_retryable guards read it), and why it
+            # failed (and so why a retry follows): the checker recomputes from these.
+            event["outcome"] = s.outcome.kind
+            if s.outcome.error:
+                event["error"] = s.outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
     s.seq += 1

@@ -406,6 +406,28 @@ class SqliteStore:
     #: The 0.1 name of :meth:`get_intent`.
     get_idempotency = get_intent
 
+    def find_intents(
+        self, *, run_id: str | None = None, tool: str | None = None, args_digest: str | None = None
+    ) -> list[IdempotencyRecord]:
+        """Idempotency records owned by ``run_id`` and/or of ``tool`` with ``args_digest``
+        (``fsm-agent check --db`` compares a run's trace with them). A scan: an audit
+        query, not a hot path."""
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("tool", tool), ("args_digest", args_digest)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT tool, key FROM idempotency"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            try:
+                keys = self._conn.execute(sql + " ORDER BY tool, key", params).fetchall()
+                found = [self._intent(self._conn, t, k) for t, k in keys]
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return [r for r in found if r is not None]
+
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def create_run(

@@ -41,6 +41,8 @@ __all__ = [
     "CHAIN_FIELDS",
     "LINK_HEX",
     "MODES",
+    "SIGNED",
+    "UNSIGNED",
     "Chain",
     "Encoder",
     "continue_chain",
