@@ -31,11 +31,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from fsm_agent.core.jsonsafe import MAX_DEPTH, make_safe
 from fsm_agent.core.loop import SCHEMA
 from fsm_agent.core.select import select_recorded
 from fsm_agent.core.table import LEGACY_MACHINE_HASHES, MACHINE_HASH, Transition, edges_from
 from fsm_agent.errors import TraceError
-from fsm_agent.trace.chain import CHAIN_FIELDS, LINK_HEX, MODES, SIGNED, Chain, link_function
+from fsm_agent.trace.chain import (
+    CHAIN_FIELDS,
+    LINK_HEX,
+    MODES,
+    SIGNED,
+    Chain,
+    link_bytes,
+)
 from fsm_agent.trace.walk import Walk, Write
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "check_report",
     "check_trace",
     "load_trace",
+    "parse_line",
     "select_edge",
 ]
 
@@ -124,10 +133,26 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+_scan = json.JSONDecoder().scan_once  # the stdlib's C scanner, without json.loads' wrappers
+
+
+def parse_line(raw: bytes) -> Any:
+    """One line (without its newline) as one JSON value: the checker's parser, and the
+    benchmark's parse-only baseline. ``ValueError`` for anything else."""
+    text = raw.decode("utf-8")
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("not a JSON value") from None
+    if end != len(text):
+        raise ValueError(f"extra data at column {end + 1}")
+    return value
+
+
 def _loads(raw: bytes | str) -> Any:
     """Parse one line; ``ValueError`` for anything that is not one JSON value."""
     try:
-        return json.loads(raw)
+        return parse_line(raw.rstrip(b"\r\n") if isinstance(raw, bytes) else raw.encode())
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except UnicodeDecodeError as exc:
@@ -185,10 +210,10 @@ def _integrity(head: _Header, key: bytes | None, report: Report, *, lines: bool)
                 "(--key-env); only its conformance was checked"
             )
             return None
-        return link_function(key)
+        return link_bytes(key)
     if key is not None:
         report.fail(1, "a key was given, but the trace is not signed (integrity sha256)")
-    return link_function(None)
+    return link_bytes(None)
 
 
 def check_trace(
@@ -243,7 +268,9 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     mac = _integrity(head, key, report, lines=True)
     prev = b""
     run = head.run_id
-    loads = json.loads
+    loads = parse_line
+    feed = walk.event
+    readline = handle.readline
     line_no = 0
     raw = first
     event: Any = head.event
@@ -254,11 +281,9 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
             break
         body = raw[:-1]
         if mac is not None:
-            if len(body) >= _TAIL and body[-LINK_HEX - 2 - len(_LINK_FIELD) : -LINK_HEX - 2] == (
-                _LINK_FIELD
-            ):
+            if body[-_TAIL : -LINK_HEX - 2] == _LINK_FIELD:
                 link = body[-LINK_HEX - 2 : -2]
-                if prev is not None and mac(prev + b"\n" + body[: -LINK_HEX - 2]).encode() != link:
+                if prev is not None and mac(prev + b"\n" + body[: -LINK_HEX - 2]) != link:
                     fail(
                         line_no,
                         "the chain breaks here: this line, or one before it, was changed, "
@@ -275,17 +300,21 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 fail(line_no, f"not JSON: {_reason(exc)}")
                 event = None
             if type(event) is dict:
-                if run is not None and mac is not None and event.get("run") != run:
+                if mac is not None and event.get("run") != run:
                     fail(line_no, f"an event of run {event.get('run')!r} in run {run!r}'s trace")
-                walk.event(line_no, event)
+                feed(line_no, event)
             elif event is not None:
                 fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
                 walk.seq += 1
-        raw, cut = _read_line(handle)
-        if cut:
+        raw = readline(MAX_LINE + 1)
+        if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+            while True:  # skip the rest of an over-long line without holding it
+                more = readline(1 << 20)
+                if not more or more.endswith(b"\n"):
+                    break
             line_no += 1
             fail(line_no, f"a line longer than {MAX_LINE} bytes: not checked")
-            raw, cut = _read_line(handle)
+            raw = readline(MAX_LINE + 1)
     report.lines = line_no
     report.last_link = prev.decode("ascii", "replace") if prev else None
     walk.finish(line_no)
@@ -410,6 +439,8 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if not (isinstance(event, dict) and isinstance(event.get("type"), str)):
                 event = {"type": "unreadable", "seq": line_no - 1, "line": line_no,
                          "problem": problem}  # fmt: skip
+            elif raw.count(b"{") + raw.count(b"[") > MAX_DEPTH:
+                event = make_safe(event)  # what displays it may recurse: cut at MAX_DEPTH
             events.append(event)
     return events
 

@@ -43,7 +43,7 @@ from fsm_agent.trace.model import (
 
 __all__ = ["Walk", "Write"]
 
-_TERMINAL = frozenset(TERMINAL_STATES)
+_TERMINAL = _TERMINAL_SET = frozenset(TERMINAL_STATES)
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 _KINDS = frozenset({"ok", "rejected", "transient", "timeout", "error", "not_started"})
 #: Review action -> the placeholder errors it settles (``durable/review.py``).
@@ -99,6 +99,73 @@ def _choose(source: str, trigger: str, names: tuple[str, ...], values: tuple[Any
     return found
 
 
+def _flag(value: Any) -> Any:
+    return value if value is True or value is False else UNSURE
+
+
+def _dispatch(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
+    call = w.call
+    if call is None:
+        return (None,)
+    admitted = call.admitted
+    if w.resumed and admitted:
+        admitted = UNSURE
+    if admitted is UNSURE:
+        admitted = _flag(guards.get("call_admitted"))
+    clock = w.clock(e, 0.0) if w.settings.budget.max_wall_clock_s is not None else False
+    if clock is UNSURE:
+        clock = _flag(guards.get("wall_clock_spent"))
+    if not call.idempotent or w.claimed:
+        return (admitted, clock, False, False, False)
+    return (
+        admitted,
+        clock,
+        _flag(guards.get("idempotency_conflict")),
+        _flag(guards.get("idempotency_pending")),
+        _flag(guards.get("idempotent_replay")),
+    )
+
+
+def _returned(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
+    known = w.recompute("tool_returned", e)
+    return tuple(
+        _flag(guards.get(n)) if known.get(n, UNSURE) is UNSURE else known[n]
+        for n in _names("executing", "tool_returned")
+    )
+
+
+def _observe(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
+    b = w.settings.budget
+    limit = b.max_output_bytes
+    clock = w.clock(e, 0.0) if b.max_wall_clock_s is not None else False
+    if clock is UNSURE:
+        clock = _flag(guards.get("wall_clock_spent"))
+    return (
+        limit is not None and w.output_bytes > limit,
+        w.more_calls(),
+        w.model_calls >= b.max_model_calls,
+        clock,
+    )
+
+
+def _no_guards(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
+    return ()
+
+
+def _generic(source: str, trigger: str) -> Callable[[Walk, dict[str, Any], dict[str, Any]], Any]:
+    def values(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
+        return w.values(source, trigger, _names(source, trigger), guards, e)
+
+    return values
+
+
+#: (source, trigger) -> the recomputed outcomes of its guards, in ``_names`` order.
+_PROVIDERS: dict[tuple[str, str], Callable[[Walk, dict[str, Any], dict[str, Any]], Any]] = {}
+#: ((source, trigger, dest, reason, recorded outcomes), recomputed) -> the edge, for
+#: shapes that checked clean.
+_SEEN: dict[tuple[Any, ...], Transition] = {}
+
+
 class Write(NamedTuple):
     """A write of an idempotent tool as the trace reports it (``check --db``)."""
 
@@ -131,7 +198,8 @@ class Walk:
     """See the module docstring. ``fail(line, message)`` receives each violation."""
 
     def __init__(self, head: Mapping[str, Any], fail: Callable[[int, str], None], *, legacy: bool):
-        self.fail = fail
+        self._report = fail
+        self.count = 0  # violations so far (the fast path learns only from clean events)
         self.legacy = legacy
         self.settings = Settings(head)
         if self.settings.problems:
@@ -174,6 +242,10 @@ class Walk:
         self.executed: dict[tuple[str, str], int] = {}
         #: Writes as the trace reports them, for the store cross-check (when asked).
         self.writes: list[Write] | None = None
+
+    def fail(self, line: int, message: str) -> None:
+        self.count += 1
+        self._report(line, message)
 
     # ── the events ────────────────────────────────────────────────────────────────
 
@@ -244,7 +316,7 @@ class Walk:
             )
 
     def finish(self, line: int) -> None:
-        if self.expect:
+        if self.expect and self.expect[0].kind != "run_end":
             self.missing(line, self.expect[0])
         elif not self.ended:
             self.fail(line, f"the trace ends in state {self.state} without run_end")
@@ -317,6 +389,40 @@ class Walk:
     # ── transitions ───────────────────────────────────────────────────────────────
 
     def transition(self, line: int, e: dict[str, Any]) -> None:
+        get = e.get
+        source, trigger, dest, reason = get("source"), get("trigger"), get("dest"), get("reason")
+        guards = get("guards")
+        if source == self.state and not self.ended and type(guards) is dict and not self.legacy:
+            # The fast path: an event whose shape (edge, recorded outcomes) and recomputed
+            # outcomes were seen before and found right is right again; only its action
+            # (counters, the batch) needs doing. A trace repeats few such shapes.
+            provider = _PROVIDERS.get((source, trigger))
+            if provider is not None:
+                try:
+                    shape = (source, trigger, dest, reason, tuple(guards.items()))
+                    key = (shape, provider(self, e, guards))
+                    edge = _SEEN.get(key)
+                except TypeError:  # an unhashable outcome: the slow path says what is wrong
+                    edge = key = None
+                if edge is not None:
+                    if source == INITIAL_STATE:
+                        self.decided = False
+                    self.act(line, edge, e)
+                    self.last = edge
+                    self.state = dest
+                    if dest in _TERMINAL_SET:
+                        self.status, self.stop_reason = dest, reason
+                        self.expect.append(Expected("run_end"))
+                    return
+                if key is not None:
+                    before = self.count
+                    self.slow_transition(line, e)
+                    if self.count == before and self.last is not None and len(_SEEN) < 100_000:
+                        _SEEN[key] = self.last
+                    return
+        self.slow_transition(line, e)
+
+    def slow_transition(self, line: int, e: dict[str, Any]) -> None:
         source, trigger, dest = e.get("source"), e.get("trigger"), e.get("dest")
         reason = e.get("reason")
         if not (isinstance(source, str) and isinstance(trigger, str) and isinstance(dest, str)):
@@ -980,3 +1086,35 @@ def _js(value: Any) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _install() -> None:
+    from fsm_agent.core.table import TRANSITIONS
+
+    special = {
+        ("executing", "dispatch"): _dispatch,
+        ("executing", "tool_returned"): _returned,
+        ("observing", "observe"): _observe,
+    }
+    for t in TRANSITIONS:
+        key = (t.source, t.trigger)
+        if key in special:
+            assert _names(*key) == {
+                ("executing", "dispatch"): (
+                    "call_admitted", "wall_clock_spent", "idempotency_conflict",
+                    "idempotency_pending", "idempotent_replay",
+                ),
+                ("executing", "tool_returned"): _names(*key),
+                ("observing", "observe"): (
+                    "output_budget_spent", "batch_has_more_calls", "model_calls_spent",
+                    "wall_clock_spent",
+                ),
+            }[key], f"the table's guards of {key} changed: update trace/walk.py"  # fmt: skip
+            _PROVIDERS[key] = special[key]
+        elif not _names(*key):
+            _PROVIDERS[key] = _no_guards
+        else:
+            _PROVIDERS[key] = _generic(*key)
+
+
+_install()
