@@ -257,9 +257,10 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     if not first.endswith(b"\n"):
         raise TraceError(name, 1, "truncated: the header line has no newline")
     try:
-        head = _Header(name, _loads(first))
+        parsed = _loads(first)
     except ValueError as exc:
         raise TraceError(name, 1, f"not JSON: {exc}") from None
+    head = _Header(name, parsed)
     report.run_id = head.run_id
     fail = report.fail
     walk = Walk(head.event, fail, legacy=head.legacy)
@@ -419,9 +420,10 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if not raw:
             raise TraceError(name, 1, "empty trace: no run_start header")
         try:
-            head = _Header(name, _loads(raw) if not cut else None)
+            parsed = _loads(raw) if not cut else None
         except ValueError as exc:
             raise TraceError(name, 1, f"not JSON: {exc}") from None
+        head = _Header(name, parsed)
         events.append(head.event)
         line_no = 1
         while True:
