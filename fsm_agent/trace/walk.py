@@ -682,7 +682,8 @@ class Walk:
             self.batch_line = line
             self.tool_rounds += 1
             self.tool_calls += len(self.calls)
-            self.select(0)
+            if self.calls:
+                self.select(0)
         elif action == "next_call":
             index = self.index + 1
             while index < len(self.calls) and self.calls[index].id in self.answered:
