@@ -49,7 +49,7 @@ def test_guards_that_contradict_the_header_are_caught() -> None:
     # The allow-list: a call of a tool the header does not allow cannot be admitted.
     forged = copy.deepcopy(events)
     forged[0]["allowed_tools"] = ["write"]
-    assert "guard 'batch_has_denied_call' is recorded false, but the trace makes it true" in (
+    assert "dispatch: guard 'call_admitted' is recorded true, but the trace makes it false" in (
         found(forged)
     )
     # The tool's effect: a read that fails is retried; a "write" may not be.
