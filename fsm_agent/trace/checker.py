@@ -24,6 +24,7 @@ without integrity (they carry none) and with the guards as recorded.
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -52,6 +53,7 @@ __all__ = [
     "SCHEMAS",
     "Report",
     "Violation",
+    "check_bytes",
     "check_events",
     "check_file",
     "check_paths",
@@ -231,6 +233,14 @@ def check_trace(
         raise TraceError(name, 0, f"cannot open: {exc.strerror or exc}") from None
     with handle, _no_cyclic_gc():
         return _check_stream(name, handle, key, collect_writes)
+
+
+def check_bytes(
+    data: bytes, *, key: bytes | None = None, name: str = "<bytes>"
+) -> Report:
+    """:func:`check_trace` of a trace held in memory (tests, fuzzing)."""
+    with _no_cyclic_gc():
+        return _check_stream(name, io.BytesIO(data), key, False)
 
 
 def _read_line(handle: IO[bytes]) -> tuple[bytes, bool]:
