@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench diagrams clean fuzz
+.PHONY: venv demo test lint bench diagrams clean fuzz mcp-servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
 	$(PY) -m fsm_agent.cli.regen traces diagrams
 
-test: $(STAMP)
+# Published MCP servers for tests/test_mcp_real_servers.py (PyPI and npm; never fails:
+# a server that cannot be installed makes its tests skip with the reason).
+mcp-servers: $(STAMP)
+	$(PY) tests/mcp_servers.py
+
+test: $(STAMP) mcp-servers
 	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
 
 # Long property-based run of the run invariants: FUZZ_EXAMPLES examples split over
@@ -59,4 +64,5 @@ bench-adapters: $(STAMP)
 test-adapters: $(STAMP)
 	$(PY) -m pytest tests/test_model_adapters.py tests/test_model_cli.py \
 		tests/test_provider_validators.py tests/test_tools_mcp.py tests/test_examples_providers.py \
-		tests/test_readme_models.py
+		tests/test_readme_models.py tests/test_provider_corpus.py tests/test_provider_fidelity.py \
+		tests/test_model_pricing.py tests/test_mcp_real_servers.py

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import os
 import sys
 import types
 import warnings
@@ -55,10 +56,11 @@ def _caller_stacklevel() -> int:
     level = 2
     while frame is not None:
         name = frame.f_code.co_filename
-        internal = "importlib" in name and "_bootstrap" in name
-        if not internal and name != __file__:
+        bootstrap = "importlib" in name and "_bootstrap" in name
+        machinery = bootstrap or f"{os.sep}importlib{os.sep}" in name or name == __file__
+        if not machinery:
             return level
-        if not internal:
+        if not bootstrap:
             level += 1
         frame = frame.f_back  # type: ignore[assignment]
     return 2

@@ -24,6 +24,7 @@
     │   ├── ModelUnavailableError         retries exhausted or past the deadline
     │   └── HistoryError                  a history the provider rejects (or would)
     ├── McpToolError                      an MCP server reported a call as failed (isError)
+    ├── McpServerStartError               an MCP server that did not start (command, stderr)
     ├── RenderError                       no renderer could draw; says what to install
     ├── StepError (ValueError)            a replay step outside the trace
     └── UsageError                        bad command-line flags or files (exit 2)
@@ -43,6 +44,7 @@ __all__ = [
     "HistoryError",
     "IntentConflict",
     "MachineMismatch",
+    "McpServerStartError",
     "McpToolError",
     "ModelArgsError",
     "ModelAuthError",
@@ -166,6 +168,22 @@ class HistoryError(ModelError):
 
 class McpToolError(FsmAgentError):
     """The server reported the call as failed (``isError``); it may still have acted."""
+
+
+class McpServerStartError(FsmAgentError):
+    """An MCP server that could not be started or did not answer the handshake: names
+    the command and the end of what it wrote to stderr."""
+
+    def __init__(self, command: str, cause: str, stderr: str) -> None:
+        tail = stderr.strip()[-_STDERR_TAIL:]
+        said = f"; its stderr ends: {tail}" if tail else "; it wrote nothing to stderr"
+        super().__init__(f"MCP server {command!r} did not start: {cause}{said}")
+        self.command = command
+        self.stderr = stderr
+
+
+#: How much of a failed server's stderr its start error quotes.
+_STDERR_TAIL = 1000
 
 
 class RenderError(FsmAgentError):

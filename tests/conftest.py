@@ -30,7 +30,7 @@ def call(call_id: Any, name: str, args: Any = None, **kwargs: Any) -> dict[str, 
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def calls(*tool_calls: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def calls(*tool_calls: Any, **extra: Any) -> dict[str, Any]:
     return {"role": "assistant", "content": None, "tool_calls": list(tool_calls), **extra}
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import Backend, TransientToolError, assert_valid_run, call, calls, make_runtime, say
 
 from fsm_agent import RetryPolicy, Runtime, ScriptedModel, ToolRegistry
+from fsm_agent.tools.registry import Effect
 
 
 def _strip(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -62,7 +63,7 @@ def test_async_model_and_async_tools() -> None:
 
 
 def _slow_tools(
-    effect: str, delay: float, calls_made: list[str], *, is_async: bool
+    effect: Effect, delay: float, calls_made: list[str], *, is_async: bool
 ) -> ToolRegistry:
     tools = ToolRegistry()
     schema = {"type": "object", "properties": {"k": {"type": "string"}}}
@@ -206,5 +207,5 @@ def test_cancelling_arun_mid_write_ends_the_trace_in_review() -> None:
     )
     answers = [(e["call_id"], e["result"]["error"]) for e in events if e["type"] == "observation"]
     assert answers == [("c1", "outcome_unknown"), ("c2", "skipped_pending_review")]
-    record = rt.store.get_idempotency("send", "R-1")
+    record = rt.store.get_intent("send", "R-1")
     assert record is not None and record.status == "pending"  # never redone under R-1

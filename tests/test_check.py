@@ -18,6 +18,7 @@ from conftest import (
 
 from fsm_agent.cli import main
 from fsm_agent.core import select as select_module
+from fsm_agent.core import table as table_module
 from fsm_agent.core.requests import IntentClaim
 from fsm_agent.core.table import TRANSITIONS, Transition
 from fsm_agent.durable.memory import MemoryStore
@@ -146,7 +147,7 @@ def test_anything_after_run_end_is_a_violation_unless_the_table_allows_it(
     assert f"{end + 1}: resume after the run ended in done" in found
     # A table with a resume edge out of the terminal state makes the same event legal.
     resume = Transition("resume", "done", "deciding", (), None, None, "test-only edge")
-    real = walk_module.edges_from
+    real = table_module.edges_from
 
     def edges(s: str, t: str) -> tuple[Transition, ...]:
         return (resume,) if (s, t) == ("done", "resume") else real(s, t)

@@ -20,6 +20,7 @@ from fsm_agent.models import (
     ModelRetry,
     OpenAIChatModel,
     Price,
+    check_anthropic_messages,
     check_openai_chat,
 )
 
@@ -125,8 +126,9 @@ def test_call_without_id_executes_nothing(api: Any, server: FakeProvider) -> Non
 
 @api_params
 def test_call_id_reused_from_history(api: Any, server: FakeProvider) -> None:
-    """Responses and Anthropic key results by id across the whole input, so a reused id
-    is a protocol error there; Chat Completions pairs per message and accepts it."""
+    """Responses keys results by id across the whole input, so a reused id is a protocol
+    error there; Chat Completions pairs per message, and Anthropic per turn (recorded
+    requests reusing an earlier turn's id were accepted), so both take it."""
     server.queue(
         api.calls([("call_1", "check_order", {"order_id": "A1"})]),
         api.calls([("call_1", "check_order", {"order_id": "B2"})]),
@@ -137,6 +139,10 @@ def test_call_id_reused_from_history(api: Any, server: FakeProvider) -> None:
     if api.name == "openai-chat":
         assert result.status == "done" and executed == [{"order_id": "A1"}, {"order_id": "B2"}]
         assert check_openai_chat(api.sent_messages(server.received[2].body)) == []
+        return
+    if api.name == "anthropic":
+        assert result.status == "done" and executed == [{"order_id": "A1"}, {"order_id": "B2"}]
+        assert check_anthropic_messages(server.received[2].body["messages"]) == []
         return
     assert (result.status, result.reason) == ("protocol_error", "model_error")
     assert "reuses call id 'call_1'" in result.detail and executed == [{"order_id": "A1"}]
@@ -268,7 +274,7 @@ def test_invalid_history_is_refused_before_any_request(api: Any, server: FakePro
 def test_a_provider_only_rule_stops_the_run_before_sending(server: FakeProvider) -> None:
     """Valid Chat Completions, invalid for Anthropic (tool_use ids allow no spaces): the
     runtime accepts the history, the adapter refuses it before any request."""
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "x"},
         {
             "role": "assistant",
@@ -293,7 +299,7 @@ def test_a_provider_only_rule_stops_the_run_before_sending(server: FakeProvider)
 def test_unpriced_model_trips_a_cost_budget(api: Any, server: FakeProvider) -> None:
     server.queue(api.calls([("c1", "check_order", {"order_id": "A"})]))
     executed: list[dict[str, Any]] = []
-    model = api.adapter(server.url, prices={})
+    model = api.adapter(server.url, prices={}, price_db=False)
     result = runtime(model, executed, budget=Budget(max_cost=10.0)).run("x")
     assert (result.status, result.reason) == ("budget_exhausted", "cost")
     assert executed == []

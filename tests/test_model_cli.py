@@ -90,8 +90,8 @@ def test_demo_reports_an_unreachable_server_as_a_failed_scenario(
     )
     out = capsys.readouterr()
     assert code == 1
-    s = summary(out.out)
-    assert (s["status"], s["reason"]) == ("protocol_error", "model_error")
+    end = summary(out.out)
+    assert (end["status"], end["reason"]) == ("protocol_error", "model_error")
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ def test_frame_at_an_observation_keeps_the_last_edge(tmp_path: Path) -> None:
     obs = next(i for i, e in enumerate(replay.events) if e["type"] == "observation")
     frame = replay.overlay(obs)
     assert frame.current == "observing"
-    assert TRANSITIONS[frame.last].dest == "observing"
+    assert frame.last is not None and TRANSITIONS[frame.last].dest == "observing"
 
 
 def test_aggregate_heat_map_sums_counts_over_traces(

@@ -22,6 +22,7 @@ from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.models import AsyncOpenAIChatModel
 from fsm_agent.tools.mcp import (
     McpBridge,
+    McpServerStartError,
     list_mcp_tools,
     register_mcp_tools,
     stdio_client,
@@ -228,7 +229,7 @@ def test_bridge_lets_sync_run_call_mcp_tools(tmp_path: Path) -> None:
 
 def test_bridge_reports_a_server_that_cannot_start(tmp_path: Path) -> None:
     with (
-        pytest.raises(FileNotFoundError, match="no-such-server"),
+        pytest.raises(McpServerStartError, match="no-such-server"),
         McpBridge(stdio_client(str(tmp_path / "no-such-server"))),
     ):
         pass

@@ -107,7 +107,8 @@ def test_transition_events_name_guards_calls_and_attempts(tmp_path: Path) -> Non
 
 def test_redaction_applies_to_the_file_and_the_result(tmp_path: Path) -> None:
     def redact(event: dict[str, Any]) -> dict[str, Any]:
-        return json.loads(json.dumps(event).replace("A17", "[order]"))
+        redacted: dict[str, Any] = json.loads(json.dumps(event).replace("A17", "[order]"))
+        return redacted
 
     result = _run(tmp_path, redact=redact)
     text = (tmp_path / "t.jsonl").read_text()

@@ -19,6 +19,7 @@ from fsm_agent.render.html import viewer_html
 from fsm_agent.render.replay import Replay
 
 CHROMIUM = "/usr/bin/chromium"
+sync_playwright: Any
 try:
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover - depends on the machine
@@ -86,7 +87,12 @@ def opened(browser: Any, page_file: Path) -> Iterator[tuple[Any, list[str], list
     page = browser.new_page()
     dialogs: list[str] = []
     requests: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def dismiss(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", dismiss)
     page.on("request", lambda r: requests.append(r.url))
     page.goto(page_file.as_uri())
     yield page, dialogs, requests
@@ -94,7 +100,7 @@ def opened(browser: Any, page_file: Path) -> Iterator[tuple[Any, list[str], list
 
 
 def current(page: Any) -> dict[str, Any]:
-    return page.evaluate("""() => ({
+    state: dict[str, Any] = page.evaluate("""() => ({
         slider: document.getElementById('slider').value,
         state: document.getElementById('state').textContent,
         position: document.getElementById('position').textContent,
@@ -103,6 +109,7 @@ def current(page: Any) -> dict[str, Any]:
         unreached: document.querySelectorAll('g.node.unreached').length,
         event: document.getElementById('event').textContent,
     })""")
+    return state
 
 
 def test_keys_buttons_and_slider_step_through_the_run(opened: Any, page_file: Path) -> None:

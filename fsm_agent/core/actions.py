@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
 from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.core.reasons import stop_detail
@@ -47,8 +48,9 @@ def answer(
     the message's index in the history. The trace gets a copy (``observation``), so a
     tool that mutates what it returned later cannot change what was recorded."""
     call = call or s.call
-    text, data, _ = dumps_safe(result)
-    message = {"role": "tool", "tool_call_id": call.id, "content": text}
+    value, media = split_media(result)
+    text, data, _ = dumps_safe(value)
+    message = tool_message(call.id, text, media)
     at_error = s.placeholders.pop(call.id, None)
     if at_error is None:
         at = len(s.messages)

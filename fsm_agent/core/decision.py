@@ -103,71 +103,80 @@ def parse_decision(raw: Any) -> Decision:
         return Decision(malformed=f"the reply could not be read: {type(exc).__name__}")
 
 
-def _parse(raw: Any) -> Decision:  # noqa: C901 - one check per field of a reply, in order
-    if not isinstance(raw, Mapping):
-        return Decision(malformed=f"the model returned {type(raw).__name__}, not a message dict")
-    if raw.get("role") != "assistant":
-        return Decision(malformed=f"role must be 'assistant', got {make_safe(raw.get('role'))!r}")
-    content = raw.get("content")
-    if content is not None and not isinstance(content, str):
-        return Decision(malformed=f"content must be a string or null, got {type(content).__name__}")
-    tool_calls = raw.get("tool_calls")
-    if tool_calls is None:
-        tool_calls = []
-    if not isinstance(tool_calls, list):
-        return Decision(malformed=f"tool_calls must be a list, got {type(tool_calls).__name__}")
-    calls: list[PreparedCall] = []
-    normalised: list[dict[str, Any]] = []
+class _Malformed(Exception):
+    """A reply that is not an assistant message of well-formed calls (its reason)."""
+
+
+def _parse(raw: Any) -> Decision:
+    try:
+        content, tool_calls = _envelope(raw)
+        calls = [_read_call(i, call) for i, call in enumerate(tool_calls)]
+    except _Malformed as exc:
+        return Decision(malformed=str(exc))
     missing = duplicate = None
     seen: set[str] = set()
-    for i, call in enumerate(tool_calls):
-        where = f"tool_calls[{i}]"
-        if not isinstance(call, Mapping):
-            return Decision(malformed=f"{where} must be an object, got {type(call).__name__}")
-        if call.get("type", "function") != "function":
-            return Decision(
-                malformed=f"{where}.type must be 'function', got {make_safe(call.get('type'))!r}"
+    for call in calls:
+        if not call.id:
+            hint = raw.get("missing_id_hint")  # an adapter's advice (a kept extra key)
+            missing = missing or f"tool_calls[{call.index}] has no id" + (
+                f" ({clean_text(hint)})" if isinstance(hint, str) else ""
             )
-        fn = call.get("function")
-        if not isinstance(fn, Mapping):
-            return Decision(malformed=f"{where}.function is missing or not an object")
-        name, args = fn.get("name"), fn.get("arguments")
-        if not isinstance(name, str) or not name:
-            return Decision(malformed=f"{where}.function.name must be a non-empty string")
-        if not isinstance(args, str):
-            return Decision(
-                malformed=f"{where}.function.arguments must be a JSON string, got "
-                f"{type(args).__name__}"
-            )
-        call_id = call.get("id")
-        if call_id is not None and not isinstance(call_id, str):
-            return Decision(malformed=f"{where}.id must be a string, got {type(call_id).__name__}")
-        call_id = clean_text(call_id) if call_id else ""
-        if not call_id:
-            missing = missing or f"{where} has no id"
-        elif call_id in seen:
-            duplicate = duplicate or f"id {call_id!r} is used twice"
-        else:
-            seen.add(call_id)
-        name = clean_text(name)
-        calls.append(PreparedCall(index=i, id=call_id, name=name, raw_arguments=args))
-        normalised.append(
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": clean_text(args)},
-            }
-        )
+        elif call.id in seen:
+            duplicate = duplicate or f"id {call.id!r} is used twice"
+        seen.add(call.id)
     answer = None if content is None else clean_text(content)
     message: dict[str, Any] = {"role": "assistant", "content": answer}
-    if normalised:
-        message["tool_calls"] = normalised
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": clean_text(c.raw_arguments)}}
+            for c in calls
+        ]  # fmt: skip
     for key, value in raw.items():
         if key not in _CORE_KEYS:
             message[_safe_key(key)] = make_safe(value)
-    return Decision(
-        message=message, answer=answer, calls=calls, missing_id=missing, duplicate_id=duplicate
-    )
+    return Decision(message=message, answer=answer, calls=calls, missing_id=missing,
+                    duplicate_id=duplicate)  # fmt: skip
+
+
+def _envelope(raw: Any) -> tuple[str | None, list[Any]]:
+    """The reply's content and its list of calls, or :class:`_Malformed`."""
+    if not isinstance(raw, Mapping):
+        raise _Malformed(f"the model returned {type(raw).__name__}, not a message dict")
+    if raw.get("role") != "assistant":
+        raise _Malformed(f"role must be 'assistant', got {make_safe(raw.get('role'))!r}")
+    content = raw.get("content")
+    if content is not None and not isinstance(content, str):
+        raise _Malformed(f"content must be a string or null, got {type(content).__name__}")
+    tool_calls = raw.get("tool_calls")
+    if tool_calls is None:
+        return content, []
+    if not isinstance(tool_calls, list):
+        raise _Malformed(f"tool_calls must be a list, got {type(tool_calls).__name__}")
+    return content, tool_calls
+
+
+def _read_call(i: int, call: Any) -> PreparedCall:
+    """One Chat Completions tool call, or :class:`_Malformed` naming what is wrong."""
+    where = f"tool_calls[{i}]"
+    if not isinstance(call, Mapping):
+        raise _Malformed(f"{where} must be an object, got {type(call).__name__}")
+    if call.get("type", "function") != "function":
+        raise _Malformed(f"{where}.type must be 'function', got {make_safe(call.get('type'))!r}")
+    fn = call.get("function")
+    if not isinstance(fn, Mapping):
+        raise _Malformed(f"{where}.function is missing or not an object")
+    name, args = fn.get("name"), fn.get("arguments")
+    if not isinstance(name, str) or not name:
+        raise _Malformed(f"{where}.function.name must be a non-empty string")
+    if not isinstance(args, str):
+        raise _Malformed(f"{where}.function.arguments must be a JSON string, got "
+                         f"{type(args).__name__}")  # fmt: skip
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise _Malformed(f"{where}.id must be a string, got {type(call_id).__name__}")
+    return PreparedCall(index=i, id=clean_text(call_id) if call_id else "",
+                        name=clean_text(name), raw_arguments=args)  # fmt: skip
 
 
 def _safe_key(key: Any) -> str:

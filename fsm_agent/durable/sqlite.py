@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
@@ -45,6 +45,9 @@ from fsm_agent.errors import (
     RunNotFound,
     StoreError,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 
@@ -222,7 +225,7 @@ class SqliteStore:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> SqliteStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -284,6 +287,11 @@ class SqliteStore:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
+            except UnicodeDecodeError as exc:  # a damaged TEXT value
+                raise CorruptRecord(
+                    f"{self.path}: a stored row is not UTF-8 text ({exc.reason}"
+                    f" at byte {exc.start}); the file is damaged"
+                ) from None
 
     def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
         if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
@@ -402,6 +410,11 @@ class SqliteStore:
                 return self._intent(self._conn, tool, key)
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
+            except UnicodeDecodeError as exc:
+                raise CorruptRecord(
+                    f"{self.path}: the idempotency record of {tool!r} key "
+                    f"{key!r} is not UTF-8 text ({exc.reason})"
+                ) from None
 
     #: The 0.1 name of :meth:`get_intent`.
     get_idempotency = get_intent

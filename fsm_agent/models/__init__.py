@@ -22,8 +22,11 @@ from fsm_agent.models.pricing import DEFAULT_PRICES, Price
 from fsm_agent.models.scripted import ScriptedModel
 from fsm_agent.models.validate import (
     check_anthropic_messages,
+    check_anthropic_request,
     check_openai_chat,
+    check_openai_chat_request,
     check_openai_responses,
+    check_openai_responses_request,
 )
 
 __all__ = [
@@ -44,8 +47,11 @@ __all__ = [
     "Price",
     "ScriptedModel",
     "check_anthropic_messages",
+    "check_anthropic_request",
     "check_openai_chat",
+    "check_openai_chat_request",
     "check_openai_responses",
+    "check_openai_responses_request",
 ]
 
 _LAZY = {

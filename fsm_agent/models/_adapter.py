@@ -25,7 +25,7 @@ from fsm_agent.models._common import (
     call_with_retries,
     decode_body,
 )
-from fsm_agent.models.pricing import DEFAULT_PRICES, Price, find_price
+from fsm_agent.models.pricing import Price, db_cost, find_price
 
 __all__ = ["AsyncCall", "ProviderCodec", "SyncCall"]
 
@@ -45,6 +45,7 @@ class ProviderCodec:
         prices: Mapping[str, Price] | None = None,
         retry: ModelRetry | None = None,
         options: Mapping[str, Any] | None = None,
+        price_db: bool = True,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"{self.provider}: model must be a non-empty model name")
@@ -58,7 +59,10 @@ class ProviderCodec:
                 f"{self.provider}: prices must map model names to Price, got {prices!r}"
             )
         self.model = model
-        self.prices: Mapping[str, Price] = DEFAULT_PRICES if prices is None else prices
+        if not isinstance(price_db, bool):
+            raise ValueError(f"{self.provider}: price_db must be True or False")
+        self.prices: Mapping[str, Price] = {} if prices is None else prices
+        self.price_db = price_db
         self.retry = retry or ModelRetry()
         self.options = dict(options or {})
 
@@ -67,12 +71,14 @@ class ProviderCodec:
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         raise NotImplementedError
 
-    def read_reply(self, body: Message, messages: list[Message]) -> Message:
+    def read_reply(
+        self, body: Message, messages: list[Message], tool_specs: list[Message] | None = None
+    ) -> Message:
         raise NotImplementedError
 
     # ── shared ───────────────────────────────────────────────────────────────────
 
-    def checked(self, payload: list[Message], problems: list[str]) -> list[Message]:
+    def checked(self, payload: list[Any], problems: list[str]) -> list[Any]:
         """``payload`` if its validator found nothing, else a HistoryError naming it all."""
         if problems:
             raise HistoryError(
@@ -95,21 +101,25 @@ class ProviderCodec:
         cached_tokens: int = 0,
         cache_write_tokens: int = 0,
     ) -> Message:
-        """Our usage shape; ``cost`` is ``None`` when the model has no price."""
+        """Our usage shape; ``cost`` is ``None`` when the model has no price (``prices``
+        first, for the model that answered, then the one asked for; then the database)."""
+        tokens = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cached_tokens": cached_tokens,
+            "cache_write_tokens": cache_write_tokens,
+        }
+        cost: float | None = None
         price = find_price(model, self.prices) or find_price(self.model, self.prices)
-        cost = (
-            None
-            if price is None
-            else round(
-                price.cost(
-                    input_tokens=input_tokens,
-                    output_tokens=output_tokens,
-                    cached_tokens=cached_tokens,
-                    cache_write_tokens=cache_write_tokens,
-                ),
-                10,
-            )
-        )
+        if price is not None:
+            cost = price.cost(**tokens)
+        elif self.price_db:
+            url = getattr(getattr(self, "client", None), "base_url", None)
+            where = str(url) if url is not None else None
+            cost = db_cost(model, provider_url=where, **tokens)
+            if cost is None and model != self.model:
+                cost = db_cost(self.model, provider_url=where, **tokens)
+        cost = None if cost is None else round(cost, 10)
         total_in = input_tokens + cached_tokens + cache_write_tokens
         return {
             "input_tokens": total_in,
@@ -141,7 +151,7 @@ class SyncCall(ProviderCodec):
         body = call_with_retries(
             send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
         )
-        return self.read_reply(body, messages)
+        return self.read_reply(body, messages, tool_specs)
 
 
 class AsyncCall(ProviderCodec):
@@ -169,4 +179,4 @@ class AsyncCall(ProviderCodec):
         body = await acall_with_retries(
             send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
         )
-        return self.read_reply(body, messages)
+        return self.read_reply(body, messages, tool_specs)

@@ -23,7 +23,7 @@ from fsm_agent.errors import (
     ModelResponseError,
     ModelUnavailableError,
 )
-from fsm_agent.models.validate import recognise_history_rejection
+from fsm_agent.models.validate import recognise_history_rejection, recognise_reasoning_rejection
 from fsm_agent.runtime.context import time_left
 
 __all__ = [
@@ -133,6 +133,14 @@ def classify(exc: Exception, provider: str, errors: SdkErrors) -> _Failure:
                 HistoryError(
                     f"{where} (the provider rejected the history: "
                     f"a pairing bug upstream of the adapter)"
+                ),
+            )
+        if recognise_reasoning_rejection(detail):
+            return _Failure(
+                False,
+                HistoryError(
+                    f"{where} (the provider wants back reasoning the history does not carry: "
+                    f"was it built without the adapter's reasoning keys?)"
                 ),
             )
         return _Failure(False, ModelRequestError(where))
@@ -253,6 +261,11 @@ def need(
         got = "missing" if key not in body else f"a {type(value).__name__}"
         raise ModelResponseError(f"{provider}: {where}.{key} must be {names}, got {got}")
     return value
+
+
+def no_usage() -> dict[str, Any]:
+    """The usage of a reply that reported none: tokens unknown, never priced as free."""
+    return {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
 
 
 def whole(value: Any) -> int:

@@ -6,10 +6,24 @@ user turn of ``tool_result`` blocks (first), followed by any user text of that t
 Translation in: text blocks join into ``content``, ``tool_use`` blocks become calls whose
 ``input`` object is the JSON ``arguments``. A block without an id becomes a call with
 ``id: ""``, which the machine stops on before anything runs.
+
+Extended thinking: a reply holding ``thinking`` or ``redacted_thinking`` blocks keeps its
+``content`` verbatim in the assistant message under ``anthropic_content`` (signatures
+included), and that turn is sent back exactly so, in its order: Anthropic refuses a
+tool-result turn whose assistant turn lost its thinking. (If the history's calls no
+longer match those blocks, the turn is rebuilt with the thinking blocks first.) With
+``options={"thinking": {"type": "enabled", ...}}`` the validator checks the thinking is
+there before sending.
+
+Tool results that hold images or files (see :mod:`fsm_agent.core.content`) become
+``image`` and ``document`` blocks inside the ``tool_result`` (PDF and plain text
+documents; another file type is described in text, which Anthropic cannot read natively).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -21,12 +35,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the Anthropic adapter needs the anthropic SDK: pip install 'fsm-agent[anthropic]'"
     ) from exc
 
+from fsm_agent.core.content import split_data_url
 from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCall
 from fsm_agent.models._common import (
     ModelResponseError,
     SdkErrors,
-    check_fresh_ids,
     need,
+    no_usage,
     parse_json_object,
     whole,
 )
@@ -41,26 +56,97 @@ _CUT = {
     "refusal": "the model refused to answer",
     "pause_turn": "the provider paused a long turn (server tools are not supported here)",
 }
-_IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+_THINKING = ("thinking", "redacted_thinking")
+#: The assistant message key holding a reply's content blocks, verbatim.
+CONTENT_KEY = "anthropic_content"
 
 
 def _text_blocks(content: Any) -> list[Message]:
+    """Message content as Anthropic blocks: text as text, images and files (Chat
+    Completions parts with ``data:`` URLs) as image and document blocks."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    if isinstance(content, list):  # Chat Completions parts: text parts translate as is
-        return [
-            {"type": "text", "text": p["text"]}
-            if isinstance(p, Mapping) and p.get("type") == "text"
-            else p
-            for p in content
-        ]
+    if isinstance(content, list):
+        return _part_blocks(content)
     return []
 
 
 def _is_error(content: Any) -> bool:
     """Our tool results are JSON with ``ok``; tell Anthropic which ones failed."""
+    if isinstance(content, list):  # text part first, then media
+        first = content[0] if content else None
+        content = first.get("text") if isinstance(first, Mapping) else None
     parsed = parse_json_object(content) if isinstance(content, str) else None
     return parsed is not None and parsed.get("ok") is False
+
+
+def _media_block(media_type: str, data: str) -> Message:
+    if media_type.startswith("image/"):
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": data},
+        }
+    if media_type == "application/pdf":
+        source = {"type": "base64", "media_type": media_type, "data": data}
+        return {"type": "document", "source": source}
+    if media_type == "text/plain":
+        try:
+            text = base64.b64decode(data, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):
+            text = None
+        if text is not None:
+            source = {"type": "text", "media_type": media_type, "data": text}
+            return {"type": "document", "source": source}
+    return {
+        "type": "text",
+        "text": f"(a {media_type} file Anthropic cannot read natively was left out)",
+    }
+
+
+def _part_blocks(parts: list[Any]) -> list[Any]:
+    blocks: list[Any] = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            blocks.append({"type": "text", "text": part.get("text")})
+            continue
+        inner = part.get(kind) if kind in ("image_url", "file") else None
+        url = (inner.get("url") or inner.get("file_data")) if isinstance(inner, Mapping) else None
+        split = split_data_url(url)
+        blocks.append(_media_block(*split) if split else part)
+    return blocks
+
+
+def _result_content(content: Any) -> Any:
+    """A tool message's content as ``tool_result`` content: text, or text and media blocks."""
+    return _part_blocks(content) if isinstance(content, list) else content
+
+
+def _assistant_blocks(m: Mapping[str, Any]) -> list[Any]:
+    calls = [c for c in m.get("tool_calls") or () if isinstance(c, Mapping)]
+    recorded = m.get(CONTENT_KEY)
+    if isinstance(recorded, list):
+        ids = [
+            b.get("id") for b in recorded if isinstance(b, Mapping) and b.get("type") == "tool_use"
+        ]
+        if ids == [c.get("id") for c in calls]:
+            return list(recorded)
+    thinking = [b for b in recorded or () if isinstance(b, Mapping) and b.get("type") in _THINKING]
+    blocks: list[Any] = [*thinking, *_text_blocks(m.get("content"))]
+    for call in calls:
+        fn = call.get("function") or {}
+        # Calls refused as invalid_arguments may carry non-object JSON; the tool_use
+        # must still be an object, and its result already says what was wrong.
+        args = parse_json_object(fn.get("arguments"))
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id"),
+                "name": fn.get("name"),
+                "input": args if args is not None else {},
+            }
+        )
+    return blocks
 
 
 def to_anthropic(messages: list[Message]) -> tuple[str, list[Message]]:
@@ -79,26 +165,12 @@ def to_anthropic(messages: list[Message]) -> tuple[str, list[Message]]:
         if role in ("system", "developer"):
             system.extend(b["text"] for b in _text_blocks(content) if "text" in b)
         elif role == "assistant":
-            blocks = _text_blocks(content)
-            for call in m.get("tool_calls") or ():
-                fn = call.get("function") or {}
-                # Calls refused as invalid_arguments may carry non-object JSON; the tool_use
-                # must still be an object, and its result already says what was wrong.
-                args = parse_json_object(fn.get("arguments"))
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call.get("id"),
-                        "name": fn.get("name"),
-                        "input": args if args is not None else {},
-                    }
-                )
-            add("assistant", blocks)
+            add("assistant", _assistant_blocks(m))
         elif role == "tool":
             block: Message = {
                 "type": "tool_result",
                 "tool_use_id": m.get("tool_call_id"),
-                "content": content,
+                "content": _result_content(content),
             }
             if _is_error(content):
                 block["is_error"] = True
@@ -124,13 +196,20 @@ class _AnthropicCodec(ProviderCodec):
     errors = SdkErrors(anthropic.APIStatusError, anthropic.APIConnectionError)
     max_tokens: int
 
+    @property
+    def thinking(self) -> bool:
+        """Whether requests enable extended thinking (then every tool-answering turn
+        must send the thinking back)."""
+        config = self.options.get("thinking")
+        return isinstance(config, Mapping) and config.get("type") == "enabled"
+
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         system, out = to_anthropic(messages)
         request: Message = {
             "max_tokens": self.max_tokens,
             **self.options,
             "model": self.model,
-            "messages": self.checked(out, check_anthropic_messages(out)),
+            "messages": self.checked(out, check_anthropic_messages(out, thinking=self.thinking)),
         }
         if system:
             request["system"] = system
@@ -138,7 +217,9 @@ class _AnthropicCodec(ProviderCodec):
             request["tools"] = to_tools(tool_specs)
         return request
 
-    def read_reply(self, body: Message, messages: list[Message]) -> Message:
+    def read_reply(
+        self, body: Message, messages: list[Message], tool_specs: list[Message] | None = None
+    ) -> Message:
         p = self.provider
         if body.get("type") != "message" or body.get("role") != "assistant":
             raise ModelResponseError(
@@ -154,7 +235,8 @@ class _AnthropicCodec(ProviderCodec):
             )
         texts: list[str] = []
         calls: list[Message] = []
-        for i, block in enumerate(need(body, "content", list, p)):
+        content = need(body, "content", list, p)
+        for i, block in enumerate(content):
             kind = block.get("type") if isinstance(block, Mapping) else None
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
@@ -170,15 +252,18 @@ class _AnthropicCodec(ProviderCodec):
                         },
                     }
                 )
-            elif kind not in _IGNORED_BLOCKS:
+            elif kind not in _THINKING:
                 raise ModelResponseError(f"{p}: content[{i}] has unknown type {kind!r}")
-        check_fresh_ids(calls, messages, p)
+        # No check_fresh_ids here: Anthropic pairs results turn by turn, and real requests
+        # reusing an earlier turn's tool_use id were accepted (tests/data/providers).
         reply: Message = {
             "role": "assistant",
             "content": "".join(texts) if texts else (None if calls else ""),
         }
         if calls:
             reply["tool_calls"] = calls
+        if any(isinstance(b, Mapping) and b.get("type") in _THINKING for b in content):
+            reply[CONTENT_KEY] = content
         usage = body.get("usage")
         model = self.reply_model(body)
         if isinstance(usage, Mapping):
@@ -190,12 +275,7 @@ class _AnthropicCodec(ProviderCodec):
                 cache_write_tokens=whole(usage.get("cache_creation_input_tokens")),
             )
         else:
-            reply["usage"] = {
-                "input_tokens": 0,
-                "output_tokens": 0,
-                "total_tokens": 0,
-                "cost": None,
-            }
+            reply["usage"] = no_usage()
         reply["provider"] = {
             "api": p,
             "id": body.get("id"),

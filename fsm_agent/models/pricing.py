@@ -1,18 +1,28 @@
 """Token prices, so a model's usage can be charged to the run's cost budget.
 
-A reply whose model has no price here is *not* free: the adapter reports ``"cost": None``
-and a run with a cost budget stops on it (``budget_exhausted/cost``). Prices change;
-the defaults are list prices in USD per million tokens as published when this table was
-written. Pass your own table (``prices=``) to any adapter to override them, e.g.
-``{**DEFAULT_PRICES, "my-model": Price(0.2, 0.8)}``, or ``{}`` to price nothing.
+Prices come from `genai-prices <https://pypi.org/project/genai-prices/>`_, a price
+database maintained by the Pydantic team and shipped as data inside the package (no
+network at run time: upgrade the package for new prices). It knows the providers' model
+names, dated snapshots included, and tells providers apart by the API's base URL, so a
+model served by Groq or OpenRouter is priced at that provider's rate.
+
+``prices=`` on any adapter overrides it: a mapping of model names to :class:`Price`,
+looked up first (an exact name, else the longest name the model extends with a ``-``
+suffix). ``price_db=False`` prices only what ``prices`` names.
+
+A reply whose model has no price is *not* free: the adapter reports ``"cost": None`` and
+a run with a cost budget stops on it (``budget_exhausted/cost``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
-__all__ = ["DEFAULT_PRICES", "Price", "find_price"]
+__all__ = ["DEFAULT_PRICES", "Price", "db_cost", "find_price"]
 
 
 @dataclass(frozen=True)
@@ -52,26 +62,15 @@ class Price:
         ) / 1_000_000
 
 
-DEFAULT_PRICES: Mapping[str, Price] = {
-    "gpt-4o": Price(2.50, 10.00, cached_input=1.25),
-    "gpt-4o-mini": Price(0.15, 0.60, cached_input=0.075),
-    "gpt-4.1": Price(2.00, 8.00, cached_input=0.50),
-    "gpt-4.1-mini": Price(0.40, 1.60, cached_input=0.10),
-    "gpt-4.1-nano": Price(0.10, 0.40, cached_input=0.025),
-    "claude-3-5-haiku": Price(0.80, 4.00, cached_input=0.08, cache_write=1.00),
-    "claude-haiku-4-5": Price(1.00, 5.00, cached_input=0.10, cache_write=1.25),
-    "claude-3-5-sonnet": Price(3.00, 15.00, cached_input=0.30, cache_write=3.75),
-    "claude-3-7-sonnet": Price(3.00, 15.00, cached_input=0.30, cache_write=3.75),
-    "claude-sonnet-4": Price(3.00, 15.00, cached_input=0.30, cache_write=3.75),
-    "claude-sonnet-4-5": Price(3.00, 15.00, cached_input=0.30, cache_write=3.75),
-    "claude-opus-4": Price(15.00, 75.00, cached_input=1.50, cache_write=18.75),
-    "claude-opus-4-5": Price(5.00, 25.00, cached_input=0.50, cache_write=6.25),
-}
+#: No hand-kept prices any more (they went stale): the database prices every model it
+#: knows. Kept, empty, so that ``{**DEFAULT_PRICES, "my-model": Price(...)}`` still works.
+DEFAULT_PRICES: Mapping[str, Price] = MappingProxyType({})
 
 
 def find_price(model: str, prices: Mapping[str, Price]) -> Price | None:
-    """The price of ``model``: an exact entry, else the longest entry it extends with a
-    ``-`` suffix (a dated snapshot such as ``gpt-4o-mini-2024-07-18``), else ``None``."""
+    """The price of ``model`` in ``prices``: an exact entry, else the longest entry it
+    extends with a ``-`` suffix (a dated snapshot such as ``gpt-4o-mini-2024-07-18``),
+    else ``None``."""
     if model in prices:
         return prices[model]
     best: str | None = None
@@ -79,3 +78,49 @@ def find_price(model: str, prices: Mapping[str, Price]) -> Price | None:
         if model.startswith(name + "-") and (best is None or len(name) > len(best)):
             best = name
     return prices[best] if best is not None else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _db_price(model: str, provider_url: str | None) -> Any:
+    """The database's price table for ``model`` (looked up once per model and URL: the
+    lookup scans every provider), or ``None``."""
+    try:
+        from genai_prices import Usage, calc_price
+    except ImportError:  # pragma: no cover - the adapters' extras install it
+        return None
+    nothing = Usage(input_tokens=0, output_tokens=0)
+    try:
+        return calc_price(nothing, model, provider_api_url=provider_url).model_price
+    except LookupError:
+        if provider_url is None:
+            return None
+    try:  # a compatible server the database does not know by URL: by model name
+        return calc_price(nothing, model).model_price
+    except LookupError:
+        return None
+
+
+def db_cost(
+    model: str,
+    *,
+    provider_url: str | None,
+    input_tokens: int,
+    output_tokens: int,
+    cached_tokens: int = 0,
+    cache_write_tokens: int = 0,
+) -> float | None:
+    """The database's price of one reply in USD, or ``None`` for a model it does not know
+    (or when genai-prices is not installed)."""
+    price = _db_price(model, provider_url)
+    if price is None:
+        return None
+    from genai_prices import Usage
+
+    usage = Usage(
+        # genai-prices counts cache reads and writes inside input_tokens
+        input_tokens=input_tokens + cached_tokens + cache_write_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cached_tokens,
+        cache_write_tokens=cache_write_tokens,
+    )
+    return float(price.calc_price(usage)["total_price"])

@@ -6,21 +6,35 @@ the problems the provider would reject, empty when valid. Adapters raise
 violation is a bug upstream of the adapter (the runtime, or a caller-built history),
 and sending it would only earn a 400. Messages quote the provider's own wording so a
 problem found here can be matched with the error the provider would have returned.
+
+The checks refuse only what the APIs are known to refuse (pairing, ids, reasoning that
+must be sent back); a shape they do not know (a new block or item type, an extra field)
+is accepted and left for the provider to judge. They were measured against recorded
+requests the real APIs accepted (``tests/data/providers``): every one passes.
+
+``check_*_request`` take a whole request body and read the flags that change the rules
+from it (Anthropic ``thinking``, Responses ``store`` and ``previous_response_id``);
+the list forms take just the messages or items.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from fsm_agent.core.history import check_history
+from fsm_agent.models._check_anthropic import check_anthropic_messages, check_anthropic_request
+from fsm_agent.models._check_responses import check_openai_responses, check_openai_responses_request
 
 __all__ = [
     "check_anthropic_messages",
+    "check_anthropic_request",
     "check_openai_chat",
+    "check_openai_chat_request",
     "check_openai_responses",
+    "check_openai_responses_request",
     "recognise_history_rejection",
+    "recognise_reasoning_rejection",
 ]
 
 _OPENAI_UNANSWERED = (
@@ -30,40 +44,115 @@ _OPENAI_UNANSWERED = (
 _OPENAI_ORPHAN = (
     "messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
 )
-_RESPONSES_UNANSWERED = "No tool output found for function call"
-_RESPONSES_ORPHAN = "No tool call found for function call output"
-_ANTHROPIC_UNANSWERED = "`tool_use` ids were found without `tool_result` blocks immediately after"
-_ANTHROPIC_ORPHAN = (
-    "unexpected `tool_use_id` found in `tool_result` blocks: each "
-    "`tool_result` block must have a corresponding `tool_use` block in the "
-    "previous message"
-)
+_DEEPSEEK_REASONING = "The `reasoning_content` in the thinking mode must be passed back to the API"
 
-#: Provider error texts that mean "your history breaks tool-call pairing".
+#: Provider error texts that mean "your history breaks tool-call pairing", lower case,
+#: backticks removed. OpenAI's and Anthropic's own, and the compatible servers' variants
+#: seen in real 400s (DeepSeek's Responses endpoint says "tool call"/"tool output").
 _REJECTIONS = (
     "must be followed by tool messages responding to each",
     "must be a response to a preceeding message with 'tool_calls'",  # sic, OpenAI's spelling
     "must be a response to a preceding message with 'tool_calls'",
     "no tool output found for function call",
     "no tool call found for function call output",
+    "no tool output found for tool call",  # DeepSeek /responses
+    "no tool call found for tool output",  # DeepSeek /responses
+    "insufficient tool messages following tool_calls message",  # DeepSeek chat
     "ids were found without tool_result blocks immediately after",
     "unexpected tool_use_id found in tool_result blocks",
     "must have a corresponding tool_use block",
     "tool_result block(s) provided when previous message does not contain any tool_use",
 )
+#: ... and texts that mean "you dropped reasoning the server needs back".
+_REASONING_REJECTIONS = (
+    "reasoning_content in the thinking mode must be passed back",  # DeepSeek
+    "missing reasoning_content field in the assistant message",  # DeepSeek
+    "final assistant message must start with a thinking block",  # Anthropic
+    "was provided without its required following item",  # Responses
+    "was provided without its required 'reasoning' item",  # Responses
+)
 
-_ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 _CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _plain(text: str) -> str:
+    return text.replace("`", "").lower()
 
 
 def recognise_history_rejection(text: str) -> bool:
     """Whether a provider's 400 text says the history broke tool-call pairing."""
-    plain = text.replace("`", "").lower()
-    return any(pattern.replace("`", "") in plain for pattern in _REJECTIONS)
+    plain = _plain(text)
+    return any(pattern in plain for pattern in _REJECTIONS)
 
 
-def check_openai_chat(messages: list[dict[str, Any]]) -> list[str]:
-    """What OpenAI Chat Completions would reject in ``messages``."""
+def recognise_reasoning_rejection(text: str) -> bool:
+    """Whether a provider's 400 text says reasoning it needs back was missing."""
+    plain = _plain(text)
+    return any(pattern in plain for pattern in _REASONING_REJECTIONS)
+
+
+def _check_chat_tool(i: int, message: Mapping[str, Any]) -> list[str]:
+    problems = []
+    content = message.get("content")
+    # A string, or text parts (accepted by OpenAI and compatible servers alike).
+    text_parts = isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" for p in content
+    )
+    if not isinstance(content, str) and not text_parts:
+        problems.append(
+            f"message {i}: a tool message's content must be a string or a list of text parts"
+        )
+    if not isinstance(message.get("tool_call_id"), str):
+        problems.append(f"message {i}: a tool message needs a string tool_call_id")
+    return problems
+
+
+def _check_chat_assistant(i: int, message: Mapping[str, Any]) -> list[str]:
+    problems = []
+    calls = message.get("tool_calls")
+    if message.get("content") is None and not calls:
+        problems.append(f"message {i}: an assistant message needs content or tool_calls")
+    for j, call in enumerate(calls or ()):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if (
+            not isinstance(fn, Mapping)
+            or not isinstance(fn.get("arguments"), str)
+            or (not fn.get("name"))
+        ):
+            problems.append(
+                f"message {i}: tool_calls[{j}] needs function.name and "
+                f"function.arguments as a string"
+            )
+    return problems
+
+
+def _missing_reasoning(messages: list[Any]) -> list[str]:
+    """Assistant tool-call messages of the current tool loop (after the last user
+    message) that lack ``reasoning_content``: DeepSeek's thinking mode refuses them."""
+    last_user = max(
+        (i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"),
+        default=-1,
+    )
+    return [
+        f"message {i}: an assistant message with tool_calls in the current tool loop has "
+        f"no reasoning_content (DeepSeek: {_DEEPSEEK_REASONING})"
+        for i, m in enumerate(messages)
+        if i > last_user
+        and isinstance(m, Mapping)
+        and m.get("role") == "assistant"
+        and m.get("tool_calls")
+        and not isinstance(m.get("reasoning_content"), str)
+    ]
+
+
+def check_openai_chat(
+    messages: list[dict[str, Any]], *, reasoning_content: bool = False
+) -> list[str]:
+    """What OpenAI Chat Completions would reject in ``messages``.
+
+    ``reasoning_content=True`` adds the rule of servers whose thinking mode needs the
+    reasoning back within a tool loop (DeepSeek): see :func:`_missing_reasoning`.
+    """
     problems: list[str] = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or message.get("role") not in _CHAT_ROLES:
@@ -72,139 +161,26 @@ def check_openai_chat(messages: list[dict[str, Any]]) -> list[str]:
                 f"message {i}: role must be one of {', '.join(_CHAT_ROLES)}, got {role!r}"
             )
             continue
-        role, content = message["role"], message.get("content")
+        role = message["role"]
         if role == "tool":
-            if not isinstance(content, str):
-                problems.append(f"message {i}: a tool message's content must be a string")
-            if not isinstance(message.get("tool_call_id"), str):
-                problems.append(f"message {i}: a tool message needs a string tool_call_id")
+            problems.extend(_check_chat_tool(i, message))
         elif role == "assistant":
-            calls = message.get("tool_calls")
-            if content is None and not calls:
-                problems.append(f"message {i}: an assistant message needs content or tool_calls")
-            for j, call in enumerate(calls or ()):
-                fn = call.get("function") if isinstance(call, Mapping) else None
-                if (
-                    not isinstance(fn, Mapping)
-                    or not isinstance(fn.get("arguments"), str)
-                    or (not fn.get("name"))
-                ):
-                    problems.append(
-                        f"message {i}: tool_calls[{j}] needs function.name and "
-                        f"function.arguments as a string"
-                    )
-        elif not isinstance(content, (str, list)):
+            problems.extend(_check_chat_assistant(i, message))
+        elif not isinstance(message.get("content"), (str, list)):
             problems.append(f"message {i}: a {role} message needs content")
     for problem in check_history([m for m in messages if isinstance(m, Mapping)]):
         wording = _OPENAI_ORPHAN if "orphan" in problem else _OPENAI_UNANSWERED
         problems.append(f"{problem} (OpenAI: {wording})")
+    if reasoning_content:
+        problems.extend(_missing_reasoning(messages))
     return problems
 
 
-def check_openai_responses(items: list[dict[str, Any]]) -> list[str]:  # noqa: C901 - one check per documented request rule
-    """What the OpenAI Responses API would reject in an ``input`` item list."""
-    problems: list[str] = []
-    calls: dict[str, int] = {}
-    answered: set[str] = set()
-    for i, item in enumerate(items):
-        kind = item.get("type", "message") if isinstance(item, Mapping) else None
-        if kind == "function_call":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                problems.append(f"item {i}: a function_call without a call_id")
-            elif call_id in calls:
-                problems.append(f"item {i}: call_id {call_id!r} is used twice")
-            else:
-                calls[call_id] = i
-            if not isinstance(item.get("arguments"), str) or not item.get("name"):
-                problems.append(f"item {i}: a function_call needs a name and string arguments")
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if call_id not in calls:
-                problems.append(
-                    f"item {i}: output for call_id {call_id!r} has no function_call "
-                    f"before it (OpenAI: {_RESPONSES_ORPHAN} {call_id})"
-                )
-            elif call_id in answered:
-                problems.append(f"item {i}: call_id {call_id!r} is answered twice")
-            else:
-                answered.add(call_id)
-            if not isinstance(item.get("output"), str):
-                problems.append(f"item {i}: a function_call_output needs a string output")
-        elif kind == "message":
-            if item.get("role") not in ("system", "developer", "user", "assistant"):
-                problems.append(f"item {i}: message role {item.get('role')!r} is not accepted")
-            if not isinstance(item.get("content"), (str, list)):
-                problems.append(f"item {i}: a message item needs content")
-        else:
-            problems.append(f"item {i}: unknown input item type {kind!r}")
-    for call_id, at in calls.items():
-        if call_id not in answered:
-            problems.append(
-                f"item {at}: function_call {call_id!r} is never answered "
-                f"(OpenAI: {_RESPONSES_UNANSWERED} {call_id})"
-            )
-    return problems
-
-
-def check_anthropic_messages(messages: list[dict[str, Any]]) -> list[str]:  # noqa: C901 - one check per documented request rule
-    """What the Anthropic Messages API would reject in ``messages`` (blocks form)."""
-    problems: list[str] = []
-    seen_ids: set[str] = set()
-    pending: list[str] = []  # tool_use ids of the previous assistant turn
-    if messages and messages[0].get("role") != "user":
-        problems.append("message 0: the first message must be a user message")
-    for i, message in enumerate(messages):
-        role = message.get("role")
-        blocks = message.get("content")
-        if role not in ("user", "assistant"):
-            problems.append(f"message {i}: role must be 'user' or 'assistant', got {role!r}")
-            continue
-        if not isinstance(blocks, list) or not blocks:
-            last_assistant = i == len(messages) - 1 and role == "assistant"
-            if not last_assistant:
-                problems.append(f"message {i}: content must be a non-empty list of blocks")
-            blocks = []
-        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
-        if pending:
-            missing = [t for t in pending if role != "user" or t not in results]
-            if missing:
-                problems.append(
-                    f"message {i}: tool_use ids {missing} are not answered here "
-                    f"(Anthropic: {_ANTHROPIC_UNANSWERED})"
-                )
-        for tool_use_id in results:
-            if role != "user" or tool_use_id not in pending:
-                problems.append(
-                    f"message {i}: tool_result for {tool_use_id!r} does not answer "
-                    f"the previous message (Anthropic: {_ANTHROPIC_ORPHAN})"
-                )
-        if len(set(results)) != len(results):
-            problems.append(f"message {i}: a tool_use id is answered twice")
-        kinds = [b.get("type") for b in blocks]
-        if "tool_result" in kinds and any(k != "tool_result" for k in kinds[: len(results)]):
-            problems.append(f"message {i}: tool_result blocks must come first in the message")
-        pending = []
-        if role == "assistant":
-            for b in blocks:
-                if b.get("type") != "tool_use":
-                    continue
-                tool_use_id = b.get("id")
-                if not isinstance(tool_use_id, str) or not _ANTHROPIC_ID.match(tool_use_id):
-                    problems.append(
-                        f"message {i}: tool_use id {tool_use_id!r} must match "
-                        f"{_ANTHROPIC_ID.pattern}"
-                    )
-                elif tool_use_id in seen_ids:
-                    problems.append(f"message {i}: tool_use id {tool_use_id!r} is not unique")
-                else:
-                    seen_ids.add(tool_use_id)
-                    pending.append(tool_use_id)
-                if not isinstance(b.get("input"), dict):
-                    problems.append(f"message {i}: tool_use input must be an object")
-    if pending:
-        problems.append(
-            f"message {len(messages) - 1}: tool_use ids {pending} are never "
-            f"answered (Anthropic: {_ANTHROPIC_UNANSWERED})"
-        )
-    return problems
+def check_openai_chat_request(
+    body: Mapping[str, Any], *, reasoning_content: bool = False
+) -> list[str]:
+    """:func:`check_openai_chat` on a whole request body."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return ["the request has no messages list"]
+    return check_openai_chat(messages, reasoning_content=reasoning_content)

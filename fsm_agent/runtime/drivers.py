@@ -10,8 +10,9 @@ Stopping. When performing a request raises — Ctrl-C, a cancelled task, a tool 
 timeout, a fenced owner), a trace file that cannot be written — the driver throws
 :class:`~fsm_agent.core.loop.Cancelled` into the loop, which takes the ``cancel`` edge so
 every open call is answered and ``run_end`` is written; the driver performs what the loop
-still asks (best effort: a broken store or sink is not asked again) and then re-raises
-the first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
+still asks (best effort: a store or sink that failed is not asked again, so a store keeps
+its last good checkpoint and the run can be resumed from there) and then re-raises the
+first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
 ``SystemExit`` from a model or tool) never stop the driver: the loop is sent them.
 
 Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s`` runs
@@ -23,6 +24,7 @@ answered ``not_executed``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
 import threading
 import time
@@ -46,13 +48,16 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
+from fsm_agent.core.state import RunState
+from fsm_agent.durable import owners
+from fsm_agent.durable.resume import Heartbeat
 from fsm_agent.durable.store import Checkpoint, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
 from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import TraceSink
 
-__all__ = ["AsyncDriver", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
+__all__ = ["AsyncDriver", "Driving", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
 
 Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
 
@@ -101,6 +106,19 @@ class ToolThreads:
 class Io:
     """What one driving of one run performs requests against."""
 
+    @classmethod
+    def of(cls, s: RunState, **parts: Any) -> Io:
+        """The I/O of run ``s``: its deadline is the run's wall-clock budget, measured on
+        ``time.monotonic()`` (the run's clock may be a test clock)."""
+        limit = s.config.budget.max_wall_clock_s
+
+        def deadline(now: float) -> float | None:
+            if limit is None:
+                return None
+            return time.monotonic() + max(limit - (now - s.started), 0.0)
+
+        return cls(run_id=s.run_id, deadline=deadline, **parts)
+
     run_id: str
     model: Model
     clock: Callable[[], float]
@@ -142,6 +160,9 @@ def outcome_of(exc: BaseException) -> ToolOutcome:
     if isinstance(exc, TimeoutError):
         return ToolOutcome("timeout", error=text)
     return ToolOutcome("error", error=text)
+
+
+_STORE_REQUESTS = (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
 
 
 def _creates_run(request: Request) -> bool:
@@ -199,14 +220,17 @@ class _Driver:
             for event in request.events:
                 sink.write(event)
 
-    def fallback(self, request: Request, exc: BaseException) -> Any:
-        """The answer to a request that failed while the run was stopping."""
+    def broke(self, request: Request) -> None:
+        """A store or sink operation failed: that one is not asked again in this driving
+        (a store keeps its last good checkpoint, from which the run can be resumed)."""
         if isinstance(request, EmitEvents):
             self.io.broken.add("sink")
-        elif isinstance(
-            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
-        ):
+        elif isinstance(request, _STORE_REQUESTS):
             self.io.broken.add("store")
+
+    def fallback(self, request: Request, exc: BaseException) -> Any:
+        """The answer to a request that failed while the run was stopping."""
+        self.broke(request)
         if isinstance(request, ReadClock):
             return 0.0
         if isinstance(request, BeginIntent):
@@ -219,9 +243,7 @@ class _Driver:
         broken = self.io.broken
         if "sink" in broken and isinstance(request, EmitEvents):
             return True
-        return "store" in broken and isinstance(
-            request, (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
-        )
+        return "store" in broken and isinstance(request, _STORE_REQUESTS)
 
 
 class SyncDriver(_Driver):
@@ -244,6 +266,7 @@ class SyncDriver(_Driver):
                     raise
                 else:
                     failure = exc
+                    self.broke(request)
                     try:
                         request = steps.throw(Cancelled())
                     except (StopIteration, Cancelled):
@@ -334,6 +357,7 @@ class AsyncDriver(_Driver):
                     raise
                 else:
                     failure = exc
+                    self.broke(request)
                     try:
                         request = steps.throw(Cancelled())
                     except (StopIteration, Cancelled):
@@ -428,3 +452,36 @@ class AsyncDriver(_Driver):
             if future is not None or time.monotonic() >= give_up:
                 return future
             await asyncio.sleep(0.01)
+
+
+class Driving:
+    """Around one driving of one run: the owner token, the lease heartbeat, and at the
+    end the claim released and the trace sink closed — whatever stopped the run."""
+
+    def __init__(self, store: Store, s: RunState, io: Io) -> None:
+        self.store, self.s, self.io = store, s, io
+        self.heartbeat: Heartbeat | None = None
+
+    def __enter__(self) -> Driving:
+        io = self.io
+        if io.owner is None:
+            io.owner = owners.new_owner()
+            owners.hold(io.owner)
+        if self.s.config.save != "never" and getattr(self.store, "blocking", False):
+            self.heartbeat = Heartbeat(self.store, self.s.run_id, io.owner)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        io = self.io
+        try:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            if self.s.config.save != "never" and io.owner is not None:
+                # A broken store keeps the claim; it is reclaimable (durable/owners.py).
+                with contextlib.suppress(Exception):
+                    cast(RunStore, self.store).release(self.s.run_id, io.owner)
+        finally:
+            if io.owner is not None:
+                owners.drop(io.owner)
+            if io.sink is not None:
+                io.sink.close()

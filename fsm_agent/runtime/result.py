@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["RunResult"]
+if TYPE_CHECKING:
+    from fsm_agent.core.state import RunState
+
+__all__ = ["RunResult", "result_of"]
 
 
 @dataclass
@@ -37,3 +40,18 @@ class RunResult:
         states = [e["source"] for e in self.events if e["type"] == "transition"][:1]
         states += [e["dest"] for e in self.events if e["type"] == "transition"]
         return states
+
+
+def result_of(s: RunState) -> RunResult:
+    """What a run that stopped (or is paused) returns to its caller."""
+    return RunResult(
+        run_id=s.run_id,
+        status=s.status or s.state,
+        reason=s.reason or "",
+        answer=s.answer,
+        messages=s.messages,
+        events=s.events,
+        counters=s.counters.as_dict(),
+        detail=s.detail,
+        pending={call_id: at for call_id, (at, _) in s.placeholders.items()},
+    )

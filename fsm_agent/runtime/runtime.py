@@ -9,7 +9,6 @@ Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import time
@@ -20,17 +19,16 @@ from typing import Any, Literal
 
 from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
-from fsm_agent.core.history import check_history
-from fsm_agent.core.jsonsafe import make_safe
 from fsm_agent.core.loop import start, steps
 from fsm_agent.core.state import RunConfig, RunState
-from fsm_agent.durable import owners, review
+from fsm_agent.durable import review
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.resume import Heartbeat, restore_run
+from fsm_agent.durable.resume import restore_run
 from fsm_agent.durable.store import Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
-from fsm_agent.runtime.drivers import AsyncDriver, Io, Model, SyncDriver, ToolThreads
-from fsm_agent.runtime.result import RunResult
+from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
+from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
+from fsm_agent.runtime.result import RunResult, result_of
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
 from fsm_agent.trace.chain import Encoder
@@ -81,17 +79,12 @@ class Runtime:
         tool_threads: int = 16,
         trace_key: bytes | str | None = None,
     ) -> None:
-        self._check(model, tools, allowed_tools, budget, retry, policy, redact)
-        allowed = frozenset(allowed_tools)
         approvals = tuple(approvals)
-        for a in approvals:
-            if not isinstance(a, Approval):
-                raise ConfigError(f"approvals must be Approval objects, got {a!r}")
-            if a.tool not in tools:
-                raise ConfigError(f"approval for unregistered tool {a.tool!r}")
+        check_settings(model=model, tools=tools, allowed_tools=allowed_tools, budget=budget,
+                       retry=retry, approvals=approvals, policy=policy, redact=redact)  # fmt: skip
         self.model = model
         self.tools = tools
-        self.allowed_tools = allowed
+        self.allowed_tools = frozenset(allowed_tools)
         self.budget = budget or Budget()
         self.retry = retry or RetryPolicy()
         self.approvals = approvals
@@ -104,47 +97,7 @@ class Runtime:
         self._book = ApprovalBook(approvals)
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
-        self._tool_facts = {
-            t.name: {
-                "effect": t.effect,
-                "requires_approval": t.requires_approval,
-                "idempotent": t.idempotency_key is not None,
-                "dedup": t.dedup,
-                "timeout_s": t.timeout_s,
-            }
-            for t in tools
-        }
-
-    @staticmethod
-    def _check(
-        model: Any,
-        tools: Any,
-        allowed_tools: Any,
-        budget: Any,
-        retry: Any,
-        policy: Any,
-        redact: Any,
-    ) -> None:
-        if not callable(model):
-            raise ConfigError(f"model must be callable as (messages, tool_specs), got {model!r}")
-        if not isinstance(tools, ToolRegistry):
-            raise ConfigError("tools must be a ToolRegistry")
-        if isinstance(allowed_tools, str):
-            raise ConfigError("allowed_tools must be a collection of tool names, not one string")
-        unknown = sorted(frozenset(allowed_tools) - set(tools.names()))
-        if unknown:
-            raise ConfigError(
-                f"allowed_tools names unregistered tools: {', '.join(unknown)} "
-                f"(registered: {', '.join(tools.names()) or 'none'})"
-            )
-        if policy not in ("default", "strict"):
-            raise ConfigError(f"policy must be 'default' or 'strict', got {policy!r}")
-        if budget is not None and not isinstance(budget, Budget):
-            raise ConfigError(f"budget must be a Budget, got {budget!r}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ConfigError(f"retry must be a RetryPolicy, got {retry!r}")
-        if redact is not None and not callable(redact):
-            raise ConfigError("redact must be a function of one event")
+        self._tool_facts = tool_facts(tools)
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -276,15 +229,7 @@ class Runtime:
     def _new_run(
         self, task: str | list[dict[str, Any]], run_id: str | None, trace: TraceArg
     ) -> tuple[RunState, TraceSink | None]:
-        if isinstance(task, str):
-            messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
-        elif isinstance(task, list) and task and all(isinstance(m, dict) for m in task):
-            messages = make_safe(task)
-            problems = check_history(messages)
-            if problems:
-                raise ConfigError("task messages are not a valid history: " + "; ".join(problems))
-        else:
-            raise ConfigError("task must be a string or a non-empty list of message dicts")
+        messages = initial_messages(task)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
         run_id = run_id or uuid.uuid4().hex
@@ -330,17 +275,7 @@ class Runtime:
 
     @staticmethod
     def _result(s: RunState) -> RunResult:
-        return RunResult(
-            run_id=s.run_id,
-            status=s.status or s.state,
-            reason=s.reason or "",
-            answer=s.answer,
-            messages=s.messages,
-            events=s.events,
-            counters=s.counters.as_dict(),
-            detail=s.detail,
-            pending={call_id: at for call_id, (at, _) in s.placeholders.items()},
-        )
+        return result_of(s)
 
     # ── driving ───────────────────────────────────────────────────────────────────
 
@@ -352,26 +287,8 @@ class Runtime:
         owner: str | None,
         encoder: Encoder | None,
     ) -> Io:
-        limit = s.config.budget.max_wall_clock_s
-
-        def deadline(now: float) -> float | None:
-            # The run's clock may be a test clock; adapters measure on time.monotonic().
-            if limit is None:
-                return None
-            return time.monotonic() + max(limit - (now - s.started), 0.0)
-
-        return Io(
-            run_id=s.run_id,
-            model=model,
-            clock=self.clock,
-            sleep=self.sleep,
-            threads=self._threads,
-            deadline=deadline,
-            store=self.store,
-            owner=owner,
-            sink=sink,
-            encoder=encoder,
-        )
+        return Io.of(s, model=model, clock=self.clock, sleep=self.sleep, threads=self._threads,
+                     store=self.store, owner=owner, sink=sink, encoder=encoder)  # fmt: skip
 
     def _drive(
         self,
@@ -384,7 +301,7 @@ class Runtime:
         encoder: Encoder | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
-        with _Driving(self.store, s, io):
+        with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)
 
@@ -399,39 +316,6 @@ class Runtime:
         encoder: Encoder | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
-        with _Driving(self.store, s, io):
+        with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)
-
-
-class _Driving:
-    """Around one driving of one run: the owner token, the lease heartbeat, and at the
-    end the claim released and the trace sink closed — whatever stopped the run."""
-
-    def __init__(self, store: Store, s: RunState, io: Io) -> None:
-        self.store, self.s, self.io = store, s, io
-        self.heartbeat: Heartbeat | None = None
-
-    def __enter__(self) -> _Driving:
-        io = self.io
-        if io.owner is None:
-            io.owner = owners.new_owner()
-            owners.hold(io.owner)
-        if self.s.config.save != "never" and getattr(self.store, "blocking", False):
-            self.heartbeat = Heartbeat(self.store, self.s.run_id, io.owner)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        io = self.io
-        try:
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
-            if self.s.config.save != "never" and io.owner is not None:
-                # A broken store keeps the claim; it is reclaimable (durable/owners.py).
-                with contextlib.suppress(Exception):
-                    self.store.release(self.s.run_id, io.owner)  # type: ignore[attr-defined]
-        finally:
-            if io.owner is not None:
-                owners.drop(io.owner)
-            if io.sink is not None:
-                io.sink.close()

@@ -48,10 +48,103 @@ __all__ = [
     "budgets",
     "cases",
     "decisions",
+    "hostile_replies",
+    "hostile_text",
+    "hostile_values",
     "invariant_problems",
     "run_case",
     "tool_behaviours",
 ]
+
+
+class Unprintable:
+    """An object whose ``str()`` and ``repr()`` raise (as some tool results do)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ raised")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ raised")
+
+
+def _deep(depth: int) -> Any:
+    value: Any = "bottom"
+    for n in range(depth):
+        value = [value] if n % 2 else {"d": value}
+    return value
+
+
+def _cycle() -> Any:
+    loop: list[Any] = ["loop"]
+    loop.append(loop)
+    return loop
+
+
+#: Text with what UTF-8 cannot hold: lone surrogates (also as they come out of
+#: ``os.listdir`` for a file name that is not UTF-8, ``\udcff``).
+_LONE = st.sampled_from(["\ud800", "\udfff", "\udcff", "a\ud83d", "\ud83d\ude00"])
+
+
+def hostile_text() -> st.SearchStrategy[str]:
+    """Text, often with a lone surrogate in it."""
+    return st.one_of(st.text(max_size=12), st.builds(lambda a, b, c: a + b + c,
+                                                     st.text(max_size=4), _LONE,
+                                                     st.text(max_size=4)))  # fmt: skip
+
+
+_HOSTILE_LEAVES: st.SearchStrategy[Any] = st.one_of(
+    st.none(), st.booleans(), st.integers(), hostile_text(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    # (Built, not listed: Hypothesis shows a strategy's elements with repr(), which
+    # refuses ints past 4,300 digits.)
+    st.builds(lambda digits: 10**digits, st.sampled_from([19, 4400, 5000])),
+    st.sampled_from([float("inf"), float("-inf"), float("nan")]),
+    st.binary(max_size=8),
+    st.builds(Unprintable), st.builds(object), st.just(ValueError("boom")),
+    st.sampled_from([_deep(150), _deep(1200)]), st.builds(_cycle),
+)  # fmt: skip
+
+
+def hostile_values() -> st.SearchStrategy[Any]:
+    """Anything a tool (or a careless adapter) may hand back: JSON-like trees with lone
+    surrogates, NaN and infinities, integers past Python's 4,300-digit ``str()`` limit,
+    nesting past the recursion limit, bytes, cycles, and objects whose ``str()`` and
+    ``repr()`` raise."""
+    return st.recursive(
+        _HOSTILE_LEAVES,
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(st.one_of(hostile_text(), st.integers()), inner, max_size=3)
+        ),
+        max_leaves=8,
+    )
+
+
+@st.composite
+def hostile_replies(draw: st.DrawFn) -> Any:
+    """A model reply with hostile bytes where providers put text and numbers: content,
+    arguments (as text and as a JSON escape), ids, names, extra keys, usage."""
+    value = draw(st.one_of(hostile_values(), hostile_text()))
+    arguments = draw(st.one_of(
+        st.builds(lambda t: json.dumps({"key": t}, ensure_ascii=False), hostile_text()),
+        st.builds(lambda t: json.dumps({"key": t}), hostile_text()),  # as \u escapes
+        st.sampled_from(["1e400", "9" * 5000, "[" * 3000 + "]" * 3000]).map(
+            lambda number: '{"key": ' + number + "}"),
+    ))  # fmt: skip
+    call = {"id": draw(hostile_text()), "type": "function",
+            "function": {"name": draw(st.sampled_from(["lookup", "lookup\ud800"])),
+                         "arguments": arguments}}  # fmt: skip
+    reply: dict[str, Any] = {"role": "assistant", "content": draw(st.none() | hostile_text())}
+    if draw(st.booleans()):
+        reply["tool_calls"] = [call]
+    if draw(st.booleans()):
+        reply["reasoning"] = value
+    if draw(st.booleans()):
+        reply["usage"] = draw(st.one_of(hostile_values(), st.fixed_dictionaries(
+            {"prompt_tokens": _HOSTILE_LEAVES, "completion_tokens": _HOSTILE_LEAVES,
+             "cost": _HOSTILE_LEAVES})))  # fmt: skip
+    return reply
+
 
 KEYS = ("K1", "K2", "A17")
 TITLES = ("refund", "réembolso ✓")

@@ -18,34 +18,54 @@ them through :class:`McpBridge` for the synchronous ``runtime.run``)::
         await register_mcp_tools(tools, client, effects=effects)
         result = await Runtime(model=..., tools=tools, allowed_tools=...).arun("...")
 
-A result with ``isError`` from a ``write`` tool may have taken effect, so by default it
-stops the run for review (``outcome_unknown``); name the tools whose errors are definite
-rejections in ``rejected_on_error``.
+A result with ``isError`` is ambiguous: MCP uses it both for "the tool ran and failed"
+and for "the server refused the arguments before acting". From a ``write`` tool it may
+have taken effect, so by default it stops the run for review (``outcome_unknown``);
+``rejected_on_error`` lets the registrar say otherwise, for named tools or by a predicate
+of ``(tool name, error text)`` (e.g. a server's own argument-validation wording). Our
+schema checks (types, unknown fields, the formats in
+:data:`~fsm_agent.tools.registry.CHECKED_FORMATS`) run first, so arguments a server would
+refuse for those reasons never reach it.
+
+Tool results: text as text, structured content as data, images (and image resources) as
+:class:`~fsm_agent.core.content.Image`, audio and blob resources as
+:class:`~fsm_agent.core.content.File`, so each model API gets them natively.
+
+Tools whose ``execution.taskSupport`` is ``required`` can only run as MCP tasks, which
+the client does not do: registering one is refused with a message saying so. A server
+that cannot start raises :class:`McpServerStartError` naming the command and its stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import concurrent.futures
 import contextlib
 import re
+import tempfile
 import threading
 from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 try:
     import mcp
+    from mcp.client.stdio import stdio_client as _stdio_transport
     from mcp.shared.exceptions import MCPError
     from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("MCP tools need the mcp SDK: pip install 'fsm-agent[mcp]'") from exc
 
-from fsm_agent.errors import ConfigError, McpToolError, ToolRejected
+from fsm_agent.core.content import IMAGE_TYPES, File, Image
+from fsm_agent.errors import ConfigError, McpServerStartError, McpToolError, ToolRejected
 from fsm_agent.tools.registry import Effect, Tool, ToolRegistry
 
 __all__ = [
     "McpBridge",
+    "McpServerStartError",
+    "McpStdioClient",
     "McpToolError",
     "McpToolInfo",
     "list_mcp_tools",
@@ -73,17 +93,73 @@ class McpToolInfo:
     read_only_hint: bool | None
     destructive_hint: bool | None
     idempotent_hint: bool | None
+    task_support: str | None = None  # execution.taskSupport: forbidden | optional | required
+
+
+class McpStdioClient(mcp.Client):
+    """An MCP client of a server it starts itself: its stderr is kept, so that a server
+    that cannot start raises one :class:`McpServerStartError` naming the command and the
+    end of its stderr, not a bare ``ExceptionGroup``."""
+
+    command: str = ""
+    stderr_file: IO[str] | None = None
+
+    async def __aenter__(self) -> McpStdioClient:
+        try:
+            await super().__aenter__()
+        except Exception as exc:
+            raise McpServerStartError(self.command, _cause(exc), self.stderr_text()) from exc
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await super().__aexit__(*exc)
+        except Exception as group:
+            # The SDK's task groups wrap what the ``async with`` body raised in an
+            # ExceptionGroup: give the caller its own exception back.
+            if exc[1] is not None and _leaf(group) is exc[1]:
+                raise exc[1] from None
+            raise
+        finally:
+            if self.stderr_file is not None:
+                self.stderr_file.close()
+
+    def stderr_text(self) -> str:
+        """What the server wrote to stderr so far."""
+        f = self.stderr_file
+        if f is None or f.closed:
+            return ""
+        f.flush()
+        f.seek(0)
+        return f.read()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The innermost error of (nested, single) exception groups: what actually went wrong."""
+    while getattr(exc, "exceptions", None):  # an ExceptionGroup (3.11+, or anyio's backport)
+        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    return exc
+
+
+def _cause(exc: BaseException) -> str:
+    leaf = _leaf(exc)
+    return f"{type(leaf).__name__}: {leaf}"
 
 
 def stdio_client(
     command: str, *args: str, env: Mapping[str, str] | None = None, cwd: str | None = None
-) -> mcp.Client:
+) -> McpStdioClient:
     """An MCP client that starts ``command args...`` and talks to it over stdio
     (use it as ``async with``)."""
     params = mcp.StdioServerParameters(
         command=command, args=list(args), env=dict(env) if env is not None else None, cwd=cwd
     )
-    return mcp.Client(params)
+    # Closed by the client when it exits: it outlives this function.
+    errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115
+    client = McpStdioClient(_stdio_transport(params, errlog=errlog))
+    client.command = " ".join([command, *args])
+    client.stderr_file = errlog
+    return client
 
 
 async def list_mcp_tools(client: mcp.Client) -> list[McpToolInfo]:
@@ -94,6 +170,7 @@ async def list_mcp_tools(client: mcp.Client) -> list[McpToolInfo]:
         page = await client.list_tools(cursor=cursor)
         for t in page.tools:
             hints = t.annotations
+            execution = getattr(t, "execution", None)
             infos.append(
                 McpToolInfo(
                     name=t.name,
@@ -104,6 +181,7 @@ async def list_mcp_tools(client: mcp.Client) -> list[McpToolInfo]:
                     read_only_hint=getattr(hints, "read_only_hint", None),
                     destructive_hint=getattr(hints, "destructive_hint", None),
                     idempotent_hint=getattr(hints, "idempotent_hint", None),
+                    task_support=getattr(execution, "task_support", None),
                 )
             )
         cursor = page.next_cursor
@@ -118,14 +196,42 @@ def suggested_effects(infos: Collection[McpToolInfo]) -> dict[str, Effect]:
     return {i.name: "read" if i.read_only_hint is True else "write" for i in infos}
 
 
+def _media(block: Any) -> Any:
+    """An image, audio or embedded-resource content block as Image/File, else ``None``."""
+    kind = getattr(block, "type", None)
+    resource = getattr(block, "resource", None) if kind == "resource" else None
+    data = getattr(resource if resource is not None else block, "data", None)
+    if resource is not None:
+        data = getattr(resource, "blob", None)
+    mime = getattr(resource if resource is not None else block, "mime_type", None)
+    if kind not in ("image", "audio", "resource") or not isinstance(data, str) or not mime:
+        return None
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if mime in IMAGE_TYPES:
+        return Image(raw, mime)
+    name = str(getattr(resource, "uri", "") or "").rsplit("/", 1)[-1] or None
+    try:
+        return File(raw, mime, name)
+    except ValueError:  # a media type we cannot name: keep the block as data
+        return None
+
+
 def _value(result: Any) -> Any:
-    """A tool result as data for the model: structured content if any, else the text."""
-    if result.structured_content is not None:
-        return result.structured_content
+    """A tool result as data for the model: structured content if any, else the text;
+    images and files as Image/File values (each API sends them natively)."""
     blocks = list(result.content)
+    media = [_media(b) for b in blocks]
+    if result.structured_content is not None and not any(media):
+        return result.structured_content
     if blocks and all(getattr(b, "type", None) == "text" for b in blocks):
         return "\n".join(b.text for b in blocks)
-    return [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in blocks]
+    return [
+        m if m is not None else b.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for b, m in zip(blocks, media, strict=True)
+    ]
 
 
 def _error_text(result: Any) -> str:
@@ -133,7 +239,12 @@ def _error_text(result: Any) -> str:
     return "; ".join(texts)[:500] or "the server reported an error without text"
 
 
-def _caller(client: mcp.Client, name: str, remote: str, rejects: bool) -> Callable[..., Any]:
+RejectedOnError = Collection[str] | Callable[[str, str], bool]
+
+
+def _caller(
+    client: mcp.Client, name: str, remote: str, rejects: Callable[[str, str], bool]
+) -> Callable[..., Any]:
     async def call(**arguments: Any) -> Any:
         try:
             result = await client.call_tool(remote, arguments)
@@ -142,8 +253,9 @@ def _caller(client: mcp.Client, name: str, remote: str, rejects: bool) -> Callab
                 raise ToolRejected(f"MCP server refused {remote!r}: {exc.error.message}") from exc
             raise
         if result.is_error:
-            text = f"MCP tool {remote!r} failed: {_error_text(result)}"
-            raise ToolRejected(text) if rejects else McpToolError(text)
+            detail = _error_text(result)
+            text = f"MCP tool {remote!r} failed: {detail}"
+            raise ToolRejected(text) if rejects(remote, detail) else McpToolError(text)
         return _value(result)
 
     call.__name__ = name
@@ -172,21 +284,27 @@ async def _register(
     prefix: str = "",
     requires_approval: Collection[str] = (),
     idempotency_keys: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
-    rejected_on_error: Collection[str] = (),
+    rejected_on_error: RejectedOnError = (),
     timeout_s: float | None = None,
 ) -> list[Tool]:
     """Register the server's tools (or ``only`` those) as ``prefix + name``.
 
     ``effects`` must name every registered tool: the caller's confirmation, not the
-    server's hint. ``requires_approval``, ``idempotency_keys`` and ``rejected_on_error``
-    are keyed by the server's tool names. Raises ``ValueError`` for a tool without a
-    confirmed effect, a name the server does not list, or a schema we cannot enforce.
+    server's hint. ``requires_approval`` and ``idempotency_keys`` are keyed by the
+    server's tool names. ``rejected_on_error`` says which ``isError`` results are
+    definite rejections (nothing happened): a collection of tool names, or a function
+    ``(tool name, error text) -> bool``; every other ``isError`` of a write tool stops
+    the run as ``outcome_unknown`` (the safe default). Raises ``ConfigError`` for a tool
+    without a confirmed effect, a name the server does not list, a schema we cannot
+    enforce, or a tool that can only run as an MCP task.
     """
     infos = await list_mcp_tools(client)
     listed = {i.name: i for i in infos}
     wanted = list(listed) if only is None else list(only)
     keys = dict(idempotency_keys or {})
-    named = set(effects) | set(requires_approval) | set(keys) | set(rejected_on_error) | set(wanted)
+    rejects = _rejects(rejected_on_error)
+    by_name = set() if callable(rejected_on_error) else set(rejected_on_error)
+    named = set(effects) | set(requires_approval) | set(keys) | by_name | set(wanted)
     unknown = sorted(named - set(listed))
     if unknown:
         raise ConfigError(
@@ -206,10 +324,16 @@ async def _register(
             f"not valid tool names for model APIs ({_FUNCTION_NAME.pattern}): "
             f"{', '.join(bad)}; leave them out with only=, or pick another prefix"
         )
+    tasks = [n for n in wanted if listed[n].task_support == "required"]
+    if tasks:
+        raise ConfigError(
+            f"MCP tools {', '.join(tasks)} can only run as MCP tasks (execution.taskSupport "
+            f"'required'), which this client does not support; leave them out with only="
+        )
     tools = []
     for name in wanted:
         info = listed[name]
-        fn = _caller(client, prefix + name, name, name in rejected_on_error)
+        fn = _caller(client, prefix + name, name, rejects)
         tools.append(
             registry.register(
                 fn if wrap is None else wrap(fn),
@@ -223,6 +347,15 @@ async def _register(
             )
         )
     return tools
+
+
+def _rejects(option: RejectedOnError) -> Callable[[str, str], bool]:
+    if callable(option):
+        return option
+    if isinstance(option, str):
+        raise ConfigError("rejected_on_error takes tool names or a function, not one string")
+    names = frozenset(option)
+    return lambda name, _text: name in names
 
 
 def _hint(info: McpToolInfo) -> str:

@@ -14,12 +14,52 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import SchemaError
 
 from fsm_agent.errors import ConfigError
 
-__all__ = ["Tool", "ToolRegistry"]
+__all__ = ["CHECKED_FORMATS", "Tool", "ToolRegistry", "translate_nullable"]
+
+#: The JSON Schema ``format`` values whose arguments are checked, each by a checker
+#: that refuses only what its standard refuses (date-time and time: RFC 3339; date:
+#: ISO 8601 full-date; uri and uri-reference: RFC 3986; hostname: RFC 1123; email:
+#: lenient, an ``@`` is required; uuid; ipv4; ipv6; json-pointer: RFC 6901; duration:
+#: ISO 8601). Other formats (``regex``, whose dialect differs between Python and
+#: ECMA-262; ``idn-*``; ``uri-template``; custom ones) are annotations only, as the JSON
+#: Schema specification makes every format by default.
+CHECKED_FORMATS = (
+    "date-time",
+    "date",
+    "time",
+    "uri",
+    "uri-reference",
+    "hostname",
+    "email",
+    "uuid",
+    "ipv4",
+    "ipv6",
+    "json-pointer",
+    "duration",
+)
+
+
+def _format_checker() -> FormatChecker:
+    # Draft 2020-12's own checkers: the class-wide registry holds other drafts' meaning of
+    # some names too (draft 3's "time" takes no offset).
+    known = Draft202012Validator.FORMAT_CHECKER.checkers
+    missing = [f for f in CHECKED_FORMATS if f not in known]
+    if missing:  # a checker's package is not installed
+        raise ImportError(
+            f"jsonschema cannot check the {', '.join(missing)} format(s): "
+            f"install 'jsonschema[format-nongpl]'"
+        )
+    checker = FormatChecker(formats=())
+    checker.checkers = {f: known[f] for f in CHECKED_FORMATS}
+    return checker
+
+
+FORMATS = _format_checker()
 
 Effect = Literal["read", "write"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,6 +83,36 @@ def close_objects(schema: Any) -> Any:
     )
     if is_object and not any(k in out for k in _OPEN_KEYWORDS):
         out["additionalProperties"] = False
+    return out
+
+
+def translate_nullable(schema: Any) -> Any:
+    """A copy of ``schema`` where OpenAPI's ``nullable: true`` (seen in real MCP tool
+    schemas, and ignored by JSON Schema) says what it means: ``null`` is accepted too.
+
+    ``{"type": "string", "nullable": true}`` becomes ``{"type": ["string", "null"]}`` (an
+    ``enum`` gains ``None``); a typeless schema (a ``$ref``, a combinator) becomes
+    ``{"anyOf": [<it>, {"type": "null"}]}``. ``nullable: false`` is dropped.
+    """
+    if isinstance(schema, list):
+        return [translate_nullable(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: translate_nullable(v) for k, v in schema.items()}
+    if not isinstance(out.get("nullable"), bool):
+        return out
+    nullable = out.pop("nullable")
+    if not nullable:
+        return out
+    kind = out.get("type")
+    if isinstance(kind, str):
+        out["type"] = [kind, "null"] if kind != "null" else "null"
+    elif isinstance(kind, list):
+        out["type"] = kind if "null" in kind else [*kind, "null"]
+    else:
+        return {"anyOf": [out, {"type": "null"}]}
+    if isinstance(out.get("enum"), list) and None not in out["enum"]:
+        out["enum"] = [*out["enum"], None]
     return out
 
 
@@ -133,9 +203,10 @@ class ToolRegistry:
 
         ``schema`` is the JSON Schema (Draft 2020-12) of the arguments object. Object
         schemas that do not say otherwise are closed (unknown fields refused) unless
-        ``allow_extra_fields=True``. ``dedup=True`` declares that the downstream system
-        deduplicates by the idempotency key, which makes a transient write failure
-        retryable. Raises ``ValueError`` for anything inconsistent.
+        ``allow_extra_fields=True``; the formats in :data:`CHECKED_FORMATS` are checked;
+        OpenAPI's ``nullable`` is translated (:func:`translate_nullable`). ``dedup=True``
+        declares that the downstream system deduplicates by the idempotency key, which
+        makes a transient write failure retryable. Raises ``ValueError`` for anything inconsistent.
         """
         tool_name = name or getattr(fn, "__name__", "")
         where = f"tool {tool_name!r}"
@@ -172,7 +243,9 @@ class ToolRegistry:
             or not timeout_s > 0
         ):
             raise ConfigError(f"{where}: timeout_s must be a number > 0, got {timeout_s!r}")
-        final = copy.deepcopy(schema) if allow_extra_fields else close_objects(schema)
+        final = translate_nullable(
+            copy.deepcopy(schema) if allow_extra_fields else close_objects(schema)
+        )
         tool = Tool(
             name=tool_name,
             fn=fn,
@@ -183,7 +256,7 @@ class ToolRegistry:
             idempotency_key=idempotency_key,
             dedup=dedup,
             timeout_s=timeout_s,
-            validator=Draft202012Validator(final),
+            validator=Draft202012Validator(final, format_checker=FORMATS),
         )
         self._tools[tool_name] = tool
         return tool

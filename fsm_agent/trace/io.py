@@ -57,19 +57,22 @@ class JsonlTrace:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = self.path.open("a" if append else "x", encoding="utf-8")
-        except FileExistsError:
+        self.append = append
+        if not append and self.path.exists():
             raise ConfigError(
                 f"{self.path}: the trace file exists; one file holds one run. Choose a new "
                 "path (e.g. Runtime(trace_dir=...) names files by run id) or pass "
                 "JsonlTrace(path, append=True)"
-            ) from None
+            )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(
                 f"{self.path}: cannot write a trace there ({exc.strerror or exc})"
             ) from None
+        # Opened at the first event: a run that never started leaves no file behind.
+        self._file: IO[str] | None = None
+        self._closed = False
 
     def write(self, event: dict[str, Any]) -> None:
         """Write one event as it is (no chain link: the runtime writes lines)."""
@@ -77,12 +80,15 @@ class JsonlTrace:
 
     def write_line(self, line: str) -> None:
         """Write one encoded event line (the runtime's chained lines)."""
-        if self._file is None:
+        if self._closed:
             raise ValueError(f"trace {self.path} is closed")
+        if self._file is None:
+            self._file = self.path.open("a" if self.append else "x", encoding="utf-8")
         self._file.write(line + "\n")
         self._file.flush()
 
     def close(self) -> None:
+        self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -1,0 +1,362 @@
+"""Safety promises where real deployments break them (issue "Every safety promise holds"):
+container restarts, deploys, hung tools, odd exits, mutating tools, reused approvals,
+and what a new user trips over. Each test reproduces a failure 0.1 had."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Backend, call, calls, make_runtime, say
+
+from fsm_agent import (
+    Approval,
+    Budget,
+    ConfigError,
+    JsonlTrace,
+    MemoryStore,
+    RetryPolicy,
+    Runtime,
+    ScriptedModel,
+    ToolRegistry,
+    TransientToolError,
+)
+from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent.errors import StoreError
+from fsm_agent.testing.scenarios import Mortal, ProcessDied
+from fsm_agent.trace.checker import check_events
+
+HERE = Path(__file__).resolve().parent
+WRITE = {"request_id": "R-1", "title": "refund"}
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def write(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+# ── 2. claims that survive containers ─────────────────────────────────────────────
+
+CHILD = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import durable_scenario as scenario
+scenario._die = lambda: os._exit(137)  # PID 1 of a namespace ignores its own SIGKILL
+scenario.install_transition_crash()
+store = scenario.CrashingStore({db!r})
+rt = scenario.runtime(store, scenario.Path({effects!r}))
+result = rt.run("go", run_id="r1") if sys.argv[1] == "start" else rt.resume("r1")
+print(os.getpid(), result.status, result.reason)
+"""
+
+
+def _as_pid_1(tmp: Path, mode: str, crash: str) -> subprocess.CompletedProcess[str]:
+    code = CHILD.format(tests=str(HERE), db=str(tmp / "runs.db"), effects=str(tmp / "fx.db"))
+    return subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, mode],
+        env={**os.environ, "FSM_CRASH": crash},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a new PID namespace needs root and util-linux's unshare",
+)
+def test_a_container_that_died_as_pid_1_resumes_after_its_restart(tmp_path: Path) -> None:
+    died = _as_pid_1(tmp_path, "start", "transition:6")
+    if died.returncode != 137 and "unshare" in died.stderr:
+        pytest.skip(f"unshare refused here: {died.stderr.strip()}")
+    assert died.returncode == 137, died.stderr
+    with SqliteStore(tmp_path / "runs.db", readonly=True) as store:
+        owner = store._read("SELECT owner FROM runs WHERE run_id = 'r1'")[0][0]
+    assert owner.split("|")[2] == "1"  # the dead driver was PID 1, on this very host
+    again = _as_pid_1(tmp_path, "resume", "")  # the restarted container: PID 1 again
+    assert again.returncode == 0, again.stderr  # not RunBusy: the dead claim is taken over
+    pid, *status = again.stdout.split()
+    assert pid == "1" and status in (
+        ["done", "final_answer"],
+        ["review_required", "outcome_unknown"],
+    )
+
+
+def test_a_store_error_mid_run_leaves_the_run_resumable_here(tmp_path: Path) -> None:
+    b = Backend()
+    with SqliteStore(tmp_path / "runs.db") as store:
+        rt = make_runtime([calls(call("c1", "lookup", order_id="A")), say("ok")], b, store=store)
+        real = store.save
+        broken = [True]
+
+        def full_disk(*args: Any, **kwargs: Any) -> None:
+            if broken[0]:
+                broken[0] = False
+                raise StoreError(f"{store.path}: the disk is full")
+            real(*args, **kwargs)
+
+        store.save = full_disk  # type: ignore[method-assign]
+        with pytest.raises(StoreError, match="disk is full"):
+            rt.run("x", run_id="r1")
+        # Its own claim did not lock it out, and the store kept its last good checkpoint:
+        # the run goes on from there.
+        assert rt.resume("r1").status == "done"
+
+
+# ── 3. a deploy cannot lose a write ───────────────────────────────────────────────
+
+
+def test_a_write_in_flight_resumed_after_its_tool_was_removed_goes_to_review() -> None:
+    store = MemoryStore()
+    b = Backend()
+    old = make_runtime([calls(call("w1", "write", **WRITE))], b, store=store, keyed=False)
+    mortal = Mortal(store)
+
+    def die(state: Any, transition: Any) -> None:
+        if transition.trigger == "tool_returned":
+            mortal.kill()
+            raise ProcessDied("killed while the write was in flight")
+
+    TRANSITION_LISTENERS.append(die)
+    try:
+        with pytest.raises(ProcessDied):
+            old.run("file it", run_id="r1")
+    finally:
+        TRANSITION_LISTENERS.remove(die)
+        mortal.restart()
+    assert len(b.writes) == 1  # the write happened
+    tools = ToolRegistry()  # the new deploy has no "write" tool any more
+    tools.register(
+        b.lookup, name="lookup", effect="read", schema={"type": "object"}, allow_extra_fields=True
+    )
+    new = Runtime(
+        model=ScriptedModel([say("done")]), tools=tools, allowed_tools={"lookup"}, store=store
+    )
+    resumed = new.resume("r1")
+    assert (resumed.status, resumed.reason) == ("review_required", "outcome_unknown")
+    assert json.loads(resumed.messages[-1]["content"])["error"] == "outcome_unknown"
+    assert len(b.writes) == 1 and check_events(resumed.events) == []
+
+
+# ── 6. timeouts count from the start ──────────────────────────────────────────────
+
+
+def test_a_call_that_never_started_never_runs_later() -> None:
+    release = threading.Event()
+    sent: list[str] = []
+    tools = ToolRegistry()
+    tools.register(
+        lambda key: release.wait(5.0),
+        name="hang",
+        effect="read",
+        timeout_s=0.05,
+        schema={"type": "object"},
+        allow_extra_fields=True,
+    )
+    tools.register(
+        lambda to: sent.append(to),
+        name="transfer",
+        effect="write",
+        timeout_s=0.05,
+        schema={"type": "object"},
+        allow_extra_fields=True,
+    )
+    script = [calls(call("c1", "hang", key="k"), call("c2", "transfer", to="bob")), say("ok")]
+    rt = Runtime(
+        model=ScriptedModel(script),
+        tools=tools,
+        allowed_tools={"hang", "transfer"},
+        tool_threads=1,
+        retry=RetryPolicy(max_attempts=1),
+    )
+    result = rt.run("x")
+    release.set()  # the hung call ends; the queued transfer must not run now either
+    time.sleep(0.2)
+    answers = {
+        m["tool_call_id"]: json.loads(m["content"]) for m in result.messages if m["role"] == "tool"
+    }
+    assert answers["c1"]["error"] == "timeout"
+    assert answers["c2"]["error"] == "not_executed" and sent == []
+    assert result.status == "done"  # nothing to review: it certainly did not happen
+
+
+def test_a_timeout_counts_from_when_the_tool_started() -> None:
+    tools = ToolRegistry()
+
+    def slow(key: str) -> dict[str, str]:
+        time.sleep(0.2)
+        return {"ok": key}
+
+    tools.register(
+        slow,
+        name="slow",
+        effect="read",
+        timeout_s=0.5,
+        schema={"type": "object"},
+        allow_extra_fields=True,
+    )
+    script = [calls(*[call(f"c{i}", "slow", key=str(i)) for i in range(3)]), say("ok")]
+    rt = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools={"slow"})
+    result = rt.run("x")  # 3 x 0.2 s in a row, each well inside its own 0.5 s
+    assert all(json.loads(m["content"])["ok"] for m in result.messages if m["role"] == "tool")
+
+
+# ── 7. every exit closes the run ──────────────────────────────────────────────────
+
+
+class Custom(BaseException):
+    pass
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [GeneratorExit(), asyncio.CancelledError(), Custom("stop")],
+    ids=["GeneratorExit", "CancelledError", "custom BaseException"],
+)
+def test_any_exit_closes_the_run_before_it_propagates(exc: BaseException) -> None:
+    b = Backend()
+    b.fail_reads.append(exc)
+    rt = make_runtime(
+        [calls(call("c1", "lookup", order_id="A"), call("c2", "lookup", order_id="B"))], b
+    )
+    sink = ListSink()
+    with pytest.raises(type(exc)):
+        rt.run("x", trace=sink)
+    events = sink.events
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "cancelled"
+    assert check_events(events) == []
+    answered = {e["call_id"] for e in events if e["type"] == "observation"}
+    assert answered == {"c1", "c2"}  # every open call answered
+
+
+# ── 8. no mutation leaks ──────────────────────────────────────────────────────────
+
+
+def test_a_retry_gets_the_arguments_as_validated_not_as_mutated() -> None:
+    seen: list[dict[str, Any]] = []
+    tools = ToolRegistry()
+
+    def lookup(**arguments: Any) -> Any:
+        seen.append(dict(arguments))
+        if len(seen) == 1:
+            arguments["key"] = "MUTATED"  # a tool that scribbles on its arguments...
+            raise TransientToolError("busy")
+        return {"found": arguments["key"]}
+
+    tools.register(
+        lookup, name="lookup", effect="read", schema={"type": "object"}, allow_extra_fields=True
+    )
+    script = [calls(call("c1", "lookup", key="A17")), say("ok")]
+    rt = Runtime(
+        model=ScriptedModel(script), tools=tools, allowed_tools={"lookup"}, sleep=lambda s: None
+    )
+    result = rt.run("x")
+    assert seen == [{"key": "A17"}, {"key": "A17"}]  # ...the retry does not see it
+    assert json.loads(result.messages[2]["content"])["value"] == {"found": "A17"}
+
+
+def test_a_replay_returns_what_was_stored_not_what_the_tool_changed_later() -> None:
+    kept: dict[str, Any] = {"ticket": "T-1", "notes": []}
+    tools = ToolRegistry()
+    tools.register(
+        lambda request_id, title: kept,
+        name="write",
+        effect="write",
+        idempotency_key=lambda a: a["request_id"],
+        schema={"type": "object"},
+        allow_extra_fields=True,
+    )
+    store = MemoryStore()
+    rt = Runtime(
+        model=ScriptedModel([calls(call("w1", "write", **WRITE)), say("ok")]),
+        tools=tools,
+        allowed_tools={"write"},
+        store=store,
+    )
+    first = rt.run("x")
+    kept["notes"].append("changed after it returned")
+    again = rt.run("x", model=ScriptedModel([calls(call("w2", "write", **WRITE)), say("ok")]))
+    replayed = json.loads(again.messages[2]["content"])
+    assert replayed["replayed"] is True and replayed["value"] == {"ticket": "T-1", "notes": []}
+    recorded = next(e for e in first.events if e["type"] == "observation")
+    assert recorded["result"]["value"]["notes"] == []  # the trace kept a copy too
+
+
+# ── 9. an approval covers what it says ────────────────────────────────────────────
+
+
+def test_a_reviewers_approval_covers_that_call_once() -> None:
+    b = Backend()
+
+    def transfer(call_id: str) -> dict[str, Any]:  # the same payload each time
+        return call(call_id, "write", **WRITE)
+
+    script = [calls(transfer("c1")), calls(transfer("c2")), calls(transfer("c3")), say("ok")]
+    rt = make_runtime(script, b, approval=True, keyed=False)
+    paused = rt.run("x", run_id="r1")
+    assert (paused.status, paused.reason) == ("review_required", "approval_required")
+    after = rt.approve("r1", "c1")
+    assert (after.status, after.reason) == ("review_required", "approval_required")
+    assert len(b.writes) == 1  # c1 ran; c2, same payload, needs its own approval
+    (consumed,) = [e["approval"] for e in after.events if e.get("approval")]
+    assert consumed == "review:c1"
+
+
+def test_a_configured_approval_with_max_uses_covers_that_many_calls() -> None:
+    b = Backend()
+    script = [calls(call("c1", "write", **WRITE)), calls(call("c2", "write", **WRITE)), say("ok")]
+    rt = make_runtime(
+        script, b, approval=True, keyed=False, approvals=[Approval("write", WRITE, max_uses=1)]
+    )
+    result = rt.run("x")
+    assert (result.status, result.reason) == ("review_required", "approval_required")
+    assert len(b.writes) == 1
+    (consumed,) = [e["approval"] for e in result.events if e.get("approval")]
+    assert consumed == Approval("write", WRITE).id
+    header = result.events[0]["approvals"]
+    assert header == [{"tool": "write", "digest": Approval("write", WRITE).digest, "max_uses": 1}]
+
+
+# ── 12. what a new user trips over ────────────────────────────────────────────────
+
+
+def test_a_trace_file_holds_one_run(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    make_runtime([say("one")]).run("x", trace=path)
+    with pytest.raises(ConfigError, match="the trace file exists; one file holds one run"):
+        make_runtime([say("two")]).run("x", trace=path)
+    assert check_events([json.loads(line) for line in path.read_text().splitlines()]) == []
+    sink = JsonlTrace(path, append=True)  # appending only when asked
+    sink.close()
+
+
+@pytest.mark.parametrize(
+    ("budget", "reason"), [(Budget(max_cost=1.0), "cost"), (Budget(max_tokens=1000), "tokens")]
+)
+def test_a_reply_without_usage_never_slips_past_a_budget(budget: Budget, reason: str) -> None:
+    result = make_runtime([say("free?")], budget=budget).run("x")
+    assert (result.status, result.reason) == ("budget_exhausted", reason)
+
+
+def test_the_cause_of_a_retry_is_in_the_trace() -> None:
+    b = Backend()
+    b.fail_reads.append(TransientToolError("index rebuilding"))
+    result = make_runtime([calls(call("c1", "lookup", order_id="A")), say("ok")], b).run("x")
+    (retry,) = [e for e in result.events if e.get("dest") == "retry_wait"]
+    assert retry["error"] == "TransientToolError: index rebuilding"
