@@ -112,12 +112,12 @@ def main() -> int:
             f"{'ok' if rss_mb <= TARGET_RSS_MB else 'ABOVE TARGET'})"
         )
         try:
-            import orjson  # type: ignore[import-not-found]
+            import orjson
         except ImportError:
             print("check: orjson not installed; accelerator not measured")
             return 0
         plain = checker.parse_line
-        checker.parse_line = orjson.loads
+        checker.parse_line = orjson.loads  # type: ignore[assignment]
         try:
             fast = best(lambda: check_trace(path), args.repeats)
             fast_parse = best(lambda: _parse_with(orjson.loads, path), 1)

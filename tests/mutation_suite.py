@@ -42,8 +42,17 @@ KINDS = (
     "splice, re-linked",
     "forge the header",
 )
-_TRIGGERS = ("model_replied", "validate", "dispatch", "tool_returned", "observe", "retry",
-             "cancel", "resume", "model_failed")  # fmt: skip
+_TRIGGERS = (
+    "model_replied",
+    "validate",
+    "dispatch",
+    "tool_returned",
+    "observe",
+    "retry",
+    "cancel",
+    "resume",
+    "model_failed",
+)
 
 Events = list[dict[str, Any]]
 
@@ -137,7 +146,7 @@ def mutations(events: Events, other: Events) -> Iterator[tuple[str, Events]]:
     inner = list(range(1, n))
     for i in (inner[j] for j in _spread(len(inner))):
         yield "delete", _renumber(copy.deepcopy(events[:i] + events[i + 1 :]))
-        yield "insert", _renumber(copy.deepcopy(events[: i + 1] + [events[i]] + events[i + 1 :]))
+        yield "insert", _renumber(copy.deepcopy([*events[: i + 1], events[i], *events[i + 1 :]]))
     pairs = [i for i in range(1, n - 1) if strip_links([events[i]]) != strip_links([events[i + 1]])]
     for i in (pairs[j] for j in _spread(len(pairs))):
         swapped = copy.deepcopy(events)
@@ -149,7 +158,11 @@ def mutations(events: Events, other: Events) -> Iterator[tuple[str, Events]]:
         e = events[i]
         for kind, field, value in (
             ("change dest", "dest", next(s for s in STATES if s != e["dest"])),
-            ("change reason", "reason", "cancelled" if e.get("reason") != "cancelled" else "tokens"),
+            (
+                "change reason",
+                "reason",
+                "cancelled" if e.get("reason") != "cancelled" else "tokens",
+            ),
             ("change trigger", "trigger", next(t for t in _TRIGGERS if t != e["trigger"])),
         ):
             changed = copy.deepcopy(events)
@@ -200,7 +213,9 @@ def signed_attack(lines: list[str], mutated: Events, kind: str) -> bytes:
 def unsigned_attack(mutated: Events) -> bytes:
     """The attacker of an unsigned trace: relinks the whole file after the edit."""
     events = strip_links(mutated)
-    return "".join(line + "\n" for line in encode_events(events, run_id=events[0]["run_id"])).encode()
+    return "".join(
+        line + "\n" for line in encode_events(events, run_id=events[0]["run_id"])
+    ).encode()
 
 
 def run(traces: list[Events]) -> dict[str, dict[str, int]]:
@@ -223,7 +238,9 @@ def run(traces: list[Events]) -> dict[str, dict[str, int]]:
         ]
         other_unsigned = [json.loads(x) for x in encode_events(strip_links(other))]
         for (kind, mutated), (_, plain_mutated) in zip(
-            mutations(signed, other_signed), mutations(unsigned, other_unsigned)
+            mutations(signed, other_signed),
+            mutations(unsigned, other_unsigned),
+            strict=True,
         ):
             table[kind]["generated"] += 1
             if not check_bytes(signed_attack([], mutated, kind), key=KEY).ok:
@@ -240,8 +257,10 @@ def run(traces: list[Events]) -> dict[str, dict[str, int]]:
 
 
 def format_table(table: dict[str, dict[str, int]]) -> str:
-    rows = ["| mutation | generated | caught with a key | caught without a key |",
-            "|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| mutation | generated | caught with a key | caught without a key |",
+        "|---|---|---|---|",
+    ]
     for kind, c in table.items():
         g = c.get("generated", 0)
         rows.append(f"| {kind} | {g} | {c.get('with key', 0)} | {c.get('without key', 0)} |")

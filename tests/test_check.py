@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +124,9 @@ def test_a_call_never_answered_is_reported_before_the_next_decision() -> None:
     for n, e in enumerate(kept):
         e["seq"] = n
     found = messages(check_events(kept))
-    assert f"{drop + 1}: the answer to call 'c2' that the last transition wrote is missing here" in (
-        found
+    assert (
+        f"{drop + 1}: the answer to call 'c2' that the last transition wrote is missing here"
+        in (found)
     )
 
 

@@ -43,8 +43,10 @@ def test_guards_that_contradict_the_header_are_caught() -> None:
         forged[0][field] = value
         text = found(forged)
         # (strict_policy true makes the next guard decide, which was never recorded)
-        assert f"guard {guard!r}" in text or "guard outcomes select" in text or (
-            "decides the edge, and it was not recorded" in text
+        assert (
+            f"guard {guard!r}" in text
+            or "guard outcomes select" in text
+            or ("decides the edge, and it was not recorded" in text)
         ), (field, text)
     # The allow-list: a call of a tool the header does not allow cannot be admitted.
     forged = copy.deepcopy(events)
@@ -97,9 +99,7 @@ def test_run_end_counters_are_what_the_events_add_up_to() -> None:
 def test_a_deleted_decision_or_dispatch_is_caught() -> None:
     events = make_runtime([calls(LOOKUP), say("ok")]).run("go").events
     for kind in ("decision", "dispatch"):
-        at = next(
-            i for i, e in enumerate(events) if e["type"] == kind or e.get("trigger") == kind
-        )
+        at = next(i for i, e in enumerate(events) if e["type"] == kind or e.get("trigger") == kind)
         forged = copy.deepcopy(events[:at] + events[at + 1 :])
         for n, e in enumerate(forged):
             e["seq"] = n  # renumbered: seq alone gives nothing away
@@ -148,9 +148,11 @@ def test_a_configured_approval_must_cover_the_write() -> None:
 
 
 def test_wall_clock_and_output_budgets_are_recomputed() -> None:
-    events = make_runtime(
-        [calls(LOOKUP), say("ok")], budget=Budget(max_output_bytes=10_000)
-    ).run("go").events
+    events = (
+        make_runtime([calls(LOOKUP), say("ok")], budget=Budget(max_output_bytes=10_000))
+        .run("go")
+        .events
+    )
     forged = copy.deepcopy(events)
     forged[0]["budget"]["max_output_bytes"] = 10
     assert "guard 'output_budget_spent' is recorded false, but the trace makes it true" in (

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import read_trace
-from fsm_agent.trace.chain import strip_links
 from fsm_agent.cli import main
 from fsm_agent.cli.demo import SCENARIOS, Scenario
+from fsm_agent.trace.chain import strip_links
 
 
 def test_all_scenarios_pass_and_write_their_traces(

@@ -24,11 +24,20 @@ CORRUPTIONS = 3000
 def _trace() -> bytes:
     b = Backend()
     b.fail_reads = [TransientToolError("flaky")]
-    events = make_runtime(
-        [calls(call("c1", "lookup", order_id="A17"), call("w1", "write", request_id="R", title="t")),
-         say("done")],  # fmt: skip
-        b,
-    ).run("go").events
+    events = (
+        make_runtime(
+            [
+                calls(
+                    call("c1", "lookup", order_id="A17"),
+                    call("w1", "write", request_id="R", title="t"),
+                ),
+                say("done"),
+            ],
+            b,
+        )
+        .run("go")
+        .events
+    )
     return "".join(line + "\n" for line in encode_events(events)).encode()
 
 
@@ -71,20 +80,27 @@ def test_random_byte_corruptions_never_escape() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 event_like = st.fixed_dictionaries(
     {},
     optional={
-        "type": st.sampled_from(["transition", "decision", "observation", "review", "run_end",
-                                 "run_start", "x"]) | json_values,  # fmt: skip
+        "type": st.sampled_from(
+            ["transition", "decision", "observation", "review", "run_end", "run_start", "x"]
+        )
+        | json_values,
         "seq": st.integers(-2, 40) | json_values,
         "trigger": st.sampled_from(["validate", "dispatch", "observe", "resume"]) | json_values,
         "source": st.sampled_from(["deciding", "executing", "observing"]) | json_values,
         "dest": st.sampled_from(["validating", "executing", "done"]) | json_values,
-        "guards": st.dictionaries(st.sampled_from(["has_answer", "call_admitted", "is_write"]),
-                                  st.booleans() | json_values) | json_values,  # fmt: skip
+        "guards": st.dictionaries(
+            st.sampled_from(["has_answer", "call_admitted", "is_write"]),
+            st.booleans() | json_values,
+        )
+        | json_values,
         "call_id": st.sampled_from(["c1", "w1"]) | json_values,
         "message": json_values,
         "result": json_values,

@@ -25,7 +25,9 @@ def register(subparsers: Any) -> None:
         "are checked and compared with the store's idempotency records. Exit 0: all "
         "valid; 1: violations found; 2: a trace could not be read at all.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="JSON Lines trace file(s), or run ids")
+    p.add_argument(
+        "traces", nargs="+", metavar="TRACE", help="JSON Lines trace file(s), or run ids"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     p.add_argument(
         "--key-env",

@@ -30,9 +30,7 @@ def audit_run(store: Any, run_id: str, *, key: bytes | None = None, name: str = 
     """Check run ``run_id`` of ``store`` (its trace, then the cross-check). Store errors
     (``RunNotFound``, ``CorruptRecord``...) propagate."""
     stored = store.load_run(run_id)
-    report = check_report(
-        stored.events, key=key, name=name or f"run {run_id}", collect_writes=True
-    )
+    report = check_report(stored.events, key=key, name=name or f"run {run_id}", collect_writes=True)
     find = getattr(store, "find_intents", None)
     if find is None:
         report.notes.append(

@@ -518,7 +518,7 @@ class SqliteStore:
             lines = checkpoint.event_lines
             if lines is None or len(lines) != len(events):
                 lines = [_dumps(e) for e in events]
-            for e, text in zip(events, lines):
+            for e, text in zip(events, lines, strict=True):
                 rows.append((base + e["seq"], e["type"], text, _sum(text)))
             c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
         if checkpoint.messages:

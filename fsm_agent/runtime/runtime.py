@@ -21,7 +21,7 @@ from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
 from fsm_agent.core.state import RunConfig, RunState
-from fsm_agent.durable import review
+from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import restore_run
 from fsm_agent.durable.store import Store, supports_runs
@@ -151,9 +151,7 @@ class Runtime:
         """:meth:`resume` for async models and tools."""
         model = self._model_for(model)
         state, owner, encoder = self._restore(run_id)
-        return await self._adrive(
-            state, model, None, resumed=True, owner=owner, encoder=encoder
-        )
+        return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments), then

@@ -30,8 +30,8 @@ dicts and are chained only when written out (:func:`encode_events`).
 from __future__ import annotations
 
 import hashlib
-from binascii import hexlify
 import json
+from binascii import hexlify
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -233,9 +233,7 @@ def strip_links(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Events read back from chained lines, without the encoder's fields (what the loop
     recorded): a resumed run's ``RunResult.events`` look like a fresh run's."""
     return [
-        {k: v for k, v in e.items() if k not in CHAIN_FIELDS}
-        if ("chain" in e or "run" in e)
-        else e
+        {k: v for k, v in e.items() if k not in CHAIN_FIELDS} if ("chain" in e or "run" in e) else e
         for e in events
     ]
 

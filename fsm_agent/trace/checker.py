@@ -135,7 +135,8 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-_scan = json.JSONDecoder().scan_once  # the stdlib's C scanner, without json.loads' wrappers
+# The stdlib's C scanner, without json.loads' wrappers (detect_encoding, whitespace).
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def parse_line(raw: bytes) -> Any:
@@ -203,7 +204,9 @@ def _integrity(head: _Header, key: bytes | None, report: Report, *, lines: bool)
         return None
     if head.mode not in MODES:
         if lines:
-            report.fail(1, f"the header names no integrity mode ({head.mode!r}): links unverifiable")
+            report.fail(
+                1, f"the header names no integrity mode ({head.mode!r}): links unverifiable"
+            )
         return None
     if head.mode == SIGNED:
         if key is None:
@@ -235,9 +238,7 @@ def check_trace(
         return _check_stream(name, handle, key, collect_writes)
 
 
-def check_bytes(
-    data: bytes, *, key: bytes | None = None, name: str = "<bytes>"
-) -> Report:
+def check_bytes(data: bytes, *, key: bytes | None = None, name: str = "<bytes>") -> Report:
     """:func:`check_trace` of a trace held in memory (tests, fuzzing)."""
     with _no_cyclic_gc():
         return _check_stream(name, io.BytesIO(data), key, False)
@@ -277,7 +278,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     if collect_writes:
         walk.writes = report.writes = []
     mac = _integrity(head, key, report, lines=True)
-    prev = b""
+    prev: bytes | None = b""
     run = head.run_id
     loads = parse_line
     feed = walk.event
@@ -340,9 +341,7 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def check_file(
-    path: str | os.PathLike[str], *, key: bytes | None = None
-) -> list[Violation]:
+def check_file(path: str | os.PathLike[str], *, key: bytes | None = None) -> list[Violation]:
     """Violations in the trace at ``path``; :class:`TraceError` if it cannot be checked."""
     return check_trace(path, key=key).violations
 

@@ -135,7 +135,7 @@ class CallFacts:
         self.digest: str | None = None
         self.args_key: str = raw
         #: True | False | UNSURE (a limited approval another run may have used up)
-        self.needs_approval: bool | None = False
+        self.needs_approval: Any = False
         #: The approval this call holds (``config:...`` / ``review:...``), once known.
         self.approval: str | None = None
 
@@ -164,7 +164,7 @@ class CallFacts:
             self.digest = digest(self.name, arguments)
 
     @property
-    def admitted(self) -> bool | None:
+    def admitted(self) -> Any:
         """True / False / UNSURE: whether admission let the call run."""
         if self.refusal is UNSURE:
             return UNSURE
@@ -174,7 +174,14 @@ class CallFacts:
 class Usage:
     """Tokens and cost counted from the decisions (``core/loop.py``'s ``_count_usage``)."""
 
-    __slots__ = ("cost", "cost_unknown", "input_tokens", "output_tokens", "tokens", "tokens_unknown")
+    __slots__ = (
+        "cost",
+        "cost_unknown",
+        "input_tokens",
+        "output_tokens",
+        "tokens",
+        "tokens_unknown",
+    )
 
     def __init__(self) -> None:
         self.input_tokens = self.output_tokens = self.tokens = 0

@@ -80,7 +80,7 @@ def _choose(source: str, trigger: str, names: tuple[str, ...], values: tuple[Any
     key = (source, trigger, values)
     found = _CHOICES.get(key)
     if found is None:
-        table = dict(zip(names, values))
+        table = dict(zip(names, values, strict=True))
         evaluated: dict[str, bool] = {}
 
         def guard(name: str) -> bool:
@@ -160,7 +160,7 @@ def _generic(source: str, trigger: str) -> Callable[[Walk, dict[str, Any], dict[
 
 
 #: (source, trigger) -> the recomputed outcomes of its guards, in ``_names`` order.
-_PROVIDERS: dict[tuple[str, str], Callable[[Walk, dict[str, Any], dict[str, Any]], Any]] = {}
+_PROVIDERS: dict[tuple[Any, Any], Callable[[Walk, dict[str, Any], dict[str, Any]], Any]] = {}
 #: ((source, trigger, dest, reason, recorded outcomes), recomputed) -> the edge, for
 #: shapes that checked clean.
 _SEEN: dict[tuple[Any, ...], Transition] = {}
@@ -204,7 +204,7 @@ class Walk:
         self.settings = Settings(head)
         if self.settings.problems:
             fail(1, "the header " + "; ".join(self.settings.problems))
-        self.state = INITIAL_STATE
+        self.state: str = INITIAL_STATE
         self.seq = 1
         self.decided = False
         self.ended = 0  # line of the run_end that closed the run (0 while it runs)
@@ -249,7 +249,7 @@ class Walk:
 
     # ── the events ────────────────────────────────────────────────────────────────
 
-    def event(self, line: int, e: dict[str, Any]) -> None:
+    def event(self, line: int, e: dict[str, Any]) -> None:  # noqa: C901 - one branch per event type, the hot path kept flat
         self.line = line
         seq = e.get("seq")
         if seq != self.seq:
@@ -409,7 +409,7 @@ class Walk:
                         self.decided = False
                     self.act(line, edge, e)
                     self.last = edge
-                    self.state = dest
+                    self.state = dest = edge.dest  # (the shape was checked: the same)
                     if dest in _TERMINAL_SET:
                         self.status, self.stop_reason = dest, reason
                         self.expect.append(Expected("run_end"))
@@ -476,7 +476,8 @@ class Walk:
                 return None
         names = _names(source, trigger)
         values = self.values(source, trigger, names, guards, e)
-        edge, evaluated = _choose(source, trigger, names, values)
+        chosen: tuple[Transition | None, Any] = _choose(source, trigger, names, values)
+        edge, evaluated = chosen
         if edge is None:
             if evaluated is not None and names:
                 self.fail(
@@ -731,8 +732,10 @@ class Walk:
             self.to_dispatch = False
         elif trigger == "tool_returned" and not self.in_flight:
             self.fail(line, "tool_returned, but no tool was started")
-        elif trigger == "resume" and edge.source == "executing" and not (
-            self.last is not None and self.last.action == "start_attempt"
+        elif (
+            trigger == "resume"
+            and edge.source == "executing"
+            and not (self.last is not None and self.last.action == "start_attempt")
         ):
             self.fail(line, "resume in executing, but no attempt was in progress")
 
@@ -771,9 +774,7 @@ class Walk:
                 self.fail(line, f"call {call.id!r} names approval {named!r}, but needs none")
             return
         if not isinstance(named, str):
-            self.fail(
-                line, f"call {call.id!r} of {call.name!r} ran without naming its approval"
-            )
+            self.fail(line, f"call {call.id!r} of {call.name!r} ran without naming its approval")
             return
         if call.approval is not None and named == call.approval:
             return
@@ -880,8 +881,7 @@ class Walk:
         if call_id != call.id:
             self.fail(
                 line,
-                f"observation for {call_id!r}; the transition before it answered call "
-                f"{call.id!r}",
+                f"observation for {call_id!r}; the transition before it answered call {call.id!r}",
             )
             return
         if call_id in self.answered and not self.legacy:
@@ -918,7 +918,10 @@ class Walk:
                 and not (expected is UNSURE and error == "invalid_arguments")
                 and not (self.resumed and error in ("unknown_tool", "permission_denied"))
             ):
-                self.fail(line, f"call {call_id!r} was refused ({expected}); the answer says {_short(result)}")
+                self.fail(
+                    line,
+                    f"call {call_id!r} was refused ({expected}); the answer says {_short(result)}",
+                )
         elif what == "failed":
             if ok is not False or error != detail:
                 self.fail(
@@ -932,7 +935,9 @@ class Walk:
             self.note_write(line, call, "replayed", result.get("value"))
         elif what == "reconciled":
             if ok is not True or result.get("reconciled") is not True:
-                self.fail(line, f"call {call_id!r} was reconciled; the answer says {_short(result)}")
+                self.fail(
+                    line, f"call {call_id!r} was reconciled; the answer says {_short(result)}"
+                )
             self.note_write(line, call, "reconciled", result.get("value"))
         else:  # ok: the tool's (or the stored) result
             if ok is not True or result.get("replayed") or result.get("reconciled"):
@@ -986,7 +991,9 @@ class Walk:
             self.fail(
                 line,
                 "run_end's counters are not what the events add up to: "
-                + ", ".join(f"{k} {_js(counters.get(k))} (events: {_js(mine.get(k))})" for k in wrong),
+                + ", ".join(
+                    f"{k} {_js(counters.get(k))} (events: {_js(mine.get(k))})" for k in wrong
+                ),
             )
 
     def counters(self) -> dict[str, Any]:
@@ -1028,16 +1035,20 @@ class Walk:
         if call_id in self.reviews:
             self.fail(line, f"call {call_id!r} was already reviewed")
             return
+        assert isinstance(call_id, str)  # (it names a placeholder)
         call = self.by_id.get(call_id)
         if call is not None and e.get("tool") != call.name:
             self.fail(line, f"review names tool {e.get('tool')!r} for call {call_id!r}")
-        if action == "approve" and call is not None:
-            if call.digest is None or e.get("digest") != call.digest:
-                self.fail(
-                    line,
-                    f"the approval of {call_id!r} is bound to digest {e.get('digest')!r}, not "
-                    "to the digest of the call's exact arguments",
-                )
+        if (
+            action == "approve"
+            and call is not None
+            and (call.digest is None or e.get("digest") != call.digest)
+        ):
+            self.fail(
+                line,
+                f"the approval of {call_id!r} is bound to digest {e.get('digest')!r}, not "
+                "to the digest of the call's exact arguments",
+            )
         self.reviews[call_id] = e
 
     def apply_review(self) -> None:
