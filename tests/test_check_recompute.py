@@ -181,6 +181,7 @@ HOSTILE_LINES = [
     '"dest": "validating", "guards": {"tokens_spent": [], "cost_spent": {}}}',
     "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"),
     '{"a": ' * 5000 + "1" + "}" * 5000,
+    '{"type": "observation", "seq": 1, "call_id": "\\udcff", "result": {"v": "\\ud800"}}',
 ]
 
 
@@ -203,6 +204,7 @@ def test_hostile_lines_give_violations_never_tracebacks(
     for n in range(len(replay)):
         describe_step(replay, n)
     assert main(["replay", str(path), "--step", "1"]) == 0
+    assert main(["replay", str(path), "--html", str(tmp_path / "v.html")]) == 0
     capsys.readouterr()
 
 

@@ -450,8 +450,10 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if not (isinstance(event, dict) and isinstance(event.get("type"), str)):
                 event = {"type": "unreadable", "seq": line_no - 1, "line": line_no,
                          "problem": problem}  # fmt: skip
-            elif raw.count(b"{") + raw.count(b"[") > MAX_DEPTH:
-                event = make_safe(event)  # what displays it may recurse: cut at MAX_DEPTH
+            elif raw.count(b"{") + raw.count(b"[") > MAX_DEPTH or b"\\ud" in raw.lower():
+                # What displays it may recurse (cut at MAX_DEPTH) or encode it as UTF-8
+                # (a lone surrogate escape becomes U+FFFD).
+                event = make_safe(event)
             events.append(event)
     return events
 
