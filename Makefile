@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench diagrams clean fuzz mcp-servers
+.PHONY: venv demo test lint bench diagrams clean fuzz docs dist screenshots mcp-servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,9 +14,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Writes only git-ignored files (traces/); the committed pictures change through `make diagrams`.
 demo: $(STAMP)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
-	$(PY) -m fsm_agent.cli.regen traces diagrams
+	$(PY) -m fsm_agent replay traces/retry.jsonl --html traces/retry.html
+	@echo "open traces/retry.html in a browser to step through the retry scenario"
 
 # Published MCP servers for tests/test_mcp_real_servers.py (PyPI and npm; never fails:
 # a server that cannot be installed makes its tests skip with the reason).
@@ -34,8 +36,8 @@ fuzz: $(STAMP)
 	$(PY) benchmarks/fuzz.py --examples $(FUZZ_EXAMPLES) --workers $(FUZZ_WORKERS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check fsm_agent tests benchmarks examples
-	$(PY) -m ruff format --check fsm_agent tests benchmarks examples
+	$(PY) -m ruff check fsm_agent tests benchmarks examples scripts docs/_hooks
+	$(PY) -m ruff format --check fsm_agent tests benchmarks examples scripts docs/_hooks
 	$(PY) -m mypy
 
 bench: $(STAMP)
@@ -50,10 +52,25 @@ diagrams: $(STAMP)
 	rm -rf $(DIAGRAM_TRACES)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir $(DIAGRAM_TRACES) > /dev/null
 	$(PY) -m fsm_agent check --quiet $(DIAGRAM_TRACES)/*.jsonl
-	$(PY) -m fsm_agent.cli.regen $(DIAGRAM_TRACES) diagrams
+	$(PY) -m fsm_agent.cli.regen $(DIAGRAM_TRACES) diagrams docs
+
+# The documentation site (MkDocs Material + mkdocstrings) into site/; warnings are errors.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+# The wheel and sdist into dist/, checked by twine (what a release uploads).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist
+	$(PY) -m twine check --strict dist/*
+
+# The pictures of docs/assets/ a reader looks at: the README picture at 900 px, the viewer at
+# its default zoom, the demo's output (headless Debian chromium via Playwright).
+screenshots: $(STAMP)
+	$(PY) scripts/screenshots.py docs/assets
 
 clean:
-	rm -rf $(VENV) traces .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) traces site dist .pytest_cache .mypy_cache .ruff_cache
 
 # Provider adapters: translation + validation cost per model call, next to a loopback SDK call.
 .PHONY: bench-adapters test-adapters

@@ -20,6 +20,7 @@ this list (``tests/test_layering.py`` enforces it)::
 from typing import Any
 
 from fsm_agent import _compat
+from fsm_agent._version import __version__
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.history import check_history
@@ -42,8 +43,6 @@ from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.tools.registry import Tool, ToolRegistry
 from fsm_agent.trace.io import JsonlTrace, read_trace
-
-__version__ = "0.1.0"
 
 _compat.install()
 

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fsm_agent"
 
 #: Lowest first. A module may import its own layer and the layers before it.
 LAYERS = (
+    "_version",
     "errors",
     "_compat",
     "core",

@@ -57,6 +57,7 @@ def test_demo_happy_against_a_compatible_server(
             "--api-key-env",
             "MY_KEY",
             "--quiet",
+            "--json",
         ]
     )
     out = capsys.readouterr()
@@ -84,6 +85,7 @@ def test_demo_reports_an_unreachable_server_as_a_failed_scenario(
             "--base-url",
             f"http://127.0.0.1:{port}/v1",
             "--quiet",
+            "--json",
             "--request-timeout",
             "2",
         ]

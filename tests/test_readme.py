@@ -1,4 +1,5 @@
-"""The README's code runs as written, and its demo table matches the scenarios."""
+"""The README's example prints what it says, and the demo table of Getting started matches
+the scenarios. (Every code block of README and docs runs in test_docs_examples.py.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from fsm_agent.cli.demo import SCENARIOS
+from fsm_agent.trace.checker import check_file
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+GETTING_STARTED = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
 
 
 def test_the_api_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -23,11 +27,21 @@ def test_the_api_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     finally:
         os.chdir(cwd)
     assert capsys.readouterr().out == "Order A17 is in transit. {'check_order': 1}\n"
-    assert (tmp_path / "traces" / "example.jsonl").exists()
+    (trace,) = (tmp_path / "traces").glob("*.jsonl")  # one file, named by the run's id
+    assert check_file(trace) == []
 
 
 def test_the_demo_table_lists_every_scenario_with_its_stop() -> None:
-    rows = re.findall(r"^\| `(\w+)` \| .*? \| `(\w+)/(\w+)` \|", README, re.M)
+    rows = re.findall(r"^\| `(\w+)` \| .*? \| `(\w+)/(\w+)` \|", GETTING_STARTED, re.M)
     assert {name: (status, reason) for name, status, reason in rows} == {
         name: (s.expect_status, s.expect_reason) for name, s in SCENARIOS.items()
     }
+
+
+def test_the_readme_is_short_and_links_into_the_docs() -> None:
+    sections = re.findall(r"^## (.+)$", README, re.M)
+    assert sections == ["Install", "In code", "Documentation"]
+    assert README.count("```python") == 1  # one example
+    assert "make demo" in README and "make test" in README
+    links = re.findall(r"\]\((docs/[^)#]+)", README)
+    assert len(links) >= 10 and all((ROOT / link).is_file() for link in links), links

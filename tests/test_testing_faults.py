@@ -147,3 +147,41 @@ def test_clock_interrupt_fires_once(fsm_clock: FakeClock) -> None:
     with pytest.raises(KeyboardInterrupt):
         fsm_clock()
     assert fsm_clock() == 1000.0
+
+
+def test_a_call_with_other_argument_names_runs_instead_of_passing_silently(
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
+) -> None:
+    """Issue 13: a kit tool refused any argument but ``key``, so a script calling it with
+    ``order_id`` was answered ``invalid_arguments``, the tool never ran, and the run still
+    ended ``done``. A kit tool now takes any object and really runs."""
+    lookup = fsm_tools.read("lookup")
+    ticket = fsm_tools.write("create_ticket", idempotent=True)
+    script = [
+        decide(
+            call("lookup", {"order_id": "A17"}),
+            call("create_ticket", {"request_id": "R-1", "title": "late"}),
+        ),
+        decide(call("create_ticket", {"request_id": "R-1", "title": "late"}, id="again")),
+        answer("A17 is late; ticket opened."),
+    ]
+    result = fsm_runtime(script).run("Where is A17?")
+    assert_stopped(result, "done", "final_answer")
+    assert lookup.calls == [{"order_id": "A17"}]
+    # Keyed by all its arguments when it has no ``key``: the repeat is a replay.
+    assert len(ticket.effects) == 1 and result.counters["replays"] == 1
+    outputs = [json.loads(m["content"]) for m in result.messages if m["role"] == "tool"]
+    assert not any(isinstance(o, dict) and o.get("error") for o in outputs), outputs
+
+
+def test_with_key_schema_a_mismatched_call_is_refused_and_never_runs(
+    fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
+) -> None:
+    from fsm_agent.testing.faults import KEY_SCHEMA
+
+    lookup = fsm_tools.read("lookup", schema=KEY_SCHEMA)
+    result = fsm_runtime(
+        [decide(call("lookup", {"order_id": "A17"})), answer("Sorry.")], policy="strict"
+    ).run("?")
+    assert_stopped(result, "protocol_error", "invalid_arguments")
+    assert lookup.attempts == 0

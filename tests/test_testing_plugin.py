@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -120,8 +121,8 @@ def test_dot_is_a_heat_map_of_hits() -> None:
     assert "×1" in lines["validating -> done"]
     assert 'color="#c8c8c8"' in lines["deciding -> budget_exhausted"]  # never taken: grey
     assert "penwidth" not in lines["deciding -> budget_exhausted"]
-    busy = float(lines["deciding -> validating"].split("penwidth=")[1].split()[0])
-    rare = float(lines["validating -> done"].split("penwidth=")[1].split()[0])
+    busy = float(re.findall(r"penwidth=([\d.]+)", lines["deciding -> validating"])[0])
+    rare = float(re.findall(r"penwidth=([\d.]+)", lines["validating -> done"])[0])
     assert busy > rare
     assert f"transition coverage {100 * 2 / len(TRANSITIONS):.1f}%" in to_dot(cov)
 

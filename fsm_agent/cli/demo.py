@@ -1,8 +1,11 @@
 """``fsm-agent demo``: the scenarios of both seed articles, run with scripted models.
 
-Each scenario builds a fresh backend and runtime, runs it, prints one JSON line per trace
-event and a summary line, and checks the stop reason and the side-effect counts (tool
-attempts, tickets created, replays). Any mismatch makes the command exit 1.
+Each scenario builds a fresh backend and runtime, runs it, and checks the stop reason and
+the side-effect counts (tool attempts, tickets created, replays) taken from the backend
+itself. By default it prints one readable block per scenario (what happened, the path
+through the machine, the stop, each check ✓/✗) and a final table; ``--json`` prints the
+machine-readable stream instead (one JSON line per trace event and a summary line per
+scenario). Any mismatch makes the command exit 1.
 
 Scenarios are importable (:data:`SCENARIOS`) so other commands can run one with a real
 model instead of the script: ``SCENARIOS["happy"].run(model=...)``.
@@ -18,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsm_agent.cli import demo_report as report
 from fsm_agent.cli.model_args import ModelArgsError, add_model_arguments, model_from_args
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
-from fsm_agent.errors import ToolRejected, TransientToolError
+from fsm_agent.errors import ToolRejected, TransientToolError, UsageError
 from fsm_agent.models.scripted import ScriptedModel
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Model, Runtime
@@ -135,6 +139,8 @@ class ScenarioOutcome:
     name: str
     results: list[RunResult]
     checks: dict[str, tuple[Any, Any]]  # name -> (expected, actual)
+    #: What a reader should know happened after the first run (a follow-up), if anything.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -197,7 +203,14 @@ class Scenario:
                 checks["tickets_after_follow_up"] = (1, len(backend.tickets))
                 checks["follow_up_replayed"] = (1, results[-1].counters["replays"])
                 checks["follow_up_status"] = ("done", results[-1].status)
-        return ScenarioOutcome(self.name, results, checks)
+        notes = []
+        if len(results) > 1:
+            last = results[-1]
+            notes.append(
+                "a trusted party looked the ticket up and recorded it under the same "
+                f"key; the resubmitted request replayed it ({last.status}/{last.reason})"
+            )
+        return ScenarioOutcome(self.name, results, checks, notes)
 
 
 def _reconcile_and_resubmit(
@@ -324,8 +337,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run the scripted scenarios of the seed articles and check them",
-        description="Run demo scenarios with scripted models; print one JSON line per "
-        "trace event and a summary per scenario; exit 1 on any mismatch.",
+        description="Run demo scenarios with scripted models and check each stop and its "
+        "side effects: a readable block per scenario and a table (or, with --json, one "
+        "JSON line per trace event and a summary per scenario); exit 1 on any mismatch.",
     )
     p.add_argument(
         "--scenario",
@@ -334,9 +348,39 @@ def register(subparsers: Any) -> None:
         help="which scenario to run (default: all; 'happy' with a real --model)",
     )
     p.add_argument("--trace-dir", metavar="DIR", help="write <scenario>.jsonl traces here")
-    p.add_argument("--quiet", action="store_true", help="print only the summaries")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the machine-readable stream: every trace event and a summary per "
+        "scenario, one JSON object a line",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the final table (with --json: only the summaries)",
+    )
     add_model_arguments(p)
     p.set_defaults(handler=run_demo)
+
+
+def _trace_folder(text: str | None) -> Path | None:
+    """``--trace-dir`` as a folder that exists and takes files, or a :class:`UsageError`
+    naming the problem (before any scenario runs, so nothing is half written)."""
+    if text is None:
+        return None
+    folder = Path(text)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--trace-dir {text}: not a folder (a file is in the way)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".fsm-agent-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"--trace-dir {text}: cannot write there ({exc.strerror or exc})"
+        ) from None
+    return folder
 
 
 def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
@@ -346,40 +390,57 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
         except ModelArgsError as exc:
             print(f"demo: {exc}", file=sys.stderr)
             return 2
+    try:
+        folder = _trace_folder(args.trace_dir)
+    except UsageError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     scenario = args.scenario or ("all" if model is None else "happy")
     names = list(SCENARIOS) if scenario == "all" else [scenario]
-    failed = []
+    as_json = bool(getattr(args, "json", False))
+    outcomes = []
     for name in names:
-        outcome = SCENARIOS[name].run(model=model, trace_dir=args.trace_dir)
-        if not args.quiet:
-            for result in outcome.results:
-                for event in result.events:
-                    print(json.dumps({"scenario": name, **event}, ensure_ascii=False, default=repr))
-        mismatches = {
-            k: {"expected": e, "actual": a} for k, (e, a) in outcome.checks.items() if e != a
-        }
-        first = outcome.results[0]
-        print(
-            json.dumps(
-                {
-                    "type": "summary",
-                    "scenario": name,
-                    "ok": outcome.ok,
-                    "status": first.status,
-                    "reason": first.reason,
-                    "checks": {k: a for k, (_, a) in outcome.checks.items()},
-                    "mismatches": mismatches,
-                },
-                ensure_ascii=False,
-            )
-        )
-        if not outcome.ok:
-            failed.append(name)
+        outcome = SCENARIOS[name].run(model=model, trace_dir=folder)
+        outcomes.append(outcome)
+        if as_json:
+            _print_json(outcome, args.quiet)
+        elif not args.quiet:
+            print(report.scenario_block(SCENARIOS[name], outcome, scripted=model is None))
+    failed = [o.name for o in outcomes if not o.ok]
+    if not as_json:
+        print(report.final_table(SCENARIOS, outcomes))
+        if folder is not None:
+            print(report.where_traces_are(folder, [o.name for o in outcomes]))
     if failed:
         print(
             f"demo: {len(failed)} scenario(s) did not behave as expected: {', '.join(failed)}",
             file=sys.stderr,
         )
         return 1
-    print(f"demo: all {len(names)} scenario(s) behaved as expected", file=sys.stderr)
+    if as_json:
+        print(f"demo: all {len(names)} scenario(s) behaved as expected", file=sys.stderr)
     return 0
+
+
+def _print_json(outcome: ScenarioOutcome, quiet: bool) -> None:
+    name = outcome.name
+    if not quiet:
+        for result in outcome.results:
+            for event in result.events:
+                print(json.dumps({"scenario": name, **event}, ensure_ascii=False, default=repr))
+    mismatches = {k: {"expected": e, "actual": a} for k, (e, a) in outcome.checks.items() if e != a}
+    first = outcome.results[0]
+    print(
+        json.dumps(
+            {
+                "type": "summary",
+                "scenario": name,
+                "ok": outcome.ok,
+                "status": first.status,
+                "reason": first.reason,
+                "checks": {k: a for k, (_, a) in outcome.checks.items()},
+                "mismatches": mismatches,
+            },
+            ensure_ascii=False,
+        )
+    )

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent.errors import TraceError, UsageError
-from fsm_agent.render.dot import Overlay, machine_dot
+from fsm_agent.render.dot import DETAILS, Overlay, machine_dot
 from fsm_agent.render.engine import RENDERERS, RenderError, render
 from fsm_agent.render.mermaid import machine_mermaid
 from fsm_agent.render.replay import Replay, StepError, aggregate_overlay
+from fsm_agent.render.svg import add_titles, titles
 
 __all__ = ["register"]
 
@@ -31,8 +32,10 @@ def register(subparsers: Any) -> None:
     d = subparsers.add_parser(
         "diagram",
         help="draw the run machine from its transition table",
-        description="Draw the run machine. SVG/PNG use Graphviz 'dot' when it is on PATH, "
-        "else the pip-installed WebAssembly Graphviz (SVG only).",
+        description="Draw the run machine: by default the overview (one arrow per "
+        "source -> destination; hover an arrow in the SVG for its guards), or every guard "
+        "with --detail full. SVG/PNG use Graphviz 'dot' when it is on PATH, else the "
+        "pip-installed WebAssembly Graphviz (SVG only).",
     )
     d.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     d.add_argument(
@@ -74,6 +77,13 @@ def register(subparsers: Any) -> None:
 
 def _renderer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--detail",
+        choices=DETAILS,
+        default="overview",
+        help="overview: one arrow per source -> destination with its triggers (default); "
+        "full: one arrow per trigger with every guard, numbered by priority",
+    )
+    p.add_argument(
         "--renderer",
         choices=RENDERERS,
         default=None,
@@ -98,8 +108,9 @@ def _format(args: argparse.Namespace, allowed: tuple[str, ...]) -> str:
     return "svg"
 
 
-def _emit(args: argparse.Namespace, dot_source: str, fmt: str) -> None:
-    """Write ``dot_source`` as ``fmt`` to ``args.output`` (or stdout)."""
+def _emit(args: argparse.Namespace, overlay: Overlay | None, fmt: str) -> None:
+    """Write the machine (with ``overlay``) as ``fmt`` to ``args.output`` (or stdout)."""
+    dot_source = machine_dot(overlay, args.detail)
     if fmt == "dot":
         data = dot_source.encode("utf-8")
     else:
@@ -107,6 +118,8 @@ def _emit(args: argparse.Namespace, dot_source: str, fmt: str) -> None:
         if args.verbose:
             print(f"rendered with {rendered.renderer}", file=sys.stderr)
         data = bytes(rendered)
+        if fmt == "svg":
+            data = add_titles(data, titles(args.detail))
     _write(args.output, data, binary=fmt == "png")
 
 
@@ -141,9 +154,9 @@ def run_diagram(args: argparse.Namespace) -> int:
     def go() -> int:
         fmt = _format(args, _FORMATS)
         if fmt == "mermaid":
-            _write(args.output, machine_mermaid().encode("utf-8"))
+            _write(args.output, machine_mermaid(args.detail).encode("utf-8"))
         else:
-            _emit(args, machine_dot(), fmt)
+            _emit(args, None, fmt)
         return 0
 
     return _guard(go)
@@ -157,7 +170,7 @@ def run_replay(args: argparse.Namespace) -> int:
             if args.step is not None or args.html:
                 raise UsageError("--aggregate takes no --step or --html")
             overlay = aggregate_overlay(Replay(p) for p in args.traces)
-            _emit(args, machine_dot(overlay), _format(args, ("svg", "png", "dot")))
+            _emit(args, overlay, _format(args, ("svg", "png", "dot")))
             return 0
         if len(args.traces) != 1:
             raise UsageError(
@@ -168,11 +181,11 @@ def run_replay(args: argparse.Namespace) -> int:
         step = replay.step(args.step).index if args.step is not None else None
         if args.output:
             frame: Overlay = replay.overlay(step)
-            _emit(args, machine_dot(frame), _format(args, ("svg", "png", "dot")))
+            _emit(args, frame, _format(args, ("svg", "png", "dot")))
         if args.html:
             from fsm_agent.render.html import viewer_html
 
-            page = viewer_html(replay, args.renderer, step or 0)
+            page = viewer_html(replay, args.renderer, step or 0, detail=args.detail)
             _write(args.html, page.encode("utf-8"))
             if args.verbose:
                 print(f"wrote {args.html} ({len(replay)} steps)", file=sys.stderr)

@@ -1,8 +1,18 @@
-"""Regenerate ``diagrams/``: ``python -m fsm_agent.cli.regen TRACE_DIR OUT_DIR``.
+"""Regenerate ``diagrams/`` (and the generated parts of ``docs/``):
+``python -m fsm_agent.cli.regen TRACE_DIR OUT_DIR [DOCS_DIR]``.
 
-Writes ``run_machine.{dot,mmd,svg}`` from the table, one ``replay_<scenario>.svg`` (the
-last step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them all.
-``make diagrams`` runs the demo into a scratch folder and then this.
+Writes the machine from the table, ``run_machine.{dot,mmd,svg}`` (the overview) and
+``run_machine_full.{dot,mmd,svg}`` (every guard), one ``replay_<scenario>.svg`` (the last
+step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them all. With
+DOCS_DIR it also rewrites the rule-row tables of ``concepts/rules.md``
+(:mod:`fsm_agent.render.docs`) and draws ``assets/layers.{dot,svg}`` from the package's
+imports (:mod:`fsm_agent.render.layers`). ``make diagrams`` runs the demo into a scratch
+folder and then this.
+
+Committed pictures must not change with the machine that regenerates them, so they are
+always laid out by the WebAssembly Graphviz (the exact version ``pyproject.toml``'s dev
+extra pins), never by whatever ``dot`` is installed: two Graphviz versions lay the same
+graph out differently. A test regenerates everything and compares bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +21,21 @@ import sys
 from pathlib import Path
 
 from fsm_agent.errors import TraceError
+from fsm_agent.render.docs import update_rule_rows
 from fsm_agent.render.dot import machine_dot
 from fsm_agent.render.engine import RenderError, render
+from fsm_agent.render.layers import layer_dot
 from fsm_agent.render.mermaid import machine_mermaid
 from fsm_agent.render.replay import Replay, aggregate_overlay
+from fsm_agent.render.svg import machine_svg
 
-__all__ = ["main", "regenerate"]
+__all__ = ["COMMITTED_RENDERER", "RULES_PAGE", "main", "regenerate", "regenerate_docs"]
+
+#: The page whose rule-row tables are generated, relative to the docs folder.
+RULES_PAGE = Path("concepts") / "rules.md"
+
+#: The one renderer that draws committed pictures (see the module docstring).
+COMMITTED_RENDERER = "wasm"
 
 
 def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
@@ -29,23 +48,36 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
         path.write_bytes(data)
         written.append(path)
 
-    dot = machine_dot()
-    write("run_machine.dot", dot.encode("utf-8"))
-    write("run_machine.mmd", machine_mermaid().encode("utf-8"))
-    write("run_machine.svg", render(dot))
+    for detail, stem in (("overview", "run_machine"), ("full", "run_machine_full")):
+        write(f"{stem}.dot", machine_dot(detail=detail).encode("utf-8"))
+        write(f"{stem}.mmd", machine_mermaid(detail).encode("utf-8"))
+        write(f"{stem}.svg", machine_svg(None, detail, COMMITTED_RENDERER))
     replays = [Replay(p) for p in sorted(trace_dir.glob("*.jsonl"))]
     for replay in replays:
         name = Path(replay.path).stem
-        write(f"replay_{name}.svg", render(machine_dot(replay.overlay())))
+        write(f"replay_{name}.svg", machine_svg(replay.overlay(), "overview", COMMITTED_RENDERER))
     if replays:
-        write("heatmap_demo.svg", render(machine_dot(aggregate_overlay(replays))))
+        heat = aggregate_overlay(replays)
+        write("heatmap_demo.svg", machine_svg(heat, "overview", COMMITTED_RENDERER))
     return written
+
+
+def regenerate_docs(docs_dir: Path) -> list[Path]:
+    """Rewrite the generated parts of the docs; return the paths written."""
+    rules = docs_dir / RULES_PAGE
+    rules.write_text(update_rule_rows(rules.read_text(encoding="utf-8")), encoding="utf-8")
+    assets = docs_dir / "assets"
+    assets.mkdir(parents=True, exist_ok=True)
+    dot = layer_dot(Path(__file__).resolve().parents[1])  # the fsm_agent package folder
+    (assets / "layers.dot").write_text(dot, encoding="utf-8")
+    (assets / "layers.svg").write_bytes(render(dot, "svg", COMMITTED_RENDERER))
+    return [rules, assets / "layers.dot", assets / "layers.svg"]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m fsm_agent.cli.regen TRACE_DIR OUT_DIR", file=sys.stderr)
+    if len(args) not in (2, 3):
+        print("usage: python -m fsm_agent.cli.regen TRACE_DIR OUT_DIR [DOCS_DIR]", file=sys.stderr)
         return 2
     trace_dir = Path(args[0])
     if not trace_dir.is_dir():
@@ -53,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         written = regenerate(trace_dir, Path(args[1]))
+        if len(args) == 3:
+            written += regenerate_docs(Path(args[2]))
     except (TraceError, RenderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {len(written)} file(s) to {args[1]}")
+    print(f"wrote {len(written)} file(s) to {' and '.join(args[1:])}")
     return 0
 
 

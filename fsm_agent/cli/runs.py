@@ -167,6 +167,8 @@ def _guarded(fn: Any) -> Any:
             return _fail(str(exc), 1)
         except (ReviewError, StoreError) as exc:
             return _fail(str(exc))
+        except BrokenPipeError:
+            raise  # `runs show --json | head`: the reader left; main() ends quietly
         except OSError as exc:
             return _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
 

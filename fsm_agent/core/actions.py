@@ -48,8 +48,12 @@ def answer(
     the message's index in the history. The trace gets a copy (``observation``), so a
     tool that mutates what it returned later cannot change what was recorded."""
     call = call or s.call
-    value, media = split_media(result)
-    text, data, _ = dumps_safe(value)
+    text, data, plain = _encode(result)
+    media: list[Any] = []
+    if not plain:  # not plain JSON data: it may hold images or files (core/content.py)
+        value, media = split_media(result)
+        if media:
+            text, data, _ = dumps_safe(value)
     message = tool_message(call.id, text, media)
     at_error = s.placeholders.pop(call.id, None)
     if at_error is None:
@@ -72,6 +76,12 @@ def answer(
         }
     )
     return at
+
+
+def _encode(result: dict[str, Any]) -> tuple[str, bytes, bool]:
+    """``dumps_safe`` of a result, and whether it was plain JSON data as it came."""
+    text, data, changed = dumps_safe(result)
+    return text, data, not changed
 
 
 def _append_batch(s: RunState) -> None:

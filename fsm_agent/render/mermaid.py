@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsm_agent.core.table import INITIAL_STATE, MACHINE_HASH, TERMINAL_STATES, WORKING_STATES
-from fsm_agent.render.edges import EDGES
+from fsm_agent.render.edges import ARROWS, EDGES, WORKING
 
 __all__ = ["machine_mermaid"]
 
@@ -16,8 +16,9 @@ def _text(line: str) -> str:
     return line.translate(_ESCAPES)
 
 
-def machine_mermaid() -> str:
-    """Mermaid source: same states, edges and labels as the DOT diagram."""
+def machine_mermaid(detail: str = "full") -> str:
+    """Mermaid source: same states, arrows and labels as the DOT diagram of ``detail``
+    (``"full"`` or ``"overview"``, where the working states are one composite state)."""
     out = [
         "---",
         f"title: fsm-agent run machine {MACHINE_HASH}",
@@ -25,9 +26,17 @@ def machine_mermaid() -> str:
         "stateDiagram-v2",
         f"    [*] --> {INITIAL_STATE}",
     ]
-    for edge in EDGES:
-        label = "<br/>".join(_text(line) for line in edge.lines())
-        out.append(f"    {edge.source} --> {edge.dest} : {label}")
+    if detail == "overview":
+        out.append(f'    state "working states" as {WORKING} {{')
+        out += [f"        {state}" for state in WORKING_STATES]
+        out.append("    }")
+        for arrow in ARROWS:
+            label = "<br/>".join(_text(line) for line in arrow.lines())
+            out.append(f"    {arrow.source} --> {arrow.dest} : {label}")
+    else:
+        for edge in EDGES:
+            label = "<br/>".join(_text(line) for line in edge.lines())
+            out.append(f"    {edge.source} --> {edge.dest} : {label}")
     for state in TERMINAL_STATES:
         out.append(f"    {state} --> [*]")
     out.append("    classDef working fill:#e8f0fe,stroke:#1a73e8")

@@ -16,15 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.table import INITIAL_STATE, Transition
 from fsm_agent.errors import StepError
 from fsm_agent.render.dot import Overlay
 from fsm_agent.render.edges import edge_of, priority
 from fsm_agent.trace.checker import load_trace, select_edge
 
 __all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
-
-_INDEX = {t: i for i, t in enumerate(TRANSITIONS)}
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ class Replay:
         last: int | None = None
         for step in self.steps[: n + 1]:
             if step.transition is not None:
-                last = _INDEX[step.transition]
+                last = step.transition.index
                 counts[last] += 1
                 visited.add(step.state)
         event = current.event
@@ -133,7 +131,8 @@ def describe_event(event: dict[str, Any]) -> str:
 def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]:
     """The text the stepper shows for step ``n``: state, edge and guards, payload.
 
-    Lines are cut at ``width`` (the terminal's) when given; printed text keeps them whole.
+    Lines are wrapped at ``width`` (the terminal's) when given, continuation lines indented
+    under their first; printed text keeps them whole (for grep and less).
     """
     step = replay.step(n)
     event = step.event
@@ -160,17 +159,35 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
         lines.append("  payload:")
         lines += ["    " + line for line in text.splitlines()]
-    return [_clip(line, width) for line in lines]
+    return [part for line in lines for part in _wrap(_printable(line), width)]
 
 
 def _short(value: Any) -> str:
     return "true" if value is True else "false" if value is False else repr(value)
 
 
-def _clip(line: str, width: int | None) -> str:
+def _printable(line: str) -> str:
     # Terminal control characters in trace content must not reach the terminal raw.
-    line = "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in line)
-    return line if width is None or len(line) <= width else line[: max(width - 1, 1)] + "…"
+    return "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in line)
+
+
+def _wrap(line: str, width: int | None) -> list[str]:
+    """``line`` in pieces of at most ``width`` columns, broken at spaces where possible;
+    pieces after the first are indented four columns past the line's own indent."""
+    if width is None or len(line) <= width:
+        return [line]
+    indent = " " * min(len(line) - len(line.lstrip(" ")) + 4, max(width // 2, 1))
+    pieces: list[str] = []
+    rest, room = line, width
+    while len(rest) > room:
+        cut = rest.rfind(" ", 0, room + 1)
+        if cut <= len(indent) if pieces else cut <= 0:
+            cut = room  # one long word (a JSON string): break it where the line ends
+        pieces.append(rest[:cut].rstrip(" "))
+        rest = indent + rest[cut:].lstrip(" ")
+        room = width
+    pieces.append(rest)
+    return pieces
 
 
 def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:
@@ -182,7 +199,7 @@ def aggregate_overlay(replays: Iterable[Replay]) -> Overlay:
         runs += 1
         for step in replay.steps:
             if step.transition is not None:
-                counts[_INDEX[step.transition]] += 1
+                counts[step.transition.index] += 1
                 visited.add(step.state)
     return Overlay(
         counts=dict(counts),

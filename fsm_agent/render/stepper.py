@@ -1,9 +1,11 @@
 """Stepping through a trace in a terminal.
 
 In a TTY the screen shows one step at a time (state, edge and guards, the decision or
-observation payload) and keys move: ``n``/→/space next, ``p``/← previous, ``j`` jump to
-a step number, ``g``/``G`` first/last, ``q`` quit. Outside a TTY (a pipe, a file, CI)
-the steps are printed as text, one block per step.
+observation payload), its lines wrapped to the terminal's width, and keys move:
+``n``/→/space next, ``p``/← previous, ``j`` jump to a step number, ``g``/``G``
+first/last, ``q`` quit; a step longer than the screen scrolls with ↓/↑ and
+PgDn/PgUp. Outside a TTY (a pipe, a file, CI) the steps are printed as text, one block
+per step, lines whole.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ __all__ = ["print_steps", "step_interactively"]
 
 _HELP = "n/→/space next   p/← previous   j jump   g first   G last   q quit"
 _KEYS = {"n": 1, " ": 1, "\x1b[C": 1, "l": 1, "p": -1, "\x1b[D": -1, "h": -1}
+# Scrolling inside a long step: lines for ↓/↑, screens (None) for PgDn/PgUp.
+_SCROLL = {"\x1b[B": 1, "\x1b[A": -1, "\x1b[6~": None, "\x1b[5~": None}
 
 
 def print_steps(replay: Replay, out: TextIO, only: int | None = None) -> None:
@@ -39,21 +43,38 @@ def _read_key(fd: int) -> str:
             return "q"  # the terminal went away
         i = 0
         while i < len(data):
-            size = 3 if data.startswith("\x1b[", i) and i + 2 < len(data) else 1
+            size = 1
+            if data.startswith("\x1b[", i):
+                # A CSI sequence ends at its final byte: "\x1b[C" (→), "\x1b[6~" (PgDn).
+                end = i + 2
+                while end < len(data) and not "@" <= data[end] <= "~":
+                    end += 1
+                size = min(end + 1, len(data)) - i
             _pending.append(data[i : i + size])
             i += size
     return _pending.pop(0)
 
 
-def _screen(replay: Replay, n: int, note: str) -> str:
+def _screen(replay: Replay, n: int, note: str, offset: int = 0) -> tuple[str, int]:
+    """The screen for step ``n`` scrolled down ``offset`` lines, and the offset used
+    (clamped to the step's length)."""
     size = shutil.get_terminal_size((100, 24))
-    lines = describe_step(replay, n, size.columns)
+    lines = describe_step(replay, n, max(size.columns - 1, 20))
     room = max(size.lines - 3, 3)
-    if len(lines) > room:
-        lines = [*lines[: room - 1], f"  … {len(lines) - room + 1} more line(s)"]
+    offset = max(0, min(offset, len(lines) - room))
+    shown = lines[offset : offset + room]
     footer = note or _HELP
+    if len(lines) > room:
+        footer = (
+            f"lines {offset + 1}-{offset + len(shown)} of {len(lines)}  ↓/↑ PgDn/PgUp scroll"
+            + ("   " + footer if len(footer) + 40 < size.columns else "")
+        )
     # Clear the screen, home the cursor, draw; "\r\n" because the terminal is in cbreak mode.
-    return "\x1b[2J\x1b[H" + "\r\n".join(lines) + "\r\n\r\n" + footer + "\r\n"
+    return "\x1b[2J\x1b[H" + "\r\n".join(shown) + "\r\n\r\n" + footer + "\r\n", offset
+
+
+def _page() -> int:
+    return max(shutil.get_terminal_size((100, 24)).lines - 4, 1)
 
 
 def step_interactively(
@@ -67,16 +88,22 @@ def step_interactively(
     stdout = stdout or sys.stdout
     fd = stdin.fileno()
     saved = termios.tcgetattr(fd)
-    n, note = start, ""
+    n, note, offset = start, "", 0
     try:
         tty.setcbreak(fd)
         while True:
-            stdout.write(_screen(replay, n, note))
+            screen, offset = _screen(replay, n, note, offset)
+            stdout.write(screen)
             stdout.flush()
             note = ""
             key = _read_key(fd)
             if key in ("q", "\x1b", "\x03", "\x04"):
                 break
+            if key in _SCROLL:
+                step = _SCROLL[key]
+                offset += step if step is not None else _page() * (1 if key.endswith("6~") else -1)
+                continue
+            offset = 0  # any other key shows a step from its top
             if key in _KEYS:
                 n = min(max(n + _KEYS[key], 0), len(replay) - 1)
             elif key == "g":

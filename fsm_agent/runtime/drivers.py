@@ -162,6 +162,9 @@ def outcome_of(exc: BaseException) -> ToolOutcome:
     return ToolOutcome("error", error=text)
 
 
+#: What models and tools return in the common case: never awaitable, so not inspected.
+_PLAIN = (dict, list, str, int, float, type(None))
+
 _STORE_REQUESTS = (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
 
 
@@ -304,7 +307,7 @@ class SyncDriver(_Driver):
             return exc
         finally:
             reset_deadline(token)
-        if inspect.isawaitable(reply):
+        if not isinstance(reply, _PLAIN) and inspect.isawaitable(reply):
             _close(reply)
             return TypeError("the model returned an awaitable; use runtime.arun()")
         return reply
@@ -331,7 +334,7 @@ class SyncDriver(_Driver):
             if propagates(exc):
                 raise
             return outcome_of(exc)
-        if inspect.isawaitable(value):
+        if not isinstance(value, _PLAIN) and inspect.isawaitable(value):
             _close(value)
             return ToolOutcome("error", error="the tool returned an awaitable; use arun()")
         return ToolOutcome("ok", value)
@@ -435,7 +438,7 @@ class AsyncDriver(_Driver):
             if propagates(exc):
                 raise
             return outcome_of(exc)
-        if inspect.isawaitable(value):
+        if not isinstance(value, _PLAIN) and inspect.isawaitable(value):
             _close(value)
             return ToolOutcome("error", error="the tool returned an awaitable it did not await")
         return ToolOutcome("ok", value)

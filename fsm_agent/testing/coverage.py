@@ -29,10 +29,9 @@ class TransitionCoverage:
 
     def __init__(self) -> None:
         self.hits = [0] * len(TRANSITIONS)
-        self._index = {id(t): i for i, t in enumerate(TRANSITIONS)}
 
     def __call__(self, run: Any, transition: Transition) -> None:
-        self.hits[self._index[id(transition)]] += 1
+        self.hits[transition.index] += 1
 
     def install(self) -> None:
         if self not in TRANSITION_LISTENERS:

@@ -121,7 +121,7 @@ def shortest_paths() -> dict[int, Path]:
                 suffix[t.source] = way
                 changed = True
     return {
-        i: Path((*prefix[t.source], t, *suffix[t.dest]))
-        for i, t in enumerate(TRANSITIONS)
+        t.index: Path((*prefix[t.source], t, *suffix[t.dest]))
+        for t in TRANSITIONS
         if t.source in prefix and t.dest in suffix
     }

@@ -34,7 +34,7 @@ from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.models.scripted import ScriptedModel, Step
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.testing.assertions import duplicate_writes
-from fsm_agent.testing.faults import BEHAVIOURS, FaultyTools
+from fsm_agent.testing.faults import BEHAVIOURS, KEY_SCHEMA, FaultyTools
 from fsm_agent.testing.scenarios import TICKET_SCHEMA, run_through_interrupts, scripted_runtime
 from fsm_agent.trace.checker import check_events
 
@@ -522,7 +522,7 @@ def run_case(case: FuzzCase) -> FuzzOutcome:
     kit = FaultyTools()
     for t in case.tools:
         if t.effect == "read":
-            kit.read(t.name, faults=t.faults, oversized_bytes=3000)
+            kit.read(t.name, faults=t.faults, oversized_bytes=3000, schema=KEY_SCHEMA)
         else:
             kit.write(
                 t.name,

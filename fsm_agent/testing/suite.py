@@ -28,7 +28,7 @@ from fsm_agent.models.scripted import Step
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.testing.decisions import answer, call, decide
-from fsm_agent.testing.faults import FaultyTools
+from fsm_agent.testing.faults import KEY_SCHEMA, FaultyTools
 from fsm_agent.testing.scenarios import TICKET_SCHEMA, Scenario, ScenarioRun
 
 __all__ = ["SUITE", "missing", "scenario_for"]
@@ -52,7 +52,7 @@ def _kit(
     ticket: Sequence[str] = (),
     **ticket_options: Any,
 ) -> None:
-    kit.read("lookup", faults=lookup, timeout_s=10.0)
+    kit.read("lookup", faults=lookup, timeout_s=10.0, schema=KEY_SCHEMA)
     kit.write("create_ticket", faults=ticket, schema=TICKET_SCHEMA, **ticket_options)
 
 

@@ -52,7 +52,7 @@ def _format_checker() -> FormatChecker:
     if missing:  # a checker's package is not installed
         raise ImportError(
             f"jsonschema cannot check the {', '.join(missing)} format(s): "
-            f"install 'jsonschema[format-nongpl]'"
+            "reinstall fsm-agent (it depends on their checker packages)"
         )
     checker = FormatChecker(formats=())
     checker.checkers = {f: known[f] for f in CHECKED_FORMATS}
