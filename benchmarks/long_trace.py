@@ -1,9 +1,13 @@
-"""A long, valid trace for the check and replay benchmarks.
+"""A long, valid, chained trace for the check and replay benchmarks.
 
-A real run of a few rounds (a batch of calls per round, one transient failure retried)
-is recorded, then its rounds are repeated with fresh call ids and contiguous ``seq``
-until the trace has the wanted number of events, so the checker verifies every event of
-a realistic shape rather than a synthetic one.
+A real run of one round (a batch of three reads, one transient failure retried, then an
+answer) is recorded; its round is repeated with fresh call ids and contiguous ``seq``
+until the trace has the wanted number of events or bytes, and every line is chained
+(``fsm_agent.trace.chain``) as the runtime writes it. The header's budget is raised so
+that every round is within it and the final ``run_end`` reports the counters of all the
+rounds: the checker recomputes every guard and counter of a realistic trace, not of a
+synthetic one. Lines are streamed to the file, so a trace of any size is written in
+constant memory.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Budget, RetryPolicy, Runtime, ScriptedModel, ToolRegistry, TransientToolError
+from fsm_agent.trace.chain import Chain
 
 SCHEMA = {
     "type": "object",
@@ -20,9 +25,10 @@ SCHEMA = {
     "properties": {"order_id": {"type": "string", "maxLength": 80}},
 }
 CALLS = 3
+_BIG = 10**12
 
 
-def _recorded_rounds() -> list[dict[str, Any]]:
+def _recorded_run() -> list[dict[str, Any]]:
     flaky = {"left": 1}
 
     def lookup(order_id: str) -> dict[str, Any]:
@@ -53,30 +59,60 @@ def _recorded_rounds() -> list[dict[str, Any]]:
         budget=Budget(max_tool_rounds=2),
         retry=RetryPolicy(max_attempts=2, backoff_s=0.0),
     )
-    return runtime.run("Where are my orders?").events
+    return runtime.run("Where are my orders?", run_id="bench").events
 
 
-def write_long_trace(path: Path, events_wanted: int) -> int:
-    """Write a valid trace of at least ``events_wanted`` events; return its length."""
-    events = _recorded_rounds()
+def write_long_trace(
+    path: Path, events_wanted: int = 0, *, bytes_wanted: int = 0, key: bytes | None = None
+) -> int:
+    """Write a valid chained trace of at least ``events_wanted`` events (or
+    ``bytes_wanted`` bytes); return its number of events."""
+    events = _recorded_run()
     decisions = [i for i, e in enumerate(events) if e["type"] == "decision"]
-    head, body, tail = events[:1], events[1 : decisions[-1]], events[decisions[-1] :]
-    lines = [json.dumps(head[0])]
-    seq = 1
-    copy = 0
+    head, body, tail = events[0], events[1 : decisions[-1]], events[decisions[-1] :]
+    end = tail[-1]["counters"]
+    head = {
+        **head,
+        "integrity": "sha256" if key is None else "hmac-sha256",
+        "budget": {
+            **head["budget"],
+            "max_tool_rounds": _BIG,
+            "max_total_calls": _BIG,
+            "max_model_calls": _BIG,
+            "max_output_bytes": None,
+        },
+    }
+    chain = Chain("bench", key)
     text = json.dumps(body)
-    while seq + len(tail) < events_wanted:
-        renamed = text
-        for i in range(CALLS):
-            renamed = renamed.replace(f'"c{i}"', f'"r{copy}-c{i}"')
-        for event in json.loads(renamed):
+    seq = 0
+    copies = 0
+    written = 0
+    with open(path, "w", encoding="utf-8") as out:
+
+        def emit(event: dict[str, Any]) -> None:
+            nonlocal seq, written
             event["seq"] = seq
             seq += 1
-            lines.append(json.dumps(event))
-        copy += 1
-    for event in tail:
-        event["seq"] = seq
-        seq += 1
-        lines.append(json.dumps(event))
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return len(lines)
+            line = chain.encode(event) + "\n"
+            written += len(line)
+            out.write(line)
+
+        emit(head)
+        while (events_wanted and seq + len(tail) < events_wanted) or (
+            bytes_wanted and written < bytes_wanted
+        ):
+            renamed = text
+            for i in range(CALLS):
+                renamed = renamed.replace(f'"c{i}"', f'"r{copies}-c{i}"')
+            for event in json.loads(renamed):
+                emit(event)
+            copies += 1
+        for event in tail[:-1]:
+            emit(dict(event))
+        counters = dict(end)
+        for name in ("tool_rounds", "tool_calls", "retries", "output_bytes"):
+            counters[name] = end[name] * copies
+        counters["model_calls"] = copies + 1
+        counters["tool_attempts"] = {k: v * copies for k, v in end["tool_attempts"].items()}
+        emit({**tail[-1], "counters": counters})
+    return seq

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,17 @@ from fsm_agent.core import table as table_module
 from fsm_agent.core.requests import IntentClaim
 from fsm_agent.core.table import TRANSITIONS, Transition
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.trace import checker as check_module
+from fsm_agent.trace import walk as walk_module
+from fsm_agent.trace.chain import encode_events
 from fsm_agent.trace.checker import check_events, check_file, select_edge
 
 LOOKUP = call("c1", "lookup", order_id="A17")
 TICKET = {"request_id": "R-1", "title": "Damaged parcel"}
 
 
-def write_trace(path: Path, events: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+def write_trace(path: Path, events: list[dict[str, Any]], key: bytes | None = None) -> Path:
+    """The events as the runtime writes them: chained lines (trace/chain.py)."""
+    path.write_text("".join(line + "\n" for line in encode_events(events, key=key)), "utf-8")
     return path
 
 
@@ -109,8 +110,9 @@ def test_an_answer_given_twice_and_an_orphan_answer_are_caught() -> None:
     orphan = [dict(e) for e in events]
     orphan[i]["call_id"] = "c-nope"
     found = messages(check_events(orphan))
-    assert f"{i + 1}: observation for 'c-nope'" in found
-    assert "'c1' of the batch at line 2 were never answered" in found
+    assert f"{i + 1}: observation for 'c-nope'; the transition before it answered call 'c1'" in (
+        found
+    )
 
 
 def test_a_call_never_answered_is_reported_before_the_next_decision() -> None:
@@ -122,7 +124,10 @@ def test_a_call_never_answered_is_reported_before_the_next_decision() -> None:
     for n, e in enumerate(kept):
         e["seq"] = n
     found = messages(check_events(kept))
-    assert "calls 'c2' of the batch at line 2 were never answered" in found
+    assert (
+        f"{drop + 1}: the answer to call 'c2' that the last transition wrote is missing here"
+        in (found)
+    )
 
 
 def test_anything_after_run_end_is_a_violation_unless_the_table_allows_it(
@@ -147,7 +152,7 @@ def test_anything_after_run_end_is_a_violation_unless_the_table_allows_it(
     def edges(s: str, t: str) -> tuple[Transition, ...]:
         return (resume,) if (s, t) == ("done", "resume") else real(s, t)
 
-    monkeypatch.setattr(check_module, "edges_from", edges)
+    monkeypatch.setattr(walk_module, "edges_from", edges)
     monkeypatch.setattr(select_module, "edges_from", edges)  # the one selector reads it too
     found = messages(check_events([*events, extra]))
     assert "after the run ended" not in found
@@ -159,7 +164,7 @@ def test_an_observation_after_run_end_is_a_violation() -> None:
     obs = next(e for e in events if e["type"] == "observation")
     late = {**obs, "seq": len(events)}
     found = messages(check_events([*events, late]))
-    assert f"{len(events) + 1}: observation event after the run ended in done" in found
+    assert f"{len(events) + 1}: observation event after the run ended in done" in found, found
 
 
 def test_a_trace_cut_before_run_end_is_reported() -> None:
@@ -203,7 +208,7 @@ def test_a_replay_that_also_ran_the_tool_is_caught() -> None:
     events = happy()
     obs = next(e for e in events if e["type"] == "observation")
     obs["result"]["replayed"] = True
-    assert "answered as a replay, but its tool ran" in messages(check_events(events))
+    assert "call 'c1' returned a result; the answer says" in messages(check_events(events))
 
 
 def test_select_edge_follows_priority_and_recorded_outcomes() -> None:
@@ -288,9 +293,13 @@ def test_a_missing_file_and_a_bad_line_in_the_middle(
 ) -> None:
     assert main(["check", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl:0: cannot open" in capsys.readouterr().err
-    lines = [json.dumps(e) for e in happy()]
+    lines = encode_events(happy())
     lines[4] = lines[4][:20]
     path = tmp_path / "cut.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["check", str(path)]) == 2
-    assert f"{path}:5: not JSON" in capsys.readouterr().err
+    good = write_trace(tmp_path / "good.jsonl", happy())
+    # A bad line is a violation where it is; the rest of the file and the next file are
+    # still checked.
+    assert main(["check", str(path), str(good)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:5: not JSON" in out and f"{good}: ok" in out

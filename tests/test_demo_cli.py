@@ -15,6 +15,7 @@ from fsm_agent import read_trace
 from fsm_agent.cli import main
 from fsm_agent.cli.demo import SCENARIOS, Scenario
 from fsm_agent.cli.demo_report import path_line
+from fsm_agent.trace.chain import strip_links
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +60,8 @@ def test_json_keeps_the_event_stream(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(s["ok"] and s["mismatches"] == {} for s in summaries)
     assert "all 7 scenario(s) behaved as expected" in err
     for name in SCENARIOS:
-        events = read_trace(tmp_path / f"{name}.jsonl")
+        # The file's lines carry their run id and chain link (trace/chain.py).
+        events = strip_links(read_trace(tmp_path / f"{name}.jsonl"))
         printed = [
             {k: v for k, v in x.items() if k != "scenario"}
             for x in lines

@@ -115,6 +115,8 @@ def test_deny_and_reconcile_record_their_payload(
     assert code == 0, out
     code, out, _ = runs(capsys, "export", "--db", str(db), "r3")
     events = [json.loads(line) for line in out.splitlines()]
+    link = events[-1].pop("chain")  # the review event is chained onto the stored trace
+    assert isinstance(link, str) and len(link) == 32
     assert events[-1] == {
         "type": "review",
         "action": "reconcile",
@@ -122,6 +124,7 @@ def test_deny_and_reconcile_record_their_payload(
         "tool": "write",
         "result": {"ticket": "T-9"},
         "seq": len(events) - 1,
+        "run": "r3",
     }
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from fsm_agent import RunResult, check_history
 from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent.trace.chain import strip_links
 from fsm_agent.trace.checker import check_events
 
 CHILD = Path(__file__).with_name("durable_child.py")
@@ -77,7 +78,9 @@ def check_end(tmp: Path, result: RunResult) -> None:
     assert check_events(result.events) == []
     assert check_events(result.events) == []  # what `fsm-agent check` verifies
     with SqliteStore(tmp / "runs.db") as store:  # the store holds exactly that trace
-        assert store.load_run("r1").events == result.events
+        # Stored events are the trace's chained lines read back: the same events plus
+        # their run id and chain link.
+        assert strip_links(store.load_run("r1").events) == result.events
     done = Counter(scenario.effects(tmp / "effects.db"))
     assert all(n == 1 for n in done.values()), done  # no write ran twice
     reconciled = {e["call_id"] for e in result.events if e["type"] == "review"}

@@ -114,6 +114,37 @@ def test_a_write_that_was_running_when_the_process_died_stops_for_review(
     check(done)
 
 
+def test_the_checker_counts_a_keyed_attempt_only_a_resume_can_see(
+    store: Any, backend: Backend
+) -> None:
+    """A keyed write's ``dispatch`` transition is not checkpointed (its intent, begun
+    with the checkpoint before dispatch, stands for it), so the stored history goes from
+    ``validate`` straight to ``resume``, which counts that attempt. The checker accepts
+    exactly that: for a keyed call, with the attempt counted once."""
+    script = [calls(call("c1", "write", **WRITE)), say("Filed.")]
+    rt = make_runtime(script, backend, store=store, keyed=True)
+    with pytest.raises(Died), dies_before_result_is_stored(store):
+        rt.run("file it", run_id="r1")
+    events = rt.resume("r1").events
+    triggers = [e.get("trigger") for e in events if e["type"] == "transition"]
+    assert triggers == ["model_replied", "validate", "resume"]
+    assert check_events(events) == []
+
+    def changed(edit: Any) -> str:
+        copy = json.loads(json.dumps(events))
+        edit(copy)
+        return "; ".join(v.message for v in check_events(copy))
+
+    def unkeyed(copy: list[dict[str, Any]]) -> None:
+        copy[0]["tools"]["write"]["idempotent"] = False
+
+    def attempt_zero(copy: list[dict[str, Any]]) -> None:
+        next(e for e in copy if e.get("trigger") == "resume")["attempt"] = 0
+
+    assert "resume in executing, but no attempt was in progress" in changed(unkeyed)
+    assert "resume says attempt 0 of call 'c1'; it is attempt 1" in changed(attempt_zero)
+
+
 # ── resume executing -> observing [write_result_stored] ─────────────────────────────
 
 

@@ -17,9 +17,11 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent.cli import main
+from fsm_agent.durable.audit import audit_run
 from fsm_agent.durable.pg_schema import SCHEMA_VERSION
 from fsm_agent.durable.postgres import PostgresStore
 from fsm_agent.errors import ConfigError, CorruptRecord, StoreError
+from fsm_agent.trace.chain import strip_links
 from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
@@ -202,6 +204,27 @@ def test_a_damaged_row_is_an_error_never_a_silent_change(
             rt.resume("r1")
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
             sql(pg_server, f'UPDATE "{pg_schema}".events SET body = body')
+
+
+def test_sink_and_store_hold_identical_bytes_and_a_review_continues_the_chain(
+    pg_server: Any, pg_schema: str, backend: Backend, tmp_path: Path
+) -> None:
+    """What ``test_trace_integrity.py`` checks on SQLite: PostgreSQL keeps the driver's
+    chained lines verbatim, and a signed run resumed on approval extends its chain."""
+    key = b"audit-key-0123456789"
+    trace = tmp_path / "r1.jsonl"
+    with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
+        script = [calls(call("c1", "write", **WRITE)), say("Filed.")]
+        rt = make_runtime(script, backend, store=store, approval=True, trace_key=key)
+        assert rt.run("file it", run_id="r1", trace=trace).status == "review_required"
+        rows = sql(pg_server, f'SELECT e.body FROM "{pg_schema}".events e ORDER BY e.num, e.seq')
+        assert [r[0] for r in rows] == trace.read_text("utf-8").splitlines()
+        done = rt.approve("r1", "c1")
+        assert done.status == "done" and backend.writes == [WRITE]
+        stored = store.load_run("r1").events
+        assert strip_links(stored) == done.events
+        assert check_events(stored, key=key) == []
+        assert audit_run(store, "r1", key=key).ok
 
 
 # ── the command line ──────────────────────────────────────────────────────────────

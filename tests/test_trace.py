@@ -11,6 +11,7 @@ from conftest import Backend, assert_valid_run, call, calls, make_runtime, say
 
 from fsm_agent import MACHINE_HASH, TraceError, read_trace
 from fsm_agent.core.loop import SCHEMA
+from fsm_agent.trace.chain import strip_links
 
 
 def _run(tmp_path: Path, **options: Any) -> Any:
@@ -28,7 +29,10 @@ def _run(tmp_path: Path, **options: Any) -> Any:
 def test_the_file_round_trips_every_event(tmp_path: Path) -> None:
     result = _run(tmp_path)
     assert_valid_run(result)
-    assert read_trace(tmp_path / "t.jsonl") == json.loads(json.dumps(result.events))
+    events = read_trace(tmp_path / "t.jsonl")
+    # Each line is the event plus its run id and chain link (fsm_agent/trace/chain.py).
+    assert all(e["run"] == "r1" and len(e["chain"]) == 32 for e in events)
+    assert strip_links(events) == json.loads(json.dumps(result.events))
 
 
 def test_the_header_and_the_summary(tmp_path: Path) -> None:

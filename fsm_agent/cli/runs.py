@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -63,20 +64,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_show)
 
-    p = add("approve", "approve a call waiting for approval (bound to its exact arguments)")
-    p.add_argument("run_id")
-    p.add_argument("call_id")
+    def review(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = add(name, help_text)
+        p.add_argument("run_id")
+        p.add_argument("call_id")
+        p.add_argument(
+            "--key-env",
+            metavar="NAME",
+            help="environment variable holding the runtime's trace_key (runs with a signed "
+            "trace: the review event is chained onto it)",
+        )
+        return p
+
+    p = review("approve", "approve a call waiting for approval (bound to its exact arguments)")
     p.set_defaults(handler=_review, action="approve")
 
-    p = add("deny", "deny a paused call; the model is told the reason")
-    p.add_argument("run_id")
-    p.add_argument("call_id")
+    p = review("deny", "deny a paused call; the model is told the reason")
     p.add_argument("--reason", required=True, help="what the model is told")
     p.set_defaults(handler=_review, action="deny")
 
-    p = add("reconcile", "settle a write of unknown outcome with the result observed outside")
-    p.add_argument("run_id")
-    p.add_argument("call_id")
+    p = review("reconcile", "settle a write of unknown outcome with the result observed outside")
     p.add_argument(
         "--result",
         required=True,
@@ -305,6 +312,11 @@ def _describe(e: dict[str, Any]) -> str:
 def _review(args: argparse.Namespace) -> int:
     from fsm_agent.durable.review import BLOCKING, pending_calls, record_review
 
+    key = None
+    if args.key_env:
+        key = os.environ.get(args.key_env)
+        if not key:
+            return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
     with _open(args, write=True) as store:
         record_review(
             store,
@@ -313,6 +325,7 @@ def _review(args: argparse.Namespace) -> int:
             args.action,
             reason=getattr(args, "reason", None),
             result=getattr(args, "result", None),
+            key=key,
         )
         waiting = [
             p["call_id"]
@@ -333,7 +346,11 @@ def _review(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     with _open(args) as store:
         events = store.load_run(args.run_id).events
-    lines = "".join(json.dumps(e, ensure_ascii=False, default=repr) + "\n" for e in events)
+    from fsm_agent.trace.chain import dumps_event
+
+    # The stored lines, byte for byte: a stored event is its chained line read back, and
+    # compact JSON of it is that line again (so `fsm-agent check` verifies its links).
+    lines = "".join(dumps_event(e) + "\n" for e in events)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.write(lines)

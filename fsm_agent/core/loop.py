@@ -198,7 +198,7 @@ def _resume(s: RunState) -> Steps:
             # Begun, so its attempt was starting: count it as start_attempt would have
             # (the transition itself died with the process that took it).
             ACTIONS["start_attempt"](s, [])
-            in_flight = True
+            in_flight = s.attempt_resumed = True
     if in_flight:
         save = _fire(s, "resume")
         if save is not None:
@@ -248,7 +248,12 @@ def _decide(s: RunState) -> Steps:
         return
     s.decision = parse_decision(reply)
     s.seq += 1
-    _record(s, {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply, s.decision)})
+    event = {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply, s.decision)}
+    if s.decision.malformed is not None:
+        # Why it was refused: the recorded copy is JSON-safe, so a reply refused for a
+        # non-JSON value may read as well-formed (the checker needs the verdict).
+        event["malformed"] = s.decision.malformed
+    _record(s, event)
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
@@ -392,10 +397,16 @@ def _after(s: RunState, edge: Any) -> None:
     call = s.call
     if call.index >= 0:
         event["call_id"], event["tool"], event["attempt"] = call.id, call.name, s.attempt
-        if edge.action == "start_attempt" and call.approval is not None:
+        if call.approval is not None and (
+            edge.action == "start_attempt" or (edge.trigger == "resume" and s.attempt_resumed)
+        ):
             event["approval"] = call.approval
-        if edge.trigger == "tool_returned" and s.outcome.error:
-            event["error"] = s.outcome.error  # why it failed (and so why a retry follows)
+        if edge.trigger == "tool_returned":
+            # What the tool did (the call_* and is_retryable guards read it), and why it
+            # failed (and so why a retry follows): the checker recomputes from these.
+            event["outcome"] = s.outcome.kind
+            if s.outcome.error:
+                event["error"] = s.outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
     s.seq += 1

@@ -128,6 +128,9 @@ class RunState:
     attempt: int = 0
     outcome: ToolOutcome = field(default_factory=lambda: ToolOutcome("ok"))
     in_flight: bool = False
+    #: This driving's resume counted the attempt of a keyed call whose intent the dead
+    #: process had begun (its ``dispatch`` transition died with it). Not saved.
+    attempt_resumed: bool = False
     #: A reply reported no usable token count / cost (it then counts as over a set limit).
     tokens_unknown: bool = False
     cost_unknown: bool = False

@@ -79,6 +79,9 @@ class MemoryStore:
 
     blocking = False
     save_mode: SaveMode = "writes"
+    #: Events are kept as the loop made them (dicts): chained only when written out
+    #: (``fsm_agent.trace.chain.encode_events``), so the in-memory path pays nothing.
+    wants_lines = False
 
     def __init__(
         self,

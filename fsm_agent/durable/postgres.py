@@ -146,6 +146,8 @@ class PostgresStore:
     blocking = True
     keeps_runs = True
     save_mode: SaveMode = "replies"
+    #: Events are stored as the driver's chained trace lines (``Checkpoint.event_lines``).
+    wants_lines = True
 
     def __init__(
         self,
@@ -383,7 +385,10 @@ class PostgresStore:
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def _rows(self, events: list[dict[str, Any]], checkpoint: Checkpoint) -> dict[str, Any]:
-        texts = [_dumps(e) for e in events]
+        # The driver's chained lines when it encoded them (the trace file's bytes).
+        texts = checkpoint.event_lines
+        if texts is None or len(texts) != len(events):
+            texts = [_dumps(e) for e in events]
         messages = [(i, _dumps(m)) for i, m in checkpoint.messages]
         snapshot = _dumps(checkpoint.snapshot)
         return {

@@ -21,6 +21,7 @@ from fsm_agent.core.state import RunConfig, RunState, allowed_tools
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import RunStore, StoredRun
 from fsm_agent.errors import ConfigError, CorruptRecord, RunNotFound, StoreError
+from fsm_agent.trace.chain import strip_links
 
 __all__ = ["ConfigFactory", "Heartbeat", "restore_run", "restore_state"]
 
@@ -47,16 +48,18 @@ def restore_state(
         run_id=stored.run_id,
         config=cfg,
         messages=stored.messages,
-        events=stored.events,
+        events=strip_links(stored.events),
     )
 
 
 def restore_run(
     store: RunStore, run_id: str, config: ConfigFactory, *, claimed_by: str | None = None
-) -> tuple[RunState, str]:
-    """Claim ``run_id`` and rebuild it; returns its state and the owner token that holds
-    the claim (the caller releases it when it stops driving). ``claimed_by``: the owner
-    token of a claim the caller already holds (a worker's, from its queue)."""
+) -> tuple[RunState, str, list[dict[str, Any]]]:
+    """Claim ``run_id`` and rebuild it; returns its state, the owner token that holds
+    the claim (the caller releases it when it stops driving) and the last two events as
+    stored (with their chain links, which the resumed run's trace continues).
+    ``claimed_by``: the owner token of a claim the caller already holds (a worker's, from
+    its queue)."""
     owner = claimed_by or owners.new_owner()
     owners.hold(owner)
     try:
@@ -68,7 +71,7 @@ def restore_run(
     try:
         stored = store.load_run(run_id)
         narrowed = _allowed_of(config)
-        return restore_state(stored, config, narrowed), owner
+        return restore_state(stored, config, narrowed), owner, stored.events[-2:]
     except BaseException:
         try:
             store.release(run_id, owner)

@@ -19,7 +19,8 @@ from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
-from fsm_agent.errors import ArgumentsError, ReviewError, StoreError
+from fsm_agent.errors import ArgumentsError, ConfigError, ReviewError, StoreError
+from fsm_agent.trace.chain import continue_chain, trace_key
 
 __all__ = ["BLOCKING", "pending_calls", "record_review"]
 
@@ -77,9 +78,12 @@ def record_review(
     *,
     reason: str | None = None,
     result: Any = None,
+    key: bytes | str | None = None,
 ) -> dict[str, Any]:
     """Record a reviewer's decision on a paused call; returns the ``review`` event.
 
+    ``key``: the runtime's ``trace_key``, needed to append to a signed trace (a store
+    that keeps trace lines gets the review event chained onto the run's last link).
     Anything that does not fit raises :class:`ReviewError` and changes nothing.
     """
     if action not in _FITS:
@@ -90,12 +94,22 @@ def record_review(
     owners.hold(owner)
     store.claim(run_id, owner)
     try:
-        s = paused_state(store.load_run(run_id))
+        stored = store.load_run(run_id)
+        s = paused_state(stored)
         event = _decide(s, call_id, action, reason, result)
         s.seq += 1
         event["seq"] = s.seq
+        lines = None
+        if getattr(store, "wants_lines", False) and stored.events:
+            try:
+                encoder = continue_chain(
+                    run_id, stored.events[0], stored.events[-2:], trace_key(key), 1
+                )
+            except ConfigError as exc:
+                raise ReviewError(str(exc)) from None
+            lines = None if encoder is None else encoder.lines([event])
         s.events.append(event)
-        store.save(run_id, owner, [event], Checkpoint(s.snapshot(), []))
+        store.save(run_id, owner, [event], Checkpoint(s.snapshot(), [], lines))
         return event
     finally:
         try:

@@ -134,6 +134,8 @@ class SqliteStore:
     blocking = True
     keeps_runs = True
     save_mode: SaveMode = "replies"
+    #: Events are stored as the driver's chained trace lines (``Checkpoint.event_lines``).
+    wants_lines = True
 
     def __init__(
         self,
@@ -447,6 +449,28 @@ class SqliteStore:
     #: The 0.1 name of :meth:`get_intent`.
     get_idempotency = get_intent
 
+    def find_intents(
+        self, *, run_id: str | None = None, tool: str | None = None, args_digest: str | None = None
+    ) -> list[IdempotencyRecord]:
+        """Idempotency records owned by ``run_id`` and/or of ``tool`` with ``args_digest``
+        (``fsm-agent check --db`` compares a run's trace with them). A scan: an audit
+        query, not a hot path."""
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("tool", tool), ("args_digest", args_digest)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT tool, key FROM idempotency"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            try:
+                keys = self._conn.execute(sql + " ORDER BY tool, key", params).fetchall()
+                found = [self._intent(self._conn, t, k) for t, k in keys]
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return [r for r in found if r is not None]
+
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def create_run(
@@ -527,8 +551,11 @@ class SqliteStore:
         base = num << _SHIFT
         if events:
             rows = []
-            for e in events:
-                text = _dumps(e)
+            # The driver's chained lines when it encoded them (the trace file's bytes).
+            lines = checkpoint.event_lines
+            if lines is None or len(lines) != len(events):
+                lines = [_dumps(e) for e in events]
+            for e, text in zip(events, lines, strict=True):
                 rows.append((base + e["seq"], e["type"], text, _sum(text)))
             c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
         if checkpoint.messages:

@@ -55,10 +55,17 @@ class Checkpoint:
     ``snapshot`` is :meth:`RunState.snapshot` (versioned, checksummed); ``messages`` are
     ``(index, message)`` history rows to insert or replace, so the history is written
     append-only except where a reviewer's decision replaces a placeholder.
+
+    ``event_lines``, when set, are the saved events' trace lines, one per event in the
+    same order: each event encoded once, with its run id and chain link
+    (``trace/chain.py``), the very bytes the run's trace file gets. A store that keeps
+    events as JSON text (``wants_lines = True``) stores these lines verbatim instead of
+    encoding the events itself; a store that keeps dicts ignores them.
     """
 
     snapshot: dict[str, Any]
     messages: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    event_lines: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,10 @@ class RunStore(Store, Protocol):
     """A store that also keeps runs: durable runs, resume and review need this part."""
 
     keeps_runs: bool
+    #: Optional (absent means False): the store keeps events as JSON text, so the driver
+    #: hands it each event's chained trace line in ``Checkpoint.event_lines`` and the
+    #: store keeps those bytes. Events it loads back then carry ``run`` and ``chain``.
+    wants_lines: bool
     #: When runs save checkpoints: ``writes`` (around writes and at ends: a store that
     #: dies with the process) or ``replies`` (also after each model reply).
     save_mode: SaveMode

@@ -117,6 +117,8 @@ def describe_event(event: dict[str, Any]) -> str:
         message = event.get("message")
         if isinstance(message, dict):
             calls = message.get("tool_calls") or []
+            if not isinstance(calls, list):  # a malformed reply, recorded as it came
+                return "decision: malformed tool_calls"
             return f"decision: {len(calls)} tool call(s)" if calls else "decision: an answer"
         return "decision: the model failed"
     if kind == "run_end":

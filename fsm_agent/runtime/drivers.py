@@ -54,6 +54,7 @@ from fsm_agent.durable.resume import Heartbeat
 from fsm_agent.durable.store import Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import TraceSink
 
 __all__ = ["AsyncDriver", "Driving", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
@@ -131,6 +132,9 @@ class Io:
     #: The store keeps this run: every intent operation carries ``(run_id, owner)`` so
     #: the store refuses it once another driver took the run over (R11 fencing).
     fenced: bool = False
+    #: Encodes each event once as its chained line, for the sink and a store that keeps
+    #: JSON text (``None``: neither wants lines, and nothing is encoded).
+    encoder: Encoder | None = None
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -207,7 +211,7 @@ class _Driver:
         if isinstance(request, LoadIntent):
             return store.get_intent(request.tool, request.key)
         assert isinstance(request, SaveCheckpoint)
-        checkpoint = Checkpoint(request.snapshot, request.messages)
+        checkpoint = self.checkpoint(request)
         owner = self.io.owner or ""
         runs = cast(RunStore, store)  # the loop saves only when the store keeps runs
         if request.header is not None:
@@ -220,12 +224,27 @@ class _Driver:
         """A checkpoint that goes in with an intent operation, as the store takes it."""
         if save is None:
             return None
-        return RunSave(self.io.run_id, self.io.owner or "", save.events,
-                       Checkpoint(save.snapshot, save.messages))  # fmt: skip
+        return RunSave(self.io.run_id, self.io.owner or "", save.events, self.checkpoint(save))
+
+    def checkpoint(self, save: SaveCheckpoint) -> Checkpoint:
+        """The checkpoint of ``save``, with its events' chained lines for a store that
+        keeps JSON text (encoded once: the sink gets the same lines)."""
+        encoder = self.io.encoder
+        lines = None
+        if encoder is not None and getattr(self.io.store, "wants_lines", False):
+            lines = encoder.lines(save.events)
+        return Checkpoint(save.snapshot, save.messages, lines)
 
     def emit(self, request: EmitEvents) -> None:
         sink = self.io.sink
-        if sink is not None:
+        if sink is None:
+            return
+        write_line = getattr(sink, "write_line", None)
+        encoder = self.io.encoder
+        if encoder is not None and write_line is not None:
+            for line in encoder.lines(request.events):
+                write_line(line)
+        else:  # a sink of event dicts
             for event in request.events:
                 sink.write(event)
 

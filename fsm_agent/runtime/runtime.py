@@ -31,6 +31,8 @@ from fsm_agent.runtime.config import check_settings, initial_messages, tool_fact
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.result import RunResult, result_of
 from fsm_agent.tools.registry import ToolRegistry
+from fsm_agent.trace import chain
+from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import JsonlTrace, Redactor, TraceSink
 
 __all__ = ["Model", "Runtime"]
@@ -55,6 +57,9 @@ class Runtime:
     :class:`MemoryStore` per runtime by default). ``trace_dir`` writes one
     ``<run_id>.jsonl`` per run; ``redact`` rewrites each event before it leaves the loop.
     ``clock`` and ``sleep`` exist so tests can run backoffs and deadlines without waiting.
+    ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain
+    link becomes an HMAC, so ``fsm-agent check --key-env`` detects any edit
+    (``trace/chain.py``); keep it where the runs' writers and auditors can read it.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
         tool_threads: int = 16,
+        trace_key: bytes | str | None = None,
     ) -> None:
         approvals = tuple(approvals)
         check_settings(model=model, tools=tools, allowed_tools=allowed_tools, budget=budget,
@@ -90,6 +96,7 @@ class Runtime:
         self.clock = clock
         self.sleep = sleep
         self._book = ApprovalBook(approvals)
+        self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
 
@@ -110,7 +117,7 @@ class Runtime:
         """
         model = self._sync_model(model, "run")
         state, sink = self._new_run(task, run_id, trace)
-        return self._drive(state, model, sink, resumed=False)
+        return self._drive(state, model, sink, resumed=False, encoder=self._encoder(state, sink))
 
     async def arun(
         self,
@@ -123,7 +130,8 @@ class Runtime:
         """Run to a terminal state; sync or async models and tools both work."""
         model = self._model_for(model)
         state, sink = self._new_run(task, run_id, trace)
-        return await self._adrive(state, model, sink, resumed=False)
+        encoder = self._encoder(state, sink)
+        return await self._adrive(state, model, sink, resumed=False, encoder=encoder)
 
     def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
         """Record a new run in the store without driving it, and return its id: a worker
@@ -165,8 +173,8 @@ class Runtime:
         live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
         model = self._sync_model(model, "resume")
-        state, owner = self._restore(run_id)
-        return self._drive(state, model, None, resumed=True, owner=owner)
+        state, owner, encoder = self._restore(run_id)
+        return self._drive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
     async def aresume(
         self, run_id: str, *, model: Model | None = None, claimed_by: str | None = None
@@ -174,28 +182,32 @@ class Runtime:
         """:meth:`resume` for async models and tools. ``claimed_by``: the owner token of
         a claim the caller already holds on the run (a worker's: ``runtime/worker.py``)."""
         model = self._model_for(model)
-        state, owner = self._restore(run_id, claimed_by)
-        return await self._adrive(state, model, None, resumed=True, owner=owner)
+        state, owner, encoder = self._restore(run_id, claimed_by)
+        return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments), then
         :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
         ``await aresume(...)``.)"""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "approve")
+        review.record_review(self.store, run_id, call_id, "approve", key=self._trace_key)
         return self.resume(run_id)
 
     def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "deny", reason=reason)
+        review.record_review(
+            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key
+        )
         return self.resume(run_id)
 
     def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists), then :meth:`resume`; the write is not run again."""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "reconcile", result=result)
+        review.record_review(
+            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key
+        )
         return self.resume(run_id)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
@@ -240,7 +252,7 @@ class Runtime:
             approvals=self._book,
             save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
             emit=emit,
-            header={"tools": self._tool_facts},
+            header={"tools": self._tool_facts, "integrity": chain.mode_for(self._trace_key)},
             redact=self.redact,
         )
 
@@ -267,13 +279,36 @@ class Runtime:
         start(state)
         return state, sink
 
-    def _restore(self, run_id: str, claimed_by: str | None = None) -> tuple[RunState, str]:
+    def _restore(
+        self, run_id: str, claimed_by: str | None = None
+    ) -> tuple[RunState, str, Encoder | None]:
         store = self.store
         if not supports_runs(store):
             raise StoreError(
                 f"{type(store).__name__} does not keep runs; use a MemoryStore or SqliteStore"
             )
-        return restore_run(store, run_id, self.config, claimed_by=claimed_by)
+        state, owner, tail = restore_run(store, run_id, self.config, claimed_by=claimed_by)
+        try:
+            return state, owner, self._encoder(state, None, tail)
+        except BaseException:
+            try:
+                store.release(run_id, owner)
+            finally:
+                owners.drop(owner)
+            raise
+
+    def _encoder(
+        self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
+    ) -> Encoder | None:
+        """What encodes the run's events into chained lines, if anything wants lines: a
+        sink that writes lines, a store that keeps JSON text. ``None`` on the in-memory
+        path (no sink, ``MemoryStore``): nothing is encoded there."""
+        consumers = int(sink is not None and hasattr(sink, "write_line"))
+        if s.config.save != "never" and getattr(self.store, "wants_lines", False):
+            consumers += 1
+        if not consumers or not s.events:
+            return None
+        return chain.continue_chain(s.run_id, s.events[0], tail or [], self._trace_key, consumers)
 
     @staticmethod
     def _result(s: RunState) -> RunResult:
@@ -281,9 +316,16 @@ class Runtime:
 
     # ── driving ───────────────────────────────────────────────────────────────────
 
-    def _io(self, s: RunState, model: Model, sink: TraceSink | None, owner: str | None) -> Io:
+    def _io(
+        self,
+        s: RunState,
+        model: Model,
+        sink: TraceSink | None,
+        owner: str | None,
+        encoder: Encoder | None,
+    ) -> Io:
         return Io.of(s, model=model, clock=self.clock, sleep=self.sleep, threads=self._threads,
-                     store=self.store, owner=owner, sink=sink)  # fmt: skip
+                     store=self.store, owner=owner, sink=sink, encoder=encoder)  # fmt: skip
 
     def _drive(
         self,
@@ -293,8 +335,9 @@ class Runtime:
         *,
         resumed: bool,
         owner: str | None = None,
+        encoder: Encoder | None = None,
     ) -> RunResult:
-        io = self._io(s, model, sink, owner)
+        io = self._io(s, model, sink, owner, encoder)
         with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)
@@ -307,8 +350,9 @@ class Runtime:
         *,
         resumed: bool,
         owner: str | None = None,
+        encoder: Encoder | None = None,
     ) -> RunResult:
-        io = self._io(s, model, sink, owner)
+        io = self._io(s, model, sink, owner, encoder)
         with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         return self._result(s)

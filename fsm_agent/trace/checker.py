@@ -1,63 +1,81 @@
 """Conformance of recorded traces to the run machine (``fsm-agent check``).
 
-A trace conforms when every ``transition`` event is the edge the table picks from the
-state the previous event left (its guard outcomes select that edge, its destination and
-reason agree), ``seq`` is contiguous, and the invariants hold:
+The checker reads a trace line by line, in constant memory whatever its size:
 
-* every tool call of an accepted batch is answered exactly once (by id), and nothing
-  answers a call that was never made;
-* no write tool with an idempotency key executes successfully twice with the same
-  canonical arguments (a replay is answered ``replayed`` without a tool attempt);
-* nothing happens after a terminal state except its synthetic answers and ``run_end``,
-  unless the table has an edge out of that state (``resume``) and that edge comes next
-  (after the ``review`` events of a run paused for review, each on a paused call).
+1. **Integrity** (``trace/chain.py``): every line of a ``fsm-agent.trace/2`` trace must
+   carry the run's id and a chain link that follows from the previous line's link and
+   its own bytes — SHA-256, or HMAC-SHA256 when the header says the run was signed and
+   the caller gives the key. A deleted, inserted, reordered or spliced line breaks the
+   chain where it happened; with the key, so does any edit.
+2. **Conformance** (``trace/walk.py``): every transition is the edge the one selector
+   picks from the guard outcomes the checker *recomputes* from the trace (header,
+   decisions, running counters), the recorded outcomes are exactly those, every action's
+   payloads follow in order, every call of an accepted batch is answered once by id, no
+   idempotent write runs twice, ``run_end`` adds up, nothing happens after a terminal
+   state but reviews and the ``resume`` they allow.
 
-Everything about edges is read from :data:`fsm_agent.machine.TRANSITIONS`. A trace that
-cannot be read at all (empty, truncated, not JSON, another schema, another machine hash)
-raises :class:`~fsm_agent.errors.TraceError` instead of producing violations.
+Nothing a trace holds makes the checker raise: each problem is a :class:`Violation`
+(``FILE:LINE: message``), and a file that cannot be checked at all (missing, empty, no
+``run_start`` header, another schema or machine) raises
+:class:`~fsm_agent.errors.TraceError`. ``fsm-agent.trace/1`` traces (0.1) still check,
+without integrity (they carry none) and with the guards as recorded.
 """
 
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
-from fsm_agent.core.canonical import canonical_json
-from fsm_agent.core.decision import parse_decision
+from fsm_agent.core.jsonsafe import MAX_DEPTH, make_safe
 from fsm_agent.core.loop import SCHEMA
-from fsm_agent.core.select import GuardNotRecorded, select_recorded
-from fsm_agent.core.table import (
-    INITIAL_STATE,
-    LEGACY_MACHINE_HASHES,
-    MACHINE_HASH,
-    TERMINAL_STATES,
-    Transition,
-    edges_from,
-)
+from fsm_agent.core.select import select_recorded
+from fsm_agent.core.table import LEGACY_MACHINE_HASHES, MACHINE_HASH, Transition, edges_from
 from fsm_agent.errors import TraceError
-from fsm_agent.trace.io import iter_trace
+from fsm_agent.trace.chain import (
+    CHAIN_FIELDS,
+    LINK_HEX,
+    MODES,
+    SIGNED,
+    Chain,
+    link_bytes,
+)
+from fsm_agent.trace.walk import Walk, Write
 
 __all__ = [
     "LEGACY_SCHEMA",
+    "MAX_LINE",
     "SCHEMAS",
+    "Report",
     "Violation",
+    "check_bytes",
     "check_events",
     "check_file",
+    "check_paths",
+    "check_report",
+    "check_trace",
     "load_trace",
+    "parse_line",
     "select_edge",
 ]
 
 #: The 0.1 trace format: no integrity data, guards recorded positive-first.
 LEGACY_SCHEMA = "fsm-agent.trace/1"
+#: The trace format this fsm-agent writes, and the older one it still reads.
+SCHEMAS = (SCHEMA, LEGACY_SCHEMA)
+#: Longest line the checker parses (memory is bounded by it); a longer one is a
+#: violation and is skipped without being read into memory.
+MAX_LINE = 64 * 1024 * 1024
+#: Violations kept per trace; past that they are only counted.
+MAX_KEPT = 1000
 
-_TERMINAL = frozenset(TERMINAL_STATES)
-# Answer states of one call of the current batch.
-_OPEN, _ANSWERED, _PLACEHOLDER = 0, 1, 2
+_LINK_FIELD = b',"chain":"'
+_TAIL = len(_LINK_FIELD) + LINK_HEX + 2
 
 
 @dataclass(frozen=True)
@@ -68,29 +86,46 @@ class Violation:
     message: str
 
     def format(self, path: str) -> str:
-        return f"{path}:{self.line}: {self.message}"
+        return f"{path}:{self.line}: {message_line(self.message)}"
 
 
-def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a trace and check its header, or raise :class:`TraceError` naming file and line.
+def message_line(text: str) -> str:
+    """One printable line (trace content must not reach a terminal raw)."""
+    return "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in text)
 
-    The common case (a well-formed file) is parsed in one ``json.loads`` of the whole
-    file, which is several times faster than a call per line; any problem falls back to
-    :func:`~fsm_agent.trace.iter_trace`, whose per-line reading names the bad line.
-    """
-    name = str(path)
-    # Parsing allocates millions of small dicts and strings and no cycles; the cyclic
-    # collector would rescan them over and over (measured: it triples the parse time).
-    with _no_cyclic_gc():
-        events = _parse_whole(path)
-    if events is None:
-        events = list(iter_trace(path))
-    _check_header(name, events)
-    return events
+
+@dataclass
+class Report:
+    """What checking one trace found."""
+
+    path: str
+    violations: list[Violation] = field(default_factory=list)
+    #: Violations past :data:`MAX_KEPT`, counted but not kept.
+    omitted: int = 0
+    #: What was not verified and why (no key for a signed trace, a 0.1 trace...).
+    notes: list[str] = field(default_factory=list)
+    run_id: str | None = None
+    lines: int = 0
+    #: The link of the last line (what an outside record of the run should match).
+    last_link: str | None = None
+    #: The writes of idempotent tools the trace reports, when collected (``check --db``).
+    writes: list[Write] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def fail(self, line: int, message: str) -> None:
+        if len(self.violations) < MAX_KEPT:
+            self.violations.append(Violation(line, message))
+        else:
+            self.omitted += 1
 
 
 @contextmanager
 def _no_cyclic_gc() -> Iterator[None]:
+    # Parsing allocates many small dicts and no cycles; the cyclic collector would rescan
+    # them over and over for nothing.
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -100,47 +135,327 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _parse_whole(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
-    events: list[dict[str, Any]] | None = None
+# The stdlib's C scanner, without json.loads' wrappers (detect_encoding, whitespace).
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def parse_line(raw: bytes) -> Any:
+    """One line (without its newline) as one JSON value: the checker's parser, and the
+    benchmark's parse-only baseline. ``ValueError`` for anything else."""
+    text = raw.decode("utf-8")
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-        if text.endswith("\n") and "\n\n" not in text and not text.startswith("\n"):
-            parsed = json.loads("[" + text[:-1].replace("\n", ",") + "]")
-            if all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in parsed):
-                events = parsed
-    except (OSError, ValueError, RecursionError):
-        events = None  # the line-by-line reader reports it precisely
-    return events
+        value, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("not a JSON value") from None
+    if end != len(text):
+        raise ValueError(f"extra data at column {end + 1}")
+    return value
 
 
-#: The trace format this fsm-agent writes, and the older one it still reads.
-SCHEMAS = (SCHEMA, LEGACY_SCHEMA)
+def _loads(raw: bytes | str) -> Any:
+    """Parse one line; ``ValueError`` for anything that is not one JSON value."""
+    try:
+        return parse_line(raw.rstrip(b"\r\n") if isinstance(raw, bytes) else raw.encode())
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason})") from None
 
 
-def _check_header(name: str, events: list[dict[str, Any]]) -> None:
-    if not events:
+class _Header:
+    """The ``run_start`` header: what kind of trace this is, or a :class:`TraceError`."""
+
+    def __init__(self, name: str, event: Any) -> None:
+        if not isinstance(event, dict):
+            raise TraceError(name, 1, "not a trace: the first line is not a JSON object")
+        if event.get("type") != "run_start":
+            raise TraceError(name, 1, f"the first event is {event.get('type')!r}, not run_start")
+        schema = event.get("schema")
+        if schema not in SCHEMAS:
+            raise TraceError(
+                name,
+                1,
+                f"schema {schema!r} is not one this fsm-agent reads ({', '.join(SCHEMAS)}); "
+                "written by another version",
+            )
+        self.legacy = schema == LEGACY_SCHEMA
+        hashes = {MACHINE_HASH} | (set(LEGACY_MACHINE_HASHES) if self.legacy else set())
+        if event.get("machine_hash") not in hashes:
+            raise TraceError(
+                name,
+                1,
+                f"machine hash {event.get('machine_hash')!r} is not this machine's "
+                f"{MACHINE_HASH} (the trace was recorded with another transition table)",
+            )
+        run_id = event.get("run_id")
+        self.run_id = run_id if isinstance(run_id, str) else None
+        self.mode = event.get("integrity")
+        self.event = event
+
+
+def _integrity(head: _Header, key: bytes | None, report: Report, *, lines: bool) -> Any:
+    """The link function to verify the trace with, or ``None`` (with the reason noted
+    or reported)."""
+    if head.legacy:
+        report.notes.append(
+            "a fsm-agent.trace/1 trace carries no run ids or chain links: integrity is "
+            "unavailable, and guards are checked as recorded"
+        )
+        return None
+    if head.mode not in MODES:
+        if lines:
+            report.fail(
+                1, f"the header names no integrity mode ({head.mode!r}): links unverifiable"
+            )
+        return None
+    if head.mode == SIGNED:
+        if key is None:
+            report.notes.append(
+                "signed trace (hmac-sha256): its links were not verified without the key "
+                "(--key-env); only its conformance was checked"
+            )
+            return None
+        return link_bytes(key)
+    if key is not None:
+        report.fail(1, "a key was given, but the trace is not signed (integrity sha256)")
+    return link_bytes(None)
+
+
+def check_trace(
+    path: str | os.PathLike[str],
+    *,
+    key: bytes | None = None,
+    collect_writes: bool = False,
+) -> Report:
+    """Check the trace file at ``path`` (see the module docstring); :class:`TraceError`
+    only if it cannot be checked at all."""
+    name = str(path)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TraceError(name, 0, f"cannot open: {exc.strerror or exc}") from None
+    with handle, _no_cyclic_gc():
+        return _check_stream(name, handle, key, collect_writes)
+
+
+def check_bytes(data: bytes, *, key: bytes | None = None, name: str = "<bytes>") -> Report:
+    """:func:`check_trace` of a trace held in memory (tests, fuzzing)."""
+    with _no_cyclic_gc():
+        return _check_stream(name, io.BytesIO(data), key, False)
+
+
+def _read_line(handle: IO[bytes]) -> tuple[bytes, bool]:
+    """The next line (``b""`` at the end) and whether it was cut at :data:`MAX_LINE`
+    (the rest of it is skipped, never held in memory)."""
+    raw = handle.readline(MAX_LINE + 1)
+    if len(raw) <= MAX_LINE or raw.endswith(b"\n"):
+        return raw, False
+    while True:
+        more = handle.readline(1 << 20)
+        if not more or more.endswith(b"\n"):
+            return raw[:MAX_LINE], True
+
+
+def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for speed
+    name: str, handle: IO[bytes], key: bytes | None, collect_writes: bool
+) -> Report:
+    report = Report(name)
+    first, cut = _read_line(handle)
+    if not first:
         raise TraceError(name, 1, "empty trace: no run_start header")
-    head = events[0]
-    if head.get("type") != "run_start":
-        raise TraceError(name, 1, f"the first event is {head.get('type')!r}, not run_start")
-    schema = head.get("schema")
-    if schema not in SCHEMAS:
-        raise TraceError(
-            name,
-            1,
-            f"schema {schema!r} is not one this fsm-agent reads "
-            f"({', '.join(SCHEMAS)}); written by another version",
-        )
-    hashes = {MACHINE_HASH} | (set(LEGACY_MACHINE_HASHES) if schema == LEGACY_SCHEMA else set())
-    if head.get("machine_hash") not in hashes:
-        raise TraceError(
-            name,
-            1,
-            f"machine hash {head.get('machine_hash')!r} is not this "
-            f"machine's {MACHINE_HASH} (the trace was recorded with "
-            "another transition table)",
-        )
+    if cut:
+        raise TraceError(name, 1, f"the header is longer than {MAX_LINE} bytes")
+    if not first.endswith(b"\n"):
+        raise TraceError(name, 1, "truncated: the header line has no newline")
+    try:
+        parsed = _loads(first)
+    except ValueError as exc:
+        raise TraceError(name, 1, f"not JSON: {exc}") from None
+    head = _Header(name, parsed)
+    report.run_id = head.run_id
+    fail = report.fail
+    walk = Walk(head.event, fail, legacy=head.legacy)
+    if collect_writes:
+        walk.writes = report.writes = []
+    mac = _integrity(head, key, report, lines=True)
+    prev: bytes | None = b""
+    run = head.run_id
+    loads = parse_line
+    feed = walk.event
+    readline = handle.readline
+    line_no = 0
+    raw = first
+    event: Any = head.event
+    while raw:
+        line_no += 1
+        if not raw.endswith(b"\n"):
+            fail(line_no, "truncated: the last line has no newline (was the run killed mid-write?)")
+            break
+        body = raw[:-1]
+        if mac is not None:
+            if body[-_TAIL : -LINK_HEX - 2] == _LINK_FIELD:
+                link = body[-LINK_HEX - 2 : -2]
+                if prev is not None and mac(prev + b"\n" + body[: -LINK_HEX - 2]) != link:
+                    fail(
+                        line_no,
+                        "the chain breaks here: this line, or one before it, was changed, "
+                        "removed, inserted or moved",
+                    )
+                prev = link
+            else:
+                fail(line_no, "no chain link at the end of the line")
+                prev = None  # the next line's link cannot be verified either
+        if line_no > 1:
+            try:
+                event = loads(body)
+            except (ValueError, RecursionError) as exc:
+                fail(line_no, f"not JSON: {_reason(exc)}")
+                event = None
+            if type(event) is dict:
+                if mac is not None and event.get("run") != run:
+                    fail(line_no, f"an event of run {event.get('run')!r} in run {run!r}'s trace")
+                feed(line_no, event)
+            elif event is not None:
+                fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
+                walk.seq += 1
+        raw = readline(MAX_LINE + 1)
+        if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+            while True:  # skip the rest of an over-long line without holding it
+                more = readline(1 << 20)
+                if not more or more.endswith(b"\n"):
+                    break
+            line_no += 1
+            fail(line_no, f"a line longer than {MAX_LINE} bytes: not checked")
+            raw = readline(MAX_LINE + 1)
+    report.lines = line_no
+    report.last_link = prev.decode("ascii", "replace") if prev else None
+    walk.finish(line_no)
+    return report
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 ({exc.reason})"
+    return str(exc)
+
+
+def check_file(path: str | os.PathLike[str], *, key: bytes | None = None) -> list[Violation]:
+    """Violations in the trace at ``path``; :class:`TraceError` if it cannot be checked."""
+    return check_trace(path, key=key).violations
+
+
+def check_events(
+    events: Iterable[Mapping[str, Any]], *, key: bytes | None = None
+) -> list[Violation]:
+    """Violations in a trace already read into dicts (``events[0]`` is its
+    ``run_start``): a run's ``RunResult.events``, or events read back from a file or a
+    store. Links are verified where the events carry them (re-encoded: a line read back
+    and encoded again is the same bytes); a run's in-memory events carry none."""
+    with _no_cyclic_gc():
+        return check_report(list(events), key=key).violations
+
+
+def check_report(
+    events: list[Mapping[str, Any]],
+    *,
+    key: bytes | None = None,
+    name: str = "<events>",
+    collect_writes: bool = False,
+) -> Report:
+    """:func:`check_events` with the whole :class:`Report` (a stored run's check)."""
+    report = Report(name)
+    if not events:
+        report.fail(1, "empty trace: no run_start header")
+        return report
+    try:
+        head = _Header(name, dict(events[0]))
+    except TraceError as exc:
+        report.fail(1, exc.message)
+        return report
+    report.run_id = head.run_id
+    walk = Walk(head.event, report.fail, legacy=head.legacy)
+    if collect_writes:
+        walk.writes = report.writes = []
+    linked = "chain" in events[0]
+    mac = _integrity(head, key, report, lines=False) if linked else None
+    chain = Chain(head.run_id or "", key if head.mode == SIGNED else None)
+    for line_no, event in enumerate(events, 1):
+        if not isinstance(event, Mapping):
+            report.fail(line_no, f"not a trace event: {type(event).__name__}")
+            continue
+        if mac is not None:
+            stored = event.get("chain")
+            chain.encode({k: v for k, v in event.items() if k not in CHAIN_FIELDS})
+            if stored != chain.link:
+                report.fail(line_no, "the chain breaks here (or the event carries no link)")
+            chain.link = stored if isinstance(stored, str) else chain.link
+            if event.get("run") != head.run_id:
+                report.fail(line_no, f"an event of run {event.get('run')!r}")
+        if line_no > 1:
+            walk.event(line_no, dict(event))
+    walk.finish(len(events))
+    report.lines = len(events)
+    report.last_link = chain.link if mac is not None else None
+    return report
+
+
+def check_paths(
+    paths: Iterable[str], *, key: bytes | None = None
+) -> dict[str, Report | TraceError]:
+    """Check several traces, keeping going past unreadable ones."""
+    out: dict[str, Report | TraceError] = {}
+    for path in paths:
+        try:
+            out[path] = check_trace(path, key=key)
+        except TraceError as exc:
+            out[path] = exc
+    return out
+
+
+def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every event of a trace file, read leniently for display (replay, the viewer):
+    the header must be readable (else :class:`TraceError`); a later line that is not an
+    event object stands as ``{"type": "unreadable", ...}`` so every step still shows."""
+    name = str(path)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TraceError(name, 0, f"cannot open: {exc.strerror or exc}") from None
+    events: list[dict[str, Any]] = []
+    with handle, _no_cyclic_gc():
+        raw, cut = _read_line(handle)
+        if not raw:
+            raise TraceError(name, 1, "empty trace: no run_start header")
+        try:
+            parsed = _loads(raw) if not cut else None
+        except ValueError as exc:
+            raise TraceError(name, 1, f"not JSON: {exc}") from None
+        head = _Header(name, parsed)
+        events.append(head.event)
+        line_no = 1
+        while True:
+            raw, cut = _read_line(handle)
+            if not raw:
+                break
+            line_no += 1
+            try:
+                event = None if cut else _loads(raw)
+                problem = "" if cut else "not an event object"
+            except ValueError as exc:
+                event, problem = None, f"not JSON: {exc}"
+            if cut:
+                problem = f"longer than {MAX_LINE} bytes"
+            if not (isinstance(event, dict) and isinstance(event.get("type"), str)):
+                event = {"type": "unreadable", "seq": line_no - 1, "line": line_no,
+                         "problem": problem}  # fmt: skip
+            elif raw.count(b"{") + raw.count(b"[") > MAX_DEPTH or b"\\ud" in raw.lower():
+                # What displays it may recurse (cut at MAX_DEPTH) or encode it as UTF-8
+                # (a lone surrogate escape becomes U+FFFD).
+                event = make_safe(event)
+            events.append(event)
+    return events
 
 
 def select_edge(
@@ -152,311 +467,18 @@ def select_edge(
     *,
     legacy: bool = False,
 ) -> Transition | None:
-    """The edge of ``trigger`` in ``source`` that a transition event took, or None: the
-    one selector (``core/select.py``) over the recorded outcomes. A trace whose events
-    record no outcomes at all (redacted) cannot say which edge was taken: the first edge
-    with the event's destination and reason stands for it. Raises
-    :class:`~fsm_agent.core.select.GuardNotRecorded` when an outcome the choice needs is
-    missing."""
-    if not guards:
-        for t in edges_from(source, trigger):
-            if t.dest == dest and t.reason == reason:
-                return t
-    return select_recorded(source, trigger, guards, legacy=legacy)
-
-
-class _Checker:
-    """Walks one trace's events, collecting violations (see the module docstring)."""
-
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        self.events = events
-        self.out: list[Violation] = []
-        self.legacy = bool(events) and events[0].get("schema") == LEGACY_SCHEMA
-        tools = events[0].get("tools") if events else None
-        self.tools: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
-        self.state: str = INITIAL_STATE
-        self.decided = False  # a decision event since the last edge out of the initial state
-        self.batch: dict[str, int] = {}
-        self.batch_line = 0
-        self.args: dict[str, tuple[str, str]] = {}  # call id -> (tool, raw arguments)
-        self.attempted: set[str] = set()
-        self.executed: dict[tuple[str, str], int] = {}
-        self.ended_line = 0  # line of the run_end that closed the run, 0 while it runs
-        self.stop_reason: Any = None
-        self.prev_type = "run_start"
-
-    def fail(self, line: int, message: str) -> None:
-        self.out.append(Violation(line, message))
-
-    def run(self) -> list[Violation]:
-        handlers = {
-            "decision": self.decision,
-            "transition": self.transition,
-            "observation": self.observation,
-            "run_end": self.run_end,
-            "review": self.review,
-        }
-        expected = 1
-        for line, event in enumerate(self.events[1:], 2):
-            seq = event.get("seq")
-            if seq != expected:
-                self.fail(
-                    line,
-                    f"seq is {seq!r}, expected {expected} (events missing, "
-                    "duplicated or reordered)",
-                )
-            expected = seq + 1 if isinstance(seq, int) else expected + 1
-            kind = event["type"]
-            if self.ended_line and kind not in ("transition", "review"):
-                self.fail(
-                    line,
-                    f"{kind} event after the run ended in {self.state} "
-                    f"(run_end at line {self.ended_line})",
-                )
-            handler = handlers.get(kind)
-            if handler is None:
-                if kind == "run_start":
-                    self.fail(line, "a second run_start: one trace file holds one run")
-                else:
-                    self.fail(line, f"unknown event type {kind!r}")
-            else:
-                handler(line, event)
-            self.prev_type = kind
-        if not self.ended_line:
-            self.fail(len(self.events), f"the trace ends in state {self.state} without run_end")
-        return self.out
-
-    # ── events ────────────────────────────────────────────────────────────────────
-
-    def decision(self, line: int, event: dict[str, Any]) -> None:
-        if self.state != INITIAL_STATE or self.decided:
-            self.fail(
-                line,
-                f"a decision while the run is in {self.state}"
-                + (" and the previous decision was not acted on" if self.decided else ""),
-            )
-        self.decided = True
-        self.close_batch(line)
-        message = event.get("message")
-        if message is None:
-            return  # the model raised: no batch
-        d = parse_decision(message)
-        if not d.calls or d.malformed or d.missing_id or d.duplicate_id:
-            return  # refused whole: nothing of it enters the history, nothing is answered
-        self.batch = {c.id: _OPEN for c in d.calls}
-        self.batch_line = line
-        self.args = {c.id: (c.name, c.raw_arguments) for c in d.calls}
-        self.attempted = set()
-
-    def transition(self, line: int, event: dict[str, Any]) -> None:  # noqa: C901 - the hot path of a check, kept in one pass
-        # The hot path of a check (most events are transitions): one pass, few lookups.
-        get = event.get
-        source, trigger, dest, reason = get("source"), get("trigger"), get("dest"), get("reason")
-        guards = get("guards")
-        if guards is None:
-            guards = {}
-        elif not isinstance(guards, dict):
-            self.fail(line, "guards is not an object of guard outcomes")
-            guards = {}
-        state = self.state
-        if source != state:
-            self.fail(line, f"{trigger} fired in {source!r}, but the run was in {state}")
-        if not (isinstance(source, str) and isinstance(trigger, str) and isinstance(dest, str)):
-            self.fail(line, "a transition without a source, trigger or dest")
-            return
-        if self.ended_line and not edges_from(source, trigger):
-            self.fail(
-                line,
-                f"{trigger} after the run ended in {state} (run_end at line "
-                f"{self.ended_line}); the table has no such edge out of it",
-            )
-        try:
-            edge = select_edge(source, trigger, dest, reason, guards, legacy=self.legacy)
-        except GuardNotRecorded as exc:
-            self.fail(line, f"{trigger} in {source}: {exc}")
-            edge = next(
-                (t for t in edges_from(source, trigger) if t.dest == dest and t.reason == reason),
-                None,
-            )
-        if edge is None or edge.dest != dest or edge.reason != reason:
-            self.wrong_edge(line, edge, event, guards)
-        if source == INITIAL_STATE:
-            # (Not every edge out of it needs a decision first: ``cancel`` fires anywhere.)
-            self.decided = False
-        call_id = get("call_id")
-        if call_id is not None:
-            if call_id not in self.batch:
-                self.fail(
-                    line,
-                    f"{trigger} for call {call_id!r}, which is not a call of the current batch",
-                )
-            elif edge is not None and edge.action == "start_attempt":
-                if call_id in self.attempted and self.once(get("tool")):
-                    self.fail(
-                        line,
-                        f"write call {call_id!r} started a second attempt, but "
-                        f"{get('tool')!r} neither reads nor deduplicates",
-                    )
-                self.attempted.add(call_id)
-            elif edge is not None and edge.action == "answer_stored":
-                # Resumed: the store holds this call's committed result, so it ran (its
-                # attempt's transition died with the process that took it).
-                self.attempted.add(call_id)
-        self.state = dest
-        if dest in _TERMINAL:
-            self.stop_reason = reason
-        if state in _TERMINAL:  # resumed: placeholder answers may now be replaced
-            self.ended_line = 0
-            self.batch = {k: _OPEN if v == _PLACEHOLDER else v for k, v in self.batch.items()}
-
-    def wrong_edge(
-        self, line: int, edge: Transition | None, event: dict[str, Any], guards: dict[str, Any]
-    ) -> None:
-        source, trigger = event["source"], event["trigger"]
-        dest, reason = event["dest"], event.get("reason")
-        if edge is None:
-            if edges_from(source, trigger):
-                self.fail(
-                    line,
-                    f"no {trigger!r} edge out of {source} has its guards satisfied by {guards}",
-                )
-            elif not self.ended_line:
-                self.fail(line, f"the table has no {trigger!r} edge out of {source}")
-        elif edge.dest != dest:
-            self.fail(
-                line,
-                f"the guard outcomes select {edge.label} -> {edge.dest}, "
-                f"but the event went to {dest!r}",
-            )
-        else:
-            self.fail(
-                line,
-                f"{edge.label} -> {edge.dest} records reason {edge.reason!r}, "
-                f"the event says {reason!r}",
-            )
-
-    def review(self, line: int, event: dict[str, Any]) -> None:
-        """A reviewer's decision (durable runs): only while the run waits for review, and
-        only on a call of the paused batch that holds a placeholder answer."""
-        if not self.ended_line or self.state != "review_required":
-            self.fail(
-                line,
-                f"a review event while the run is in {self.state}"
-                + ("" if self.ended_line else " and has not ended"),
-            )
-            return
-        call_id = event.get("call_id")
-        if not isinstance(call_id, str) or self.batch.get(call_id) != _PLACEHOLDER:
-            self.fail(line, f"review of {call_id!r}, which is not a paused call of the batch")
-
-    def once(self, tool: Any) -> bool:
-        """Whether a call of ``tool`` may run at most once (a write without dedup)."""
-        spec = self.tools.get(tool) if isinstance(tool, str) else None
-        return isinstance(spec, Mapping) and spec.get("effect") == "write" and not spec.get("dedup")
-
-    def observation(self, line: int, event: dict[str, Any]) -> None:
-        if self.prev_type not in ("transition", "observation"):
-            self.fail(
-                line,
-                f"an observation right after a {self.prev_type} event; results "
-                "follow the transition that produced them",
-            )
-        call_id = event.get("call_id")
-        status = self.batch.get(call_id) if isinstance(call_id, str) else None
-        if status is None or not isinstance(call_id, str):
-            self.fail(
-                line,
-                f"observation for {call_id!r}, which is not a call of the current "
-                "batch (an orphan result)",
-            )
-            return
-        if status in (_ANSWERED, _PLACEHOLDER):
-            self.fail(line, f"call {call_id!r} answered a second time")
-            return
-        synthetic = bool(event.get("synthetic"))
-        placeholder = synthetic and self.state == "review_required"
-        self.batch[call_id] = _PLACEHOLDER if placeholder else _ANSWERED
-        result = event.get("result")
-        if synthetic or not isinstance(result, dict) or result.get("ok") is not True:
-            return
-        if result.get("reconciled"):  # a reviewer's observed fact, not a tool's result
-            return
-        if result.get("replayed"):
-            if call_id in self.attempted:
-                self.fail(line, f"call {call_id!r} is answered as a replay, but its tool ran")
-            return
-        if call_id not in self.attempted:
-            self.fail(line, f"call {call_id!r} has a successful result but no attempt to run it")
-        self.check_write(line, call_id)
-
-    def check_write(self, line: int, call_id: str) -> None:
-        name, raw = self.args[call_id]
-        spec = self.tools.get(name)
-        if (
-            not isinstance(spec, Mapping)
-            or spec.get("effect") != "write"
-            or not spec.get("idempotent")
-        ):
-            return
-        try:
-            arguments = canonical_json(json.loads(raw))
-        except (ValueError, RecursionError):
-            arguments = raw
-        first = self.executed.setdefault((name, arguments), line)
-        if first != line:
-            self.fail(
-                line,
-                f"write {name!r} executed twice with the same arguments under one "
-                f"idempotency key (first at line {first})",
-            )
-
-    def run_end(self, line: int, event: dict[str, Any]) -> None:
-        if self.state not in _TERMINAL:
-            self.fail(line, f"run_end while the run is in working state {self.state}")
-        elif event.get("status") != self.state:
-            self.fail(
-                line, f"run_end says status {event.get('status')!r}, the run is in {self.state}"
-            )
-        elif event.get("reason") != self.stop_reason:
-            self.fail(
-                line,
-                f"run_end says reason {event.get('reason')!r}, the stop edge "
-                f"recorded {self.stop_reason!r}",
-            )
-        self.close_batch(line)
-        self.ended_line = line
-
-    def close_batch(self, line: int) -> None:
-        """Every call of the batch must be answered before the model is asked again or the
-        run ends."""
-        missing = [call_id for call_id, status in self.batch.items() if status == _OPEN]
-        if missing:
-            self.fail(
-                line,
-                f"calls {', '.join(map(repr, missing))} of the batch at line "
-                f"{self.batch_line} were never answered",
-            )
-            for call_id in missing:
-                self.batch[call_id] = _ANSWERED
-
-
-def check_events(events: list[dict[str, Any]]) -> list[Violation]:
-    """Violations in an already loaded trace (``events[0]`` is its ``run_start``)."""
-    with _no_cyclic_gc():  # the walk allocates little, but a full collection of a large
-        return _Checker(events).run()  # trace's objects costs more than the walk
-
-
-def check_file(path: str | os.PathLike[str]) -> list[Violation]:
-    """Violations in the trace at ``path``; :class:`TraceError` if it cannot be read."""
-    return check_events(load_trace(path))
-
-
-def check_paths(paths: Iterable[str]) -> dict[str, list[Violation] | TraceError]:
-    """Check several traces, keeping going past unreadable ones."""
-    out: dict[str, list[Violation] | TraceError] = {}
-    for path in paths:
-        try:
-            out[path] = check_file(path)
-        except TraceError as exc:
-            out[path] = exc
-    return out
+    """The edge of ``trigger`` in ``source`` that a transition event took, or None, as
+    far as its recorded outcomes tell (replay and the viewer draw with it): the one
+    selector over the recorded outcomes, or, where they cannot decide (redacted, or an
+    outcome missing), the first edge with the event's destination and reason."""
+    if not isinstance(source, str) or not isinstance(trigger, str):
+        return None
+    try:
+        found = select_recorded(source, trigger, guards, legacy=legacy)
+    except LookupError:
+        found = None
+    if found is not None and found.dest == dest and found.reason == reason:
+        return found
+    return next(
+        (t for t in edges_from(source, trigger) if t.dest == dest and t.reason == reason), found
+    )

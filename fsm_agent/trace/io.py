@@ -1,19 +1,25 @@
 """Traces: JSON Lines, one event per line (SPEC §4).
 
-A trace is ``run_start`` (schema, run id, machine hash, budget, policy, tools, the
-initial messages), then events in ``seq`` order, then ``run_end``:
+A trace is ``run_start`` (schema, run id, machine hash, budget, retry, policy, allowed
+tools, the tools' declared facts, the configured approvals' digests, the integrity mode,
+the initial messages), then events in ``seq`` order, then ``run_end``:
 
 ``transition``   ``trigger``, ``source``, ``dest``, ``guards`` (each guard evaluated, in
                  order, with its outcome), ``t`` (seconds since start) and, where they
-                 apply, ``call_id``, ``tool``, ``attempt``, ``reason``, ``detail``
-``decision``     the model's reply as received (``message``), or ``error``
+                 apply, ``call_id``, ``tool``, ``attempt``, ``approval`` (what a write
+                 consumed), ``outcome`` and ``error`` (what the tool did), ``reason``,
+                 ``detail``
+``decision``     the model's reply as received (``message``; ``malformed``: why it was
+                 refused), or ``error``
 ``observation``  a result bound to ``call_id``; ``synthetic`` for answers the runtime
                  wrote for calls that did not run
+``review``       a reviewer's decision on a paused call
 ``run_end``      ``status``, ``reason``, ``detail``, ``answer``, ``counters``
 
 ``seq`` is 0 for the header and then contiguous. Everything the runtime did can be
-rebuilt from these events. A ``redact`` hook sees each event before it leaves the
-runtime (file, store, ``RunResult.events``) and returns the event to keep.
+rebuilt from these events. Written by the runtime, every line also ends with the run id
+and its chain link (``trace/chain.py``). A ``redact`` hook sees each event before it
+leaves the runtime (file, store, ``RunResult.events``) and returns the event to keep.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.errors import ConfigError, TraceError
+from fsm_agent.trace.chain import dumps_event
 
-__all__ = ["JsonlTrace", "Redactor", "TraceSink", "iter_trace", "read_trace"]
+__all__ = ["JsonlTrace", "LineSink", "Redactor", "TraceSink", "iter_trace", "read_trace"]
 
 Redactor = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -38,6 +44,13 @@ class TraceSink(Protocol):
     def write(self, event: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class LineSink(TraceSink, Protocol):
+    """A sink that takes encoded lines: the driver hands it each event's chained line
+    (``trace/chain.py``), the same bytes a serializing store keeps."""
+
+    def write_line(self, line: str) -> None: ...
 
 
 class JsonlTrace:
@@ -68,12 +81,16 @@ class JsonlTrace:
         self._closed = False
 
     def write(self, event: dict[str, Any]) -> None:
+        """Write one event as it is (no chain link: the runtime writes lines)."""
+        self.write_line(dumps_event(event))
+
+    def write_line(self, line: str) -> None:
+        """Write one encoded event line (the runtime's chained lines)."""
         if self._closed:
             raise ValueError(f"trace {self.path} is closed")
         if self._file is None:
             self._file = self.path.open("a" if self.append else "x", encoding="utf-8")
-        text, _, _ = dumps_safe(event)
-        self._file.write(text + "\n")
+        self._file.write(line + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -106,6 +123,10 @@ def iter_trace(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                     event = json.loads(line)
                 except ValueError as exc:
                     raise TraceError(name, line_no, f"not JSON: {exc}") from None
+                except RecursionError:
+                    raise TraceError(
+                        name, line_no, "not JSON this reader takes: nested too deeply"
+                    ) from None
                 if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                     raise TraceError(name, line_no, "not a trace event (no 'type' field)")
                 yield event
