@@ -19,26 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orders import SCHEMA, lookup, record
+
 from fsm_agent import Budget, MemoryStore, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.durable.sqlite import SqliteStore
 
 ROUNDS = 100
 REPEATS = 10
-SCHEMA = {
-    "type": "object",
-    "required": ["order_id"],
-    "additionalProperties": False,
-    "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
-}
-
-
-def lookup(order_id: str) -> dict[str, Any]:
-    return {"order_id": order_id, "status": "in_transit"}
-
-
-def record(order_id: str) -> dict[str, Any]:
-    return {"order_id": order_id, "recorded": True}
-
 
 TOOLS = ToolRegistry()
 TOOLS.register(lookup, schema=SCHEMA, effect="read")

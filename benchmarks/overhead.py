@@ -26,22 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from orders import SCHEMA, lookup
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.core.canonical import parse_arguments
 
 ROUNDS = 100
 REPEATS = 30
-SCHEMA = {
-    "type": "object",
-    "required": ["order_id"],
-    "additionalProperties": False,
-    "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
-}
-
-
-def lookup(order_id: str) -> dict[str, Any]:
-    return {"order_id": order_id, "status": "in_transit"}
 
 
 def script() -> list[dict[str, Any]]:
@@ -190,7 +181,10 @@ def main() -> None:
     print(f"  hand-written loop (baseline) {baseline:8.1f} µs/round")
     print(f"  fsm-agent, in-memory trace   {ours:8.1f} µs/round   ratio {ours / baseline:.2f}x")
     print(f"  import fsm_agent (cold, best of 5) {imp:6.1f} ms")
-    counted = instruction_ratios() if "--no-instructions" not in sys.argv else None
+    if "--no-instructions" in sys.argv:
+        print("  (instruction counts skipped: --no-instructions)")
+        return
+    counted = instruction_ratios()
     if counted is None:
         print("  (instruction counts need valgrind: apt-get install valgrind)")
         return

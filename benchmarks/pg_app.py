@@ -12,26 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orders import SCHEMA, lookup, record, refund
+
 from fsm_agent import Budget, Runtime, ToolRegistry
-
-SCHEMA = {
-    "type": "object",
-    "required": ["order_id"],
-    "additionalProperties": False,
-    "properties": {"order_id": {"type": "string", "minLength": 1, "maxLength": 80}},
-}
-
-
-def lookup(order_id: str) -> dict[str, Any]:
-    return {"order_id": order_id, "status": "in_transit"}
-
-
-def record(order_id: str) -> dict[str, Any]:
-    return {"order_id": order_id, "recorded": True}
-
-
-def refund(order_id: str) -> dict[str, Any]:
-    return {"order_id": order_id, "refunded": True}
 
 
 def tools() -> ToolRegistry:

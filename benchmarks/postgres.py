@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import orders
 import pg_app
 
 from fsm_agent import MemoryStore, Runtime, ScriptedModel
@@ -100,11 +101,11 @@ def langgraph_app(dsn: str) -> Any:
 
     def look_up(order_id: str) -> dict[str, Any]:
         """Look an order up."""
-        return pg_app.lookup(order_id)
+        return orders.lookup(order_id)
 
     def keep_record(order_id: str) -> dict[str, Any]:
         """Record an order."""
-        return pg_app.record(order_id)
+        return orders.record(order_id)
 
     # (Wrapped, not decorated: without LangGraph installed mypy sees `tool` as untyped.)
     lookup = tool("lookup")(look_up)

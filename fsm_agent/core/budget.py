@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fsm_agent.errors import ConfigError
 
-__all__ = ["Budget", "RetryPolicy"]
+__all__ = ["Budget", "Metered", "RetryPolicy", "metered"]
 
 
 def _positive_int(owner: str, name: str, value: object, *, optional: bool) -> None:
@@ -91,3 +91,44 @@ class RetryPolicy:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class Metered(NamedTuple):
+    """What one reply's ``usage`` counts. ``tokens is None``: no usable token count;
+    ``cost is None``: no usable cost. The budget guards count an unmetered reply as over
+    a set limit, because it is never free (R9)."""
+
+    input_tokens: int
+    output_tokens: int
+    tokens: int | None
+    cost: float | None
+
+
+def metered(usage: Any) -> Metered:
+    """Read a reply's ``usage``: the loop counts with this, and the checker recomputes
+    the counters with it (same order, same float sums). Counts must be whole numbers in
+    ``[0, 10**15)`` and the cost a number in ``[0, 1e12)``; anything else is unusable."""
+    if not isinstance(usage, dict):
+        return Metered(0, 0, None, None)
+    inp = _whole(usage, "input_tokens", "prompt_tokens")
+    out = _whole(usage, "output_tokens", "completion_tokens")
+    total = _whole(usage, "total_tokens")
+    tokens = (
+        None
+        if inp is None and out is None and total is None
+        else total
+        if total is not None
+        else (inp or 0) + (out or 0)
+    )
+    cost = usage.get("cost")
+    if not (isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 <= cost < 1e12):
+        cost = None
+    return Metered(inp or 0, out or 0, tokens, None if cost is None else float(cost))
+
+
+def _whole(usage: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**15:
+            return value
+    return None

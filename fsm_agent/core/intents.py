@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["IdempotencyRecord", "IntentClaim"]
+__all__ = ["IdempotencyRecord", "IntentClaim", "may_claim"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +45,16 @@ class IntentClaim:
 
     owned: bool
     found: IdempotencyRecord | None
+
+
+def may_claim(found: IdempotencyRecord | None, record: IdempotencyRecord, take_over: bool) -> bool:
+    """The compare of ``begin_intent``'s compare-and-set: may ``record`` become the
+    pending intent where ``found`` is? Yes if nothing is there, or a pending intent of
+    the same (run, call), or — ``take_over``, for a deduplicating tool — a pending intent
+    of another owner with the same arguments. A committed record is never replaced.
+    (``PostgresStore`` states the same rule in SQL: ``begin_intent`` in
+    ``durable/pg_schema.py``.)"""
+    return found is None or (
+        found.status == "pending"
+        and (found.owner == record.owner or (take_over and found.args_digest == record.args_digest))
+    )

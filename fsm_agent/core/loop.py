@@ -33,6 +33,7 @@ from collections.abc import Generator
 from typing import Any
 
 from fsm_agent.core.actions import ACTIONS, BLOCKING
+from fsm_agent.core.budget import metered
 from fsm_agent.core.canonical import parse_arguments
 from fsm_agent.core.decision import Decision, admit_calls, parse_decision
 from fsm_agent.core.engine import TRANSITION_LISTENERS, fire
@@ -523,32 +524,16 @@ def _recorded_reply(reply: Any, decision: Decision) -> Any:
 
 
 def _count_usage(s: RunState, usage: Any) -> None:
-    """Add a reply's usage. A reply without a usable token count (or cost) marks the run
-    ``tokens_unknown`` (``cost_unknown``); the budget guards count that as over a set
-    limit, because an unmetered reply is never free (R9)."""
-    c = s.counters
-    if not isinstance(usage, dict):
-        s.tokens_unknown = s.cost_unknown = True
-        return
-    inp = _whole(usage, "input_tokens", "prompt_tokens")
-    out = _whole(usage, "output_tokens", "completion_tokens")
-    total = _whole(usage, "total_tokens")
-    if inp is None and out is None and total is None:
+    """Add a reply's usage; an unmetered reply marks the run ``tokens_unknown`` or
+    ``cost_unknown`` (see :func:`~fsm_agent.core.budget.metered`)."""
+    m, c = metered(usage), s.counters
+    if m.tokens is None:
         s.tokens_unknown = True
     else:
-        c.input_tokens += inp or 0
-        c.output_tokens += out or 0
-        c.tokens += total if total is not None else (inp or 0) + (out or 0)
-    cost = usage.get("cost")
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 <= cost < 1e12:
-        c.cost += float(cost)
-    else:
+        c.input_tokens += m.input_tokens
+        c.output_tokens += m.output_tokens
+        c.tokens += m.tokens
+    if m.cost is None:
         s.cost_unknown = True
-
-
-def _whole(usage: dict[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = usage.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**15:
-            return value
-    return None
+    else:
+        c.cost += m.cost

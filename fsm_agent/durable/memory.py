@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
+from fsm_agent.core.intents import IdempotencyRecord, IntentClaim, may_claim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun, summary_of
@@ -120,13 +120,7 @@ class MemoryStore:
             self._check_fence(fence)
             self._save_with(save)
             found = self._get(where)
-            if found is None or (
-                found.status == "pending"
-                and (
-                    found.owner == record.owner
-                    or (take_over and found.args_digest == record.args_digest)
-                )
-            ):
+            if may_claim(found, record, take_over):
                 self._pending[where] = record
                 return IntentClaim(True, found)
             return IntentClaim(False, found)

@@ -19,8 +19,9 @@ import os
 import socket
 import threading
 from functools import cache
+from typing import Protocol
 
-__all__ = ["drop", "hold", "is_dead", "is_live", "new_owner"]
+__all__ = ["drop", "hold", "is_dead", "is_live", "let_go", "new_owner"]
 
 _SEP = "|"
 _LIVE: set[str] = set()
@@ -78,6 +79,20 @@ def hold(owner: str) -> None:
 def drop(owner: str) -> None:
     with _LOCK:
         _LIVE.discard(owner)
+
+
+class _Releases(Protocol):
+    def release(self, run_id: str, owner: str) -> None: ...
+
+
+def let_go(store: _Releases, run_id: str, owner: str) -> None:
+    """Give ``owner``'s claim on ``run_id`` back to ``store`` and stop driving with it —
+    dropped here even when the store fails (the claim it keeps is then reclaimable at
+    once by this process)."""
+    try:
+        store.release(run_id, owner)
+    finally:
+        drop(owner)
 
 
 def is_live(owner: str | None, lease_until: float, now: float) -> bool:

@@ -34,6 +34,18 @@ _MESSAGES = """
 """
 
 
+#: The fenced update of a driver's checkpoint (the run row, its new events and history
+#: rows); the statements built on it end with their own SELECT.
+_SAVE = (
+    "WITH r AS (UPDATE {s}.runs SET state = %(state)s, reason = %(reason)s, "
+    "pending = %(pending)s, runnable = %(runnable)s, ctx = %(ctx)s, sum = %(sum)s, "
+    f"updated = now(), lease_until = {_LEASE} "
+    "WHERE run_id = %(run_id)s AND owner = %(owner)s "
+    "AND epoch = coalesce(%(epoch)s, epoch) RETURNING num, epoch), "
+    f"e AS ({_EVENTS}), m AS ({_MESSAGES})"
+)
+
+
 class Statements:
     def __init__(self, s: str) -> None:
         def q(text: str) -> str:
@@ -72,13 +84,16 @@ class Statements:
             "SELECT num, %(header)s, %(hsum)s FROM r), "
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
-        self.save = q(
-            "WITH r AS (UPDATE {s}.runs SET state = %(state)s, reason = %(reason)s, "
-            "pending = %(pending)s, runnable = %(runnable)s, ctx = %(ctx)s, sum = %(sum)s, "
-            f"updated = now(), lease_until = {_LEASE} "
-            "WHERE run_id = %(run_id)s AND owner = %(owner)s "
-            "AND epoch = coalesce(%(epoch)s, epoch) RETURNING num, epoch), "
-            f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num FROM r"
+        self.save = q(f"{_SAVE} SELECT num FROM r")
+        # A keyed write's checkpoint and its intent in one statement (one round trip, no
+        # BEGIN/COMMIT): the intent is begun only for the row the fenced UPDATE returned;
+        # no row back means the owner lost its claim and nothing was written. That
+        # UPDATE's row lock fences the intent as begin_intent's own FOR SHARE would (so
+        # it is passed no fence, and the run's epoch).
+        self.save_begin_intent = q(
+            f"{_SAVE} SELECT b.* FROM r CROSS JOIN LATERAL {{s}}.begin_intent("
+            "%(tool)s, %(key)s, %(digest)s, %(crun)s, %(call)s, %(effect)s, %(dedup)s, "
+            "%(isum)s, %(rsum)s, %(take_over)s, NULL, NULL, r.epoch) b"
         )
         self.load_run = q(
             "SELECT h.body, h.sum, r.ctx, r.sum, m.i, m.b, m.s, e.i, e.b, e.s "

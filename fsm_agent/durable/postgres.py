@@ -110,14 +110,6 @@ def _columns(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _Fenced(Exception):
-    """Inside a transaction: the owner lost its claim (rolled back, then reported)."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(run_id)
-        self.run_id = run_id
-
-
 @dataclass(frozen=True)
 class Claim:
     """A run a worker claimed from the queue: drive it as ``owner`` (fencing epoch
@@ -303,17 +295,18 @@ class PostgresStore:
         if save is None:
             row = self._one(self.sql.begin_intent, params)
         else:
-            # The run's checkpoint rides in the intent's transaction: both or neither.
+            # The run's checkpoint and the intent in one statement: both or neither.
+            if fence is not None and fence != (save.run_id, save.owner):
+                raise ValueError("begin_intent: a save rides only under its own fence")
             saved = self._save_params(save.run_id, save.owner, save.events, save.checkpoint)
-            try:
-                with self.connection() as conn, conn.transaction():
-                    if conn.execute(self.sql.save, saved).fetchone() is None:
-                        raise _Fenced(save.run_id)  # rolls the transaction back
-                    row = conn.execute(self.sql.begin_intent, params).fetchone()
-                    if row[0] == "fenced":
-                        raise _Fenced(str(f["frun"]))
-            except _Fenced as fenced:
-                self._not_owner(fenced.run_id)
+            saved.update(
+                tool=r.tool, key=r.key, digest=r.args_digest, crun=r.run_id, call=r.call_id,
+                effect=r.effect, dedup=r.dedup, isum=params[7], rsum=params[8],
+                take_over=take_over,
+            )  # fmt: skip
+            row = self._one(self.sql.save_begin_intent, saved)
+            if row is None:
+                self._not_owner(save.run_id)
         outcome = row[0]
         if outcome == "fenced":
             self._not_owner(f["frun"])

@@ -73,10 +73,7 @@ def restore_run(
         narrowed = _allowed_of(config)
         return restore_state(stored, config, narrowed), owner, stored.events[-2:]
     except BaseException:
-        try:
-            store.release(run_id, owner)
-        finally:
-            owners.drop(owner)
+        owners.let_go(store, run_id, owner)
         raise
 
 

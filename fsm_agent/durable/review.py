@@ -112,10 +112,7 @@ def record_review(
         store.save(run_id, owner, [event], Checkpoint(s.snapshot(), [], lines))
         return event
     finally:
-        try:
-            store.release(run_id, owner)
-        finally:
-            owners.drop(owner)
+        owners.let_go(store, run_id, owner)
 
 
 def _decide(

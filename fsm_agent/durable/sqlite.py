@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
+from fsm_agent.core.intents import IdempotencyRecord, IntentClaim, may_claim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
@@ -371,13 +371,7 @@ class SqliteStore:
             self._check_fence(c, fence)
             self._save_with(c, save)
             found = self._intent(c, record.tool, record.key)
-            if found is None or (
-                found.status == "pending"
-                and (
-                    found.owner == record.owner
-                    or (take_over and found.args_digest == record.args_digest)
-                )
-            ):
+            if may_claim(found, record, take_over):
                 self._put_intent(c, record, None)
                 return IntentClaim(True, found)
             return IntentClaim(False, found)

@@ -135,7 +135,8 @@ class Store(Protocol):
 
         ``save`` (a store that keeps runs): also store the run's events and checkpoint,
         exactly as :meth:`RunStore.save` would, in the same transaction — all of it or
-        none (it is fenced by its own owner)."""
+        none. It is fenced by its own ``(run_id, owner)``, which ``fence`` (if given)
+        must be."""
         ...
 
     def commit_intent(

@@ -285,16 +285,14 @@ class Runtime:
         store = self.store
         if not supports_runs(store):
             raise StoreError(
-                f"{type(store).__name__} does not keep runs; use a MemoryStore or SqliteStore"
+                f"{type(store).__name__} does not keep runs; "
+                "use a MemoryStore, SqliteStore or PostgresStore"
             )
         state, owner, tail = restore_run(store, run_id, self.config, claimed_by=claimed_by)
         try:
             return state, owner, self._encoder(state, None, tail)
         except BaseException:
-            try:
-                store.release(run_id, owner)
-            finally:
-                owners.drop(owner)
+            owners.let_go(store, run_id, owner)
             raise
 
     def _encoder(

@@ -44,7 +44,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.budget import Budget, RetryPolicy, metered
 from fsm_agent.core.canonical import ArgumentsError, canonical_json, digest, parse_arguments
 from fsm_agent.core.decision import Decision, parse_decision
 
@@ -190,32 +190,18 @@ class Usage:
 
 
 def count_usage(u: Usage, usage: Any) -> None:
-    """Add a reply's usage exactly as the loop does (same order, same float sums)."""
-    if not isinstance(usage, dict):
-        u.tokens_unknown = u.cost_unknown = True
-        return
-    inp = _whole(usage, "input_tokens", "prompt_tokens")
-    out = _whole(usage, "output_tokens", "completion_tokens")
-    total = _whole(usage, "total_tokens")
-    if inp is None and out is None and total is None:
+    """Add a reply's usage exactly as the loop does (one reading: ``metered``)."""
+    m = metered(usage)
+    if m.tokens is None:
         u.tokens_unknown = True
     else:
-        u.input_tokens += inp or 0
-        u.output_tokens += out or 0
-        u.tokens += total if total is not None else (inp or 0) + (out or 0)
-    cost = usage.get("cost")
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 <= cost < 1e12:
-        u.cost += float(cost)
-    else:
+        u.input_tokens += m.input_tokens
+        u.output_tokens += m.output_tokens
+        u.tokens += m.tokens
+    if m.cost is None:
         u.cost_unknown = True
-
-
-def _whole(usage: dict[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = usage.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**15:
-            return value
-    return None
+    else:
+        u.cost += m.cost
 
 
 def read_decision(message: Any) -> tuple[Decision, list[CallFacts]]:
