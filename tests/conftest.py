@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from fsm_agent import (
     Approval,
@@ -23,6 +25,13 @@ from fsm_agent.core.table import STATES
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.sqlite import SqliteStore
 from fsm_agent.testing.assertions import assert_history_valid, assert_trace_legal
+
+# In CI (``CI`` set, as .ci/run does) every Hypothesis test draws the same examples on
+# every run, so a landing never hangs on a lucky draw; run locally, each run draws new
+# ones, and `make fuzz` draws many. A failure found either way is kept as an @example.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def call(call_id: Any, name: str, args: Any = None, **kwargs: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Backend, TransientToolError, call, calls, make_runtime, say
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fsm_agent.errors import TraceError
@@ -113,6 +113,13 @@ event_like = st.fixed_dictionaries(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(event_like, max_size=6), st.integers(0, 30))
+# Found by this test: a transition whose trigger is a list, in the run's state, once
+# escaped the checker's fast path as a TypeError.
+@example(
+    [{"type": "transition", "source": "executing", "trigger": [], "dest": "validating",
+      "guards": {}, "call_id": "c1"}],
+    4,
+)  # fmt: skip
 def test_hypothesis_events_never_escape_the_checker(extra: list[Any], at: int) -> None:
     lines = TRACE.decode().splitlines()
     events = [json.loads(x) for x in lines]

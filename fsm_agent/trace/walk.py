@@ -392,7 +392,13 @@ class Walk:
         get = e.get
         source, trigger, dest, reason = get("source"), get("trigger"), get("dest"), get("reason")
         guards = get("guards")
-        if source == self.state and not self.ended and type(guards) is dict and not self.legacy:
+        if (
+            source == self.state
+            and type(trigger) is str
+            and type(guards) is dict
+            and not self.ended
+            and not self.legacy
+        ):
             # The fast path: an event whose shape (edge, recorded outcomes) and recomputed
             # outcomes were seen before and found right is right again; only its action
             # (counters, the batch) needs doing. A trace repeats few such shapes.
