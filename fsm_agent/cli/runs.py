@@ -20,7 +20,7 @@ from fsm_agent.core.table import STATES
 __all__ = ["register"]
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any) -> None:  # long: declarations of the subcommands and flags
     runs = subparsers.add_parser(
         "runs",
         help="list, show, approve, deny, reconcile or export stored runs",

@@ -37,10 +37,17 @@ def audit_run(store: Any, run_id: str, *, key: bytes | None = None, name: str = 
             f"{type(store).__name__} cannot list idempotency records: not cross-checked"
         )
         return report
-    last = len(stored.events)
-    writes = report.writes or []
+    shown = _writes_have_records(report, find, run_id)
+    _records_have_writes(report, find, run_id, shown, last=len(stored.events))
+    return report
+
+
+def _writes_have_records(report: Report, find: Any, run_id: str) -> dict[str, str]:
+    """Each write the trace shows executed has its committed record, bound to the same
+    arguments; each replay names a committed result of another call. Returns how the
+    trace shows each call id."""
     shown: dict[str, str] = {}
-    for w in writes:
+    for w in report.writes or []:
         shown.setdefault(w.call_id, w.how)
         if w.how in ("executed", "stored"):
             mine = [r for r in find(run_id=run_id, tool=w.tool) if r.call_id == w.call_id]
@@ -75,6 +82,15 @@ def audit_run(store: Any, run_id: str, *, key: bytes | None = None, name: str = 
                     w.line,
                     f"call {w.call_id!r}: the replayed result is not the stored result",
                 )
+    return shown
+
+
+def _records_have_writes(
+    report: Report, find: Any, run_id: str, shown: dict[str, str], *, last: int
+) -> None:
+    """Each record the run holds in the store matches what the trace shows of its call:
+    a committed result needs a write shown executed (or reconciled), a pending one must
+    not be shown executed."""
     for record in find(run_id=run_id):
         how = shown.get(record.call_id)
         if record.status == "committed" and how not in ("executed", "stored", "reconciled"):
@@ -89,4 +105,3 @@ def audit_run(store: Any, run_id: str, *, key: bytes | None = None, name: str = 
                 f"the trace shows {record.tool!r} ({record.call_id}) executed, but its record "
                 "is still pending in the store",
             )
-    return report

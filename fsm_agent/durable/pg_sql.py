@@ -47,7 +47,7 @@ _SAVE = (
 
 
 class Statements:
-    def __init__(self, s: str) -> None:
+    def __init__(self, s: str) -> None:  # long: a table of statements, one assignment each
         def q(text: str) -> str:
             return text.replace("{s}", s)
 

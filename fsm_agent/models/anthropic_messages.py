@@ -233,27 +233,8 @@ class _AnthropicCodec(ProviderCodec):
             raise ModelResponseError(
                 f"{p}: unknown stop_reason {stop!r} (expected one of {', '.join(_FINISHED)})"
             )
-        texts: list[str] = []
-        calls: list[Message] = []
         content = need(body, "content", list, p)
-        for i, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, Mapping) else None
-            if kind == "text" and isinstance(block.get("text"), str):
-                texts.append(block["text"])
-            elif kind == "tool_use":
-                raw_input = block.get("input")
-                calls.append(
-                    {
-                        "id": block.get("id") or "",
-                        "type": "function",
-                        "function": {
-                            "name": block.get("name"),
-                            "arguments": json.dumps(raw_input, ensure_ascii=False),
-                        },
-                    }
-                )
-            elif kind not in _THINKING:
-                raise ModelResponseError(f"{p}: content[{i}] has unknown type {kind!r}")
+        texts, calls = _texts_and_calls(content, p)
         # No check_fresh_ids here: Anthropic pairs results turn by turn, and real requests
         # reusing an earlier turn's tool_use id were accepted (tests/data/providers).
         reply: Message = {
@@ -283,6 +264,30 @@ class _AnthropicCodec(ProviderCodec):
             "stop_reason": stop,
         }
         return reply
+
+
+def _texts_and_calls(content: list[Any], p: str) -> tuple[list[str], list[Message]]:
+    """The reply's text blocks and its tool_use blocks as Chat-shaped calls; thinking
+    blocks are passed over here (the caller keeps the whole content), anything else is
+    refused."""
+    texts: list[str] = []
+    calls: list[Message] = []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            arguments = json.dumps(block.get("input"), ensure_ascii=False)
+            calls.append(
+                {
+                    "id": block.get("id") or "",
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": arguments},
+                }
+            )
+        elif kind not in _THINKING:
+            raise ModelResponseError(f"{p}: content[{i}] has unknown type {kind!r}")
+    return texts, calls
 
 
 def _max_tokens(value: Any) -> int:

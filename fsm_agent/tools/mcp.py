@@ -305,6 +305,35 @@ async def _register(
     rejects = _rejects(rejected_on_error)
     by_name = set() if callable(rejected_on_error) else set(rejected_on_error)
     named = set(effects) | set(requires_approval) | set(keys) | by_name | set(wanted)
+    _check_selection(listed, wanted, named, effects, prefix)
+    tools = []
+    for name in wanted:
+        info = listed[name]
+        fn = _caller(client, prefix + name, name, rejects)
+        tools.append(
+            registry.register(
+                fn if wrap is None else wrap(fn),
+                name=prefix + name,
+                schema=info.input_schema,
+                effect=effects[name],
+                description=info.description,
+                requires_approval=name in requires_approval,
+                idempotency_key=keys.get(name),
+                timeout_s=timeout_s,
+            )
+        )
+    return tools
+
+
+def _check_selection(
+    listed: Mapping[str, McpToolInfo],
+    wanted: list[str],
+    named: set[str],
+    effects: Mapping[str, Effect],
+    prefix: str,
+) -> None:
+    """``ConfigError`` unless every named tool is listed by the server, every wanted one
+    has a confirmed effect, a name model APIs accept, and can run without MCP tasks."""
     unknown = sorted(named - set(listed))
     if unknown:
         raise ConfigError(
@@ -330,23 +359,6 @@ async def _register(
             f"MCP tools {', '.join(tasks)} can only run as MCP tasks (execution.taskSupport "
             f"'required'), which this client does not support; leave them out with only="
         )
-    tools = []
-    for name in wanted:
-        info = listed[name]
-        fn = _caller(client, prefix + name, name, rejects)
-        tools.append(
-            registry.register(
-                fn if wrap is None else wrap(fn),
-                name=prefix + name,
-                schema=info.input_schema,
-                effect=effects[name],
-                description=info.description,
-                requires_approval=name in requires_approval,
-                idempotency_key=keys.get(name),
-                timeout_s=timeout_s,
-            )
-        )
-    return tools
 
 
 def _rejects(option: RejectedOnError) -> Callable[[str, str], bool]:
