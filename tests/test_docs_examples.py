@@ -94,31 +94,22 @@ def _run_python(block: Block, namespace: dict[str, object]) -> None:
     exec(code, namespace)
 
 
-def _run_sh(block: Block, cwd: Path) -> None:
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        ["bash", "-e", "-c", block.code],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _run_sh(block: Block, cwd: Path) -> None:
+    _run(["bash", "-e", "-c", block.code], cwd)
 
 
 def _run_test_file(block: Block, cwd: Path) -> None:
     (cwd / "test_doc.py").write_text(block.code, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_doc.py"],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_doc.py"]
+    done = _run(pytest, cwd)
     assert re.search(r"\b\d+ passed\b", done.stdout) and "failed" not in done.stdout
 
 

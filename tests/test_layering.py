@@ -69,6 +69,15 @@ def _layer(module: str) -> int:
     return LAYERS.index(parts[1])
 
 
+def test_the_layer_picture_draws_these_layers() -> None:
+    # The picture in docs/architecture.md is drawn from render/layers.py's list: the
+    # same layers in the same order (the private modules aside).
+    from fsm_agent.render.layers import LAYERS as DRAWN
+
+    public = tuple(layer for layer in LAYERS if not layer.startswith("_"))
+    assert public == DRAWN
+
+
 def test_every_module_belongs_to_a_layer() -> None:
     for module in MODULES:
         parts = module.split(".")
