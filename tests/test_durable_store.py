@@ -20,7 +20,7 @@ from fsm_agent import IdempotencyRecord, JsonlTrace, MemoryStore
 from fsm_agent.durable import owners
 from fsm_agent.durable.review import record_review
 from fsm_agent.durable.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
-from fsm_agent.durable.store import IntentClaim
+from fsm_agent.durable.store import Checkpoint, IntentClaim, RunSave
 from fsm_agent.errors import (
     CorruptRecord,
     IntentConflict,
@@ -408,6 +408,40 @@ def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
         assert store.get_intent("write", "R-7").status == "pending"
         with pytest.raises(RunNotFound):
             store.begin_intent(mine, fence=("nope", holder))
+    finally:
+        store.release("r1", holder)
+        owners.drop(holder)
+
+
+def test_a_save_riding_on_an_intent_is_fenced_with_it(store: Any, backend: Backend) -> None:
+    """A keyed write's checkpoint rides in its intent's transaction (one statement on
+    PostgreSQL): a driver that lost the run writes neither; the holder writes both."""
+    paused_run(store, backend)
+    gone, holder = owners.new_owner(), owners.new_owner()
+    store.claim("r1", gone)
+    store.release("r1", gone)
+    owners.hold(holder)
+    store.claim("r1", holder)  # another driver took the run over
+    try:
+        before = snapshot(store)
+        stored_snapshot, _, events = before
+        event = {"type": "note", "seq": events[-1]["seq"] + 1, "text": "the checkpoint"}
+        moved = {**stored_snapshot, "marker": "saved with the intent"}
+        mine = IdempotencyRecord("write", "R-9", "d", "pending", "r1", "c1")
+
+        def save(owner: str) -> RunSave:
+            return RunSave("r1", owner, [event], Checkpoint(moved))
+
+        with pytest.raises(RunBusy):
+            store.begin_intent(mine, fence=("r1", gone), save=save(gone))
+        assert store.get_intent("write", "R-9") is None
+        assert snapshot(store) == before  # no event, no checkpoint
+
+        assert store.begin_intent(mine, fence=("r1", holder), save=save(holder)).owned
+        assert store.get_intent("write", "R-9").status == "pending"
+        after_snapshot, _, after_events = snapshot(store)
+        assert after_snapshot["marker"] == "saved with the intent"
+        assert after_events[-1]["text"] == "the checkpoint"
     finally:
         store.release("r1", holder)
         owners.drop(holder)
