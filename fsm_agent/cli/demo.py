@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent.cli import demo_report as report
+from fsm_agent.cli.demo_report import ScenarioOutcome
 from fsm_agent.cli.model_args import ModelArgsError, add_model_arguments, model_from_args
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
@@ -132,19 +133,6 @@ def say(text: str) -> dict[str, Any]:
 
 TICKET = {"request_id": "R-1", "title": "Parcel A17 arrived damaged"}
 ALLOWED = ("check_order", "search", "create_ticket")
-
-
-@dataclass
-class ScenarioOutcome:
-    name: str
-    results: list[RunResult]
-    checks: dict[str, tuple[Any, Any]]  # name -> (expected, actual)
-    #: What a reader should know happened after the first run (a follow-up), if anything.
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(expected == actual for expected, actual in self.checks.values())
 
 
 @dataclass
@@ -408,7 +396,7 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
             print(report.scenario_block(SCENARIOS[name], outcome, scripted=model is None))
     failed = [o.name for o in outcomes if not o.ok]
     if not as_json:
-        print(report.final_table(SCENARIOS, outcomes))
+        print(report.final_table(outcomes))
         if folder is not None:
             print(report.where_traces_are(folder, [o.name for o in outcomes]))
     if failed:

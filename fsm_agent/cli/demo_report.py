@@ -12,16 +12,48 @@ import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fsm_agent.core.table import INITIAL_STATE
+from fsm_agent.runtime.result import RunResult
 
-if TYPE_CHECKING:
-    from fsm_agent.cli.demo import Scenario, ScenarioOutcome
-    from fsm_agent.runtime.result import RunResult
+__all__ = [
+    "ScenarioOutcome",
+    "final_table",
+    "path_line",
+    "run_path",
+    "scenario_block",
+    "where_traces_are",
+]
 
-__all__ = ["final_table", "path_line", "run_path", "scenario_block", "where_traces_are"]
+
+@dataclass
+class ScenarioOutcome:
+    """What one scenario did: its runs and its checks, as the report shows them."""
+
+    name: str
+    results: list[RunResult]
+    checks: dict[str, tuple[Any, Any]]  # name -> (expected, actual)
+    #: What a reader should know happened after the first run (a follow-up), if anything.
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(expected == actual for expected, actual in self.checks.values())
+
+
+class _Described(Protocol):
+    """What a block says of its scenario (``cli.demo.Scenario`` has these)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+
 
 _WIDTH = 100
 
@@ -110,7 +142,7 @@ def _field(label: str, text: str, indent: int = 11) -> list[str]:
     ) or [f"  {label}:"]
 
 
-def scenario_block(scenario: Scenario, outcome: ScenarioOutcome, *, scripted: bool) -> str:
+def scenario_block(scenario: _Described, outcome: ScenarioOutcome, *, scripted: bool) -> str:
     """The readable report of one scenario (see the module docstring)."""
     sym = _symbols()
     first = outcome.results[0]
@@ -152,7 +184,7 @@ def scenario_block(scenario: Scenario, outcome: ScenarioOutcome, *, scripted: bo
     return "\n".join(lines) + "\n"
 
 
-def final_table(scenarios: Mapping[str, Scenario], outcomes: Sequence[ScenarioOutcome]) -> str:
+def final_table(outcomes: Sequence[ScenarioOutcome]) -> str:
     """One row per scenario: its stop, how many checks held, and the verdict."""
     sym = _symbols()
     rows = [("scenario", "stop", "checks", "")]
