@@ -53,7 +53,9 @@ class Statements:
 
         self.owner_of = q("SELECT owner, epoch FROM {s}.runs WHERE run_id = %s")
         self.begin_intent = q(
-            "SELECT * FROM {s}.begin_intent(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            "SELECT * FROM {s}.begin_intent(%(tool)s, %(key)s, %(digest)s, %(crun)s, %(call)s, "
+            "%(effect)s, %(dedup)s, %(isum)s, %(rsum)s, %(take_over)s, %(frun)s, %(fowner)s, "
+            "%(fepoch)s)"
         )
         self.get_intent = q(
             "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum, result_sum "

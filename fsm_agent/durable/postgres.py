@@ -276,42 +276,27 @@ class PostgresStore:
         save: RunSave | None = None,
     ) -> IntentClaim:
         r = record
-        f = self._fence_params(fence)
-        params = [
-            r.tool,
-            r.key,
-            r.args_digest,
-            r.run_id,
-            r.call_id,
-            r.effect,
-            r.dedup,
-            _intent_sum(r.args_digest, r.run_id, r.call_id, r.effect, r.dedup),
-            _result_sum("pending", None),
-            take_over,
-            f["frun"],
-            f["fowner"],
-            f["fepoch"],
-        ]
+        intent = {
+            "tool": r.tool, "key": r.key, "digest": r.args_digest, "crun": r.run_id,
+            "call": r.call_id, "effect": r.effect, "dedup": r.dedup, "take_over": take_over,
+            "isum": _intent_sum(r.args_digest, r.run_id, r.call_id, r.effect, r.dedup),
+            "rsum": _result_sum("pending", None),
+        }  # fmt: skip
         if save is None:
-            row = self._one(self.sql.begin_intent, params)
+            f = self._fence_params(fence)
+            row = self._one(self.sql.begin_intent, {**intent, **f})
+            if row[0] == "fenced":
+                self._not_owner(f["frun"])
         else:
             # The run's checkpoint and the intent in one statement: both or neither.
             if fence is not None and fence != (save.run_id, save.owner):
                 raise ValueError("begin_intent: a save rides only under its own fence")
             saved = self._save_params(save.run_id, save.owner, save.events, save.checkpoint)
-            saved.update(
-                tool=r.tool, key=r.key, digest=r.args_digest, crun=r.run_id, call=r.call_id,
-                effect=r.effect, dedup=r.dedup, isum=params[7], rsum=params[8],
-                take_over=take_over,
-            )  # fmt: skip
-            row = self._one(self.sql.save_begin_intent, saved)
+            row = self._one(self.sql.save_begin_intent, {**intent, **saved})
             if row is None:
                 self._not_owner(save.run_id)
-        outcome = row[0]
-        if outcome == "fenced":
-            self._not_owner(f["frun"])
         found = None if row[1] is None else self._record(r.tool, r.key, row[1:])
-        return IntentClaim(outcome == "owned", found)
+        return IntentClaim(row[0] == "owned", found)
 
     def _record(self, tool: str, key: str, row: Any) -> IdempotencyRecord:
         digest, status, run_id, call_id, result, effect, dedup, stored_sum, result_sum = row
