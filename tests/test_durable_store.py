@@ -9,7 +9,8 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -383,9 +384,10 @@ def test_a_damaged_row_is_an_error_never_a_silent_change(tmp_path: Path, backend
             rt.resume("r1")
 
 
-def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
-    store: Any, backend: Backend
-) -> None:
+@contextmanager
+def taken_over(store: Any, backend: Backend) -> Iterator[tuple[str, str]]:
+    """A paused run ``r1`` that driver ``gone`` claimed and then lost to ``holder``:
+    yields ``(gone, holder)``; ``holder`` lets go afterwards."""
     paused_run(store, backend)
     gone, holder = owners.new_owner(), owners.new_owner()
     store.claim("r1", gone)
@@ -393,6 +395,15 @@ def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
     owners.hold(holder)
     store.claim("r1", holder)  # another driver took the run over
     try:
+        yield gone, holder
+    finally:
+        owners.let_go(store, "r1", holder)
+
+
+def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
+    store: Any, backend: Backend
+) -> None:
+    with taken_over(store, backend) as (gone, holder):
         mine = IdempotencyRecord("write", "R-7", "d", "pending", "r1", "c1")
         with pytest.raises(RunBusy):
             store.begin_intent(mine, fence=("r1", gone))
@@ -408,21 +419,12 @@ def test_a_driver_that_lost_its_claim_begins_commits_and_aborts_no_intent(
         assert store.get_intent("write", "R-7").status == "pending"
         with pytest.raises(RunNotFound):
             store.begin_intent(mine, fence=("nope", holder))
-    finally:
-        store.release("r1", holder)
-        owners.drop(holder)
 
 
 def test_a_save_riding_on_an_intent_is_fenced_with_it(store: Any, backend: Backend) -> None:
     """A keyed write's checkpoint rides in its intent's transaction (one statement on
     PostgreSQL): a driver that lost the run writes neither; the holder writes both."""
-    paused_run(store, backend)
-    gone, holder = owners.new_owner(), owners.new_owner()
-    store.claim("r1", gone)
-    store.release("r1", gone)
-    owners.hold(holder)
-    store.claim("r1", holder)  # another driver took the run over
-    try:
+    with taken_over(store, backend) as (gone, holder):
         before = snapshot(store)
         stored_snapshot, _, events = before
         event = {"type": "note", "seq": events[-1]["seq"] + 1, "text": "the checkpoint"}
@@ -442,6 +444,3 @@ def test_a_save_riding_on_an_intent_is_fenced_with_it(store: Any, backend: Backe
         after_snapshot, _, after_events = snapshot(store)
         assert after_snapshot["marker"] == "saved with the intent"
         assert after_events[-1]["text"] == "the checkpoint"
-    finally:
-        store.release("r1", holder)
-        owners.drop(holder)
