@@ -228,6 +228,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
                                   "stall", "kill", "kill"]):  # fmt: skip
             actions[1 + n * max(len(waves) // 10, 1)] = planned
         stalled: list[threading.Timer] = []
+        stalled_pids: set[int] = set()
         for n, wave in enumerate(waves):
             for run_id, kind, key in wave:
                 for _ in range(50):
@@ -239,8 +240,11 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
             time.sleep(0.15)  # mid-wave: the workers are driving these runs now
             what = actions.get(n)
             live = fleet.live()
-            if what == "kill" and live:
-                victim = rng.choice(live)
+            # A stalled worker is never a kill's victim: it must wake up holding runs
+            # that were taken over, and have its next commit refused.
+            killable = [p for p in live if p.pid not in stalled_pids]
+            if what == "kill" and killable:
+                victim = rng.choice(killable)
                 victim.kill()
                 victim.wait()
                 report.kills += 1
@@ -251,6 +255,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
                 held = _held_by_pid(store)
                 victim = max(live, key=lambda p: (held.get(p.pid, 0), rng.random()))
                 os.kill(victim.pid, signal.SIGSTOP)
+                stalled_pids.add(victim.pid)
                 report.stalls += 1
                 report.stalled_holding += held.get(victim.pid, 0)
                 timer = threading.Timer(LEASE_S * 2.5, _resume, (victim,))
