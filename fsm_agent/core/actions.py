@@ -207,7 +207,9 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
     """Settle the paused batch with the reviewers' decisions: a denied call is answered
     as denied, a reconciled one with the observed result; approved and skipped calls keep
     their placeholder until they run afresh."""
-    if s.reason == "approval_required":  # the pause came before the batch started
+    if s.reason == "approval_required" and s.call.index < 0:
+        # The pause came at validate, before the batch started (a use refused at
+        # dispatch pauses a started batch: it is counted already).
         s.counters.tool_rounds += 1
         s.counters.tool_calls += len(s.decision.calls)
     for call in s.decision.calls:

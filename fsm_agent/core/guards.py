@@ -171,6 +171,13 @@ def idempotent_replay(run: RunState) -> bool:
 
 
 @guard
+def approval_refused(run: RunState) -> bool:
+    """The store refused the call a use of its limited approval: every ``max_uses`` went
+    to other calls (the ``ConsumeApproval`` answer, recorded as ``approval_use``)."""
+    return run.call.needs_approval
+
+
+@guard
 def write_outcome_lost(run: RunState) -> bool:
     """The process died while this write (without downstream dedup) was running, and no
     committed result under its idempotency key says how it ended. Decided from the facts

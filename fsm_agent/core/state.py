@@ -141,8 +141,12 @@ class RunState:
     placeholders: dict[str, tuple[int, str]] = field(default_factory=dict)
     #: call id -> a reviewer's decision on a paused call of the current batch.
     reviews: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: call id -> the approval a call of the current batch consumes.
+    #: call id -> the limited approval a call of the current batch spent a use of (the
+    #: store granted it: a retry or a resume does not ask again).
     approvals: dict[str, str] = field(default_factory=dict)
+    #: The store's answer to this dispatch's ``ConsumeApproval`` (granted | refused), until
+    #: the ``dispatch`` transition records it. Not saved.
+    approval_use: str | None = None
     status: str | None = None
     reason: str | None = None
     detail: str = ""

@@ -197,6 +197,9 @@ _ROWS: tuple[Transition, ...] = (
       "run again"),
     T("dispatch", "executing", "observing", ("idempotent_replay",), None, "answer_replay",
       "R7: the same key and arguments return the stored result, executing nothing"),
+    T("dispatch", "executing", "review_required", ("approval_refused",), "approval_required",
+      "stop", "R8: a write whose limited approval has no use left (max_uses, counted by the "
+      "store across runs and workers) runs nothing"),
     T("dispatch", "executing", "executing", (), None, "start_attempt",
       "the call is admitted and its tool runs now"),
 

@@ -25,7 +25,7 @@ from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import restore_run
-from fsm_agent.durable.store import Checkpoint, Store, supports_runs
+from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
@@ -96,6 +96,12 @@ class Runtime:
         self.clock = clock
         self.sleep = sleep
         self._book = ApprovalBook(approvals)
+        if self._book.limited and not supports_approvals(self.store):
+            raise ConfigError(
+                f"approvals with max_uses need a store that counts their uses; "
+                f"{type(self.store).__name__} has no consume_approval() (use MemoryStore, "
+                "SqliteStore or PostgresStore, or drop max_uses)"
+            )
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)

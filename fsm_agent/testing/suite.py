@@ -248,6 +248,19 @@ def _replay_check(o: ScenarioRun) -> None:
     assert _effects(o, "create_ticket") == 1 and _answers(o)["c2"]["replayed"] is True
 
 
+def _approval_refused(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit, requires_approval=True)
+    return [[decide(_ticket(), _ticket(id="c2"))]]
+
+
+def _approval_refused_check(o: ScenarioRun) -> None:
+    assert _effects(o, "create_ticket") == 1  # c1 spent the one use; c2 did not run
+    assert _answers(o)["c2"]["error"] == "approval_required"
+    assert set(o.result.pending) == {"c2"}
+    uses = [e.get("approval_use") for e in o.result.events if e.get("trigger") == "dispatch"]
+    assert uses == ["granted", "refused"], uses
+
+
 # ── executing: the tool returned, raised, or never started ─────────────────────────
 
 
@@ -483,6 +496,11 @@ SUITE: tuple[Scenario, ...] = (
       _replay, "done", "final_answer",
       {"write_attempts": 2, "replays": 1, "tool_attempts": {"create_ticket": 1}},
       _replay_check),
+    S("approval_refused", _key("dispatch", "executing", "review_required", "approval_refused"),
+      _approval_refused, "review_required", "approval_required",
+      {"write_attempts": 1, "tool_rounds": 1, "tool_calls": 2}, _approval_refused_check,
+      options={"approvals": [Approval("create_ticket", {"key": "R-1", "title": "refund"},
+                                      max_uses=1)]}),
     S("call_runs", _key("dispatch", "executing", "executing"),
       _read_then_answer, "done", "final_answer", {"tool_attempts": {"lookup": 1}}),
 

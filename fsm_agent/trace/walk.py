@@ -115,14 +115,16 @@ def _dispatch(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, 
     clock = w.clock(e, 0.0) if w.settings.budget.max_wall_clock_s is not None else False
     if clock is UNSURE:
         clock = _flag(guards.get("wall_clock_spent"))
+    refused = e.get("approval_use") == "refused"  # the store's recorded answer
     if not call.idempotent or w.claimed:
-        return (admitted, clock, False, False, False)
+        return (admitted, clock, False, False, False, refused)
     return (
         admitted,
         clock,
         _flag(guards.get("idempotency_conflict")),
         _flag(guards.get("idempotency_pending")),
         _flag(guards.get("idempotent_replay")),
+        refused,
     )
 
 
@@ -376,15 +378,11 @@ class Walk:
             # covering its digest (check_approval), so a false "no" is caught there.
             c.needs_approval = UNSURE
             return
-        limit = settings.approvals[c.digest]
-        approval_id = f"config:{c.digest[:16]}"
-        if limit is None:
-            c.needs_approval = False
-            c.approval = approval_id
-        elif self.uses.get(approval_id, 0) >= limit:
-            c.needs_approval = True  # used up in this run already
-        else:
-            c.needs_approval = UNSURE  # another run of the runtime may have used it up
+        # Admission only identifies a configured approval; a limited one's use is spent
+        # at dispatch, and the store's answer is recorded there (``approval_use``).
+        c.needs_approval = False
+        if settings.approvals[c.digest] is None:
+            c.approval = f"config:{c.digest[:16]}"
 
     # ── transitions ───────────────────────────────────────────────────────────────
 
@@ -576,6 +574,7 @@ class Walk:
                 "idempotency_conflict": False if plain else UNSURE,
                 "idempotency_pending": False if plain else UNSURE,
                 "idempotent_replay": False if plain else UNSURE,
+                "approval_refused": e.get("approval_use") == "refused",
             }
         if trigger == "tool_returned":
             kind = e.get("outcome")
@@ -677,6 +676,8 @@ class Walk:
     def act(self, line: int, edge: Transition, e: dict[str, Any]) -> None:  # noqa: C901 - one branch per action of the table
         action = edge.action
         self.order(line, edge, e)
+        if edge.trigger == "dispatch" and "approval_use" in e:
+            self.approval_use(line, edge, e["approval_use"])
         if edge.trigger == "resume":
             self.resumed = True
             self.uses = {}
@@ -779,6 +780,20 @@ class Walk:
         if call.idempotent:
             self.claimed = True
         self.check_approval(line, call, e.get("approval"))
+
+    def approval_use(self, line: int, edge: Transition, answer: Any) -> None:
+        """The store's answer to spending a use of the call's limited approval: asked
+        only for a call about to start, so granted starts it and refused stops the run."""
+        call = self.call
+        limit = None if call is None else self.settings.approvals.get(call.digest or "")
+        if call is None or not call.requires_approval or limit is None:
+            self.fail(line, f"approval_use {answer!r}, but the call has no limited approval")
+        elif answer == "refused":
+            call.needs_approval = True  # its placeholder waits for a reviewer's approval
+        elif answer != "granted":
+            self.fail(line, f"approval_use is {answer!r}, not 'granted' or 'refused'")
+        elif edge.action != "start_attempt":
+            self.fail(line, "approval_use 'granted' on a dispatch that starts no attempt")
 
     def check_approval(self, line: int, call: CallFacts, named: Any) -> None:
         """A write that needs an approval names one covering exactly its arguments."""
@@ -1075,7 +1090,8 @@ class Walk:
                 self.line,
                 f"resumed while {', '.join(map(repr, unsettled))} still wait for a reviewer",
             )
-        if self.stop_reason == "approval_required":
+        if self.stop_reason == "approval_required" and self.call is None:
+            # (paused at validate: a use refused at dispatch paused a started batch)
             self.tool_rounds += 1
             self.tool_calls += len(self.calls)
         approved = dict(self.approved)
@@ -1129,7 +1145,7 @@ def _install() -> None:
             assert _names(*key) == {
                 ("executing", "dispatch"): (
                     "call_admitted", "wall_clock_spent", "idempotency_conflict",
-                    "idempotency_pending", "idempotent_replay",
+                    "idempotency_pending", "idempotent_replay", "approval_refused",
                 ),
                 ("executing", "tool_returned"): _names(*key),
                 ("observing", "observe"): (
