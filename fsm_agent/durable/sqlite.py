@@ -220,6 +220,11 @@ class SqliteStore:
                 self._migrate()
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+        except UnicodeDecodeError as exc:  # a damaged schema row, read as it is opened
+            raise CorruptRecord(
+                f"{self.path}: the schema is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); the file is damaged"
+            ) from None
 
     def _migrate(self) -> None:
         with self._write() as c:
