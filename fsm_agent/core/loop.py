@@ -61,7 +61,7 @@ from fsm_agent.core.select import select
 from fsm_agent.core.state import RunState
 from fsm_agent.core.table import TERMINAL_STATES, TRANSITIONS
 
-__all__ = ["SCHEMA", "Cancelled", "Steps", "settled", "start", "steps"]
+__all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
 SCHEMA = "fsm-agent.trace/2"
@@ -127,6 +127,23 @@ def settled(s: RunState) -> bool:
     return all(
         call_id in s.reviews for call_id, (_, error) in s.placeholders.items() if error in BLOCKING
     )
+
+
+def review(s: RunState, request: dict[str, Any]) -> bool:
+    """Fire the ``review`` trigger of a paused run with a reviewer's decision: whether the
+    table recorded it (``review_fits``). ``request`` is the ``review`` event to write:
+    ``action``, ``call_id``, ``tool``, the decision's ``digest``/``reason``/``result``,
+    ``reviewer``, ``at`` (ISO-8601 UTC, from the caller: the core reads no clock) and
+    ``note``. Pure: the events it adds are in ``s.events``, for the caller to store."""
+    s.review_request = request
+    try:
+        edge = fire(s, "review")
+        _after(s, edge)
+        for listener in TRANSITION_LISTENERS:
+            listener(s, edge)
+    finally:
+        s.review_request = None
+    return edge.action == "record_review"
 
 
 def steps(s: RunState, *, resumed: bool = False) -> Steps:
@@ -447,7 +464,7 @@ def _after(s: RunState, edge: Any) -> None:
         s.seq += 1
         payload["seq"] = s.seq
         _record(s, payload)
-    if edge.dest in _TERMINAL:
+    if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
         s.seq += 1
         _record(
             s,

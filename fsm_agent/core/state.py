@@ -144,6 +144,8 @@ class RunState:
     #: call id -> the limited approval a call of the current batch spent a use of (the
     #: store granted it: a retry or a resume does not ask again).
     approvals: dict[str, str] = field(default_factory=dict)
+    #: A reviewer's decision being recorded (the ``review`` trigger). Not saved.
+    review_request: dict[str, Any] | None = None
     #: The store's answer to this dispatch's ``ConsumeApproval`` (granted | refused), until
     #: the ``dispatch`` transition records it. Not saved.
     approval_use: str | None = None

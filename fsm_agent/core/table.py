@@ -29,6 +29,8 @@ Triggers are fired by the loop when it has news:
                                       any other exit)
 ``resume``                            a stored run is picked up again: its process died,
                                       or reviewers settled it
+``review``                            a reviewer decides on a paused call (approve, deny,
+                                      reconcile); the run stays paused
 
 Identity: an edge's ``index`` is its position here; its ``key`` (``trigger/source->dest
 [guards]``) names it independently of position. :data:`MACHINE_HASH` covers every column
@@ -70,7 +72,7 @@ State = Literal[
 ]  # fmt: skip
 Trigger = Literal[
     "model_replied", "model_failed", "validate", "dispatch", "tool_returned", "retry",
-    "observe", "cancel", "resume",
+    "observe", "cancel", "resume", "review",
 ]  # fmt: skip
 Reason = Literal[
     "final_answer", "model_error", "malformed_decision", "empty_answer",
@@ -82,7 +84,7 @@ Reason = Literal[
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
     "schedule_retry", "answer_refusal", "answer_replay", "answer_result", "answer_failure",
-    "answer_stored", "apply_review",
+    "answer_stored", "apply_review", "record_review",
 ]  # fmt: skip
 
 
@@ -219,6 +221,14 @@ _ROWS: tuple[Transition, ...] = (
     T("tool_returned", "executing", "observing", (), None, "answer_failure",
       "R5: a read that failed for good is answered as an error"),
 
+    # ── review: a reviewer decides on a paused call ─────────────────────────────────
+    T("review", "review_required", "review_required", ("review_fits",), None, "record_review",
+      "D2: a decision that fits what the paused call waits for (approve: approval_required, "
+      "reconcile: outcome_unknown, deny: any paused call) is recorded, once per call, with "
+      "who decided, when and why; the run stays paused until every blocking call is settled"),
+    T("review", "review_required", "review_required", (), None, None,
+      "D2: a decision that does not fit the paused call is refused and records nothing"),
+
     # ── resume: a stored run is picked up again ─────────────────────────────────────
     T("resume", "executing", "review_required", ("write_outcome_lost",), "outcome_unknown",
       "stop", "R6/D1: a write that was running when the process died may have happened; "
@@ -334,9 +344,13 @@ def check_table(
         problems += [f"{where}: unknown state {s!r}" for s in (t.source, t.dest) if s not in states]
         if t.action is not None and t.action not in actions:
             problems.append(f"{where}: unknown action {t.action!r}")
-        if (t.dest in terminal) != (t.reason is not None):
+        # A self-loop on a terminal state (a review) keeps the run's stop reason.
+        stays = t.source == t.dest and t.source in terminal
+        if not stays and (t.dest in terminal) != (t.reason is not None):
             problems.append(f"{where}: reason and terminal disagree")
-        if t.source in terminal and t.trigger != "resume":
+        if stays and t.reason is not None:
+            problems.append(f"{where}: a self-loop on a terminal state keeps the stop reason")
+        if t.source in terminal and t.trigger != "resume" and not stays:
             problems.append(f"{t.label}: only 'resume' may leave a terminal state")
     for (source, trigger), group in groups.items():
         if group[-1].guards:

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from fsm_agent.core.actions import BLOCKING
+from fsm_agent.core.actions import BLOCKING, FITS
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import NO_DECISION, Decision
 from fsm_agent.core.select import GuardNotRecorded, select, select_recorded
@@ -46,12 +46,6 @@ __all__ = ["Walk", "Write"]
 _TERMINAL = _TERMINAL_SET = frozenset(TERMINAL_STATES)
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 _KINDS = frozenset({"ok", "rejected", "transient", "timeout", "error", "not_started"})
-#: Review action -> the placeholder errors it settles (``durable/review.py``).
-_FITS = {
-    "approve": frozenset({"approval_required"}),
-    "reconcile": frozenset({"outcome_unknown"}),
-    "deny": BLOCKING | {"skipped_pending_review"},
-}
 #: Seconds within which a recorded ``t`` (rounded to 1 µs) cannot settle a deadline.
 _CLOCK_SLACK = 2e-6
 
@@ -277,6 +271,8 @@ class Walk:
                 expect.popleft()
                 if kind == "observation":
                     self.observation(line, e, wanted)
+                elif kind == "review":
+                    self.review(line, e)
                 else:
                     self.run_end(line, e)
                 self.prev_line = line
@@ -286,6 +282,8 @@ class Walk:
         elif kind == "decision":
             self.decision_event(line, e)
         elif kind == "review":
+            if "at" in e:  # (a bare review is an older writer's, which recorded no time)
+                self.fail(line, "a review event that no review transition wrote")
             self.review(line, e)
         elif kind == "observation":
             call_id = e.get("call_id")
@@ -310,6 +308,8 @@ class Walk:
     def missing(self, line: int, wanted: Expected) -> None:
         if wanted.kind == "run_end":
             self.fail(line, f"the run stopped in {self.state} but run_end does not follow")
+        elif wanted.kind == "review":
+            self.fail(line, "the review transition is not followed by its review event")
         else:
             who = wanted.call.id if wanted.call is not None else "?"
             self.fail(
@@ -463,7 +463,7 @@ class Walk:
             self.act(line, edge, e)
         self.last = edge
         self.state = dest
-        if dest in _TERMINAL:
+        if dest in _TERMINAL and state not in _TERMINAL:  # (a review: still paused)
             self.status, self.stop_reason = dest, reason
             self.expect.append(Expected("run_end"))
 
@@ -722,6 +722,8 @@ class Walk:
             self.stop(edge)
         elif action == "apply_review":
             self.apply_review()
+        elif action == "record_review":
+            self.expect.append(Expected("review"))
         if edge.trigger == "tool_returned":
             self.in_flight = False
             if self.outcome in ("rejected", "not_started"):
@@ -1059,7 +1061,7 @@ class Walk:
             self.fail(line, f"review of {call_id!r}, which is not a paused call of the batch")
             return
         action = e.get("action")
-        if action not in _FITS or waiting not in _FITS[action]:
+        if action not in FITS or waiting not in FITS[action]:
             self.fail(line, f"review {action!r} of call {call_id!r}, which waits for {waiting}")
             return
         if call_id in self.reviews:
