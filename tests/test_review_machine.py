@@ -98,7 +98,7 @@ def test_the_checker_refuses_a_review_without_its_transition() -> None:
     assert check_events(events) == []
     transition = events[-2]
     assert transition["trigger"] == "review"
-    forged = events[:-2] + [{**events[-1], "seq": transition["seq"]}]
+    forged = [*events[:-2], {**events[-1], "seq": transition["seq"]}]
     assert any("no review transition wrote" in p for p in map(str, check_events(forged)))
 
 
