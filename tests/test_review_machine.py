@@ -14,7 +14,9 @@ from fsm_agent import ScriptedModel
 from fsm_agent.core import loop
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.review import paused_state
+from fsm_agent.durable.sqlite import SqliteStore
 from fsm_agent.errors import ReviewError
+from fsm_agent.testing.scenarios import Mortal, ProcessDied
 from fsm_agent.trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "refund"}
@@ -112,3 +114,47 @@ def test_an_async_application_records_then_aresumes() -> None:
 
     done = asyncio.run(main())
     assert done.status == "done" and backend.writes == [WRITE]
+
+
+class DyingBackend(Backend):
+    """Its next lookup kills the process (``die``), once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.die: Any = None
+
+    def lookup(self, order_id: str) -> dict[str, Any]:
+        if self.die is not None:
+            die, self.die = self.die, None
+            die()
+        return super().lookup(order_id)
+
+
+def test_a_reviewers_approval_outlives_a_driver_that_died_after_applying_it(
+    tmp_path: Any,
+) -> None:
+    """The reviews go once applied; the approval stays with the run, so the next driver
+    still runs the approved write (and names its approval) instead of pausing again."""
+    store = SqliteStore(tmp_path / "runs.db")
+    mortal = Mortal(store)
+    backend = DyingBackend()
+    script = [calls(call("c1", "lookup", order_id="A1"), call("c2", "write", **WRITE)),
+              say("Filed.")]  # fmt: skip
+    rt = make_runtime(script, backend, store=store, approval=True)
+    assert rt.run("file it", run_id="r1").reason == "approval_required"
+    rt.approve("r1", "c2", by="ana")
+
+    def die() -> None:
+        mortal.kill()
+        raise ProcessDied("killed during the lookup")
+
+    backend.die = die
+    with pytest.raises(ProcessDied):
+        rt.resume("r1")  # applies the review (saved), then dies in c1
+    mortal.restart()
+    done = rt.resume("r1")
+    assert (done.status, done.reason) == ("done", "final_answer") and backend.writes == [WRITE]
+    assert check_events(done.events) == []
+    (started,) = [e for e in done.events if e.get("tool") == "write" and "approval" in e]
+    assert started["approval"] == "review:c2"
+    store.close()

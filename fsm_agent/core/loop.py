@@ -511,14 +511,17 @@ def _admit(s: RunState) -> None:
     )
 
     def approval(call_id: str, args_digest: str) -> str | None:
-        """The approval that covers this call: one it already spent a use of, a
-        reviewer's approval of this very call, or a configured one. Pure: a limited
-        approval's use is spent only when the call is about to start (:func:`_consume`)."""
+        """The approval that covers this call: one it holds already (a use it spent, a
+        reviewer's approval it was admitted with), a reviewer's approval of this very
+        call, or a configured one. Nothing outside the run changes: a limited approval's
+        use is spent only when the call is about to start (:func:`_consume`)."""
         got = s.approvals.get(call_id)
         if got is None:
             review = s.reviews.get(call_id) or {}
             if review.get("action") == "approve" and review.get("digest") == args_digest:
-                got = f"review:{call_id}"
+                # Kept with the run: the reviews go once applied, and a later resume
+                # (this driver died) must still find the call approved.
+                got = s.approvals[call_id] = f"review:{call_id}"
             else:
                 got = cfg.approvals.find(args_digest)
         return got

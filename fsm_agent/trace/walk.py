@@ -109,7 +109,7 @@ def _dispatch(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, 
     clock = w.clock(e, 0.0) if w.settings.budget.max_wall_clock_s is not None else False
     if clock is UNSURE:
         clock = _flag(guards.get("wall_clock_spent"))
-    refused = e.get("approval_use") == "refused"  # the store's recorded answer
+    refused = _refused(w, e)
     if not call.idempotent or w.claimed:
         return (admitted, clock, False, False, False, refused)
     return (
@@ -120,6 +120,14 @@ def _dispatch(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, 
         _flag(guards.get("idempotent_replay")),
         refused,
     )
+
+
+def _refused(w: Walk, e: dict[str, Any]) -> Any:
+    """``approval_refused``: the store's recorded answer; after a resume also a call the
+    resuming runtime's approvals no longer cover (admission is not in the trace)."""
+    if e.get("approval_use") == "refused":
+        return True
+    return _flag(e.get("guards", {}).get("approval_refused")) if w.resumed else False
 
 
 def _returned(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
@@ -574,7 +582,7 @@ class Walk:
                 "idempotency_conflict": False if plain else UNSURE,
                 "idempotency_pending": False if plain else UNSURE,
                 "idempotent_replay": False if plain else UNSURE,
-                "approval_refused": e.get("approval_use") == "refused",
+                "approval_refused": _refused(self, e),
             }
         if trigger == "tool_returned":
             kind = e.get("outcome")
@@ -678,6 +686,8 @@ class Walk:
         self.order(line, edge, e)
         if edge.trigger == "dispatch" and "approval_use" in e:
             self.approval_use(line, edge, e["approval_use"])
+        if edge.trigger == "dispatch" and edge.reason == "approval_required" and self.call:
+            self.call.needs_approval = True  # its placeholder waits for an approval
         if edge.trigger == "resume":
             self.resumed = True
             self.uses = {}
