@@ -57,7 +57,7 @@ def test_a_review_records_who_when_and_why_and_refuses_a_time_not_in_utc() -> No
     event = rt.approve("r1", "c1", by="ana", note="customer confirmed").events[-1]
     assert (event["reviewer"], event["note"]) == ("ana", "customer confirmed")
     assert event["at"].endswith("Z")  # now, in UTC, read by the durable layer
-    transition = rt.store.load_run("r1").events[-2]  # type: ignore[attr-defined]
+    transition = rt.store.load_run("r1").events[-2]
     assert transition["trigger"] == "review" and transition["guards"] == {"review_fits": True}
     assert "reason" not in transition  # a review keeps the run's stop reason
 
