@@ -25,7 +25,7 @@ from transitions.core import Event as TransitionsEvent
 
 from fsm_agent.core.actions import ACTIONS
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.select import select
+from fsm_agent.core.select import choose
 from fsm_agent.core.table import (
     DEFAULT_MACHINE,
     INITIAL_STATE,
@@ -59,15 +59,20 @@ TRANSITION_LISTENERS: list[Callable[[Any, Transition], None]] = []
 
 
 class _Trigger(TransitionsEvent):
-    """A trigger of this machine: its edge is chosen by :func:`select` from the guard
-    function passed with the model (``trigger(model, guard)``), not by the stock
+    """A trigger of this machine: its edge is chosen by the one selector's walk
+    (:func:`~fsm_agent.core.select.choose`) over the group of the model's state, from the
+    guard function passed with the model (``trigger(model, guard)``), not by the stock
     per-edge ``execute`` (whose empty callback lists and debug logging cost more than
     the choice itself on the hot path)."""
 
+    #: source state -> the edges of this trigger there, in priority order.
+    groups: dict[str, tuple[Transition, ...]]
+
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        if model.state not in self.transitions:  # no edge from here: stock MachineError
+        edges = self.groups.get(model.state)
+        if edges is None:  # no edge from here: stock MachineError
             return super().trigger(model, *args, **kwargs)
-        edge = select(model.state, self.name, args[0], self.machine.table)
+        edge = choose(edges, args[0])
         assert edge is not None, "every group ends with an unguarded edge"
         # What ``Machine.set_state`` does, minus its name lookup and list handling: the
         # destination is a state of this machine (``check_table`` verified every one).
@@ -102,6 +107,8 @@ def build_machine(table: MachineValue = DEFAULT_MACHINE) -> Machine:
         conditions: list[Any] = list(t.conditions)
         unless: list[Any] = list(t.unless)
         machine.add_transition(t.trigger, t.source, t.dest, conditions=conditions, unless=unless)
+    for name, event in machine.events.items():
+        event.groups = {source: table.edges_from(source, name) for source in event.transitions}
     return machine
 
 

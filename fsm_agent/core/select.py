@@ -18,7 +18,7 @@ from fsm_agent.core.table import Transition, edges_from
 if TYPE_CHECKING:
     from fsm_agent.core.table import Machine
 
-__all__ = ["GuardNotRecorded", "select", "select_recorded"]
+__all__ = ["GuardNotRecorded", "choose", "select", "select_recorded"]
 
 
 class GuardNotRecorded(LookupError):
@@ -44,6 +44,12 @@ def select(
     the choice needs, so the names asked are exactly the outcomes a trace records.
     """
     edges = edges_from(state, trigger) if machine is None else machine.edges_from(state, trigger)
+    return choose(edges, guard)
+
+
+def choose(edges: tuple[Transition, ...], guard: Callable[[str], bool]) -> Transition | None:
+    """The walk :func:`select` makes over one group of edges (the engine, which has looked
+    the group up already, calls it directly)."""
     for edge in edges:
         for name, want in edge.checks:
             if guard(name) is not want:
