@@ -38,6 +38,7 @@ __all__ = [
     "RunState",
     "SaveMode",
     "apart",
+    "declarations",
     "persisted",
     "snapshot_machine",
 ]
@@ -356,17 +357,19 @@ def _codec(f: Field[Any]) -> tuple[str, Dump, Load]:
     return meta["key"] or name, dump, load
 
 
-def _declarations() -> tuple[tuple[str, Dump, Load], ...]:
-    undeclared = [f.name for f in fields(RunState) if "persist" not in f.metadata]
-    if undeclared:  # a field nobody decided about would silently not survive a restart
+def declarations(cls: type[RunState]) -> tuple[tuple[str, Dump, Load], ...]:
+    """``(key, dump, load)`` of every persisted field of ``cls``, in declaration order;
+    ``TypeError`` naming each field that declares neither :func:`persisted` nor
+    :func:`apart` (one nobody decided about would silently not survive a restart)."""
+    undeclared = [f.name for f in fields(cls) if "persist" not in f.metadata]
+    if undeclared:
         raise TypeError(
-            f"RunState fields {undeclared} declare neither persisted(...) nor apart(...)"
+            f"{cls.__name__} fields {undeclared} declare neither persisted(...) nor apart(...)"
         )
-    return tuple(_codec(f) for f in fields(RunState) if f.metadata["persist"])
+    return tuple(_codec(f) for f in fields(cls) if f.metadata["persist"])
 
 
-#: ``(key, dump, load)`` of every persisted field, in declaration order.
-_PERSISTED = _declarations()
+_PERSISTED = declarations(RunState)
 
 
 def _checksum(body: dict[str, Any]) -> str:
