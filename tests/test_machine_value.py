@@ -57,9 +57,7 @@ def test_a_paused_run_resumes_under_its_old_machine_after_the_table_changed(
     paused = old.run("file it", run_id="r1")
     assert (paused.status, paused.reason) == ("review_required", "approval_required")
     # The application changed its table back to the built-in one, and still knows STRICT.
-    new = make_runtime(
-        list(SCRIPT[1:]), backend, store=store, approval=True, machines=[STRICT]
-    )
+    new = make_runtime(list(SCRIPT[1:]), backend, store=store, approval=True, machines=[STRICT])
     assert new.machine == DEFAULT_MACHINE
     result = new.approve("r1", "c1")
     # The old table's edge ended it: under the new one the model would have answered.
@@ -137,8 +135,8 @@ def test_fsm_agent_diagram_draws_an_applications_machine(
     plain = (tmp_path / "plain.dot").read_text()
     assert "observe [has_tool_calls]" not in plain and MACHINE_HASH in plain
     # A function returning one works too; Mermaid draws it as well.
-    assert main(["diagram", "--machine", "machine_app:strict_machine", "--detail", "full", "--format",
-                 "mermaid"]) == 0  # fmt: skip
+    spec = "machine_app:strict_machine"
+    assert main(["diagram", "--machine", spec, "--detail", "full", "--format", "mermaid"]) == 0
     mermaid = capsys.readouterr().out
     assert f"one-round {STRICT.hash}" in mermaid
     assert any(line.startswith("    observing --> budget_exhausted") and "has_tool_calls" in line

@@ -108,7 +108,9 @@ def build_machine(table: MachineValue = DEFAULT_MACHINE) -> Machine:
         unless: list[Any] = list(t.unless)
         machine.add_transition(t.trigger, t.source, t.dest, conditions=conditions, unless=unless)
     for name, event in machine.events.items():
-        event.groups = {source: table.edges_from(source, name) for source in event.transitions}
+        cast(_Trigger, event).groups = {
+            source: table.edges_from(source, name) for source in event.transitions
+        }
     return machine
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.engine import check_machine
 from fsm_agent.core.history import check_history
 from fsm_agent.core.jsonsafe import make_safe
-from fsm_agent.core.engine import check_machine
 from fsm_agent.core.table import Machine
 from fsm_agent.errors import ConfigError
 from fsm_agent.tools.registry import ToolRegistry
@@ -57,10 +57,14 @@ def check_settings(
         raise ConfigError(f"retry must be a RetryPolicy, got {retry!r}")
     if redact is not None and not callable(redact):
         raise ConfigError("redact must be a function of one event")
+    _check_machines(machines)
+
+
+def _check_machines(machines: Iterable[Any]) -> None:
     for m in machines:
         if not isinstance(m, Machine):
             raise ConfigError(
-                f"machine and machines must be Machine values (fsm_agent.core.engine."
+                "machine and machines must be Machine values (fsm_agent.core.engine."
                 f"compile_machine builds one), got {m!r}"
             )
         check_machine(m)

@@ -101,8 +101,7 @@ class Trap:
         )
 
     def stand_in(self, owner: Any, attr: str, what: str) -> Callable[..., Any]:
-        prefix = owner.__name__ if isinstance(owner, type) else owner.__name__
-        name = f"{prefix}.{attr}"
+        name = f"{owner.__name__}.{attr}"  # a module's or a class's
 
         def trapped(*args: Any, **kwargs: Any) -> Any:
             return self.trip(name, what)
@@ -110,12 +109,14 @@ class Trap:
         return trapped
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any]:
-    outcome = yield
-    report = outcome.get_result()
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     if report.when == "call":
         item.stash[_CALL_FAILED] = report.failed
+    return report
 
 
 @pytest.fixture(autouse=True)
