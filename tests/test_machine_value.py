@@ -148,3 +148,24 @@ def test_fsm_agent_diagram_draws_an_applications_machine(
     ):
         assert main(["diagram", "--machine", spec, "--format", "dot"]) == 2
         assert error in capsys.readouterr().err
+
+
+def test_transition_coverage_counts_the_edges_of_its_machine(backend: Backend) -> None:
+    from fsm_agent.testing.coverage import TransitionCoverage, to_dot
+
+    strict, plain = TransitionCoverage(STRICT), TransitionCoverage()
+    script = [calls(call("c1", "lookup", order_id="A")), say("never asked")]
+    for coverage in (strict, plain):
+        coverage.install()
+    try:
+        make_runtime(list(script), backend, machine=STRICT).run("look")
+    finally:
+        for coverage in (strict, plain):
+            coverage.uninstall()
+    assert sum(plain.hits) == 0  # a run of another machine is not this table's
+    rule = next(t for t in STRICT.transitions if t.key == ONE_ROUND.key)
+    assert strict.hits[rule.index] == 1 and len(strict.hits) == len(STRICT.transitions)
+    row = next(line for line in strict.report_lines() if line.startswith(f"{rule.index} "))
+    assert "observing -> budget_exhausted" in row and "has_tool_calls" in row
+    assert row.endswith(" 1")
+    assert STRICT.hash in to_dot(strict)
