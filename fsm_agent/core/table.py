@@ -1,8 +1,11 @@
-"""The run machine: one transition table, declared as data.
+"""The run machine: a transition table, declared as data, and held as a value.
 
-This table is the single source of truth. The loop fires it (through ``transitions``, see
-``engine.py``), the diagram draws it, the trace checker verifies traces against it and the
-coverage report counts its edges. Nothing else in the package declares an edge.
+:data:`DEFAULT_MACHINE` (the table below) is the single source of truth of the built-in
+rules; an application may run another :class:`Machine` (built and checked by
+``engine.compile_machine``, usually this table plus rows of its own). The loop fires a
+run's machine (through ``transitions``, see ``engine.py``), the diagram draws it, the
+coverage report counts its edges and the trace checker verifies traces against the default
+one. Nothing else in the package declares an edge.
 
 Reading the table
 -----------------
@@ -30,10 +33,12 @@ Triggers are fired by the loop when it has news:
 ``resume``                            a stored run is picked up again: its process died,
                                       or reviewers settled it
 
-Identity: an edge's ``index`` is its position here; its ``key`` (``trigger/source->dest
-[guards]``) names it independently of position. :data:`MACHINE_HASH` covers every column
-the runtime uses (states, and per edge trigger, source, dest, guards, reason, action);
-every trace and every stored checkpoint records it.
+Identity: an edge's ``index`` is its position in its machine; its ``key``
+(``trigger/source->dest[guards]``) names it independently of position. A machine's
+:attr:`Machine.hash` covers every column the runtime uses (states, and per edge trigger,
+source, dest, guards, reason, action); every trace and every stored checkpoint records
+it, and :data:`MACHINE_HASH` is the default machine's (the same definition, so the same
+hash, as before machines were values).
 """
 
 from __future__ import annotations
