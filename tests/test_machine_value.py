@@ -110,6 +110,8 @@ def test_compile_machine_names_every_problem() -> None:
     assert "unknown action 'explode'" in message
     with pytest.raises(ConfigError, match="must be Transition objects"):
         compile_machine([("observe", "observing", "done")])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="a second row with key 'observe/observing->"):
+        compile_machine([ONE_ROUND], extends=STRICT)
     with pytest.raises(ConfigError, match="the last edge must be an unguarded fallback"):
         compile_machine([t for t in TRANSITIONS if t.key != "observe/observing->deciding"])
 

@@ -150,8 +150,12 @@ def check_machine(table: MachineValue) -> None:
             f"machine keeps states {', '.join(STATES)} (terminal: "
             f"{', '.join(TERMINAL_STATES)}; initial {INITIAL_STATE}); add edges, not states"
         )
+    keys: set[str] = set()
     for t in table.transitions:
         where = f"{t.label} ({t.source}->{t.dest})"
+        if t.key in keys:  # a checkpoint names its last edge by key: it must be one edge
+            problems.append(f"{where}: a second row with key {t.key!r}")
+        keys.add(t.key)
         if t.trigger not in _TRIGGERS:
             problems.append(f"{where}: unknown trigger {t.trigger!r} (the loop fires "
                             f"{', '.join(_TRIGGERS)})")  # fmt: skip
