@@ -13,7 +13,7 @@ from machine_app import ONE_ROUND, STRICT
 from fsm_agent.cli import main
 from fsm_agent.core.engine import RUN_MACHINE, compile_machine, engine_of
 from fsm_agent.core.table import DEFAULT_MACHINE, MACHINE_HASH, TRANSITIONS, Machine, Transition
-from fsm_agent.errors import ConfigError, MachineMismatch
+from fsm_agent.errors import ConfigError, MachineMismatch, TraceError
 from fsm_agent.testing.assertions import assert_history_valid
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
@@ -171,3 +171,29 @@ def test_transition_coverage_counts_the_edges_of_its_machine(backend: Backend) -
     assert "observing -> budget_exhausted" in row and "has_tool_calls" in row
     assert row.endswith(" 1")
     assert STRICT.hash in to_dot(strict)
+
+
+def test_a_trace_of_an_applications_machine_replays_over_it(
+    tmp_path: Path, backend: Backend
+) -> None:
+    from fsm_agent.render.replay import Replay
+
+    trace = tmp_path / "strict.jsonl"
+    script = [calls(call("c1", "lookup", order_id="A")), say("never asked")]
+    make_runtime(script, backend, machine=STRICT).run("look", trace=trace)
+    steps = Replay(trace, machine=STRICT).steps
+    (ended,) = [s for s in steps if s.transition is not None and s.state == "budget_exhausted"]
+    assert ended.transition is not None and ended.transition.key == ONE_ROUND.key
+    assert ended.edge_id == "edge-observing-observe-budget_exhausted"
+    # The built-in table is not the one it was recorded with: refused, naming both.
+    with pytest.raises(TraceError, match=f"machine hash '{STRICT.hash}' is not this machine's"):
+        Replay(trace)
+    frame = tmp_path / "frame.dot"
+    assert main(["replay", str(trace), "--machine", "machine_app:STRICT", "--detail", "full",
+                 "-o", str(frame)]) == 0  # fmt: skip
+    drawn = frame.read_text()
+    assert STRICT.hash in drawn
+    (arrow,) = [
+        line for line in drawn.splitlines() if "edge-observing-observe-budget_exhausted" in line
+    ]
+    assert "#d93025" in arrow  # drawn as the edge taken last

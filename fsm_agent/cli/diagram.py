@@ -40,13 +40,7 @@ def register(subparsers: Any) -> None:
         "pip-installed WebAssembly Graphviz (SVG only).",
     )
     d.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    d.add_argument(
-        "--machine",
-        metavar="MODULE:NAME",
-        help="draw the application's machine instead of the built-in one: NAME is a "
-        "Machine (fsm_agent.core.engine.compile_machine builds one), a function returning "
-        "one, or a function returning a Runtime (its runtime.machine is drawn)",
-    )
+    _machine_flag(d, "draw the application's machine")
     d.add_argument(
         "--format", choices=_FORMATS, help="output format (default: from the -o suffix, else svg)"
     )
@@ -80,8 +74,19 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="draw one heat map of edge counts over all TRACEs (needs -o)",
     )
+    _machine_flag(r, "replay traces of the application's machine")
     _renderer_flags(r)
     r.set_defaults(handler=run_replay)
+
+
+def _machine_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--machine",
+        metavar="MODULE:NAME",
+        help=f"{what} instead of the built-in one: NAME is a Machine "
+        "(fsm_agent.core.engine.compile_machine builds one), a function returning one, or "
+        "a function returning a Runtime (its runtime.machine)",
+    )
 
 
 def _renderer_flags(p: argparse.ArgumentParser) -> None:
@@ -216,19 +221,20 @@ def run_replay(args: argparse.Namespace) -> int:
                 raise UsageError("--aggregate draws a picture: give -o FILE")
             if args.step is not None or args.html:
                 raise UsageError("--aggregate takes no --step or --html")
-            overlay = aggregate_overlay(Replay(p) for p in args.traces)
-            _emit(args, overlay, _format(args, ("svg", "png", "dot")))
+            machine = load_machine(args.machine)
+            overlay = aggregate_overlay(Replay(p, machine=machine) for p in args.traces)
+            _emit(args, overlay, _format(args, ("svg", "png", "dot")), machine)
             return 0
         if len(args.traces) != 1:
             raise UsageError(
                 f"replay takes one trace ({len(args.traces)} given); use "
                 "--aggregate for a heat map over several"
             )
-        replay = Replay(args.traces[0])
+        replay = Replay(args.traces[0], machine=load_machine(args.machine))
         step = replay.step(args.step).index if args.step is not None else None
         if args.output:
             frame: Overlay = replay.overlay(step)
-            _emit(args, frame, _format(args, ("svg", "png", "dot")))
+            _emit(args, frame, _format(args, ("svg", "png", "dot")), replay.machine)
         if args.html:
             from fsm_agent.render.html import viewer_html
 
