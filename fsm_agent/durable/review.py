@@ -12,6 +12,7 @@ authorises exactly that call id, once, for the arguments it was paused with (R8)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -20,6 +21,7 @@ from fsm_agent.core.actions import BLOCKING, FITS
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.canonical import digest, parse_arguments
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
@@ -31,9 +33,17 @@ __all__ = ["BLOCKING", "pending_calls", "record", "record_review"]
 _DONE = {"approve": "approved", "deny": "denied", "reconcile": "reconciled"}
 
 
-def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any) -> RunConfig:
+def _review_config(
+    allowed: frozenset[str],
+    budget: Any,
+    retry: Any,
+    policy: Any,
+    *,
+    machine: Machine = DEFAULT_MACHINE,
+) -> RunConfig:
     """A run's settings without its tools: a review reads the paused batch, runs nothing."""
     return RunConfig(
+        machine=machine,
         budget=budget,
         retry=retry,
         policy=policy,
@@ -44,9 +54,10 @@ def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any
     )
 
 
-def paused_state(stored: StoredRun) -> RunState:
-    """The stored run's state, read for review (no tools, nothing admitted)."""
-    return restore_state(stored, _review_config)
+def paused_state(stored: StoredRun, machines: Mapping[str, Machine] | None = None) -> RunState:
+    """The stored run's state, read for review (no tools, nothing admitted), under the
+    machine it was paused by (one of ``machines``, by hash; default: the default table)."""
+    return restore_state(stored, _review_config, machines=machines)
 
 
 def pending_calls(stored: StoredRun) -> list[dict[str, Any]]:
@@ -80,8 +91,10 @@ def record_review(
     reviewer: str | None = None,
     note: str | None = None,
     at: str | None = None,
+    machines: Mapping[str, Machine] | None = None,
 ) -> dict[str, Any]:
     """Record a reviewer's decision on a paused call; returns the ``review`` event.
+    ``machines``: the machines the runtime knows, by hash (see ``paused_state``).
 
     The run's machine decides: the decision fires the table's ``review`` trigger, whose
     ``review_fits`` guard checks it against what the call waits for; the transition and
@@ -93,7 +106,7 @@ def record_review(
     :class:`ReviewError` and changes nothing.
     """
     return record(store, run_id, call_id, action, reason=reason, result=result, key=key,
-                  reviewer=reviewer, note=note, at=at)[0]  # fmt: skip
+                  reviewer=reviewer, note=note, at=at, machines=machines)[0]  # fmt: skip
 
 
 def record(
@@ -108,6 +121,7 @@ def record(
     reviewer: str | None = None,
     note: str | None = None,
     at: str | None = None,
+    machines: Mapping[str, Machine] | None = None,
 ) -> tuple[dict[str, Any], RunState]:
     """:func:`record_review`, also returning the run's state as now stored."""
     if action not in FITS:
@@ -122,7 +136,7 @@ def record(
     store.claim(run_id, owner)
     try:
         stored = store.load_run(run_id)
-        s = paused_state(stored)
+        s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
         request.update(reviewer=who, at=when)
         if why is not None:
