@@ -13,7 +13,6 @@ table that names an unknown guard, state or action fails at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from transitions import Machine
@@ -26,12 +25,7 @@ from fsm_agent.core.table import INITIAL_STATE, STATES, TRANSITIONS, Transition,
 if TYPE_CHECKING:
     from fsm_agent.core.state import RunState
 
-__all__ = ["RUN_MACHINE", "TRANSITION_LISTENERS", "build_machine", "fire"]
-
-#: Functions called with ``(state, transition)`` after every transition of every run in
-#: the process, once it is recorded and before it is saved (``core/loop.py``; the pytest
-#: plugin's transition coverage uses this). Keep them cheap.
-TRANSITION_LISTENERS: list[Callable[[Any, Transition], None]] = []
+__all__ = ["RUN_MACHINE", "build_machine", "fire"]
 
 
 class _Trigger(TransitionsEvent):

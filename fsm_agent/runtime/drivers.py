@@ -19,6 +19,12 @@ Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s
 on a thread of its own, at most ``ToolThreads.limit`` at once per runtime; a call that
 cannot start within its timeout (every thread busy with hung calls) is never started and
 answered ``not_executed``.
+
+Interceptors (``runtime/interceptors.py``) wrap every request a driver performs and get
+every event an ``EmitEvents`` carries; a run without any pays one ``None`` check per
+request. A ``CallTool`` names its tool: the driver finds it in the run's registry
+(``Io.tools``). Each request kind has its own handler, and :func:`answered` makes mypy
+check the handler's result against the answer type the request declares.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from fsm_agent.core.requests import (
     SaveCheckpoint,
     Sleep,
     ToolOutcome,
+    answered,
 )
 from fsm_agent.core.state import RunState
 from fsm_agent.durable import owners
@@ -54,6 +61,7 @@ from fsm_agent.durable.resume import Heartbeat
 from fsm_agent.durable.store import Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.runtime.interceptors import Chain
 from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import TraceSink
 
@@ -118,10 +126,13 @@ class Io:
             return time.monotonic() + max(limit - (now - s.started), 0.0)
 
         # A run its store keeps is fenced: see ``fenced`` below.
-        return cls(run_id=s.run_id, deadline=deadline, fenced=s.config.save != "never", **parts)
+        fenced = s.config.save != "never"
+        return cls(run_id=s.run_id, tools=s.config.tools, deadline=deadline, fenced=fenced, **parts)
 
     run_id: str
     model: Model
+    #: The run's registry lookup: ``CallTool.tool`` (a name) -> the tool to call.
+    tools: Callable[[str], Any]
     clock: Callable[[], float]
     sleep: Callable[[float], Any] | None
     threads: ToolThreads
@@ -135,6 +146,8 @@ class Io:
     #: Encodes each event once as its chained line, for the sink and a store that keeps
     #: JSON text (``None``: neither wants lines, and nothing is encoded).
     encoder: Encoder | None = None
+    #: The interceptors of this driving (``None``: there are none, nothing is called).
+    chain: Chain | None = None
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -189,36 +202,56 @@ class _Driver:
         self.io = io
 
     def store_op(self, request: Request) -> Any:
+        """Perform a store request (one handler per kind, each checked by mypy)."""
+        if isinstance(request, BeginIntent):
+            return answered(request, self.begin_intent(request))
+        if isinstance(request, CommitIntent):
+            self.commit_intent(request)
+            return answered(request, None)
+        if isinstance(request, AbortIntent):
+            self.abort_intent(request)
+            return answered(request, None)
+        if isinstance(request, LoadIntent):
+            return answered(request, self.store.get_intent(request.tool, request.key))
+        assert isinstance(request, SaveCheckpoint), request
+        self.save_checkpoint(request)
+        return answered(request, None)
+
+    @property
+    def store(self) -> Store:
         store = self.io.store
         if store is None:
-            raise RuntimeError(f"{type(request).__name__} needs a store")  # a loop bug
+            raise RuntimeError("a store request needs a store")  # a loop bug
+        return store
+
+    def _fence(self) -> dict[str, Any]:
         # Only a store that keeps runs is asked to fence (an idempotency-only store may
         # not know the keyword).
-        fence: dict[str, Any] = (
-            {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
+        return {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
+
+    def begin_intent(self, request: BeginIntent) -> IntentClaim:
+        fence = self._fence()
+        riding = self.riding(request.save)
+        if riding is not None:  # only a store that keeps runs gets a save
+            fence["save"] = riding
+        return self.store.begin_intent(request.record, take_over=request.take_over, **fence)
+
+    def commit_intent(self, request: CommitIntent) -> None:
+        self.store.commit_intent(
+            request.tool, request.key, request.owner, request.result, **self._fence()
         )
-        if isinstance(request, BeginIntent):
-            riding = self.riding(request.save)
-            if riding is not None:  # only a store that keeps runs gets a save
-                fence["save"] = riding
-            return store.begin_intent(request.record, take_over=request.take_over, **fence)
-        if isinstance(request, CommitIntent):
-            return store.commit_intent(
-                request.tool, request.key, request.owner, request.result, **fence
-            )
-        if isinstance(request, AbortIntent):
-            return store.abort_intent(request.tool, request.key, request.owner, **fence)
-        if isinstance(request, LoadIntent):
-            return store.get_intent(request.tool, request.key)
-        assert isinstance(request, SaveCheckpoint)
+
+    def abort_intent(self, request: AbortIntent) -> None:
+        self.store.abort_intent(request.tool, request.key, request.owner, **self._fence())
+
+    def save_checkpoint(self, request: SaveCheckpoint) -> None:
         checkpoint = self.checkpoint(request)
         owner = self.io.owner or ""
-        runs = cast(RunStore, store)  # the loop saves only when the store keeps runs
+        runs = cast(RunStore, self.store)  # the loop saves only when the store keeps runs
         if request.header is not None:
-            return runs.create_run(
-                self.io.run_id, request.header, owner, request.events, checkpoint
-            )
-        return runs.save(self.io.run_id, owner, request.events, checkpoint)
+            runs.create_run(self.io.run_id, request.header, owner, request.events, checkpoint)
+        else:
+            runs.save(self.io.run_id, owner, request.events, checkpoint)
 
     def riding(self, save: SaveCheckpoint | None) -> RunSave | None:
         """A checkpoint that goes in with an intent operation, as the store takes it."""
@@ -236,24 +269,36 @@ class _Driver:
         return Checkpoint(save.snapshot, save.messages, lines)
 
     def emit(self, request: EmitEvents) -> None:
-        sink = self.io.sink
-        if sink is None:
-            return
-        write_line = getattr(sink, "write_line", None)
-        encoder = self.io.encoder
-        if encoder is not None and write_line is not None:
-            for line in encoder.lines(request.events):
-                write_line(line)
-        else:  # a sink of event dicts
-            for event in request.events:
-                sink.write(event)
+        """The events to the trace sink, then to the interceptors' ``on_event``. A sink
+        that fails is not written again in this driving, and its failure stops the run
+        (after the interceptors had the events: they see the run to its end)."""
+        io = self.io
+        failure: BaseException | None = None
+        sink = io.sink
+        if sink is not None and "sink" not in io.broken:
+            try:
+                write_line = getattr(sink, "write_line", None)
+                encoder = io.encoder
+                if encoder is not None and write_line is not None:
+                    for line in encoder.lines(request.events):
+                        write_line(line)
+                else:  # a sink of event dicts
+                    for event in request.events:
+                        sink.write(event)
+            except BaseException as exc:
+                io.broken.add("sink")
+                failure = exc
+        chain = io.chain
+        if chain is not None and chain.watchers:
+            chain.deliver(io.run_id, request.events)
+        if failure is not None:
+            raise failure
 
     def broke(self, request: Request) -> None:
-        """A store or sink operation failed: that one is not asked again in this driving
-        (a store keeps its last good checkpoint, from which the run can be resumed)."""
-        if isinstance(request, EmitEvents):
-            self.io.broken.add("sink")
-        elif isinstance(request, _STORE_REQUESTS):
+        """A store operation failed: the store is not asked again in this driving (it
+        keeps its last good checkpoint, from which the run can be resumed). A failed
+        sink is marked by :meth:`emit` itself."""
+        if isinstance(request, _STORE_REQUESTS):
             self.io.broken.add("store")
 
     def fallback(self, request: Request, exc: BaseException) -> Any:
@@ -268,10 +313,18 @@ class _Driver:
         return None
 
     def skipped(self, request: Request) -> bool:
-        broken = self.io.broken
-        if "sink" in broken and isinstance(request, EmitEvents):
-            return True
-        return "store" in broken and isinstance(request, _STORE_REQUESTS)
+        return "store" in self.io.broken and isinstance(request, _STORE_REQUESTS)
+
+    def tool(self, request: CallTool) -> Any:
+        """The tool ``request`` names, from the run's registry; ``None`` if it has none
+        (the registry changed since the call was admitted)."""
+        return self.io.tools(request.tool)
+
+
+def _no_tool(request: CallTool) -> ToolOutcome:
+    return ToolOutcome(
+        "not_started", error=f"no tool named {request.tool!r} in the runtime's registry"
+    )
 
 
 class SyncDriver(_Driver):
@@ -284,8 +337,10 @@ class SyncDriver(_Driver):
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
-                else:
+                elif self.io.chain is None:
                     answer = self.perform(request)
+                else:
+                    answer = self.io.chain.perform(request, self.perform)
             except BaseException as exc:
                 if failure is not None:  # already stopping: keep going, first cause wins
                     answer = self.fallback(request, exc)
@@ -310,16 +365,17 @@ class SyncDriver(_Driver):
     def perform(self, request: Request) -> Any:
         io = self.io
         if isinstance(request, ReadClock):
-            return io.clock()
+            return answered(request, io.clock())
         if isinstance(request, AskModel):
-            return self.ask(request)
+            return answered(request, self.ask(request))
         if isinstance(request, CallTool):
-            return self.call_tool(request)
+            return answered(request, self.call_tool(request))
         if isinstance(request, EmitEvents):
-            return self.emit(request)
+            self.emit(request)
+            return answered(request, None)
         if isinstance(request, Sleep):
             (io.sleep or time.sleep)(request.seconds)
-            return None
+            return answered(request, None)
         return self.store_op(request)
 
     def ask(self, request: AskModel) -> Any:
@@ -338,7 +394,10 @@ class SyncDriver(_Driver):
         return reply
 
     def call_tool(self, request: CallTool) -> ToolOutcome:
-        fn = request.call.tool.fn  # type: ignore[union-attr]
+        tool = self.tool(request)
+        if tool is None:
+            return _no_tool(request)
+        fn: Callable[..., Any] = tool.fn
         timeout = request.timeout_s
         try:
             if timeout is None:
@@ -375,8 +434,10 @@ class AsyncDriver(_Driver):
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
-                else:
+                elif self.io.chain is None:
                     answer = await self.perform(request)
+                else:
+                    answer = await self.io.chain.aperform(request, self.perform)
             except BaseException as exc:
                 if failure is not None:
                     answer = self.fallback(request, exc)
@@ -403,13 +464,14 @@ class AsyncDriver(_Driver):
 
         io = self.io
         if isinstance(request, ReadClock):
-            return io.clock()
+            return answered(request, io.clock())
         if isinstance(request, AskModel):
-            return await self.ask(request)
+            return answered(request, await self.ask(request))
         if isinstance(request, CallTool):
-            return await self.call_tool(request)
+            return answered(request, await self.call_tool(request))
         if isinstance(request, EmitEvents):
-            return self.emit(request)
+            self.emit(request)
+            return answered(request, None)
         if isinstance(request, Sleep):
             if io.sleep is None:
                 await asyncio.sleep(request.seconds)
@@ -417,7 +479,7 @@ class AsyncDriver(_Driver):
                 slept = io.sleep(request.seconds)
                 if inspect.isawaitable(slept):
                     await slept
-            return None
+            return answered(request, None)
         if io.store is not None and io.store.blocking:
             return await asyncio.to_thread(self.store_op, request)
         return self.store_op(request)
@@ -439,16 +501,18 @@ class AsyncDriver(_Driver):
     async def call_tool(self, request: CallTool) -> ToolOutcome:
         import asyncio
 
-        tool = request.call.tool
-        assert tool is not None
+        tool = self.tool(request)
+        if tool is None:
+            return _no_tool(request)
+        fn: Callable[..., Any] = tool.fn
         timeout = request.timeout_s
         try:
             if getattr(tool, "is_async", False):
-                value = await asyncio.wait_for(tool.fn(**request.arguments), timeout)  # type: ignore[attr-defined]
+                value = await asyncio.wait_for(fn(**request.arguments), timeout)
             elif timeout is None:
-                value = tool.fn(**request.arguments)  # type: ignore[attr-defined]
+                value = fn(**request.arguments)
             else:
-                future = await self._start_thread(tool.fn, request.arguments, timeout)  # type: ignore[attr-defined]
+                future = await self._start_thread(fn, request.arguments, timeout)
                 if future is None:
                     return ToolOutcome(
                         "not_started",

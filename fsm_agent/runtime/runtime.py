@@ -9,6 +9,7 @@ Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
@@ -29,6 +30,7 @@ from fsm_agent.durable.store import Checkpoint, Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
+from fsm_agent.runtime.interceptors import Interceptors
 from fsm_agent.runtime.result import RunResult, result_of
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
@@ -60,6 +62,9 @@ class Runtime:
     ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain
     link becomes an HMAC, so ``fsm-agent check --key-env`` detects any edit
     (``trace/chain.py``); keep it where the runs' writers and auditors can read it.
+    ``interceptors`` wrap every request the drivers perform and see every event
+    (``runtime/interceptors.py``); one that raises is logged and counted in
+    :attr:`interceptor_errors` and never changes a run.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class Runtime:
         sleep: Callable[[float], Any] | None = None,
         tool_threads: int = 16,
         trace_key: bytes | str | None = None,
+        interceptors: Iterable[Any] = (),
     ) -> None:
         approvals = tuple(approvals)
         check_settings(model=model, tools=tools, allowed_tools=allowed_tools, budget=budget,
@@ -99,6 +105,17 @@ class Runtime:
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
+        self._interceptors = Interceptors(interceptors)
+
+    @property
+    def interceptors(self) -> tuple[Any, ...]:
+        return self._interceptors.all
+
+    @property
+    def interceptor_errors(self) -> int:
+        """How many times one of this runtime's interceptors raised (each was logged on
+        ``logging.getLogger("fsm_agent")``; none changed a run)."""
+        return self._interceptors.errors
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -322,8 +339,13 @@ class Runtime:
         owner: str | None,
         encoder: Encoder | None,
     ) -> Io:
+        chain = self._interceptors.for_run()
+        if chain is not None and chain.watchers and not s.config.emit:
+            # Its events go to the interceptors as they happen (``EmitEvents``).
+            s.config = dataclasses.replace(s.config, emit=True)
         return Io.of(s, model=model, clock=self.clock, sleep=self.sleep, threads=self._threads,
-                     store=self.store, owner=owner, sink=sink, encoder=encoder)  # fmt: skip
+                     store=self.store, owner=owner, sink=sink, encoder=encoder,
+                     chain=chain)  # fmt: skip
 
     def _drive(
         self,
