@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -53,6 +54,7 @@ __all__ = [
     "decision_failed",
     "event_from_json",
     "json_schema",
+    "json_schema_text",
     "observation",
     "redaction_failed",
     "run_end",
@@ -161,7 +163,8 @@ class Event:
         out: dict[str, Any] = {"type": self.type}
         for f in _body_fields(type(self)):
             value = getattr(self, f.name)
-            if f.metadata["optional"] and (value is None or value is UNSET):
+            # (An optional ``any`` field may record ``null``: only UNSET is absent.)
+            if f.metadata["optional"] and value is (UNSET if f.metadata["kind"] == "any" else None):
                 continue
             out[f.name] = value
         out.update(self.extra)
@@ -205,7 +208,12 @@ def _parse(cls: type[Event], data: Mapping[str, Any], run_id: str | None) -> dic
             )
         values[f.name] = value
     declared = {f.name for f in _body_fields(cls)} | {"type"}
-    rid = run_id if run_id is not None else data.get("run_id", data.get("run", ""))
+    if cls is RunStarted:  # the header records its run id in its body
+        if "run_id" not in data:
+            raise EventError(f"{where}: field 'run_id' is missing (the header names its run)")
+        rid = data["run_id"]
+    else:
+        rid = run_id if run_id is not None else data.get("run", "")
     if not isinstance(rid, str):
         raise EventError(f"{where}: the run id must be a string, got {type(rid).__name__}")
     values["run_id"] = rid
@@ -490,9 +498,6 @@ def redaction_failed(event: Mapping[str, Any], error: str) -> dict[str, Any]:
 
 # ── the JSON Schema ───────────────────────────────────────────────────────────────
 
-SCHEMA_ID = "https://fsm-agent.dev/schemas/events.schema.json"
-
-
 def json_schema() -> dict[str, Any]:
     """One JSON Schema (draft 2020-12) of every event type, from the classes above.
     An event may carry fields no class declares (``extra``; a line's chain fields)."""
@@ -516,11 +521,27 @@ def json_schema() -> dict[str, Any]:
             "required": required,
             "additionalProperties": True,
         }
+    defs["RedactionFailed"] = {
+        "description": "Any event the redaction hook failed on: only its type and seq, and "
+        "why (a secret is never recorded because redaction broke).",
+        "type": "object",
+        "properties": {
+            "type": {"enum": list(EVENT_TYPES)},
+            "seq": {"type": "integer"},
+            "redaction_failed": {"type": "string"},
+        },
+        "required": ["type", "seq", "redaction_failed"],
+        "additionalProperties": True,
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
         "title": "fsm-agent trace event",
         "description": "One event of a run, as recorded (a trace line adds 'run' and 'chain').",
-        "oneOf": [{"$ref": f"#/$defs/{cls.__name__}"} for cls in EVENT_TYPES.values()],
+        "anyOf": [{"$ref": f"#/$defs/{name}"} for name in defs],
         "$defs": defs,
     }
+
+
+def json_schema_text() -> str:
+    """:func:`json_schema` as the committed file holds it."""
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
