@@ -7,8 +7,8 @@ step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them 
 DOCS_DIR it also rewrites the rule-row tables of ``concepts/rules.md``
 (:mod:`fsm_agent.render.docs`), draws ``assets/layers.{dot,svg}`` from the package's
 imports (:mod:`fsm_agent.render.layers`) and writes the events' JSON Schema,
-``reference/events.schema.json`` (:func:`fsm_agent.core.events.json_schema`). ``make diagrams`` runs the demo into a scratch
-folder and then this.
+``reference/events.schema.json`` (:func:`fsm_agent.core.events.json_schema`).
+``make diagrams`` runs the demo into a scratch folder and then this.
 
 Committed pictures must not change with the machine that regenerates them, so they are
 always laid out by the WebAssembly Graphviz (the exact version ``pyproject.toml``'s dev

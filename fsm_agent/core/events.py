@@ -498,6 +498,7 @@ def redaction_failed(event: Mapping[str, Any], error: str) -> dict[str, Any]:
 
 # ── the JSON Schema ───────────────────────────────────────────────────────────────
 
+
 def json_schema() -> dict[str, Any]:
     """One JSON Schema (draft 2020-12) of every event type, from the classes above.
     An event may carry fields no class declares (``extra``; a line's chain fields)."""

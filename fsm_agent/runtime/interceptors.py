@@ -164,9 +164,10 @@ class Chain:
         try:
             return interceptor.intercept(request, call_next)
         except Exception as exc:
+            if exc is not inner.failure:
+                self.owner.failed(interceptor, "intercept", type(request).__name__, exc)
             if inner.failure is not None:
                 raise inner.failure from None  # the request's own failure, as it was
-            self.owner.failed(interceptor, "intercept", type(request).__name__, exc)
             return inner.answer if inner.called else self._link(i + 1, request, perform)
 
     async def aperform(self, request: Request, perform: AsyncCallNext) -> Any:
@@ -193,9 +194,10 @@ class Chain:
         try:
             return await interceptor.aintercept(request, call_next)
         except Exception as exc:
+            if exc is not inner.failure:
+                self.owner.failed(interceptor, "aintercept", type(request).__name__, exc)
             if inner.failure is not None:
                 raise inner.failure from None
-            self.owner.failed(interceptor, "aintercept", type(request).__name__, exc)
             if inner.called:
                 return inner.answer
             return await self._alink(i + 1, request, perform)
