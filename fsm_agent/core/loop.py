@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
+from functools import partial
 from typing import Any
 
 from fsm_agent.core import events
@@ -391,19 +392,19 @@ def _after(s: RunState, edge: Any) -> None:
                 event["error"] = s.outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
+    # Without a redaction hook an event is appended as it is: a list method, not a call
+    # of _record per event (five to seven per tool round).
+    record = s.events.append if s.config.redact is None else partial(_record, s)
     s.seq += 1
     event["seq"] = s.seq
-    _record(s, event)
+    record(event)
     for payload in payloads:
         s.seq += 1
         payload["seq"] = s.seq
-        _record(s, payload)
+        record(payload)
     if edge.dest in _TERMINAL:
         s.seq += 1
-        _record(
-            s,
-            events.run_end(s.seq, s.status, s.reason, s.detail, s.answer, s.counters.as_dict()),
-        )
+        record(events.run_end(s.seq, s.status, s.reason, s.detail, s.answer, s.counters.as_dict()))
 
 
 def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:

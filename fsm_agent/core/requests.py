@@ -26,11 +26,12 @@ request             the driver                             sends back
 Requests are plain frozen data (names, arguments, numbers: never a live tool or store
 object), so one can be logged, compared, or sent to another process. Each declares the
 type of its answer as :class:`RequestOf` ``[A]``; a driver answers through
-:func:`answered`, so mypy checks every handler against its request's answer type.
+:func:`answers`, so mypy checks every handler against its request's answer type.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -55,7 +56,8 @@ __all__ = [
     "SaveCheckpoint",
     "Sleep",
     "ToolOutcome",
-    "answered",
+    "answers",
+    "answers_async",
 ]
 
 A = TypeVar("A")
@@ -67,10 +69,31 @@ class RequestOf(Generic[A]):
     __slots__ = ()
 
 
-def answered(request: RequestOf[A], answer: A) -> A:
-    """``answer``, checked by mypy to be the answer type ``request`` declares (``A`` is
-    invariant: a handler returning anything else for that request does not type-check)."""
-    return answer
+D = TypeVar("D")
+Q = TypeVar("Q")
+Handler = Callable[[D, Q], A]
+
+
+def answers(kind: type[RequestOf[A]]) -> Callable[[Handler[D, Q, A]], Handler[D, Q, A]]:
+    """Declare a driver method the handler of request ``kind``: mypy checks that it
+    returns ``kind``'s answer type (``A`` is invariant: anything else does not
+    type-check). Applied once, when the class is made: it costs nothing per request."""
+
+    def mark(handler: Handler[D, Q, A]) -> Handler[D, Q, A]:
+        return handler
+
+    return mark
+
+
+def answers_async(
+    kind: type[RequestOf[A]],
+) -> Callable[[Handler[D, Q, Awaitable[A]]], Handler[D, Q, Awaitable[A]]]:
+    """:func:`answers` for an ``async def`` handler (it returns an awaitable of ``A``)."""
+
+    def mark(handler: Handler[D, Q, Awaitable[A]]) -> Handler[D, Q, Awaitable[A]]:
+        return handler
+
+    return mark
 
 
 #: What ``AskModel`` is answered with: the model's reply (any JSON-like value, judged by

@@ -23,8 +23,9 @@ answered ``not_executed``.
 Interceptors (``runtime/interceptors.py``) wrap every request a driver performs and get
 every event an ``EmitEvents`` carries; a run without any pays one ``None`` check per
 request. A ``CallTool`` names its tool: the driver finds it in the run's registry
-(``Io.tools``). Each request kind has its own handler, and :func:`answered` makes mypy
-check the handler's result against the answer type the request declares.
+(``Io.tools``). Each request kind has its own handler, declared with
+:func:`~fsm_agent.core.requests.answers`: mypy checks it returns the answer type its
+request declares.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from fsm_agent.core.requests import (
     CallTool,
     CommitIntent,
     EmitEvents,
+    IdempotencyRecord,
     IntentClaim,
     LoadIntent,
     ReadClock,
@@ -53,7 +55,8 @@ from fsm_agent.core.requests import (
     SaveCheckpoint,
     Sleep,
     ToolOutcome,
-    answered,
+    answers,
+    answers_async,
 )
 from fsm_agent.core.state import RunState
 from fsm_agent.durable import owners
@@ -204,18 +207,15 @@ class _Driver:
     def store_op(self, request: Request) -> Any:
         """Perform a store request (one handler per kind, each checked by mypy)."""
         if isinstance(request, BeginIntent):
-            return answered(request, self.begin_intent(request))
+            return self.begin_intent(request)
         if isinstance(request, CommitIntent):
-            self.commit_intent(request)
-            return answered(request, None)
+            return self.commit_intent(request)
         if isinstance(request, AbortIntent):
-            self.abort_intent(request)
-            return answered(request, None)
+            return self.abort_intent(request)
         if isinstance(request, LoadIntent):
-            return answered(request, self.store.get_intent(request.tool, request.key))
+            return self.load_intent(request)
         assert isinstance(request, SaveCheckpoint), request
-        self.save_checkpoint(request)
-        return answered(request, None)
+        return self.save_checkpoint(request)
 
     @property
     def store(self) -> Store:
@@ -229,6 +229,7 @@ class _Driver:
         # not know the keyword).
         return {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
 
+    @answers(BeginIntent)
     def begin_intent(self, request: BeginIntent) -> IntentClaim:
         fence = self._fence()
         riding = self.riding(request.save)
@@ -236,14 +237,21 @@ class _Driver:
             fence["save"] = riding
         return self.store.begin_intent(request.record, take_over=request.take_over, **fence)
 
+    @answers(CommitIntent)
     def commit_intent(self, request: CommitIntent) -> None:
         self.store.commit_intent(
             request.tool, request.key, request.owner, request.result, **self._fence()
         )
 
+    @answers(AbortIntent)
     def abort_intent(self, request: AbortIntent) -> None:
         self.store.abort_intent(request.tool, request.key, request.owner, **self._fence())
 
+    @answers(LoadIntent)
+    def load_intent(self, request: LoadIntent) -> IdempotencyRecord | None:
+        return self.store.get_intent(request.tool, request.key)
+
+    @answers(SaveCheckpoint)
     def save_checkpoint(self, request: SaveCheckpoint) -> None:
         checkpoint = self.checkpoint(request)
         owner = self.io.owner or ""
@@ -268,6 +276,7 @@ class _Driver:
             lines = encoder.lines(save.events)
         return Checkpoint(save.snapshot, save.messages, lines)
 
+    @answers(EmitEvents)
     def emit(self, request: EmitEvents) -> None:
         """The events to the trace sink, then to the interceptors' ``on_event``. A sink
         that fails is not written again in this driving, and its failure stops the run
@@ -312,16 +321,17 @@ class _Driver:
             return ToolOutcome("not_started", error="the run was stopping")
         return None
 
+    @answers(ReadClock)
+    def read_clock(self, request: ReadClock) -> float:
+        return self.io.clock()
+
     def skipped(self, request: Request) -> bool:
         return "store" in self.io.broken and isinstance(request, _STORE_REQUESTS)
 
-    def tool(self, request: CallTool) -> Any:
-        """The tool ``request`` names, from the run's registry; ``None`` if it has none
-        (the registry changed since the call was admitted)."""
-        return self.io.tools(request.tool)
-
 
 def _no_tool(request: CallTool) -> ToolOutcome:
+    """The answer when the registry has no tool of that name (it changed since the call
+    was admitted)."""
     return ToolOutcome(
         "not_started", error=f"no tool named {request.tool!r} in the runtime's registry"
     )
@@ -332,15 +342,17 @@ class SyncDriver(_Driver):
 
     def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
+        # Bound once: the per-request cost of no interceptors is one ``is None``.
+        chain, perform = self.io.chain, self.perform
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
-                elif self.io.chain is None:
-                    answer = self.perform(request)
+                elif chain is None:
+                    answer = perform(request)
                 else:
-                    answer = self.io.chain.perform(request, self.perform)
+                    answer = chain.perform(request, perform)
             except BaseException as exc:
                 if failure is not None:  # already stopping: keep going, first cause wins
                     answer = self.fallback(request, exc)
@@ -363,21 +375,23 @@ class SyncDriver(_Driver):
             raise failure
 
     def perform(self, request: Request) -> Any:
-        io = self.io
         if isinstance(request, ReadClock):
-            return answered(request, io.clock())
+            return self.read_clock(request)
         if isinstance(request, AskModel):
-            return answered(request, self.ask(request))
+            return self.ask(request)
         if isinstance(request, CallTool):
-            return answered(request, self.call_tool(request))
+            return self.call_tool(request)
         if isinstance(request, EmitEvents):
-            self.emit(request)
-            return answered(request, None)
+            return self.emit(request)
         if isinstance(request, Sleep):
-            (io.sleep or time.sleep)(request.seconds)
-            return answered(request, None)
+            return self.sleep(request)
         return self.store_op(request)
 
+    @answers(Sleep)
+    def sleep(self, request: Sleep) -> None:
+        (self.io.sleep or time.sleep)(request.seconds)
+
+    @answers(AskModel)
     def ask(self, request: AskModel) -> Any:
         token = set_deadline(self.io.deadline(self.io.clock()))
         try:
@@ -393,8 +407,9 @@ class SyncDriver(_Driver):
             return TypeError("the model returned an awaitable; use runtime.arun()")
         return reply
 
+    @answers(CallTool)
     def call_tool(self, request: CallTool) -> ToolOutcome:
-        tool = self.tool(request)
+        tool = self.io.tools(request.tool)  # the run's registry
         if tool is None:
             return _no_tool(request)
         fn: Callable[..., Any] = tool.fn
@@ -429,15 +444,16 @@ class AsyncDriver(_Driver):
 
     async def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
+        chain, perform = self.io.chain, self.perform
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
-                elif self.io.chain is None:
-                    answer = await self.perform(request)
+                elif chain is None:
+                    answer = await perform(request)
                 else:
-                    answer = await self.io.chain.aperform(request, self.perform)
+                    answer = await chain.aperform(request, perform)
             except BaseException as exc:
                 if failure is not None:
                     answer = self.fallback(request, exc)
@@ -464,26 +480,32 @@ class AsyncDriver(_Driver):
 
         io = self.io
         if isinstance(request, ReadClock):
-            return answered(request, io.clock())
+            return self.read_clock(request)
         if isinstance(request, AskModel):
-            return answered(request, await self.ask(request))
+            return await self.ask(request)
         if isinstance(request, CallTool):
-            return answered(request, await self.call_tool(request))
+            return await self.call_tool(request)
         if isinstance(request, EmitEvents):
-            self.emit(request)
-            return answered(request, None)
+            return self.emit(request)
         if isinstance(request, Sleep):
-            if io.sleep is None:
-                await asyncio.sleep(request.seconds)
-            else:
-                slept = io.sleep(request.seconds)
-                if inspect.isawaitable(slept):
-                    await slept
-            return answered(request, None)
+            return await self.sleep(request)
         if io.store is not None and io.store.blocking:
             return await asyncio.to_thread(self.store_op, request)
         return self.store_op(request)
 
+    @answers_async(Sleep)
+    async def sleep(self, request: Sleep) -> None:
+        import asyncio
+
+        io = self.io
+        if io.sleep is None:
+            await asyncio.sleep(request.seconds)
+        else:
+            slept = io.sleep(request.seconds)
+            if inspect.isawaitable(slept):
+                await slept
+
+    @answers_async(AskModel)
     async def ask(self, request: AskModel) -> Any:
         token = set_deadline(self.io.deadline(self.io.clock()))
         try:
@@ -498,10 +520,11 @@ class AsyncDriver(_Driver):
             reset_deadline(token)
         return reply
 
+    @answers_async(CallTool)
     async def call_tool(self, request: CallTool) -> ToolOutcome:
         import asyncio
 
-        tool = self.tool(request)
+        tool = self.io.tools(request.tool)  # the run's registry
         if tool is None:
             return _no_tool(request)
         fn: Callable[..., Any] = tool.fn
