@@ -363,3 +363,33 @@ def test_a_run_without_interceptors_asks_for_no_emits() -> None:
     scripted_runtime(kit, script, interceptors=[Counts()]).run("go")
     assert "EmitEvents" not in seen  # no consumer of events: none emitted
     assert isinstance(EmitEvents([]), EmitEvents)
+
+
+@pytest.mark.parametrize(
+    ("interceptors", "message"),
+    [
+        ("timing", "interceptors must be a list of interceptor objects, got 'timing'"),
+        ([42], "interceptors[0] (int) has none of intercept, aintercept, on_event"),
+    ],
+)
+def test_a_bad_interceptor_is_a_config_error_naming_it(interceptors: Any, message: str) -> None:
+    from fsm_agent import ConfigError
+
+    kit = FaultyTools()
+    kit.read("lookup")
+    with pytest.raises(ConfigError) as caught:
+        scripted_runtime(kit, [answer("ok")], interceptors=interceptors)
+    assert message in str(caught.value)
+
+
+def test_an_async_intercept_is_refused_with_the_name_to_use() -> None:
+    from fsm_agent import ConfigError
+
+    class Wrong(Interceptor):
+        async def intercept(self, request: Request, call_next: Any) -> Any:  # type: ignore[override]
+            return await call_next(request)
+
+    kit = FaultyTools()
+    kit.read("lookup")
+    with pytest.raises(ConfigError, match="intercept is an async def; name it aintercept"):
+        scripted_runtime(kit, [answer("ok")], interceptors=[Wrong()])

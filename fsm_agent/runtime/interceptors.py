@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -43,6 +44,7 @@ from typing import Any
 
 from fsm_agent.core.events import Event, typed
 from fsm_agent.core.requests import Request
+from fsm_agent.errors import ConfigError
 
 __all__ = ["AsyncCallNext", "CallNext", "Chain", "Interceptor", "Interceptors", "observing"]
 
@@ -87,6 +89,31 @@ def _overrides(obj: Any, name: str) -> bool:
     return method is not None and method is not getattr(Interceptor, name)
 
 
+_METHODS = ("intercept", "aintercept", "on_event")
+
+
+def _checked(interceptors: Iterable[Any]) -> tuple[Any, ...]:
+    """The interceptors as a tuple, or a :class:`ConfigError` naming the one at fault."""
+    if isinstance(interceptors, (str, bytes)) or not isinstance(interceptors, Iterable):
+        raise ConfigError(
+            f"interceptors must be a list of interceptor objects, got {interceptors!r}"
+        )
+    found = tuple(interceptors)
+    for n, each in enumerate(found):
+        where = f"interceptors[{n}] ({type(each).__name__})"
+        if not any(callable(getattr(each, name, None)) for name in _METHODS):
+            raise ConfigError(
+                f"{where} has none of intercept, aintercept, on_event: subclass "
+                "fsm_agent.Interceptor and override the ones you need"
+            )
+        if inspect.iscoroutinefunction(getattr(each, "intercept", None)):
+            raise ConfigError(
+                f"{where}: intercept is an async def; name it aintercept (arun and "
+                "aresume await it) and keep intercept for run and resume"
+            )
+    return found
+
+
 class _Inner:
     """What ``call_next`` of one link did: its answer, or the exception it raised."""
 
@@ -103,7 +130,7 @@ class Interceptors:
     their failures (shared by every run of the runtime)."""
 
     def __init__(self, interceptors: Iterable[Any] = ()) -> None:
-        self.all = tuple(interceptors)
+        self.all = _checked(interceptors)
         self._lock = threading.Lock()
         self.errors = 0
 
