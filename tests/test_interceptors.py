@@ -386,7 +386,7 @@ def test_an_async_intercept_is_refused_with_the_name_to_use() -> None:
     from fsm_agent import ConfigError
 
     class Wrong(Interceptor):
-        async def intercept(self, request: Request, call_next: Any) -> Any:  # type: ignore[override]
+        async def intercept(self, request: Request, call_next: Any) -> Any:
             return await call_next(request)
 
     kit = FaultyTools()
