@@ -90,7 +90,12 @@ class DieAfterWrite(Interceptor):
     mortal: Mortal
 
     def intercept(self, request: Request, call_next: CallNext) -> Any:
-        outcome = call_next(request)
+        return self.after(request, call_next(request))
+
+    async def aintercept(self, request: Request, call_next: AsyncCallNext) -> Any:
+        return self.after(request, await call_next(request))
+
+    def after(self, request: Request, outcome: Any) -> Any:
         if isinstance(request, CallTool) and request.arguments.get("key") == self.key:
             self.mortal.kill()
             raise ProcessDied(f"died after {self.key} ran")
@@ -106,7 +111,7 @@ class World:
     runtimes: list[Runtime] = field(default_factory=list)
 
 
-def world(tmp: Path, extra: Callable[[], list[Any]]) -> World:
+def world(tmp: Path, extra: Callable[[], list[Any]], *, use_async: bool = False) -> World:
     """Two runs over one store that make every kind of request: a read retried after a
     transient failure (Sleep), a keyed write refused (BeginIntent, AbortIntent) and one
     that succeeds (CommitIntent), a trace file (EmitEvents), checkpoints; then a keyed
@@ -124,16 +129,19 @@ def world(tmp: Path, extra: Callable[[], list[Any]]) -> World:
         answer("filed"),
     ]
     rt1 = scripted_runtime(kit, first, store=store, retry=retry, interceptors=extra())
-    results = [rt1.run("go", run_id="r1", trace=tmp / "r1.jsonl")]
+    if use_async:
+        results = [asyncio.run(rt1.arun("go", run_id="r1", trace=tmp / "r1.jsonl"))]
+    else:
+        results = [rt1.run("go", run_id="r1", trace=tmp / "r1.jsonl")]
     second = [decide(call("ticket", {"key": "K3"})), answer("filed")]
     rt2 = scripted_runtime(
         kit, second, store=store, retry=retry, interceptors=[DieAfterWrite("K3", mortal), *extra()]
     )
     with pytest.raises(ProcessDied):
-        rt2.run("go", run_id="r2")
+        asyncio.run(rt2.arun("go", run_id="r2")) if use_async else rt2.run("go", run_id="r2")
     mortal.restart()
     rt3 = scripted_runtime(kit, [answer("done")], store=store, retry=retry, interceptors=extra())
-    results.append(rt3.resume("r2"))
+    results.append(asyncio.run(rt3.aresume("r2")) if use_async else rt3.resume("r2"))
     runtimes = [rt1, rt2, rt3]
     errors = sum(r.interceptor_errors for r in runtimes)
     return World(results, kit, errors, (tmp / "r1.jsonl").read_bytes(), runtimes)
@@ -148,10 +156,11 @@ def same_runs(a: World, b: World) -> None:
     assert a.trace == b.trace  # the trace file, byte for byte
 
 
+@pytest.mark.parametrize("use_async", [False, True], ids=["run", "arun"])
 def test_a_raising_interceptor_never_changes_a_run_for_any_request_kind(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, use_async: bool
 ) -> None:
-    baseline = world(tmp_path / "plain", list)
+    baseline = world(tmp_path / "plain", list, use_async=use_async)
     broken: list[RaisesBefore] = []
 
     def raising() -> list[Any]:
@@ -159,7 +168,7 @@ def test_a_raising_interceptor_never_changes_a_run_for_any_request_kind(
         return [broken[-1], RaisesAfter()]
 
     with caplog.at_level(logging.ERROR, logger="fsm_agent"):
-        faulty = world(tmp_path / "broken", raising)
+        faulty = world(tmp_path / "broken", raising, use_async=use_async)
     same_runs(baseline, faulty)
     assert set().union(*(b.kinds for b in broken)) == EVERY_KIND
     # Every failure was logged on "fsm_agent" and counted on its runtime.

@@ -57,6 +57,7 @@ __all__ = [
     "json_schema_text",
     "observation",
     "redaction_failed",
+    "review",
     "run_end",
     "run_start",
     "transition",
@@ -481,6 +482,12 @@ def observation(call_id: str, tool: str, result: Any, synthetic: bool) -> dict[s
     """An observation without its ``seq`` (given when it is recorded after its edge)."""
     return {"type": "observation", "call_id": call_id, "tool": tool, "result": result,
             "synthetic": synthetic}  # fmt: skip
+
+
+def review(action: str, call_id: str, tool: str) -> dict[str, Any]:
+    """A review's required fields, without its ``seq``; the decision's own field
+    (``digest``, ``reason`` or ``result``) is added by ``durable/review.py``."""
+    return {"type": "review", "action": action, "call_id": call_id, "tool": tool}
 
 
 def run_end(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fsm_agent.core import events
 from fsm_agent.core.actions import BLOCKING
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.canonical import digest, parse_arguments
@@ -138,12 +139,7 @@ def _decide(
             f"does not apply (use {' or '.join(fits)})"
         )
     call = next(c for c in s.decision.calls if c.id == call_id)
-    event: dict[str, Any] = {
-        "type": "review",
-        "action": action,
-        "call_id": call_id,
-        "tool": call.name,
-    }
+    event = events.review(action, call_id, call.name)
     decision: dict[str, Any] = {"action": action}
     if action == "approve":
         try:
