@@ -80,6 +80,8 @@ _BATCH_ACCEPTED = next(t.index for t in TRANSITIONS if t.action == "start_batch"
 _SAVE_WRITES = frozenset(
     t.index for t in TRANSITIONS if t.action == "start_attempt" or t.trigger == "tool_returned"
 )
+#: Every edge after which a save may follow (the others need no call of _wants_save).
+_MAY_SAVE = _SAVE_ALWAYS | _SAVE_WRITES | {_BATCH_ACCEPTED}
 
 
 class Cancelled(BaseException):
@@ -326,8 +328,8 @@ def _fire(s: RunState, trigger: str) -> bool:
     run without consumers are followed by nothing."""
     edge = fire(s, trigger)
     _after(s, edge)
-    config = s.config
-    return config.emit or (config.save != "never" and _wants_save(s, edge.index))
+    config, index = s.config, edge.index
+    return config.emit or (index in _MAY_SAVE and config.save != "never" and _wants_save(s, index))
 
 
 def _flush(s: RunState) -> Steps:
