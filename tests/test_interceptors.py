@@ -402,3 +402,30 @@ def test_an_async_intercept_is_refused_with_the_name_to_use() -> None:
     kit.read("lookup")
     with pytest.raises(ConfigError, match="intercept is an async def; name it aintercept"):
         scripted_runtime(kit, [answer("ok")], interceptors=[Wrong()])
+
+
+def test_interceptors_belong_to_their_runtime_and_observing_to_its_context() -> None:
+    import fsm_agent.core.engine as engine
+    from fsm_agent.runtime.interceptors import observing
+
+    assert not hasattr(engine, "TRANSITION_LISTENERS")  # no process-global hook is left
+
+    class Seen(Interceptor):
+        def __init__(self) -> None:
+            self.runs: set[str] = set()
+
+        def on_event(self, event: Event) -> None:
+            self.runs.add(event.run_id)
+
+    mine, ambient = Seen(), Seen()
+    kit = FaultyTools()
+    kit.read("lookup")
+    script = [decide(call("lookup", {"q": "A"})), answer("ok")]
+    watched = scripted_runtime(kit, script, interceptors=[mine])
+    other = scripted_runtime(kit, script)
+    watched.run("go", run_id="w1")
+    other.run("go", run_id="o1")
+    with observing(ambient):
+        other.run("go", run_id="o2")
+    other.run("go", run_id="o3")
+    assert mine.runs == {"w1"} and ambient.runs == {"o2"}
