@@ -429,3 +429,33 @@ def test_interceptors_belong_to_their_runtime_and_observing_to_its_context() -> 
         other.run("go", run_id="o2")
     other.run("go", run_id="o3")
     assert mine.runs == {"w1"} and ambient.runs == {"o2"}
+
+
+def test_a_sink_that_fails_stops_the_run_and_interceptors_still_see_it_end() -> None:
+    class BrokenDisk:
+        def __init__(self) -> None:
+            self.written: list[dict[str, Any]] = []
+
+        def write(self, event: dict[str, Any]) -> None:
+            if event["type"] == "observation":
+                raise OSError("No space left on device")
+            self.written.append(event)
+
+        def close(self) -> None:
+            pass
+
+    live = Live()
+    kit = FaultyTools()
+    kit.read("lookup")
+    disk = BrokenDisk()
+    rt = scripted_runtime(kit, [decide(call("lookup", {"q": "A"})), answer("ok")],
+                          interceptors=[live])  # fmt: skip
+    with pytest.raises(OSError, match="No space left"):
+        rt.run("go", run_id="d1", trace=disk)
+    assert disk.written and all(e["type"] != "observation" for e in disk.written)
+    # The sink is not written again; the interceptor saw the run to its end.
+    assert isinstance(live.seen[-1], RunEnded) and live.seen[-1].reason == "cancelled"
+    stored = rt.store.load_run("d1")  # type: ignore[attr-defined]
+    assert [e.to_json() for e in live.seen] == [
+        {k: v for k, v in e.items() if k not in ("run", "chain")} for e in stored.events
+    ]
