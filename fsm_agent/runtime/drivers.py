@@ -46,6 +46,7 @@ from fsm_agent.core.requests import (
     BeginIntent,
     CallTool,
     CommitIntent,
+    ConsumeApproval,
     EmitEvents,
     IdempotencyRecord,
     IntentClaim,
@@ -61,7 +62,7 @@ from fsm_agent.core.requests import (
 from fsm_agent.core.state import RunState
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import Heartbeat
-from fsm_agent.durable.store import Checkpoint, RunSave, RunStore, Store
+from fsm_agent.durable.store import ApprovalStore, Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
 from fsm_agent.runtime.interceptors import Chain
@@ -185,7 +186,14 @@ def outcome_of(exc: BaseException) -> ToolOutcome:
 #: What models and tools return in the common case: never awaitable, so not inspected.
 _PLAIN = (dict, list, str, int, float, type(None))
 
-_STORE_REQUESTS = (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+_STORE_REQUESTS = (
+    SaveCheckpoint,
+    BeginIntent,
+    CommitIntent,
+    AbortIntent,
+    LoadIntent,
+    ConsumeApproval,
+)
 
 
 def _creates_run(request: Request) -> bool:
@@ -214,6 +222,8 @@ class _Driver:
             return self.abort_intent(request)
         if isinstance(request, LoadIntent):
             return self.load_intent(request)
+        if isinstance(request, ConsumeApproval):
+            return self.consume_approval(request)
         assert isinstance(request, SaveCheckpoint), request
         return self.save_checkpoint(request)
 
@@ -250,6 +260,15 @@ class _Driver:
     @answers(LoadIntent)
     def load_intent(self, request: LoadIntent) -> IdempotencyRecord | None:
         return self.store.get_intent(request.tool, request.key)
+
+    @answers(ConsumeApproval)
+    def consume_approval(self, request: ConsumeApproval) -> bool:
+        # (Runtime checked at construction that a store with limited approvals counts
+        # them.) Not fenced: a use is keyed by (approval, run, call), so a stalled
+        # driver and the one that took its run over spend the same single use.
+        return cast(ApprovalStore, self.store).consume_approval(
+            request.approval_id, request.max_uses, request.run_id, request.call_id
+        )
 
     @answers(SaveCheckpoint)
     def save_checkpoint(self, request: SaveCheckpoint) -> None:
@@ -317,6 +336,8 @@ class _Driver:
             return 0.0
         if isinstance(request, BeginIntent):
             return IntentClaim(False, None)
+        if isinstance(request, ConsumeApproval):
+            return False  # not granted: the call does not run
         if isinstance(request, CallTool):
             return ToolOutcome("not_started", error="the run was stopping")
         return None

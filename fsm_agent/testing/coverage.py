@@ -1,10 +1,12 @@
 """Transition coverage: count the edges runs take, report them, draw them.
 
-:class:`TransitionCoverage` is an interceptor: its ``on_event`` counts the table entry of
-every ``transition`` event. Installed (:meth:`~TransitionCoverage.install`, as the pytest
-plugin does), it watches every run driven in this context, whatever runtime drives it
-(``runtime/interceptors.py``: :func:`~fsm_agent.runtime.interceptors.observing`). The report
-lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
+:class:`TransitionCoverage` is an interceptor: its ``on_event`` counts the entry of one
+machine's table (the default one unless given another; runs whose header names another
+machine are not counted) that every ``transition`` event took. Installed
+(:meth:`~TransitionCoverage.install`, as the pytest plugin does), it watches every run
+driven in this context, whatever runtime drives it
+(:func:`~fsm_agent.runtime.interceptors.observing`). The
+report lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
 page with the diagram (or the DOT source) and the table.
 """
@@ -15,9 +17,9 @@ import contextlib
 import html
 from pathlib import Path
 
-from fsm_agent.core.events import Event, Transitioned
+from fsm_agent.core.events import Event, RunStarted, Transitioned
 from fsm_agent.core.select import select_recorded
-from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
 from fsm_agent.render.dot import Overlay, machine_dot
 from fsm_agent.render.engine import RenderError, render
 from fsm_agent.runtime.interceptors import Interceptor, observing
@@ -25,11 +27,11 @@ from fsm_agent.runtime.interceptors import Interceptor, observing
 __all__ = ["TransitionCoverage", "edge_of", "to_dot", "write_html"]
 
 
-def edge_of(event: Transitioned) -> Transition | None:
-    """The table entry a ``transition`` event took: the one its recorded guard outcomes
-    select (``None`` for an event this table cannot have produced)."""
+def edge_of(event: Transitioned, machine: Machine = DEFAULT_MACHINE) -> Transition | None:
+    """The entry of ``machine``'s table a ``transition`` event took: the one its recorded
+    guard outcomes select (``None`` for an event that table cannot have produced)."""
     try:
-        edge = select_recorded(event.source, event.trigger, event.guards)
+        edge = select_recorded(event.source, event.trigger, event.guards, machine=machine)
     except LookupError:
         return None
     return edge if edge is not None and edge.dest == event.dest else None
@@ -40,15 +42,22 @@ _SHADES = ("#9ecae1", "#4292c6", "#08519c")  # light to dark blue as hits grow
 
 
 class TransitionCoverage(Interceptor):
-    """Hit counts per transition of the table, from the events of the runs it sees."""
+    """Hit counts per transition of ``machine``'s table, from the events it sees."""
 
-    def __init__(self) -> None:
-        self.hits = [0] * len(TRANSITIONS)
+    def __init__(self, machine: Machine = DEFAULT_MACHINE) -> None:
+        self.machine = machine
+        self.hits = [0] * len(machine.transitions)
+        # run id -> machine hash, from the headers seen (a resumed run shows none).
+        self._machines: dict[str, str] = {}
         self._installed: contextlib.ExitStack | None = None
 
     def on_event(self, event: Event) -> None:
-        if isinstance(event, Transitioned):
-            edge = edge_of(event)
+        if isinstance(event, RunStarted):
+            self._machines[event.run_id] = event.machine_hash
+        elif isinstance(event, Transitioned):
+            if self._machines.get(event.run_id, self.machine.hash) != self.machine.hash:
+                return  # a run of another machine
+            edge = edge_of(event, self.machine)
             if edge is not None:
                 self.hits[edge.index] += 1
 
@@ -75,7 +84,7 @@ class TransitionCoverage(Interceptor):
         """The table with hit counts, then the transitions never taken."""
         rows = [
             (str(i), t.trigger, f"{t.source} -> {t.dest}", ", ".join(t.guards) or "-", str(h))
-            for i, (t, h) in enumerate(zip(TRANSITIONS, self.hits, strict=False))
+            for i, (t, h) in enumerate(zip(self.machine.transitions, self.hits, strict=False))
         ]
         head = ("#", "trigger", "source -> dest", "guards", "hits")
         widths = [max(len(r[c]) for r in [head, *rows]) for c in range(5)]
@@ -88,7 +97,7 @@ class TransitionCoverage(Interceptor):
         taken = len(self.hits) - len(self.never_taken())
         lines.append(f"transition coverage: {taken}/{len(self.hits)} = {self.percent:.1f}%")
         for i in self.never_taken():
-            t = TRANSITIONS[i]
+            t = self.machine.transitions[i]
             lines.append(f"never taken: #{i} {t.label} ({t.source} -> {t.dest})")
         return lines
 
@@ -102,7 +111,8 @@ def _colour(hits: int, top: int) -> str:
 
 def to_dot(coverage: TransitionCoverage) -> str:
     """The machine diagram (the renderer's, from the same table) as a heat map of hits."""
-    taken = [t for t, h in zip(TRANSITIONS, coverage.hits, strict=True) if h]
+    table = coverage.machine.transitions
+    taken = [t for t, h in zip(table, coverage.hits, strict=True) if h]
     visited = frozenset({INITIAL_STATE, *(t.source for t in taken), *(t.dest for t in taken)})
     overlay = Overlay(
         counts=dict(enumerate(coverage.hits)),
@@ -111,7 +121,7 @@ def to_dot(coverage: TransitionCoverage) -> str:
         caption=f"transition coverage {coverage.percent:.1f}% "
         f"({len(coverage.never_taken())} never taken, grey)",
     )
-    return machine_dot(overlay)
+    return machine_dot(overlay, machine=coverage.machine)
 
 
 def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
@@ -133,7 +143,7 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
         f"<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>"
         f"<td>{html.escape(', '.join(t.guards) or '-')}</td>"
         f'<td style="background:{_colour(h, top)};color:white;text-align:right">{h}</td></tr>'
-        for i, (t, h) in enumerate(zip(TRANSITIONS, coverage.hits, strict=False))
+        for i, (t, h) in enumerate(zip(coverage.machine.transitions, coverage.hits, strict=False))
     )
     picture = (
         svg[svg.find("<svg") :]

@@ -161,6 +161,7 @@ _STORE_WRITES = (
     "claim",
     "renew",
     "release",
+    "consume_approval",
 )
 
 
