@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fsm_agent.cli._output import Input, refuse_clobber, write_output
 from fsm_agent.errors import TraceError, UsageError
 from fsm_agent.render.dot import DETAILS, Overlay, machine_dot
 from fsm_agent.render.engine import RENDERERS, RenderError, render
@@ -108,7 +110,9 @@ def _format(args: argparse.Namespace, allowed: tuple[str, ...]) -> str:
     return "svg"
 
 
-def _emit(args: argparse.Namespace, overlay: Overlay | None, fmt: str) -> None:
+def _emit(
+    args: argparse.Namespace, overlay: Overlay | None, fmt: str, inputs: Sequence[Input] = ()
+) -> None:
     """Write the machine (with ``overlay``) as ``fmt`` to ``args.output`` (or stdout)."""
     dot_source = machine_dot(overlay, args.detail)
     if fmt == "dot":
@@ -120,20 +124,24 @@ def _emit(args: argparse.Namespace, overlay: Overlay | None, fmt: str) -> None:
         data = bytes(rendered)
         if fmt == "svg":
             data = add_titles(data, titles(args.detail))
-    _write(args.output, data, binary=fmt == "png")
+    _write(args.output, data, binary=fmt == "png", inputs=inputs)
 
 
-def _write(output: str | None, data: bytes, *, binary: bool = False) -> None:
+def _write(
+    output: str | None,
+    data: bytes,
+    *,
+    binary: bool = False,
+    flag: str = "-o",
+    inputs: Sequence[Input] = (),
+) -> None:
     if output is None:
         if binary and sys.stdout.isatty():
             raise UsageError("PNG is binary: write it to a file with -o FILE")
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    try:
-        Path(output).write_bytes(data)
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+    write_output(flag, output, data, inputs)
 
 
 def _guard(run: Any) -> int:
@@ -162,15 +170,29 @@ def run_diagram(args: argparse.Namespace) -> int:
     return _guard(go)
 
 
+def _replay_inputs(args: argparse.Namespace) -> list[Input]:
+    """The traces, and each output for the other: ``-o X --html X`` would keep one."""
+    inputs: list[Input] = [("TRACE", p) for p in args.traces]
+    if args.output:
+        refuse_clobber("-o", args.output, inputs)
+    if args.html:
+        refuse_clobber("--html", args.html, inputs)
+        if args.output:
+            refuse_clobber("--html", args.html, [("-o", args.output)])
+    return inputs
+
+
 def run_replay(args: argparse.Namespace) -> int:
     def go() -> int:
+        # Refused before anything is read or drawn: nothing is written if one is bad.
+        inputs = _replay_inputs(args)
         if args.aggregate:
             if not args.output:
                 raise UsageError("--aggregate draws a picture: give -o FILE")
             if args.step is not None or args.html:
                 raise UsageError("--aggregate takes no --step or --html")
             overlay = aggregate_overlay(Replay(p) for p in args.traces)
-            _emit(args, overlay, _format(args, ("svg", "png", "dot")))
+            _emit(args, overlay, _format(args, ("svg", "png", "dot")), inputs)
             return 0
         if len(args.traces) != 1:
             raise UsageError(
@@ -181,12 +203,12 @@ def run_replay(args: argparse.Namespace) -> int:
         step = replay.step(args.step).index if args.step is not None else None
         if args.output:
             frame: Overlay = replay.overlay(step)
-            _emit(args, frame, _format(args, ("svg", "png", "dot")))
+            _emit(args, frame, _format(args, ("svg", "png", "dot")), inputs)
         if args.html:
             from fsm_agent.render.html import viewer_html
 
             page = viewer_html(replay, args.renderer, step or 0, detail=args.detail)
-            _write(args.html, page.encode("utf-8"))
+            _write(args.html, page.encode("utf-8"), flag="--html", inputs=inputs)
             if args.verbose:
                 print(f"wrote {args.html} ({len(replay)} steps)", file=sys.stderr)
         if args.output or args.html:
