@@ -75,6 +75,9 @@ _DETAILS: dict[str, Callable[[RunState], str]] = {
     "wall_clock": lambda s: (
         f"{s.now - s.started:.3f}s elapsed; the limit is {s.config.budget.max_wall_clock_s}s"
     ),
+    "reply_size": lambda s: (
+        f"a reply of {s.reply_bytes} bytes; the limit is {s.config.budget.max_reply_bytes}"
+    ),
     "tool_output": lambda s: (
         f"{s.counters.output_bytes} bytes of tool output; the limit is "
         f"{s.config.budget.max_output_bytes}"

@@ -134,6 +134,9 @@ class RunState:
     #: A reply reported no usable token count / cost (it then counts as over a set limit).
     tokens_unknown: bool = False
     cost_unknown: bool = False
+    #: Bytes of the JSON text of the last reply (``max_reply_bytes``). Not saved: it is
+    #: read only by the ``model_replied`` that follows the reply.
+    reply_bytes: int = 0
     guard_log: dict[str, bool] = field(default_factory=dict)
     taken: Transition = TRANSITIONS[0]
     answered: set[str] = field(default_factory=set)
