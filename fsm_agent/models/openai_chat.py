@@ -67,7 +67,8 @@ _REASONING_KEYS = REASONING_KEYS
 _TOOL_MEDIA = TOOL_MEDIA
 _MISSING_ID_HINT = (
     "the server sent no tool call id; if it never does (Gemini's OpenAI-compatible "
-    "endpoint sends empty ids), pass OpenAIChatModel(synthesize_missing_ids=True)"
+    "endpoint sends empty ids), pass OpenAIChatModel(synthesize_missing_ids=True), or "
+    "--synthesize-missing-ids to fsm-agent"
 )
 
 
