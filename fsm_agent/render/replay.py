@@ -46,8 +46,21 @@ class Replay:
         self.path = str(path)
         self.events = events if events is not None else load_trace(path)
         self.steps: list[Step] = []
+        # Per step, the failed attempts so far of the call it concerns (computed once:
+        # the viewer asks for every step of traces of any length).
+        self._failed: list[tuple[dict[str, Any], ...]] = []
+        failed: dict[Any, tuple[dict[str, Any], ...]] = {}
         state: str = INITIAL_STATE
         for i, event in enumerate(self.events):
+            call_id = event.get("call_id")
+            if (
+                event.get("trigger") == "tool_returned"
+                and event.get("outcome") not in (None, "ok")
+                and isinstance(call_id, str)
+            ):
+                attempt = {k: event.get(k) for k in ("attempt", "outcome", "error")}
+                failed[call_id] = (*failed.get(call_id, ()), attempt)
+            self._failed.append(failed.get(call_id, ()) if isinstance(call_id, str) else ())
             taken = None
             if event.get("type") == "transition":
                 guards = event.get("guards")
@@ -61,6 +74,13 @@ class Replay:
                 dest = event.get("dest")
                 state = dest if isinstance(dest, str) else state
             self.steps.append(Step(i, event, state, taken))
+
+    def failed_attempts(self, n: int) -> list[dict[str, Any]]:
+        """The failed attempts, up to step ``n``, of the call step ``n`` concerns (a
+        ``tool_returned``, a retry, an observation): each ``attempt``, ``outcome`` and
+        ``error``, so a retry or a failure shows why without opening the raw JSON."""
+        self.step(n)  # the range check
+        return list(self._failed[n])
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -106,6 +126,8 @@ def describe_event(event: dict[str, Any]) -> str:
             text += f" ({event['reason']})"
         if event.get("call_id"):
             text += f"  call {event['call_id']} {event.get('tool', '')}"
+        if event.get("outcome") not in (None, "ok"):
+            text += f"  attempt {event.get('attempt')} {_failure(event)}"
         return text
     if kind == "observation":
         result = event.get("result")
@@ -152,14 +174,26 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
         guards = event.get("guards")
         if isinstance(guards, dict) and guards:
             lines.append("  guards: " + ", ".join(f"{k}={_short(v)}" for k, v in guards.items()))
+        if event.get("outcome") is not None:
+            lines.append(f"  outcome: {_failure(event)}")
         if event.get("detail"):
             lines.append(f"  detail: {event['detail']}")
+    failed = replay.failed_attempts(n)
+    if failed and not (len(failed) == 1 and event.get("outcome") not in (None, "ok")):
+        lines.append(f"  failed attempts of {event.get('call_id')}:")
+        lines += [f"    #{f['attempt']} {_failure(f)}" for f in failed]
     payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
     if event.get("type") in ("decision", "observation", "run_end", "run_start"):
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
         lines.append("  payload:")
         lines += ["    " + line for line in text.splitlines()]
     return [part for line in lines for part in _wrap(_printable(line), width)]
+
+
+def _failure(attempt: dict[str, Any]) -> str:
+    """``transient: TransientToolError: CRM returned 503`` (an outcome and its error)."""
+    error = attempt.get("error")
+    return f"{attempt.get('outcome')}: {error}" if error else str(attempt.get("outcome"))
 
 
 def _short(value: Any) -> str:
