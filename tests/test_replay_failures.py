@@ -7,11 +7,13 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from conftest import Backend, TransientToolError, call, calls, make_runtime, say
 
 from fsm_agent import RetryPolicy
 from fsm_agent.cli import main
-from fsm_agent.render.replay import Replay, describe_step
+from fsm_agent.errors import StepError
+from fsm_agent.render.replay import MAX_TRACE_BYTES, Replay, describe_step
 from fsm_agent.render.stepper import print_steps
 
 
@@ -58,3 +60,40 @@ def test_the_printed_steps_carry_them(tmp_path: Path, capsys: object) -> None:
     print_steps(Replay(path), out)
     assert out.getvalue().count("TransientToolError: CRM returned 503") >= 3
     assert main(["replay", str(path)]) == 0  # not a TTY: the same text on stdout
+
+
+def test_a_trace_too_large_to_hold_is_refused_before_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 1 GB attack, scaled down: a limit (default 32 MiB) refuses the file by its size,
+    with the way out, instead of holding it (about 15x its size) and writing a page no
+    browser opens."""
+    path = retried(tmp_path)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    big = tmp_path / "big.jsonl"
+    big.write_text(lines[0] + "".join(lines[1:-1]) * 40 + lines[-1], encoding="utf-8")
+    size = big.stat().st_size
+    page = tmp_path / "view.html"
+    limit = str(size - 1)
+    assert main(["replay", str(big), "--html", str(page), "--max-trace-bytes", limit]) == 2
+    err = capsys.readouterr().err
+    assert f"({size} bytes)" in err and "fsm-agent check" in err and "--max-trace-bytes" in err
+    assert err.count("\n") == 1 and not page.exists()
+    assert main(["replay", str(big), "--max-trace-bytes", limit]) == 2  # the stepper too
+    assert main(["replay", str(big), str(path), "--aggregate", "-o", str(tmp_path / "h.dot"),
+                 "--max-trace-bytes", limit]) == 2  # fmt: skip
+    capsys.readouterr()
+    assert main(["replay", str(big), "--html", str(page), "--max-trace-bytes", str(size)]) == 0
+    assert page.exists()
+    with pytest.raises(StepError, match=r"stops at 0\.0 MiB \(1000 bytes\)"):
+        Replay(big, max_bytes=1000)
+    assert MAX_TRACE_BYTES == 32 * 1024 * 1024
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "1e6", "lots"])
+def test_a_bad_limit_is_a_usage_error(
+    tmp_path: Path, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", str(retried(tmp_path)), "--max-trace-bytes", bad])
+    assert exc.value.code == 2 and "a whole number of bytes" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from fsm_agent.errors import TraceError, UsageError
 from fsm_agent.render.dot import DETAILS, Overlay, machine_dot
 from fsm_agent.render.engine import RENDERERS, RenderError, render
 from fsm_agent.render.mermaid import machine_mermaid
-from fsm_agent.render.replay import Replay, StepError, aggregate_overlay
+from fsm_agent.render.replay import MAX_TRACE_BYTES, Replay, StepError, aggregate_overlay
 from fsm_agent.render.svg import add_titles, titles
 
 __all__ = ["register"]
@@ -69,12 +69,26 @@ def register(subparsers: Any) -> None:
     )
     r.add_argument("--html", metavar="FILE", help="write the step-through HTML viewer here")
     r.add_argument(
+        "--max-trace-bytes",
+        type=_byte_count,
+        default=MAX_TRACE_BYTES,
+        metavar="N",
+        help=f"refuse a trace file larger than N bytes (default {MAX_TRACE_BYTES}: a "
+        "replay holds the whole trace in memory, up to about 15 times its size)",
+    )
+    r.add_argument(
         "--aggregate",
         action="store_true",
         help="draw one heat map of edge counts over all TRACEs (needs -o)",
     )
     _renderer_flags(r)
     r.set_defaults(handler=run_replay)
+
+
+def _byte_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of bytes >= 1, got {text!r}")
+    return int(text)
 
 
 def _renderer_flags(p: argparse.ArgumentParser) -> None:
@@ -191,7 +205,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 raise UsageError("--aggregate draws a picture: give -o FILE")
             if args.step is not None or args.html:
                 raise UsageError("--aggregate takes no --step or --html")
-            overlay = aggregate_overlay(Replay(p) for p in args.traces)
+            limit = args.max_trace_bytes
+            overlay = aggregate_overlay(Replay(p, max_bytes=limit) for p in args.traces)
             _emit(args, overlay, _format(args, ("svg", "png", "dot")), inputs)
             return 0
         if len(args.traces) != 1:
@@ -199,7 +214,7 @@ def run_replay(args: argparse.Namespace) -> int:
                 f"replay takes one trace ({len(args.traces)} given); use "
                 "--aggregate for a heat map over several"
             )
-        replay = Replay(args.traces[0])
+        replay = Replay(args.traces[0], max_bytes=args.max_trace_bytes)
         step = replay.step(args.step).index if args.step is not None else None
         if args.output:
             frame: Overlay = replay.overlay(step)
