@@ -97,3 +97,17 @@ def test_a_bad_limit_is_a_usage_error(
     with pytest.raises(SystemExit) as exc:
         main(["replay", str(retried(tmp_path)), "--max-trace-bytes", bad])
     assert exc.value.code == 2 and "a whole number of bytes" in capsys.readouterr().err
+
+
+def test_failed_attempts_are_those_of_the_current_batch_and_bounded(tmp_path: Path) -> None:
+    """Call ids are unique only within a batch: a run reusing ``c1`` in every round (or a
+    hostile trace) must not make each step list every earlier failure (it made the viewer
+    quadratic: a 10 MB trace took 10 minutes and wrote a 2 GB page)."""
+    path = retried(tmp_path)
+    events = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    fail = next(e for e in events if e.get("outcome") == "transient")
+    decision = next(e for e in events if e["type"] == "decision")
+    rounds = [decision, fail] * 50 + [fail] * 30  # the last batch: 31 failures claimed
+    replay = Replay(path, events=[events[0], *rounds])
+    assert len(replay.failed_attempts(len(replay) - 31)) == 1  # only this batch's
+    assert len(replay.failed_attempts(len(replay) - 1)) == 20  # capped
