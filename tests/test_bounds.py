@@ -148,3 +148,27 @@ def test_an_oversized_answer_must_be_the_stand_in(tmp_path: Path) -> None:
     events[at] = forged
     problems = [v.message for v in check_events(events)]
     assert any("an oversized answer must be" in p for p in problems), problems
+
+
+def test_a_huge_error_message_is_recorded_bounded(tmp_path: Path) -> None:
+    from fsm_agent.core.budget import MAX_ERROR_CHARS
+
+    tools = ToolRegistry()
+
+    @tools.tool(schema=SCHEMA, effect="read")
+    def look(q: str) -> Any:
+        raise RuntimeError("e" * 5_000_000)
+
+    def model(messages: list[dict[str, Any]], specs: Any) -> dict[str, Any]:
+        if len(messages) > 1:
+            raise ConnectionError("m" * 5_000_000)
+        return {"role": "assistant", "content": None, "tool_calls": [_call("x")]}
+
+    rt = Runtime(model=model, tools=tools, allowed_tools={"look"}, trace_dir=tmp_path)
+    out = rt.run("look")
+    assert (out.status, out.reason) == ("protocol_error", "model_error")
+    (trace,) = tmp_path.glob("*.jsonl")
+    assert check_file(trace) == []
+    assert trace.stat().st_size < 10 * MAX_ERROR_CHARS  # each message cut, not whole
+    failed = next(e for e in out.events if e.get("outcome") == "error")
+    assert failed["error"].endswith(f"... ({5_000_000 + 14 - MAX_ERROR_CHARS} more characters)")

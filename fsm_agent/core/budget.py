@@ -7,7 +7,15 @@ from typing import Any, NamedTuple
 
 from fsm_agent.errors import ConfigError
 
-__all__ = ["MAX_RECORD_BYTES", "Budget", "Metered", "RetryPolicy", "metered"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "MAX_RECORD_BYTES",
+    "Budget",
+    "Metered",
+    "RetryPolicy",
+    "bounded_text",
+    "metered",
+]
 
 #: The most bytes of JSON text one model reply or one tool result may keep in a run's
 #: history and trace, whatever the budget says. A quarter of the line limit of
@@ -15,6 +23,18 @@ __all__ = ["MAX_RECORD_BYTES", "Budget", "Metered", "RetryPolicy", "metered"]
 #: writes under any budget is one the checker reads: a line holds at most one reply or
 #: result, plus its envelope, or a stop's detail quoting parts of them.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
+#: The most characters of an error message (a tool's or a model's exception) a run
+#: records: they are read by people, and one could otherwise fill a trace line.
+MAX_ERROR_CHARS = 16_384
+
+
+def bounded_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def _positive_int(owner: str, name: str, value: object, *, optional: bool) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Generator
 from typing import Any
 
 from fsm_agent.core.actions import ACTIONS, BLOCKING
-from fsm_agent.core.budget import metered
+from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
 from fsm_agent.core.decision import NO_DECISION, Decision, admit_calls, parse_decision
 from fsm_agent.core.engine import TRANSITION_LISTENERS, fire
@@ -540,7 +540,7 @@ def _describe_error(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # an exception whose __str__ raises
         text = f"{type(exc).__name__}: <unprintable>"
-    return clean_text(text)
+    return clean_text(bounded_text(text))
 
 
 def _recorded_reply(reply: Any, decision: Decision) -> Any:
