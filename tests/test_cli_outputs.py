@@ -148,3 +148,31 @@ def test_an_output_in_a_missing_folder_is_one_line(
     assert main(["replay", str(trace), "--html", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write --html" in err and "No such file" in err
+
+
+def test_a_device_or_a_folder_as_output(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A device cannot be replaced by a rename: it is written to, as before.
+    assert main(["replay", str(trace), "-o", os.devnull, "--format", "dot"]) == 0
+    assert main(["replay", str(trace), "-o", str(tmp_path), "--format", "dot"]) == 2
+    assert "it is a folder; name a file" in capsys.readouterr().err
+
+
+def test_export_refuses_a_standard_output_that_is_its_store(db: Path) -> None:
+    """``runs export R --db runs.db >> runs.db`` would append the trace to the store."""
+    import subprocess
+    import sys
+
+    before = db.read_bytes()
+    with open(db, "ab") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "fsm_agent", "runs", "export", "--db", str(db), "r1"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "standard output is the input --db" in done.stderr
+    assert db.read_bytes() == before

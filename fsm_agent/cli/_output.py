@@ -5,19 +5,22 @@ that is one of the command's inputs — the same path, a symbolic link to it, or
 link (the same device and inode) — because writing it would destroy the very data the
 command read (``runs export R --db runs.db -o runs.db`` once replaced a whole store with
 one run's trace). The data goes to a temporary file beside the target, which is renamed
-into place only when complete, so a failure or a kill leaves the old file as it was.
+into place only when complete, so a failure or a kill leaves the old file as it was
+(a device or a named pipe, such as ``/dev/stdout``, is written to directly).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 
 from fsm_agent.errors import UsageError
 
-__all__ = ["Input", "refuse_clobber", "sqlite_inputs", "write_output"]
+__all__ = ["Input", "refuse_clobber", "refuse_stdout_clobber", "sqlite_inputs", "write_output"]
 
 #: ``(flag or role, path)`` of a file the command reads, for the refusal's message.
 Input = tuple[str, str]
@@ -53,6 +56,22 @@ def refuse_clobber(flag: str, output: str, inputs: Iterable[Input]) -> None:
             )
 
 
+def refuse_stdout_clobber(inputs: Iterable[Input]) -> None:
+    """A :class:`UsageError` if standard output is one of ``inputs`` (``>> runs.db``)."""
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind it (a test's)
+        return
+    if not stat.S_ISREG(st.st_mode):
+        return
+    for role, path in inputs:
+        if _identity(path) == (st.st_dev, st.st_ino):
+            raise UsageError(
+                f"standard output is the input {role} {path}: writing to it would destroy "
+                "what is being read; redirect to another file or use -o FILE"
+            )
+
+
 def write_output(flag: str, output: str, data: bytes, inputs: Sequence[Input] = ()) -> None:
     """Write ``data`` to ``output`` atomically, refusing an output that is an input.
 
@@ -60,6 +79,15 @@ def write_output(flag: str, output: str, data: bytes, inputs: Sequence[Input] = 
     refuse_clobber(flag, output, inputs)
     # Rename onto the file a symbolic link points at, so the link stays a link.
     target = os.path.realpath(output)
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"cannot write {flag} {output}: it is a folder; name a file")
+    if mode is not None and not stat.S_ISREG(mode):
+        _write_through(flag, output, data)  # /dev/stdout, a named pipe: nothing to rename
+        return
     folder = os.path.dirname(target) or "."
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", dir=folder)
@@ -78,6 +106,14 @@ def write_output(flag: str, output: str, data: bytes, inputs: Sequence[Input] = 
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _write_through(flag: str, output: str, data: bytes) -> None:
+    try:
+        with open(output, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        raise UsageError(f"cannot write {flag} {output}: {exc.strerror or exc}") from None
 
 
 def _keep_mode(target: str, tmp: str) -> None:

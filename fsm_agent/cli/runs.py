@@ -383,12 +383,20 @@ def _review(args: argparse.Namespace) -> int:
 
 @_guarded
 def _export(args: argparse.Namespace) -> int:
-    from fsm_agent.cli._output import refuse_clobber, sqlite_inputs, write_output
+    from fsm_agent.cli._output import (
+        refuse_clobber,
+        refuse_stdout_clobber,
+        sqlite_inputs,
+        write_output,
+    )
     from fsm_agent.durable.postgres import is_postgres_dsn
 
     inputs = [] if is_postgres_dsn(args.db) else sqlite_inputs(args.db)
-    if args.output:  # before the store is opened: nothing is read for a refused output
+    # Before the store is opened: nothing is read for a refused output.
+    if args.output:
         refuse_clobber("-o", args.output, inputs)
+    else:
+        refuse_stdout_clobber(inputs)
     with _open(args) as store:
         events = store.load_run(args.run_id).events
     from fsm_agent.trace.chain import dumps_event
