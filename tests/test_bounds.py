@@ -14,7 +14,8 @@ from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.content import Image
 from fsm_agent.errors import ConfigError
-from fsm_agent.trace.checker import MAX_LINE, check_events, check_file
+from fsm_agent.trace.checker import check_events, check_file
+from fsm_agent.trace.io import MAX_LINE
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -172,3 +173,26 @@ def test_a_huge_error_message_is_recorded_bounded(tmp_path: Path) -> None:
     assert trace.stat().st_size < 10 * MAX_ERROR_CHARS  # each message cut, not whole
     failed = next(e for e in out.events if e.get("outcome") == "error")
     assert failed["error"].endswith(f"... ({5_000_000 + 14 - MAX_ERROR_CHARS} more characters)")
+
+
+def test_the_largest_records_any_budget_allows_make_a_trace_that_checks(
+    tmp_path: Path,
+) -> None:
+    """A reply and a result each just under 16 MiB of JSON text, of the characters JSON
+    escapes most (an argument string is JSON inside JSON: 7 bytes for one): every line
+    is under the checker's limit."""
+    reply = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [_call("\x01" * (MAX_RECORD_BYTES // 7 - 200))],
+    }
+    blob = "\x01" * (MAX_RECORD_BYTES // 6 - 200)
+    budget = Budget(max_reply_bytes=MAX_RECORD_BYTES, max_output_bytes=MAX_RECORD_BYTES)
+    out, ran, trace = _run(
+        tmp_path, {"blob": blob}, budget, reply, {"role": "assistant", "content": "ok"}
+    )
+    assert (out.status, out.reason, len(ran)) == ("done", "final_answer", 1), out.detail
+    observation = next(e for e in out.events if e["type"] == "observation")
+    assert "oversized" not in observation  # kept whole: it is within the budget
+    longest = max(len(line) for line in trace.read_bytes().splitlines())
+    assert MAX_RECORD_BYTES * 0.9 < longest < MAX_LINE
