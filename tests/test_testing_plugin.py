@@ -23,9 +23,16 @@ def test_answer(fsm_runtime):
     assert_stopped(fsm_runtime([answer("hi")]).run("?"), "done", "final_answer")
 """
 
+
 #: The two edges a one-answer run takes, found by key (rows may be added before them).
-REPLIED = edge_by_key("model_replied/deciding->validating").index
-DONE = edge_by_key("validate/validating->done[!has_tool_calls,has_answer]").index
+def _index(key: str) -> int:
+    edge = edge_by_key(key)
+    assert edge is not None, key
+    return edge.index
+
+
+REPLIED = _index("model_replied/deciding->validating")
+DONE = _index("validate/validating->done[!has_tool_calls,has_answer]")
 
 
 def test_coverage_report_lists_every_transition(pytester: pytest.Pytester) -> None:
