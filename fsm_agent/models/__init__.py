@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from fsm_agent.models._chat_history import to_openai_chat
 from fsm_agent.models._common import (
     HistoryError,
     ModelAuthError,
@@ -52,6 +53,7 @@ __all__ = [
     "check_openai_chat_request",
     "check_openai_responses",
     "check_openai_responses_request",
+    "to_openai_chat",
 ]
 
 _LAZY = {
