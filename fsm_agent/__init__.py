@@ -39,7 +39,7 @@ from fsm_agent.errors import (
     TraceError,
     TransientToolError,
 )
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.tools.registry import Tool, ToolRegistry
@@ -72,6 +72,7 @@ __all__ = [
     "FsmAgentError",
     "IdempotencyRecord",
     "JsonlTrace",
+    "KeyedScriptedModel",
     "MemoryStore",
     "PostgresStore",
     "RetryPolicy",

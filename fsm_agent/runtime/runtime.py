@@ -13,7 +13,9 @@ import inspect
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,12 +29,14 @@ from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.runtime.call_ids import warn_reused_call_ids
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.result import RunResult, result_of
+from fsm_agent.runtime.trace_files import continue_trace_file
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
-from fsm_agent.trace.chain import Encoder
+from fsm_agent.trace.chain import Chain, Encoder
 from fsm_agent.trace.io import JsonlTrace, Redactor, TraceSink
 
 __all__ = ["Model", "Runtime"]
@@ -173,8 +177,8 @@ class Runtime:
         live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
         model = self._sync_model(model, "resume")
-        state, owner, encoder = self._restore(run_id)
-        return self._drive(state, model, None, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink = self._restore(run_id)
+        return self._drive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
 
     async def aresume(
         self, run_id: str, *, model: Model | None = None, claimed_by: str | None = None
@@ -182,8 +186,8 @@ class Runtime:
         """:meth:`resume` for async models and tools. ``claimed_by``: the owner token of
         a claim the caller already holds on the run (a worker's: ``runtime/worker.py``)."""
         model = self._model_for(model)
-        state, owner, encoder = self._restore(run_id, claimed_by)
-        return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink = self._restore(run_id, claimed_by)
+        return await self._adrive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
 
     def approve(self, run_id: str, call_id: str) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments), then
@@ -281,7 +285,9 @@ class Runtime:
 
     def _restore(
         self, run_id: str, claimed_by: str | None = None
-    ) -> tuple[RunState, str, Encoder | None]:
+    ) -> tuple[RunState, str, Encoder | None, TraceSink | None]:
+        """The claimed, rebuilt run; with a ``trace_dir``, its file continued (it then holds
+        the whole run: ``runtime/trace_files.py``) as the sink of the rest of the run."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(
@@ -289,11 +295,40 @@ class Runtime:
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
         state, owner, tail = restore_run(store, run_id, self.config, claimed_by=claimed_by)
+        sink: TraceSink | None = None
         try:
-            return state, owner, self._encoder(state, None, tail)
+            encoder = self._encoder(state, None, tail)
+            if self.trace_dir is not None and state.events:
+                sink, file_chain = continue_trace_file(
+                    self.trace_dir, run_id, state.events, self._trace_key
+                )
+                state.config = replace(state.config, emit=True)
+                encoder = self._file_encoder(state, encoder, file_chain)
+            return state, owner, encoder, sink
         except BaseException:
+            if sink is not None:
+                sink.close()
             owners.let_go(store, run_id, owner)
             raise
+
+    @staticmethod
+    def _file_encoder(
+        s: RunState, store_encoder: Encoder | None, file_chain: Chain | None
+    ) -> Encoder | None:
+        """One encoder for the continued file and a store that keeps lines: both hold the
+        same lines, so the store's chain (at its last stored link) is the file's."""
+        if file_chain is None:
+            return store_encoder
+        if store_encoder is None:
+            return Encoder(file_chain, 1)
+        if store_encoder.chain.link != file_chain.link:  # cannot happen: same events, key
+            warnings.warn(
+                f"run {s.run_id!r}: the store's trace chain and its trace_dir file's differ; "
+                "the file continues the store's",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return Encoder(store_encoder.chain, 2)
 
     def _encoder(
         self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
@@ -336,8 +371,10 @@ class Runtime:
         encoder: Encoder | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
+        since = len(s.messages)
         with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
+        warn_reused_call_ids(s.run_id, s.messages, since)
         return self._result(s)
 
     async def _adrive(
@@ -351,6 +388,8 @@ class Runtime:
         encoder: Encoder | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
+        since = len(s.messages)
         with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
+        warn_reused_call_ids(s.run_id, s.messages, since)
         return self._result(s)

@@ -1,0 +1,222 @@
+"""A ``trace_dir`` file holds the whole run after a resume (issue 23 item 11).
+
+The file used to stop at the pause: ``resume``, ``approve``, ``deny`` and ``reconcile``
+never wrote to it. Now the resumed run appends the store's events the file lacks (the
+reviews) and then the rest of the run, and ``fsm-agent check`` passes on the file.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_keyed_model import cli, desk, refunds
+
+from fsm_agent import KeyedScriptedModel, MemoryStore, Runtime, SqliteStore, ToolRegistry
+from fsm_agent.testing import call, decide
+
+KEY_ENV = {"FSM_TRACE_KEY": "a key the desk and its auditors share"}
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def checked(path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    result = cli("check", str(path), *extra, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["sha256", "hmac"])
+def test_paused_reviewed_on_the_cli_resumed_elsewhere_one_file_checks(
+    tmp_path: Path, signed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = KEY_ENV if signed else {}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    trace = tmp_path / "traces" / "refund-1.jsonl"
+    desk(tmp_path, "keyed", "start", "refund-1")
+    paused = lines(trace)
+    assert paused[-1]["type"] == "run_end" and paused[-1]["status"] == "review_required"
+    key_args = ["--key-env", "FSM_TRACE_KEY"] if signed else []
+    approve = cli(
+        "runs", "approve", "--db", str(tmp_path / "runs.db"), "refund-1", "c2", *key_args, env=env
+    )
+    assert approve.returncode == 0, approve.stderr
+
+    assert desk(tmp_path, "keyed", "resume", "refund-1")["status"] == "done"
+    whole = lines(trace)
+    assert whole[: len(paused)] == paused  # continued, never rewritten
+    assert [e["type"] for e in whole[len(paused) :]][:1] == ["review"]
+    assert whole[-1]["type"] == "run_end" and whole[-1]["status"] == "done"
+    assert [e["seq"] for e in whole] == list(range(len(whole)))
+    checked(trace, *key_args, env=env)
+    # the file holds what the store holds, byte for byte
+    exported = cli("runs", "export", "refund-1", "--db", str(tmp_path / "runs.db"))
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout == trace.read_text(encoding="utf-8")
+    assert len(refunds(tmp_path)) == 1
+
+
+def _tools(effects: list[str]) -> ToolRegistry:
+    tools = ToolRegistry()
+
+    @tools.tool(effect="write", requires_approval=True, schema={"type": "object"})
+    def refund() -> dict[str, bool]:
+        effects.append("refund")
+        return {"ok": True}
+
+    @tools.tool(effect="write", schema={"type": "object"})
+    def email() -> dict[str, bool]:
+        effects.append("email")
+        raise ConnectionResetError("the mail server hung up")
+
+    return tools
+
+
+MODEL = KeyedScriptedModel(
+    {None: decide(call("refund", id="c1")), "c1": "refunded", "m1": "mailed"}
+)
+
+
+@pytest.mark.parametrize("action", ["approve", "deny"])
+def test_a_memory_store_run_reviewed_in_process_continues_its_file(
+    tmp_path: Path, action: str
+) -> None:
+    effects: list[str] = []
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools(effects),
+        allowed_tools={"refund"},
+        store=MemoryStore(),
+        trace_dir=tmp_path,
+    )
+    assert rt.run("refund it", run_id="m").reason == "approval_required"
+    result = rt.approve("m", "c1") if action == "approve" else rt.deny("m", "c1", "no")
+    assert (result.status, result.answer) == ("done", "refunded")
+    events = lines(tmp_path / "m.jsonl")
+    assert events[-1]["status"] == "done"
+    assert next(e for e in events if e["type"] == "review")["action"] == action
+    assert effects == (["refund"] if action == "approve" else [])
+    checked(tmp_path / "m.jsonl")
+
+
+def test_a_reconciled_write_continues_the_file(tmp_path: Path) -> None:
+    effects: list[str] = []
+    model = KeyedScriptedModel({None: decide(call("email", id="m1")), "m1": "mailed"})
+    rt = Runtime(
+        model=model,
+        tools=_tools(effects),
+        allowed_tools={"email"},
+        store=SqliteStore(tmp_path / "runs.db"),
+        trace_dir=tmp_path,
+    )
+    assert rt.run("mail them", run_id="e").reason == "outcome_unknown"
+    result = rt.reconcile("e", "m1", {"ok": True, "sent": True})
+    assert (result.status, result.answer) == ("done", "mailed") and effects == ["email"]
+    assert [e["action"] for e in lines(tmp_path / "e.jsonl") if e["type"] == "review"] == [
+        "reconcile"
+    ]
+    assert lines(tmp_path / "e.jsonl")[-1]["status"] == "done"
+    checked(tmp_path / "e.jsonl")
+
+
+def test_a_file_that_is_not_the_stores_prefix_is_kept_and_the_run_goes_to_a_new_one(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "runs.db")
+    rt = Runtime(
+        model=MODEL, tools=_tools([]), allowed_tools={"refund"}, store=store, trace_dir=tmp_path
+    )
+    rt.run("refund it", run_id="x")
+    first = tmp_path / "x.jsonl"
+    cut = first.read_bytes()[:-7]  # the last line, cut as by a crash mid-write
+    first.write_bytes(cut)
+    with pytest.warns(RuntimeWarning, match=r"x\.jsonl: its last line is cut short") as w:
+        assert rt.approve("x", "c1").status == "done"
+    assert "is written to " + str(tmp_path / "x.2.jsonl") in str(w[0].message)
+    assert first.read_bytes() == cut
+    checked(tmp_path / "x.2.jsonl")
+    assert lines(tmp_path / "x.2.jsonl")[-1]["status"] == "done"
+
+
+def test_an_edited_file_is_not_continued(tmp_path: Path) -> None:
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=SqliteStore(tmp_path / "runs.db"),
+        trace_dir=tmp_path,
+    )
+    rt.run("refund it", run_id="y")
+    path = tmp_path / "y.jsonl"
+    text = path.read_text()
+    path.write_text(
+        text[: text.rindex('"status"')]
+        + text[text.rindex('"status"') :].replace("review_required", "done")
+    )
+    with pytest.warns(RuntimeWarning, match=r"its last line \(event \d+\) is not the store's"):
+        rt.approve("y", "c1")
+    checked(tmp_path / "y.2.jsonl")
+
+
+def test_a_file_of_another_run_with_the_same_id_is_not_continued(tmp_path: Path) -> None:
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=SqliteStore(tmp_path / "runs.db"),
+        trace_dir=tmp_path,
+    )
+    rt.run("refund it", run_id="v")
+    other = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=MemoryStore(),
+        trace_dir=tmp_path / "o",
+    )
+    other.run("refund it", run_id="v")
+    (tmp_path / "o" / "v.jsonl").replace(tmp_path / "v.jsonl")  # same id, other run_start
+    with pytest.warns(RuntimeWarning, match="is not the store's"):
+        rt.approve("v", "c1")
+    checked(tmp_path / "v.2.jsonl")
+
+
+def test_a_run_begun_without_a_trace_dir_gets_its_whole_file_at_resume(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    tools = _tools([])
+    Runtime(model=MODEL, tools=tools, allowed_tools={"refund"}, store=SqliteStore(db)).run(
+        "refund it", run_id="z"
+    )
+    later = Runtime(
+        model=MODEL,
+        tools=tools,
+        allowed_tools={"refund"},
+        store=SqliteStore(db),
+        trace_dir=tmp_path / "t",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert later.approve("z", "c1").status == "done"
+    events = lines(tmp_path / "t" / "z.jsonl")
+    assert events[0]["type"] == "run_start" and events[-1]["status"] == "done"
+    checked(tmp_path / "t" / "z.jsonl")
+
+
+def test_a_finished_run_resumed_again_adds_nothing(tmp_path: Path) -> None:
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=SqliteStore(tmp_path / "runs.db"),
+        trace_dir=tmp_path,
+    )
+    rt.run("refund it", run_id="w")
+    rt.approve("w", "c1")
+    before = (tmp_path / "w.jsonl").read_bytes()
+    assert rt.resume("w").status == "done"
+    assert (tmp_path / "w.jsonl").read_bytes() == before
