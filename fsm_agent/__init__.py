@@ -1,6 +1,6 @@
 """fsm-agent: LLM tool-calling loops run as explicit, guarded finite-state machines.
 
-The names exported here are the public contract (SPEC.md §3); import them from
+The names exported here are the public contract (docs/reference/api.md); import them from
 ``fsm_agent``. The package is layered; each layer imports only the layers above it in
 this list (``tests/test_layering.py`` enforces it)::
 

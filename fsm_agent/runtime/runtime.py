@@ -52,7 +52,7 @@ def _is_async_callable(fn: Any) -> bool:
 
 
 class Runtime:
-    """Runs agent loops under the rules of SPEC §2. Configuration errors raise
+    """Runs agent loops under the rules of docs/concepts/rules.md. Configuration errors raise
     :class:`~fsm_agent.errors.ConfigError` (a ``ValueError``) at construction.
 
     ``allowed_tools`` is the trusted caller's allow-list: nothing a model writes widens it.
@@ -165,7 +165,7 @@ class Runtime:
         store.release(state.run_id, owner)  # announces it to the workers
         return state.run_id
 
-    # ── durable runs: resume and review (SPEC §5) ─────────────────────────────────
+    # ── durable runs: resume and review (docs/concepts/durable-runs.md) ───────────────
 
     def resume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """Continue a stored run from its last checkpoint with this runtime's model and
