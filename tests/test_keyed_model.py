@@ -29,7 +29,7 @@ from fsm_agent import (
     ToolRegistry,
 )
 from fsm_agent.durable import review
-from fsm_agent.runtime.call_ids import reused_call_ids
+from fsm_agent.runtime.call_ids import repeated_calls
 from fsm_agent.testing import answer, call, decide
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ def test_a_positional_script_asks_again_and_the_runtime_says_so(tmp_path: Path) 
     assert approved.returncode == 0, approved.stderr
     second = desk(tmp_path, "scripted", "resume", "refund-1")
     assert second["asked"] == ["lookup", "issue_refund"]  # step 0 again
-    assert "asked again for call id(s) 'c1', 'c2'" in second["stderr"]
+    assert "asked again for call(s) 'c1' (lookup), 'c2' (issue_refund)" in second["stderr"]
     assert "KeyedScriptedModel" in second["stderr"]
 
 
@@ -199,8 +199,9 @@ def test_a_restarted_script_warns_that_it_reuses_call_ids() -> None:
         rt.resume(run_id, model=ScriptedModel(SCRIPT))
     (warning,) = [w for w in caught if "asked again" in str(w.message)]
     assert str(warning.message).startswith(
-        "run 'r': the model asked again for call id(s) 'c1', 'c2', already used by an "
-        "earlier round of this run, and each was handled as a new call."
+        "run 'r': the model asked again for call(s) 'c1' (lookup), 'c2' (refund) with the "
+        "id, tool and arguments of an earlier round of this run; each was handled as a new "
+        "call."
     )
     assert warning.filename == __file__  # it points at the caller's line
 
@@ -214,12 +215,32 @@ def test_a_keyed_model_resumes_without_a_warning() -> None:
     assert (result.status, result.answer) == ("done", "done")
 
 
-def test_reused_ids_are_those_of_this_driving_only() -> None:
-    def ask(*ids: str) -> dict[str, Any]:
-        return {"role": "assistant", "tool_calls": [{"id": i} for i in ids]}
+def test_repeated_calls_are_those_of_this_driving_with_the_same_call() -> None:
+    def ask(*calls: tuple[str, str]) -> dict[str, Any]:
+        return {"role": "assistant", "tool_calls": [call(name, {}, id=i) for i, name in calls]}
 
-    history = [{"role": "user"}, ask("a", "b"), {"role": "tool"}, ask("b", "c"), ask("a")]
-    assert reused_call_ids(history, 0) == ["b", "a"]
-    assert reused_call_ids(history, 4) == ["a"]
-    assert reused_call_ids(history, 5) == []
-    assert reused_call_ids([ask("a", "a")], 0) == []  # a batch's own duplicates: R1 refuses
+    history = [
+        {"role": "user"},
+        ask(("a", "lookup"), ("b", "refund")),
+        {"role": "tool"},
+        ask(("b", "refund"), ("c", "lookup")),
+        ask(("a", "lookup")),
+        ask(("c", "refund")),  # id c again for another call (as decide() numbers them)
+    ]
+    assert repeated_calls(history, 0) == [("b", "refund"), ("a", "lookup")]
+    assert repeated_calls(history, 4) == [("a", "lookup")]
+    assert repeated_calls(history, 5) == []
+    assert repeated_calls([ask(("a", "x"), ("a", "x"))], 0) == []  # one batch's: R1 refuses
+    other_args = {"role": "assistant", "tool_calls": [call("lookup", {"k": 1}, id="a")]}
+    assert repeated_calls([*history[:2], other_args], 2) == []
+
+
+def test_decide_numbered_scripts_do_not_warn() -> None:
+    """The kit numbers each decision's calls c1, c2, ...: a new call, not a repeat."""
+    model = ScriptedModel(
+        [decide(call("lookup", {"k": 1})), decide(call("lookup", {"k": 2})), answer("ok")]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = Runtime(model=model, tools=_tools(), allowed_tools={"lookup"}).run("go")
+    assert result.status == "done"

@@ -29,7 +29,7 @@ from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
-from fsm_agent.runtime.call_ids import warn_reused_call_ids
+from fsm_agent.runtime.call_ids import warn_repeated_calls
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.result import RunResult, result_of
@@ -374,7 +374,7 @@ class Runtime:
         since = len(s.messages)
         with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
-        warn_reused_call_ids(s.run_id, s.messages, since)
+        warn_repeated_calls(s.run_id, s.messages, since)
         return self._result(s)
 
     async def _adrive(
@@ -391,5 +391,5 @@ class Runtime:
         since = len(s.messages)
         with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
-        warn_reused_call_ids(s.run_id, s.messages, since)
+        warn_repeated_calls(s.run_id, s.messages, since)
         return self._result(s)
