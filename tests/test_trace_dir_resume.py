@@ -7,6 +7,7 @@ reviews) and then the rest of the run, and ``fsm-agent check`` passes on the fil
 
 from __future__ import annotations
 
+import asyncio
 import json
 import warnings
 from pathlib import Path
@@ -15,7 +16,16 @@ from typing import Any
 import pytest
 from test_keyed_model import cli, desk, refunds
 
-from fsm_agent import KeyedScriptedModel, MemoryStore, Runtime, SqliteStore, ToolRegistry
+from fsm_agent import (
+    ConfigError,
+    KeyedScriptedModel,
+    MemoryStore,
+    Runtime,
+    SqliteStore,
+    ToolRegistry,
+)
+from fsm_agent.durable import review
+from fsm_agent.runtime.trace_files import _last_line, continue_trace_file
 from fsm_agent.testing import call, decide
 
 KEY_ENV = {"FSM_TRACE_KEY": "a key the desk and its auditors share"}
@@ -220,3 +230,84 @@ def test_a_finished_run_resumed_again_adds_nothing(tmp_path: Path) -> None:
     before = (tmp_path / "w.jsonl").read_bytes()
     assert rt.resume("w").status == "done"
     assert (tmp_path / "w.jsonl").read_bytes() == before
+
+
+def test_the_last_line_is_found_past_the_read_block(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"x" * 10 + b"\n" + b"y" * 200_000 + b"\n")
+    assert _last_line(path) == b"y" * 200_000 + b"\n"
+    path.write_bytes(b"z" * 70_000 + b"\n")  # one line, longer than a block
+    assert _last_line(path) == b"z" * 70_000 + b"\n"
+    path.write_bytes(b"a\nb")  # cut: no newline at the end
+    assert _last_line(path) == b"b"
+    path.write_bytes(b"")
+    assert _last_line(path) is None
+
+
+def test_a_file_ahead_of_its_store_is_not_continued(tmp_path: Path) -> None:
+    """A store that failed keeps its last good checkpoint while the file got more (the
+    driver still writes run_end there): the store's run is what continues."""
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=MemoryStore(),
+        trace_dir=tmp_path,
+    )
+    rt.run("refund it", run_id="u")
+    events = lines(tmp_path / "u.jsonl")
+    stored = [{k: v for k, v in e.items() if k not in ("run", "chain")} for e in events]
+    with pytest.warns(RuntimeWarning, match=f"not one of the {len(events) - 1} events"):
+        sink, chain = continue_trace_file(tmp_path, "u", stored[:-1], None)
+    sink.close()
+    assert chain is not None and lines(tmp_path / "u.2.jsonl") == events[:-1]
+
+
+def test_a_signed_run_without_its_key_is_refused_before_the_file_is_touched(
+    tmp_path: Path,
+) -> None:
+    keyed = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=MemoryStore(),
+        trace_dir=tmp_path,
+        trace_key="k",
+    )
+    keyed.run("refund it", run_id="s")
+    before = (tmp_path / "s.jsonl").read_bytes()
+    stored = [
+        {k: v for k, v in e.items() if k not in ("run", "chain")}
+        for e in lines(tmp_path / "s.jsonl")
+    ]
+    with pytest.raises(ConfigError, match="has a signed trace"):
+        continue_trace_file(tmp_path, "s", stored, None)
+    assert (tmp_path / "s.jsonl").read_bytes() == before
+
+
+def test_async_resume_with_a_key_and_a_redact_hook_continues_the_file(tmp_path: Path) -> None:
+    def redact(event: dict[str, Any]) -> dict[str, Any]:
+        return {**event, "secret": "[redacted]"} if event.get("type") == "decision" else event
+
+    effects: list[str] = []
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools(effects),
+        allowed_tools={"refund"},
+        store=SqliteStore(tmp_path / "runs.db"),
+        trace_dir=tmp_path,
+        trace_key="a shared key",
+        redact=redact,
+    )
+
+    async def scenario() -> Any:
+        assert (await rt.arun("refund it", run_id="a")).reason == "approval_required"
+        review.record_review(rt.store, "a", "c1", "approve", key="a shared key")
+        return await rt.aresume("a")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert asyncio.run(scenario()).status == "done"
+    assert effects == ["refund"]
+    checked(tmp_path / "a.jsonl", "--key-env", "K", env={"K": "a shared key"})
+    assert not (tmp_path / "a.2.jsonl").exists()
