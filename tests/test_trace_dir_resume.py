@@ -311,3 +311,26 @@ def test_async_resume_with_a_key_and_a_redact_hook_continues_the_file(tmp_path: 
     assert effects == ["refund"]
     checked(tmp_path / "a.jsonl", "--key-env", "K", env={"K": "a shared key"})
     assert not (tmp_path / "a.2.jsonl").exists()
+
+
+def test_replay_of_a_paused_trace_says_where_the_rest_of_the_run_is(tmp_path: Path) -> None:
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=SqliteStore(tmp_path / "runs.db"),
+    )
+    paused = tmp_path / "given.jsonl"
+    rt.run("refund it", run_id="p", trace=paused)  # a path of the caller's: not continued
+    rt.approve("p", "c1")
+    shown = cli("replay", str(paused))
+    assert shown.returncode == 0, shown.stderr
+    assert "the run paused for review; once resumed, the rest of it is in its store" in (
+        shown.stdout
+    )
+    assert "fsm-agent runs export p --db" in shown.stdout
+
+    (tmp_path / "given.2.jsonl").write_text(paused.read_text())
+    (tmp_path / "given.10.jsonl").write_text(paused.read_text())
+    shown = cli("replay", str(paused))
+    assert f"the whole run, resumed, is in {tmp_path / 'given.10.jsonl'}" in shown.stdout

@@ -64,8 +64,8 @@ class KeyedScriptedModel:
     After a batch of several calls, the key is the id of the batch's last call (results
     are in call order). A :class:`ScriptedModel` counts its steps from zero in each new
     process: resumed after a review, it replays its first decision and asks for the same
-    calls again (the runtime then warns that it repeated calls of an earlier round). A history with no
-    decision in ``script`` raises ``LookupError``, which the runtime reports as
+    calls again (the runtime then warns that it repeated calls of an earlier round). A
+    history with no decision in ``script`` raises ``LookupError``, which the runtime reports as
     ``protocol_error/model_error``; a decision that depends on more than the last result
     (an answer a rule sent back, say) is a callable of the history.
     """

@@ -9,11 +9,13 @@ and a check never disagree about which edge an event took.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fsm_agent.core.table import INITIAL_STATE, Transition
@@ -154,12 +156,37 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
             lines.append("  guards: " + ", ".join(f"{k}={_short(v)}" for k, v in guards.items()))
         if event.get("detail"):
             lines.append(f"  detail: {event['detail']}")
+    if n == len(replay) - 1 and event.get("type") == "run_end":
+        lines += [f"  next:   {line}" for line in where_the_rest_is(replay)]
     payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
     if event.get("type") in ("decision", "observation", "run_end", "run_start"):
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
         lines.append("  payload:")
         lines += ["    " + line for line in text.splitlines()]
     return [part for line in lines for part in _wrap(_printable(line), width)]
+
+
+def where_the_rest_is(replay: Replay) -> list[str]:
+    """For a trace that ends paused for review: where the run went on, if it was resumed
+    (a ``trace_dir`` file is continued; a trace path given to ``run()`` is not)."""
+    end = replay.events[-1] if replay.events else {}
+    if end.get("status") != "review_required":
+        return []
+    path = Path(replay.path)
+    run_id = str(replay.events[0].get("run_id", "RUN"))
+    numbered = {
+        int(p.stem.rsplit(".", 1)[1]): p
+        for p in path.parent.glob(f"{glob.escape(path.stem)}.*.jsonl")
+        if p.stem.rsplit(".", 1)[1].isdigit()
+    }
+    later = [numbered[n] for n in sorted(numbered)]
+    if later:
+        return [f"the run paused for review; the whole run, resumed, is in {later[-1]}"]
+    return [
+        "the run paused for review; once resumed, the rest of it is in its store",
+        f"(fsm-agent runs export {run_id} --db ...), and in this file if it was written",
+        "by Runtime(trace_dir=...) and the run resumed with that trace_dir",
+    ]
 
 
 def _short(value: Any) -> str:
