@@ -83,8 +83,9 @@ class _Links(HTMLParser):
         self.hrefs: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.hrefs.extend(v for k, v in attrs if k == "href" and v)
+        # links, and what a page loads (pictures, scripts, style sheets)
+        wanted = {"a": "href", "link": "href", "img": "src", "script": "src"}.get(tag)
+        self.hrefs.extend(v for k, v in attrs if k == wanted and v)
 
 
 # ── opened from disk, in a browser ───────────────────────────────────────────────────
