@@ -334,3 +334,20 @@ def test_replay_of_a_paused_trace_says_where_the_rest_of_the_run_is(tmp_path: Pa
     (tmp_path / "given.10.jsonl").write_text(paused.read_text())
     shown = cli("replay", str(paused))
     assert f"the whole run, resumed, is in {tmp_path / 'given.10.jsonl'}" in shown.stdout
+
+
+def test_a_submitted_run_driven_by_resume_gets_a_whole_file_that_checks(tmp_path: Path) -> None:
+    """A run recorded by ``submit`` and driven later (as a worker does) with a trace_dir:
+    the file and the store take each event's line once, from one chain."""
+    rt = Runtime(
+        model=MODEL,
+        tools=_tools([]),
+        allowed_tools={"refund"},
+        store=SqliteStore(tmp_path / "runs.db"),
+        trace_dir=tmp_path,
+    )
+    rt.submit("refund it", run_id="q")
+    assert rt.resume("q").reason == "approval_required"
+    assert rt.approve("q", "c1").status == "done"
+    checked(tmp_path / "q.jsonl")
+    assert not (tmp_path / "q.2.jsonl").exists()

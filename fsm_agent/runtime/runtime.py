@@ -13,7 +13,6 @@ import inspect
 import os
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -312,24 +311,18 @@ class Runtime:
             owners.let_go(store, run_id, owner)
             raise
 
-    @staticmethod
     def _file_encoder(
-        s: RunState, store_encoder: Encoder | None, file_chain: Chain | None
+        self, s: RunState, store_encoder: Encoder | None, file_chain: Chain | None
     ) -> Encoder | None:
-        """One encoder for the continued file and a store that keeps lines: both hold the
-        same lines, so the store's chain (at its last stored link) is the file's."""
+        """One encoder for the continued file and a store that keeps lines: each event is
+        encoded once and both get the same line. It continues the file's chain, which is
+        the store's too when the store's lines are chained (the file was checked to be
+        the store's events under the same key); a store whose lines carry no links (a
+        run recorded without them) takes the file's from here on."""
         if file_chain is None:
             return store_encoder
-        if store_encoder is None:
-            return Encoder(file_chain, 1)
-        if store_encoder.chain.link != file_chain.link:  # cannot happen: same events, key
-            warnings.warn(
-                f"run {s.run_id!r}: the store's trace chain and its trace_dir file's differ; "
-                "the file continues the store's",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        return Encoder(store_encoder.chain, 2)
+        to_store = s.config.save != "never" and getattr(self.store, "wants_lines", False)
+        return Encoder(file_chain, 1 + int(to_store))
 
     def _encoder(
         self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
