@@ -9,7 +9,8 @@ and API pages without raw Sphinx roles.
   refuse a Worker (file://).
 * The package's docstrings cross-reference in Sphinx roles (``:class:`~pkg.Name```), which
   mkdocstrings renders as text; each becomes the name as code (``Name`` for ``~pkg.Name``,
-  ``name()`` for a function or method), as Sphinx shows them.
+  ``name()`` for a function or method), as Sphinx shows them; and a paragraph ending in
+  reST's ``::`` before a code block ends in one colon, as Sphinx shows it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def _plain(match: re.Match[str]) -> str:
     return f"<code>{text}</code>"
 
 
+#: reST's literal-block marker: ``text::`` before an indented block shows ``text:``.
+_LITERAL = re.compile(r"::</p>(\s*<(?:pre|div class=\"highlight\")>)")
+
+
 def on_page_content(html: str, **kwargs: Any) -> str:
-    return _ROLE.sub(_plain, html)
+    return _LITERAL.sub(r":</p>\1", _ROLE.sub(_plain, html))
 
 
 def on_post_build(config: Any, **kwargs: Any) -> None:
