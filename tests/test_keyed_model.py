@@ -196,8 +196,9 @@ SCRIPT = [decide(call("lookup", id="c1"), call("refund", id="c2")), answer("done
 def test_a_restarted_script_warns_that_it_reuses_call_ids() -> None:
     rt, run_id = _paused(ScriptedModel(SCRIPT))
     with pytest.warns(RuntimeWarning) as caught:
-        rt.resume(run_id, model=ScriptedModel(SCRIPT))
+        result = rt.resume(run_id, model=ScriptedModel(SCRIPT))
     (warning,) = [w for w in caught if "asked again" in str(w.message)]
+    assert result.warnings == [str(warning.message)]
     assert str(warning.message).startswith(
         "run 'r': the model asked again for call(s) 'c1' (lookup), 'c2' (refund) with the "
         "id, tool and arguments of an earlier round of this run; each was handled as a new "
@@ -212,7 +213,7 @@ def test_a_keyed_model_resumes_without_a_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         result = rt.resume(run_id, model=KeyedScriptedModel(keyed))
-    assert (result.status, result.answer) == ("done", "done")
+    assert (result.status, result.answer) == ("done", "done") and result.warnings == []
 
 
 def test_repeated_calls_are_those_of_this_driving_with_the_same_call() -> None:

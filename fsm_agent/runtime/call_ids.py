@@ -50,17 +50,19 @@ def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str
     return repeated
 
 
-def warn_repeated_calls(run_id: str, messages: list[dict[str, Any]], since: int) -> None:
-    """Warn if this driving's replies (``messages[since:]``) repeated earlier calls."""
+def warn_repeated_calls(run_id: str, messages: list[dict[str, Any]], since: int) -> list[str]:
+    """Warn if this driving's replies (``messages[since:]``) repeated earlier calls; the
+    warnings given, for ``RunResult.warnings``."""
     repeated = repeated_calls(messages, since)
-    if repeated:
-        which = ", ".join(f"{call_id!r} ({tool})" for call_id, tool in repeated)
-        warnings.warn(
-            f"run {run_id!r}: the model asked again for call(s) {which} with the id, tool "
-            "and arguments of an earlier round of this run; each was handled as a new call. "
-            "A ScriptedModel counts its steps in the process that made it, so one rebuilt "
-            "in a new process starts its script again: script runs that resume with "
-            "KeyedScriptedModel, which picks its decisions from the history",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    if not repeated:
+        return []
+    which = ", ".join(f"{call_id!r} ({tool})" for call_id, tool in repeated)
+    message = (
+        f"run {run_id!r}: the model asked again for call(s) {which} with the id, tool "
+        "and arguments of an earlier round of this run; each was handled as a new call. "
+        "A ScriptedModel counts its steps in the process that made it, so one rebuilt "
+        "in a new process starts its script again: script runs that resume with "
+        "KeyedScriptedModel, which picks its decisions from the history"
+    )
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return [message]

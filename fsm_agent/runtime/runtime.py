@@ -368,8 +368,9 @@ class Runtime:
         since = len(s.messages)
         with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
-        warn_repeated_calls(s.run_id, s.messages, since)
-        return self._result(s)
+        result = self._result(s)
+        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        return result
 
     async def _adrive(
         self,
@@ -385,5 +386,6 @@ class Runtime:
         since = len(s.messages)
         with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
-        warn_repeated_calls(s.run_id, s.messages, since)
-        return self._result(s)
+        result = self._result(s)
+        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        return result
