@@ -60,7 +60,12 @@ def test_paused_reviewed_on_the_cli_resumed_elsewhere_one_file_checks(
     assert desk(tmp_path, "keyed", "resume", "refund-1")["status"] == "done"
     whole = lines(trace)
     assert whole[: len(paused)] == paused  # continued, never rewritten
-    assert [e["type"] for e in whole[len(paused) :]][:1] == ["review"]
+    # first what the CLI recorded in the store (the review), then the rest of the run
+    recorded = [e for e in whole[len(paused) :] if e["type"] == "review"]
+    assert recorded and recorded[0]["call_id"] == "c2" and recorded[0]["action"] == "approve"
+    assert whole.index(recorded[0]) < next(
+        i for i, e in enumerate(whole) if e.get("trigger") == "resume"
+    )
     assert whole[-1]["type"] == "run_end" and whole[-1]["status"] == "done"
     assert [e["seq"] for e in whole] == list(range(len(whole)))
     checked(trace, *key_args, env=env)
@@ -105,7 +110,11 @@ def test_a_memory_store_run_reviewed_in_process_continues_its_file(
         trace_dir=tmp_path,
     )
     assert rt.run("refund it", run_id="m").reason == "approval_required"
-    result = rt.approve("m", "c1") if action == "approve" else rt.deny("m", "c1", "no")
+    result = (
+        rt.approve("m", "c1", resume=True)
+        if action == "approve"
+        else rt.deny("m", "c1", "no", resume=True)
+    )
     assert (result.status, result.answer) == ("done", "refunded")
     events = lines(tmp_path / "m.jsonl")
     assert events[-1]["status"] == "done"
@@ -125,7 +134,7 @@ def test_a_reconciled_write_continues_the_file(tmp_path: Path) -> None:
         trace_dir=tmp_path,
     )
     assert rt.run("mail them", run_id="e").reason == "outcome_unknown"
-    result = rt.reconcile("e", "m1", {"ok": True, "sent": True})
+    result = rt.reconcile("e", "m1", {"ok": True, "sent": True}, resume=True)
     assert (result.status, result.answer) == ("done", "mailed") and effects == ["email"]
     assert [e["action"] for e in lines(tmp_path / "e.jsonl") if e["type"] == "review"] == [
         "reconcile"
@@ -146,7 +155,7 @@ def test_a_file_that_is_not_the_stores_prefix_is_kept_and_the_run_goes_to_a_new_
     cut = first.read_bytes()[:-7]  # the last line, cut as by a crash mid-write
     first.write_bytes(cut)
     with pytest.warns(RuntimeWarning, match=r"x\.jsonl: its last line is cut short") as w:
-        assert rt.approve("x", "c1").status == "done"
+        assert rt.approve("x", "c1", resume=True).status == "done"
     assert "is written to " + str(tmp_path / "x.2.jsonl") in str(w[0].message)
     assert first.read_bytes() == cut
     checked(tmp_path / "x.2.jsonl")
@@ -169,7 +178,7 @@ def test_an_edited_file_is_not_continued(tmp_path: Path) -> None:
         + text[text.rindex('"status"') :].replace("review_required", "done")
     )
     with pytest.warns(RuntimeWarning, match=r"its last line \(event \d+\) is not the store's"):
-        rt.approve("y", "c1")
+        rt.approve("y", "c1", resume=True)
     checked(tmp_path / "y.2.jsonl")
 
 
@@ -192,7 +201,7 @@ def test_a_file_of_another_run_with_the_same_id_is_not_continued(tmp_path: Path)
     other.run("refund it", run_id="v")
     (tmp_path / "o" / "v.jsonl").replace(tmp_path / "v.jsonl")  # same id, other run_start
     with pytest.warns(RuntimeWarning, match="is not the store's"):
-        rt.approve("v", "c1")
+        rt.approve("v", "c1", resume=True)
     checked(tmp_path / "v.2.jsonl")
 
 
@@ -211,7 +220,7 @@ def test_a_run_begun_without_a_trace_dir_gets_its_whole_file_at_resume(tmp_path:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert later.approve("z", "c1").status == "done"
+        assert later.approve("z", "c1", resume=True).status == "done"
     events = lines(tmp_path / "t" / "z.jsonl")
     assert events[0]["type"] == "run_start" and events[-1]["status"] == "done"
     checked(tmp_path / "t" / "z.jsonl")
@@ -226,7 +235,7 @@ def test_a_finished_run_resumed_again_adds_nothing(tmp_path: Path) -> None:
         trace_dir=tmp_path,
     )
     rt.run("refund it", run_id="w")
-    rt.approve("w", "c1")
+    rt.approve("w", "c1", resume=True)
     before = (tmp_path / "w.jsonl").read_bytes()
     assert rt.resume("w").status == "done"
     assert (tmp_path / "w.jsonl").read_bytes() == before
@@ -322,7 +331,7 @@ def test_replay_of_a_paused_trace_says_where_the_rest_of_the_run_is(tmp_path: Pa
     )
     paused = tmp_path / "given.jsonl"
     rt.run("refund it", run_id="p", trace=paused)  # a path of the caller's: not continued
-    rt.approve("p", "c1")
+    rt.approve("p", "c1", resume=True)
     shown = cli("replay", str(paused))
     assert shown.returncode == 0, shown.stderr
     assert "the run paused for review; once resumed, the rest of it is in its store" in (
@@ -348,6 +357,6 @@ def test_a_submitted_run_driven_by_resume_gets_a_whole_file_that_checks(tmp_path
     )
     rt.submit("refund it", run_id="q")
     assert rt.resume("q").reason == "approval_required"
-    assert rt.approve("q", "c1").status == "done"
+    assert rt.approve("q", "c1", resume=True).status == "done"
     checked(tmp_path / "q.jsonl")
     assert not (tmp_path / "q.2.jsonl").exists()
