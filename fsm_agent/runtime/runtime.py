@@ -59,7 +59,7 @@ class Runtime:
     ``approvals`` bind a write tool to exact arguments (``core/approvals.py`` says what
     each covers). ``store`` keeps idempotency records and runs (a fresh
     :class:`MemoryStore` per runtime by default). ``trace_dir`` writes one
-    ``<run_id>.jsonl`` per run, continued when the run is resumed or reviewed
+    ``<run_id>.jsonl`` per run, continued when the run is resumed
     (``runtime/trace_files.py``); ``redact`` rewrites each event before it leaves the loop.
     ``clock`` and ``sleep`` exist so tests can run backoffs and deadlines without waiting.
     ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain

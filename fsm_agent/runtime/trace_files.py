@@ -1,10 +1,10 @@
 """A resumed run's ``trace_dir`` file: continued, so it holds the whole run.
 
 ``Runtime(trace_dir=...)`` names one ``<run id>.jsonl`` per run. A run that pauses for
-review, or dies, is continued later by ``resume``/``approve``/``deny``/``reconcile`` (in
-this process or another): :func:`continue_trace_file` opens the run's file again, first
-appends what the store holds that the file lacks (the ``review`` events a reviewer
-recorded, from the CLI or another host), and hands back the chain the rest of the run
+review, or dies, is continued later by ``resume``/``aresume`` (a worker's, a review's
+with ``resume=True``; in this process or another): :func:`continue_trace_file` opens the
+run's file again, first appends what the store holds that the file lacks (the reviews
+recorded meanwhile, from the CLI or another host), and hands back the chain the rest of the run
 continues, so ``fsm-agent check`` passes on the whole file.
 
 The file is continued only when it is exactly a prefix of the run as its store holds it
