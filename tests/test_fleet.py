@@ -266,9 +266,9 @@ def test_submit_records_without_driving(pg_server: Any, pg_schema: str) -> None:
         rt = fleet_app.make_runtime(store)
         run_id = rt.submit(fleet_app.plan("r1", "read"))
         stored = store.load_run(run_id)
-        assert stored.body["state"] == "deciding" and [e["type"] for e in stored.events] == [
-            "run_start"
-        ]
+        # No trace yet: its first driver writes the run_start, under its own settings.
+        assert (stored.body["state"], stored.events) == ("deciding", [])
+        assert stored.header["allowed_tools"] == sorted(fleet_app.TOOLS)
         assert json.loads(stored.messages[0]["content"])["tag"] == "r1"
         result = asyncio.run(rt.aresume(run_id))  # any driver may take it from here
         assert result.status == "done"
@@ -312,3 +312,63 @@ def test_a_long_call_keeps_its_claim_by_heartbeats(
         assert [e["key"] for e in fleet_app.ledger(str(tmp_path / "ledger.jsonl"))] == [
             "hello from r1"
         ]
+
+
+# ── fleet traces: chained, signed and headed by what governed them (issue 23) ─────
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fsm_agent", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+
+
+def test_a_submitted_run_driven_by_a_worker_passes_check_on_its_export(
+    pg_server: Any, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted by a runtime with no key and no approvals, driven by a worker whose
+    application signs its traces and approves the refund: every stored line is chained
+    under the worker's key, the header names the approval that let the refund run, and
+    both `check` on the export and `check --db <DSN>` pass."""
+    from fsm_agent import Approval, Runtime
+
+    monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("FSM_TOOL_S", "0.001")
+    refund = Approval("refund", {"request_id": "r2", "cents": 500})
+    with _store(pg_server, pg_schema) as store:
+        submitter = fleet_app.make_runtime(store)
+        for i, kind in enumerate(("read", "keyed", "approval")):
+            submitter.submit(fleet_app.plan(f"r{i}", kind), run_id=f"r{i}")
+        app = fleet_app.make_runtime(store)
+        worker_rt = Runtime(
+            model=app.model, tools=app.tools, allowed_tools=app.allowed_tools, store=store,
+            budget=app.budget, retry=app.retry, approvals=[refund], trace_key="fleet-key",
+        )  # fmt: skip
+        worker = Worker(worker_rt, concurrency=3, poll_s=0.2)
+
+        def settled() -> bool:
+            return {r.state for r in store.list_runs()} == {"done"}
+
+        asyncio.run(_drive_until(worker, settled))
+        header = store.load_run("r2").events[0]
+        assert header["integrity"] == "hmac-sha256"
+        assert [a["digest"] for a in header["approvals"]] == [refund.digest]
+    db = ["--db", pg_server.dsn, "--schema", pg_schema]
+    key = {"FLEET_KEY": "fleet-key"}
+    for run_id in ("r0", "r1", "r2"):
+        out = tmp_path / f"{run_id}.jsonl"
+        done = _cli("runs", "export", run_id, *db, "-o", str(out))
+        assert done.returncode == 0, done.stderr
+        lines = out.read_text().splitlines()
+        assert all(json.loads(line)["run"] == run_id for line in lines)
+        checked = _cli("check", "--key-env", "FLEET_KEY", str(out), env=key)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    stored = _cli("check", "--key-env", "FLEET_KEY", *db, "r0", "r1", "r2", env=key)
+    assert stored.returncode == 0, stored.stdout + stored.stderr
+    assert stored.stdout.count(": ok") == 3 and "password" not in stored.stdout
+    wrong = _cli("check", "--key-env", "FLEET_KEY", *db, "r2", env={"FLEET_KEY": "other"})
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr

@@ -61,6 +61,13 @@ class Statements:
             "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum, result_sum "
             "FROM {s}.idempotency WHERE tool = %s AND key = %s"
         )
+        self.find_intents = q(
+            "SELECT tool, key, args_digest, status, run_id, call_id, result, effect, dedup, "
+            "sum, result_sum FROM {s}.idempotency WHERE "
+            "(%(run_id)s::text IS NULL OR run_id = %(run_id)s) AND "
+            "(%(tool)s::text IS NULL OR tool = %(tool)s) AND "
+            "(%(digest)s::text IS NULL OR args_digest = %(digest)s) ORDER BY tool, key"
+        )
         self.fence_holds = q(_FENCE)
         # Like SqliteStore: the pending intent under the key is committed whoever owns it
         # (a reviewer's reconcile commits another run's intent); the fence is the driver's.
@@ -87,6 +94,16 @@ class Statements:
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
         self.save = q(f"{_SAVE} SELECT num FROM r")
+        # A submitted run's first driver records its own settings: the header is
+        # replaced only while the run has no event (its run_start is the driver's), fenced.
+        self.adopt_run = q(
+            "WITH r AS (SELECT num FROM {s}.runs WHERE run_id = %(run_id)s "
+            "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch) FOR UPDATE), "
+            "n AS (SELECT count(*) AS c FROM {s}.events e JOIN r USING (num)), "
+            "h AS (UPDATE {s}.headers h SET body = %(header)s, sum = %(hsum)s FROM r, n "
+            "WHERE h.num = r.num AND n.c = 0 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM r), (SELECT c FROM n)"
+        )
         # A keyed write's checkpoint and its intent in one statement (one round trip, no
         # BEGIN/COMMIT): the intent is begun only for the row the fenced UPDATE returned;
         # no row back means the owner lost its claim and nothing was written. That

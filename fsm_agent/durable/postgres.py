@@ -360,6 +360,16 @@ class PostgresStore:
         row = self._one(self.sql.get_intent, [tool, key])
         return None if row is None else self._record(tool, key, row)
 
+    def find_intents(
+        self, *, run_id: str | None = None, tool: str | None = None, args_digest: str | None = None
+    ) -> list[IdempotencyRecord]:
+        """As :meth:`SqliteStore.find_intents`: the records ``fsm-agent check --db``
+        compares a run's trace with (an audit query, not a hot path)."""
+        rows = self._all(
+            self.sql.find_intents, {"run_id": run_id, "tool": tool, "digest": args_digest}
+        )
+        return [self._record(row[0], row[1], row[2:]) for row in rows]
+
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def _rows(self, events: list[dict[str, Any]], checkpoint: Checkpoint) -> dict[str, Any]:
@@ -422,6 +432,24 @@ class PostgresStore:
             "owner": owner,
             "epoch": self._epoch(owner),
         }
+
+    def adopt_run(self, run_id: str, owner: str, header: dict[str, Any]) -> bool:
+        """Replace the header of a run that has no event yet (submitted, never driven)
+        with its first driver's, whose ``run_start`` comes with its first save; ``False``
+        (nothing changed) once the run has events. ``RunBusy`` unless ``owner`` holds the
+        claim."""
+        header_text = _dumps(header)
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "epoch": self._epoch(owner),
+            "header": header_text,
+            "hsum": _sum(header_text),
+        }
+        owned, events = self._one(self.sql.adopt_run, params)
+        if not owned:
+            self._not_owner(run_id)
+        return bool(events == 0)
 
     def load_run(self, run_id: str) -> StoredRun:
         row = self._one(self.sql.load_run, [run_id])

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
+from fsm_agent.core.table import INITIAL_STATE
 from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.durable import owners, review
@@ -143,8 +144,10 @@ class Runtime:
         if not supports_runs(store):
             raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
         state, _ = self._new_run(task, run_id, None, traced=False)
-        # The loop's own first step writes the run's creation (header, run_start, the
-        # checkpoint at ``deciding``); it is stopped there, before asking the model.
+        # The loop's own first step writes the run's creation (its header and the
+        # checkpoint at ``deciding``); it is stopped there, before asking the model. Its
+        # trace starts with its first driver (``_adopt``): the run_start line records
+        # what governs the run — that driver's approvals, tools and trace key.
         loop = steps(state)
         next(loop)  # ReadClock
         first = loop.send(self.clock())
@@ -155,7 +158,7 @@ class Runtime:
             state.run_id,
             first.header,
             owner,
-            first.events,
+            [],
             Checkpoint(first.snapshot, first.messages),
         )
         store.release(state.run_id, owner)  # announces it to the workers
@@ -290,10 +293,25 @@ class Runtime:
             )
         state, owner, tail = restore_run(store, run_id, self.config, claimed_by=claimed_by)
         try:
+            self._adopt(state, owner)
             return state, owner, self._encoder(state, None, tail)
         except BaseException:
             owners.let_go(store, run_id, owner)
             raise
+
+    def _adopt(self, s: RunState, owner: str) -> None:
+        """A run submitted and never driven has no trace yet: its first driver starts
+        it, recording what governs the run (this runtime's approvals, tools' facts and
+        trace key; the submitter's budget, retry, policy and allow-list, narrowed to
+        this runtime's), in the stored header too. The run_start goes in with the
+        driver's first save, chained under this runtime's key."""
+        if s.events or s.seq != 0 or s.state != INITIAL_STATE:
+            return
+        adopt = getattr(self.store, "adopt_run", None)
+        if adopt is not None and not adopt(s.run_id, owner, s.config.header_fields()):
+            return  # another driver began its trace meanwhile (a stale claim): fenced
+        start(s)
+        s.emitted = s.saved_events = 0
 
     def _encoder(
         self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
