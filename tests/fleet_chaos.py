@@ -63,6 +63,8 @@ class Report:
     phantom: int = 0  # a write recorded as done that never executed
     unsettled: int = 0  # a run neither ended nor waiting for a reviewer
     trace_problems: int = 0  # problems `fsm-agent check` finds in stored traces
+    checked: int = 0  # stored runs `fsm-agent check --db` passed
+    exported: int = 0  # of them, exported with `fsm-agent runs export` and checked again
     stale_accepted: int = 0  # commits of a fenced (older-epoch) driver found in the store
     fenced: int = 0  # commits the store refused to a worker that had lost its run
     stalled_holding: int = 0  # runs the stalled workers held when they were stopped
@@ -78,7 +80,8 @@ class Report:
             f"{self.stalled_holding} runs held by stalled workers, "
             f"{self.writes} writes in the ledger; duplicates {self.duplicates}, lost "
             f"{self.lost}, phantom {self.phantom}, unsettled {self.unsettled}, trace problems "
-            f"{self.trace_problems}, stale commits accepted {self.stale_accepted} (refused "
+            f"{self.trace_problems} ({self.checked} stored traces checked, {self.exported} "
+            f"exported and checked), stale commits accepted {self.stale_accepted} (refused "
             f"{self.fenced}), dedup re-executions {self.dedup_repeats}; ends: {states}; "
             f"{self.seconds:.0f}s"
         )
@@ -299,7 +302,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
             t.join()
         fleet.stop()
         _audit(store, ledger, report)
-        report.trace_problems = _check_with_the_cli(server.dsn, tmp, store)
+        _check_with_the_cli(server.dsn, tmp, store, report)
         # (from the logs: a worker killed later never reported its counts)
         report.fenced = fleet.logs().count(" (fenced, committed nothing more)")
         store.close()
@@ -363,7 +366,7 @@ def _audit(store: PostgresStore, ledger_path: Path, report: Report) -> None:
     report.phantom = sum(1 for w in recorded if w not in executed)
 
 
-def _check_with_the_cli(dsn: str, tmp: Path, store: PostgresStore) -> int:
+def _check_with_the_cli(dsn: str, tmp: Path, store: PostgresStore, report: Report) -> None:
     """Problems ``fsm-agent check`` reports on the stored runs (``--db``) and on the
     files ``fsm-agent runs export`` writes of them; a check that cannot run at all
     counts as one."""
@@ -376,17 +379,20 @@ def _check_with_the_cli(dsn: str, tmp: Path, store: PostgresStore) -> int:
         return subprocess.run([sys.executable, "-m", "fsm_agent", *args], env=env,
                               capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
 
-    def problems(done: subprocess.CompletedProcess[str], expected_ok: int) -> int:
+    def problems(done: subprocess.CompletedProcess[str], expected_ok: int) -> tuple[int, int]:
+        """(violations, traces found ok)"""
         found = sum(" violation(s)" in line for line in done.stderr.splitlines())
         ok = sum(line.endswith(": ok") for line in done.stdout.splitlines())
         if done.returncode not in (0, 1) or ok + found != expected_ok:
             print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
-            return max(found, 1)
+            return max(found, 1), ok
         if found:
             print(done.stdout[-3000:], file=sys.stderr)
-        return found
+        return found, ok
 
-    found = problems(cli("check", "--key-env", "FSM_TRACE_KEY", *db, *run_ids), len(run_ids))
+    found, report.checked = problems(
+        cli("check", "--key-env", "FSM_TRACE_KEY", *db, *run_ids), len(run_ids)
+    )
     exported = []
     for n, r in enumerate(summaries):
         if r.state == "done" and n % EXPORT_EVERY:
@@ -399,9 +405,11 @@ def _check_with_the_cli(dsn: str, tmp: Path, store: PostgresStore) -> int:
             continue
         exported.append(str(path))
     if exported:
-        checked = cli("check", "--key-env", "FSM_TRACE_KEY", *exported)
-        found += problems(checked, len(exported))
-    return found
+        more, report.exported = problems(
+            cli("check", "--key-env", "FSM_TRACE_KEY", *exported), len(exported)
+        )
+        found += more
+    report.trace_problems = found
 
 
 def _runnable_review(body: dict[str, Any]) -> bool:

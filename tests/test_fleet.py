@@ -26,7 +26,7 @@ from fsm_agent.durable import owners
 from fsm_agent.durable.postgres import PostgresStore
 from fsm_agent.durable.review import record_review
 from fsm_agent.durable.store import Checkpoint
-from fsm_agent.errors import RunBusy
+from fsm_agent.errors import RunBusy, StoreError
 from fsm_agent.runtime.worker import Worker
 from fsm_agent.testing import pgserver
 
@@ -235,6 +235,8 @@ def test_chaos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.lost == 0 and report.phantom == 0, report.line()
     assert report.unsettled == 0, report.line()
     assert report.trace_problems == 0, report.line()
+    # ...found by the real CLI: every stored run checked, and exported files too
+    assert report.checked == report.runs and report.exported >= report.runs // 10
     assert report.stale_accepted == 0, report.line()
     if report.stalled_holding:  # a stalled worker woke up to runs taken over: refused
         assert report.fenced > 0, report.line()
@@ -372,3 +374,94 @@ def test_a_submitted_run_driven_by_a_worker_passes_check_on_its_export(
     assert stored.stdout.count(": ok") == 3 and "password" not in stored.stdout
     wrong = _cli("check", "--key-env", "FLEET_KEY", *db, "r2", env={"FLEET_KEY": "other"})
     assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+
+
+# ── a store outage shorter than the lease (issue 23) ──────────────────────────────
+
+
+def _state_of(store: PostgresStore, run_id: str) -> str | None:
+    try:
+        return str(store.load_run(run_id).body["state"])
+    except StoreError:  # the pool is still reconnecting
+        return None
+
+
+def _slow_write_runtime(store: PostgresStore, started: Any, write_s: float) -> Any:
+    """One write (``ship``) that takes ``write_s`` seconds, then a final answer."""
+    from fsm_agent import Runtime, ToolRegistry
+
+    registry = ToolRegistry()
+    text = {"type": "string", "minLength": 1}
+
+    @registry.tool(
+        schema={"type": "object", "required": ["order_id"], "properties": {"order_id": text}},
+        effect="write",
+        idempotency_key=lambda a: a["order_id"],
+    )
+    async def ship(order_id: str) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(write_s)
+        return {"shipped": order_id}
+
+    async def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
+        if any(m.get("role") == "tool" for m in messages):
+            return {"role": "assistant", "content": "Shipped."}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "ship", "arguments": '{"order_id": "o1"}'}}]}  # fmt: skip
+
+    return Runtime(model=model, tools=registry, allowed_tools={"ship"}, store=store)
+
+
+@pytest.mark.parametrize(
+    ("lease", "down_s", "write_s"),
+    [(6.0, 3.0, 10.0), (1.5, 3.0, 7.0)],
+    ids=["shorter-than-the-lease", "longer-than-the-lease"],
+)
+def test_a_store_outage_costs_a_live_worker_nothing(
+    pg_server: Any, pg_schema: str, lease: float, down_s: float, write_s: float
+) -> None:
+    """The server is stopped while the worker's write runs, then started again: the
+    heartbeat retries until the store is back and keeps the claim (the lease is out
+    after the longer outage, but no other driver took the run), the worker does not
+    re-claim its own run as orphaned, and the write's result is committed (``done``),
+    not lost to ``review_required/outcome_unknown``."""
+    import threading
+
+    if not pg_server.throwaway:
+        pytest.skip(f"{pgserver.ENV} names a server this test cannot stop")
+    started = threading.Event()
+    # The pool waits ``timeout`` for a connection: the outage must outlast it to fail
+    # a renewal at all.
+    with _store(pg_server, pg_schema, lease_s=lease, timeout=1) as store:
+        rt = _slow_write_runtime(store, started, write_s=write_s)
+        rt.submit("ship o1", run_id="r1")
+        worker = Worker(rt, concurrency=2, poll_s=0.2)
+
+        async def scenario() -> float:
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop))
+            assert await asyncio.to_thread(started.wait, 20)
+            await asyncio.sleep(0.5)  # past the checkpoint taken before the write
+            down = time.monotonic()
+            await asyncio.to_thread(pg_server.stop_server)
+            await asyncio.sleep(down_s)  # renewals fail meanwhile
+            await asyncio.to_thread(pg_server.start_again)
+            outage = time.monotonic() - down
+            deadline = time.monotonic() + 30
+            while await asyncio.to_thread(_state_of, store, "r1") not in (
+                "done",
+                "review_required",
+            ):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            stop.set()
+            await task
+            return outage
+
+        outage = asyncio.run(scenario())
+        assert (outage < lease) == (lease > down_s), f"outage {outage:.1f}s, lease {lease}s"
+        stored = store.load_run("r1")
+        assert (stored.body["state"], stored.body["reason"]) == ("done", "final_answer")
+        assert (worker.counts.claimed, worker.counts.fenced, worker.counts.failed) == (1, 0, 0)
+        assert store.get_intent("ship", "o1").status == "committed"  # type: ignore[union-attr]

@@ -143,8 +143,12 @@ class Worker:
         while len(self._active) < self.concurrency:
             owner = owners.new_owner()
             owners.hold(owner)
+            # Never a run this worker still drives, even if its lease lapsed meanwhile
+            # (the store was unreachable for longer than the lease): that driving keeps
+            # the run, and its heartbeat renews the claim once the store is back.
+            skip = (*self._skip, *(c.run_id for c in self._active.values()))
             try:
-                claim = await asyncio.to_thread(self.store.claim_next, owner, tuple(self._skip))
+                claim = await asyncio.to_thread(self.store.claim_next, owner, skip)
             except StoreError as exc:
                 owners.drop(owner)
                 self._down(exc)
