@@ -465,3 +465,39 @@ def test_a_store_outage_costs_a_live_worker_nothing(
         assert (stored.body["state"], stored.body["reason"]) == ("done", "final_answer")
         assert (worker.counts.claimed, worker.counts.fenced, worker.counts.failed) == (1, 0, 0)
         assert store.get_intent("ship", "o1").status == "committed"  # type: ignore[union-attr]
+
+
+def test_a_live_driver_in_another_pid_namespace_keeps_its_run_on_postgres(
+    pg_server: Any, pg_schema: str, tmp_path: Path
+) -> None:
+    """Same host name, same boot id, PID 1 of its own namespace: this process cannot see
+    it, so it does not declare it dead — ``claim`` (what ``resume`` does) is refused
+    while the lease holds."""
+    from test_safety_runs import live_in_another_pid_namespace
+
+    with _store(pg_server, pg_schema) as store:
+        child = live_in_another_pid_namespace(tmp_path, pg_server.dsn, pg_schema)
+        try:
+            with pytest.raises(RunBusy, match="is being driven by"):
+                store.claim("r1", owners.new_owner())
+            assert child.poll() is None
+        finally:
+            child.kill()
+            child.wait()
+
+
+def test_a_run_this_process_still_drives_is_not_taken_when_its_lease_lapses(
+    pg_server: Any, pg_schema: str
+) -> None:
+    """Its lease ran out (the store was unreachable longer than the lease) but this
+    process still drives it: ``claim`` here refuses; once that driving ends it is free."""
+    with _store(pg_server, pg_schema, lease_s=0.3) as store:
+        fleet_app.make_runtime(store).submit(fleet_app.plan("r1", "read"), run_id="r1")
+        driving = owners.new_owner()
+        owners.hold(driving)
+        assert store.claim_next(driving) is not None
+        time.sleep(0.5)
+        with pytest.raises(RunBusy, match=driving):
+            store.claim("r1", owners.new_owner())
+        owners.drop(driving)
+        store.claim("r1", owners.new_owner())

@@ -486,7 +486,11 @@ class PostgresStore:
             if row is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.name}")
             holder, expired = row
-            if holder not in (None, owner) and not expired and not owners.is_dead(holder):
+            # A claim this process still drives holds even past its lease (a store
+            # outage); one that is certainly dead here is taken at once.
+            if holder not in (None, owner) and (
+                owners.drives_here(holder) or (not expired and not owners.is_dead(holder))
+            ):
                 raise RunBusy(
                     f"run {run_id!r} is being driven by {holder}; try again when it stops"
                 )
