@@ -183,9 +183,7 @@ def _reviewer(dsn: str, stop: threading.Event, report: Report, lock: threading.L
                     if p["waiting_for"] != "approval_required" or p["review"]:
                         continue
                     try:
-                        record_review(
-                            store, summary.run_id, p["call_id"], "approve", key=TRACE_KEY
-                        )
+                        record_review(store, summary.run_id, p["call_id"], "approve", key=TRACE_KEY)
                     except (ReviewError, StoreError):
                         continue  # the other reviewer was first, or the run is busy
                     with lock:

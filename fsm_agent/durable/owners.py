@@ -148,9 +148,9 @@ def is_live(owner: str | None, lease_until: float, now: float) -> bool:
 def is_dead(owner: str | None) -> bool:
     """Whether ``owner`` certainly drives nothing any more: it was made in this PID space
     (this host, boot and PID namespace) and its process is gone (or is this process,
-    which no longer drives with it). A store whose claims are judged by lease alone (a fleet sharing PostgreSQL, where
-    a stalled process is alive yet must lose its runs) may still take such a claim at
-    once instead of waiting for the lease."""
+    which no longer drives with it). A store whose claims are judged by lease alone (a
+    fleet sharing PostgreSQL, where a stalled process is alive yet must lose its runs)
+    may still take such a claim at once instead of waiting for the lease."""
     if not owner:
         return True
     parts = owner.split(_SEP)

@@ -20,9 +20,9 @@ from typing import Any, Literal
 from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
-from fsm_agent.core.table import INITIAL_STATE
 from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import INITIAL_STATE
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import restore_run
