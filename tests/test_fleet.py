@@ -501,3 +501,37 @@ def test_a_run_this_process_still_drives_is_not_taken_when_its_lease_lapses(
             store.claim("r1", owners.new_owner())
         owners.drop(driving)
         store.claim("r1", owners.new_owner())
+
+
+def test_a_sigkilled_worker_lets_go_at_once_and_is_listed_as_lost(
+    pg_server: Any, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker process with a 30 s lease is killed (SIGKILL) mid-run: a worker on the
+    same host takes its run over at once (its process is certainly gone), not 30 s
+    later; and ``fleet()`` lists the killed worker as ``lost``, not ``running``."""
+    monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("FSM_TOOL_S", "0.001")
+    with _store(pg_server, pg_schema, lease_s=30.0) as store:
+        fleet_app.make_runtime(store).submit(fleet_app.plan("r1", "unkeyed"), run_id="r1")
+        doomed = _worker_process(pg_server, pg_schema, tmp_path, 5.0, "--lease", "30")
+        try:
+            deadline = time.monotonic() + 30
+            while not any(w["active"] for w in store.fleet()["workers"]):
+                assert time.monotonic() < deadline and doomed.poll() is None
+                time.sleep(0.1)
+        finally:
+            doomed.kill()
+            doomed.communicate()
+        killed = time.monotonic()
+        worker = Worker(fleet_app.make_runtime(store), concurrency=1, poll_s=0.2)
+
+        def settled() -> bool:
+            return store.load_run("r1").body["state"] in ("done", "review_required")
+
+        asyncio.run(_drive_until(worker, settled, timeout=20))
+        assert time.monotonic() - killed < 10, "the dead worker's lease was waited out"
+        assert worker.counts.claimed == 1
+        time.sleep(max(5.5 - (time.monotonic() - killed), 0))
+        with _store(pg_server, pg_schema, lease_s=1.0) as status:
+            states = sorted(w["state"] for w in status.fleet()["workers"])
+        assert states == ["lost", "stopped"], states

@@ -27,7 +27,16 @@ import threading
 from functools import cache
 from typing import Protocol
 
-__all__ = ["drives_here", "drop", "hold", "is_dead", "is_live", "let_go", "new_owner"]
+__all__ = [
+    "drives_here",
+    "drop",
+    "here_prefix",
+    "hold",
+    "is_dead",
+    "is_live",
+    "let_go",
+    "new_owner",
+]
 
 _SEP = "|"
 _LIVE: set[str] = set()
@@ -114,6 +123,14 @@ def let_go(store: _Releases, run_id: str, owner: str) -> None:
         store.release(run_id, owner)
     finally:
         drop(owner)
+
+
+def here_prefix() -> str | None:
+    """What every owner token made in this PID space starts with (``host|space|``), so a
+    store can find the claims whose processes this one can ask about; ``None`` where
+    it cannot tell which PIDs it sees."""
+    host, space, _, _ = _this_process()
+    return None if space == "-" else f"{host}{_SEP}{space}{_SEP}"
 
 
 def drives_here(owner: str | None) -> bool:

@@ -147,6 +147,20 @@ class Statements:
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() FROM c "
             "WHERE r.num = c.num RETURNING r.run_id, r.epoch, r.state, c.previous, c.first"
         )
+        # Claims made in this PID space (``owners.here_prefix``) under a live lease: the
+        # worker asks the kernel whether their processes still run.
+        self.held_here = q(
+            "SELECT run_id, owner FROM {s}.runs WHERE runnable AND owner LIKE %(prefix)s "
+            "AND lease_until >= now() AND run_id <> ALL(%(skip)s::text[]) "
+            "ORDER BY updated LIMIT 32"
+        )
+        # A dead owner's claim, taken only if that owner still holds it (fenced).
+        self.take_from = q(
+            "UPDATE {s}.runs SET owner = %(owner)s, epoch = epoch + 1, "
+            f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
+            "WHERE run_id = %(run_id)s AND owner = %(dead)s AND runnable "
+            "RETURNING run_id, epoch"
+        )
         self.renew = q(
             f"UPDATE {{s}}.runs SET lease_until = {_LEASE} WHERE run_id = %(run_id)s "
             "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch) RETURNING 1"

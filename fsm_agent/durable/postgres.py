@@ -64,6 +64,9 @@ __all__ = ["SCHEMA_VERSION", "Claim", "PostgresStore", "is_postgres_dsn"]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _FINISHED = ("done", "budget_exhausted", "protocol_error", "cancelled")
+#: A running worker reports at least this often (``runtime/worker.py``); one silent for
+#: longer than this and the lease is listed as ``lost``.
+_REPORTS_S = 5.0
 
 
 def _dumps(value: Any) -> str:
@@ -505,6 +508,9 @@ class PostgresStore:
         orphaned by an expired lease — skipping rows other workers are claiming
         (``FOR UPDATE SKIP LOCKED``) and the run ids in ``skip``; ``None`` if there is
         none."""
+        dead = self._claim_from_the_dead(owner, skip)
+        if dead is not None:
+            return dead
         row = self._one(
             self.sql.claim_next, {"owner": owner, "lease": self.lease_s, "skip": list(skip)}
         )
@@ -523,6 +529,29 @@ class PostgresStore:
             else "released"
         )
         return Claim(run_id, owner, epoch, why)
+
+    def _claim_from_the_dead(self, owner: str, skip: tuple[str, ...]) -> Claim | None:
+        """A run claimed in this PID space by a process that is gone (SIGKILL, OOM, a
+        crash): taken at once, not at the end of its lease — as ``claim`` does. A live
+        owner, stalled or not, keeps its claim until its lease runs out."""
+        prefix = owners.here_prefix()
+        if prefix is None:
+            return None
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for run_id, holder in self._all(
+            self.sql.held_here, {"prefix": pattern, "skip": list(skip)}
+        ):
+            if holder == owner or not owners.is_dead(holder):
+                continue
+            row = self._one(
+                self.sql.take_from,
+                {"owner": owner, "run_id": run_id, "dead": holder, "lease": self.lease_s},
+            )
+            if row is not None:
+                with self._lock:
+                    self._epochs[owner] = row[1]
+                return Claim(run_id, owner, row[1], "orphaned")
+        return None
 
     def renew(self, run_id: str, owner: str) -> None:
         params = {
@@ -571,6 +600,11 @@ class PostgresStore:
         names = ("worker", "state", "concurrency", "active", "claimed", "finished",
                  "released", "failed", "fenced", "seen_s", "started")  # fmt: skip
         workers = [dict(zip(names, row, strict=True)) for row in self._all(self.sql.workers)]
+        for w in workers:
+            # A worker killed outright never reports "stopped": silent for longer than
+            # the lease, it holds no claim any more (its leases lapsed) and is listed so.
+            if w["state"] != "stopped" and w["seen_s"] > max(self.lease_s, _REPORTS_S):
+                w["state"] = "lost"
         runs = {
             state: {"runs": n, "queued": q, "claimed": c, "orphaned": o}
             for state, n, q, c, o in self._all(self.sql.queue)
