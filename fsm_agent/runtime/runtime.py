@@ -137,9 +137,13 @@ class Runtime:
     def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
         """Record a new run in the store without driving it, and return its id: a worker
         (``fsm-agent worker``) claims and drives it, with the settings of this runtime
-        (budget, retry, policy, allow-list) recorded in its header. The time it waits in
-        the queue does not count against its wall-clock budget. Raises ``RunExists`` for
-        a taken id, ``StoreError`` for a store that keeps no runs."""
+        (budget, retry, policy, allow-list) recorded in its header. Its trace starts
+        with its first driver, whose ``run_start`` records what governs the run: that
+        runtime's approvals, tools and ``trace_key`` (every stored line is chained under
+        it), and this allow-list narrowed to that runtime's. The time it waits in the
+        queue does not count against its wall-clock budget. Raises ``RunExists`` for a
+        taken id (of concurrent submits of one id exactly one succeeds), ``StoreError``
+        for a store that keeps no runs."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
