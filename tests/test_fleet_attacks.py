@@ -187,7 +187,8 @@ def test_connections_killed_mid_commit_lose_and_repeat_nothing(
         run_ids = [f"r{i}" for i in range(40)]
         for i, run_id in enumerate(run_ids):
             rt.submit(fleet_app.plan(run_id, kinds[i % len(kinds)]), run_id=run_id)
-        stop, kills = threading.Event(), []
+        stop = threading.Event()
+        kills: list[int] = []
         killer = threading.Thread(target=_terminator, args=(pg_server.dsn, pg_schema, stop, kills))
         killer.start()
         worker = Worker(rt, concurrency=4, poll_s=0.2)
