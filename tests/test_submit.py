@@ -63,3 +63,22 @@ def test_a_submitted_run_resumed_as_is_keeps_the_submitters_settings(store: Any)
     assert store.load_run("r1").header == header
     if not isinstance(store, MemoryStore):
         assert audit_run(store, "r1").violations == []
+
+
+def test_a_queued_run_passes_the_audit_with_a_note_unless_a_write_claims_it(
+    store: Any,
+) -> None:
+    """Not driven yet: no trace to check (``check --db`` says so, and passes) — but a
+    committed record of a write by that run is a violation: nothing of it has run."""
+    from fsm_agent import IdempotencyRecord
+
+    fleet_app.make_runtime(store).submit(fleet_app.plan("r1", "keyed"), run_id="r1")
+    report = audit_run(store, "r1")
+    assert report.violations == [] and "not driven yet" in " ".join(report.notes)
+    if isinstance(store, MemoryStore):
+        return  # lists no records: not cross-checked
+    record = IdempotencyRecord("create_ticket", "k", "d" * 64, "pending", "r1", "c2")
+    assert store.begin_intent(record).owned
+    store.commit_intent("create_ticket", "k", ("r1", "c2"), {"ticket": "T-k"})
+    report = audit_run(store, "r1")
+    assert any("does not show that write" in v.message for v in report.violations)
