@@ -313,7 +313,11 @@ class Runtime:
             return
         adopt = getattr(self.store, "adopt_run", None)
         if adopt is not None and not adopt(s.run_id, owner, s.config.header_fields()):
-            return  # another driver began its trace meanwhile (a stale claim): fenced
+            # Events appeared under a claim this driver holds: nothing to continue from.
+            raise StoreError(
+                f"run {s.run_id!r}: its trace began while this driver was claiming it; "
+                "resume it again"
+            )
         start(s)
         s.emitted = s.saved_events = 0
 
