@@ -36,6 +36,7 @@ __all__ = [
     "is_live",
     "let_go",
     "new_owner",
+    "process_gone",
 ]
 
 _SEP = "|"
@@ -131,6 +132,18 @@ def here_prefix() -> str | None:
     it cannot tell which PIDs it sees."""
     host, space, _, _ = _this_process()
     return None if space == "-" else f"{host}{_SEP}{space}{_SEP}"
+
+
+def process_gone(owner: str | None) -> bool:
+    """Whether ``owner`` was made by another process of this PID space that is gone (a
+    worker SIGKILLed or OOM-killed): its claims can be taken at once. Never true of this
+    process's own tokens (whose claims this process settles itself)."""
+    if not owner:
+        return False
+    parts = owner.split(_SEP)
+    if len(parts) != 5 or tuple(parts[2:4]) == _this_process()[2:]:
+        return False
+    return is_dead(owner)
 
 
 def drives_here(owner: str | None) -> bool:

@@ -531,9 +531,10 @@ class PostgresStore:
         return Claim(run_id, owner, epoch, why)
 
     def _claim_from_the_dead(self, owner: str, skip: tuple[str, ...]) -> Claim | None:
-        """A run claimed in this PID space by a process that is gone (SIGKILL, OOM, a
-        crash): taken at once, not at the end of its lease — as ``claim`` does. A live
-        owner, stalled or not, keeps its claim until its lease runs out."""
+        """A run claimed in this PID space by another process that is gone (SIGKILL,
+        OOM, a crash): taken at once, not at the end of its lease — as ``claim`` does. A
+        live owner, stalled or not, keeps its claim until its lease runs out; so does
+        this process's own (the worker settles those itself)."""
         prefix = owners.here_prefix()
         if prefix is None:
             return None
@@ -541,7 +542,7 @@ class PostgresStore:
         for run_id, holder in self._all(
             self.sql.held_here, {"prefix": pattern, "skip": list(skip)}
         ):
-            if holder == owner or not owners.is_dead(holder):
+            if not owners.process_gone(holder):
                 continue
             row = self._one(
                 self.sql.take_from,
