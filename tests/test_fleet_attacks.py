@@ -200,7 +200,7 @@ def test_connections_killed_mid_commit_lose_and_repeat_nothing(
         executed = _no_write_twice(ledger)
         _nothing_lost(store, executed)
         print(f"\nconnections killed: {len(kills)}; worker: {worker.counts}")
-        assert len(kills) > 20
+        assert len(kills) >= 10  # (measured: 22-327 per run on a loaded 2-core machine)
     _check_all(pg_server, pg_schema, run_ids)
 
 
