@@ -1,45 +1,76 @@
 """Transition coverage: count the edges runs take, report them, draw them.
 
-:class:`TransitionCoverage` listens on ``fsm_agent.core.engine.TRANSITION_LISTENERS`` (every
-transition of every run in the process) and counts hits per table entry. The report
-lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
+:class:`TransitionCoverage` is an interceptor: its ``on_event`` counts the entry of one
+machine's table (the default one unless given another; runs whose header names another
+machine are not counted) that every ``transition`` event took. Installed
+(:meth:`~TransitionCoverage.install`, as the pytest plugin does), it watches every run
+driven in this context, whatever runtime drives it
+(:func:`~fsm_agent.runtime.interceptors.observing`). The
+report lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
 page with the diagram (or the DOT source) and the table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 from pathlib import Path
-from typing import Any
 
-from fsm_agent.core.engine import TRANSITION_LISTENERS
-from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.events import Event, RunStarted, Transitioned
+from fsm_agent.core.select import select_recorded
+from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
 from fsm_agent.render.dot import Overlay, machine_dot
 from fsm_agent.render.engine import RenderError, render
+from fsm_agent.runtime.interceptors import Interceptor, observing
 
-__all__ = ["TransitionCoverage", "to_dot", "write_html"]
+__all__ = ["TransitionCoverage", "edge_of", "to_dot", "write_html"]
+
+
+def edge_of(event: Transitioned, machine: Machine = DEFAULT_MACHINE) -> Transition | None:
+    """The entry of ``machine``'s table a ``transition`` event took: the one its recorded
+    guard outcomes select (``None`` for an event that table cannot have produced)."""
+    try:
+        edge = select_recorded(event.source, event.trigger, event.guards, machine=machine)
+    except LookupError:
+        return None
+    return edge if edge is not None and edge.dest == event.dest else None
+
 
 _NEVER = "#d62728"  # red: an edge no test took
 _SHADES = ("#9ecae1", "#4292c6", "#08519c")  # light to dark blue as hits grow
 
 
-class TransitionCoverage:
-    """Hit counts per transition of the table, collected while installed."""
+class TransitionCoverage(Interceptor):
+    """Hit counts per transition of ``machine``'s table, from the events it sees."""
 
-    def __init__(self) -> None:
-        self.hits = [0] * len(TRANSITIONS)
+    def __init__(self, machine: Machine = DEFAULT_MACHINE) -> None:
+        self.machine = machine
+        self.hits = [0] * len(machine.transitions)
+        # run id -> machine hash, from the headers seen (a resumed run shows none).
+        self._machines: dict[str, str] = {}
+        self._installed: contextlib.ExitStack | None = None
 
-    def __call__(self, run: Any, transition: Transition) -> None:
-        self.hits[transition.index] += 1
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            self._machines[event.run_id] = event.machine_hash
+        elif isinstance(event, Transitioned):
+            if self._machines.get(event.run_id, self.machine.hash) != self.machine.hash:
+                return  # a run of another machine
+            edge = edge_of(event, self.machine)
+            if edge is not None:
+                self.hits[edge.index] += 1
 
     def install(self) -> None:
-        if self not in TRANSITION_LISTENERS:
-            TRANSITION_LISTENERS.append(self)
+        """Watch every run driven from now on in this context (until :meth:`uninstall`)."""
+        if self._installed is None:
+            self._installed = contextlib.ExitStack()
+            self._installed.enter_context(observing(self))
 
     def uninstall(self) -> None:
-        if self in TRANSITION_LISTENERS:
-            TRANSITION_LISTENERS.remove(self)
+        if self._installed is not None:
+            self._installed.close()
+            self._installed = None
 
     @property
     def percent(self) -> float:
@@ -53,7 +84,7 @@ class TransitionCoverage:
         """The table with hit counts, then the transitions never taken."""
         rows = [
             (str(i), t.trigger, f"{t.source} -> {t.dest}", ", ".join(t.guards) or "-", str(h))
-            for i, (t, h) in enumerate(zip(TRANSITIONS, self.hits, strict=False))
+            for i, (t, h) in enumerate(zip(self.machine.transitions, self.hits, strict=False))
         ]
         head = ("#", "trigger", "source -> dest", "guards", "hits")
         widths = [max(len(r[c]) for r in [head, *rows]) for c in range(5)]
@@ -66,7 +97,7 @@ class TransitionCoverage:
         taken = len(self.hits) - len(self.never_taken())
         lines.append(f"transition coverage: {taken}/{len(self.hits)} = {self.percent:.1f}%")
         for i in self.never_taken():
-            t = TRANSITIONS[i]
+            t = self.machine.transitions[i]
             lines.append(f"never taken: #{i} {t.label} ({t.source} -> {t.dest})")
         return lines
 
@@ -80,7 +111,8 @@ def _colour(hits: int, top: int) -> str:
 
 def to_dot(coverage: TransitionCoverage) -> str:
     """The machine diagram (the renderer's, from the same table) as a heat map of hits."""
-    taken = [t for t, h in zip(TRANSITIONS, coverage.hits, strict=True) if h]
+    table = coverage.machine.transitions
+    taken = [t for t, h in zip(table, coverage.hits, strict=True) if h]
     visited = frozenset({INITIAL_STATE, *(t.source for t in taken), *(t.dest for t in taken)})
     overlay = Overlay(
         counts=dict(enumerate(coverage.hits)),
@@ -89,7 +121,7 @@ def to_dot(coverage: TransitionCoverage) -> str:
         caption=f"transition coverage {coverage.percent:.1f}% "
         f"({len(coverage.never_taken())} never taken, grey)",
     )
-    return machine_dot(overlay)
+    return machine_dot(overlay, machine=coverage.machine)
 
 
 def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
@@ -111,7 +143,7 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
         f"<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>"
         f"<td>{html.escape(', '.join(t.guards) or '-')}</td>"
         f'<td style="background:{_colour(h, top)};color:white;text-align:right">{h}</td></tr>'
-        for i, (t, h) in enumerate(zip(TRANSITIONS, coverage.hits, strict=False))
+        for i, (t, h) in enumerate(zip(coverage.machine.transitions, coverage.hits, strict=False))
     )
     picture = (
         svg[svg.find("<svg") :]
