@@ -37,6 +37,7 @@ from fsm_agent.core.budget import metered
 from fsm_agent.core.canonical import parse_arguments
 from fsm_agent.core.decision import Decision, admit_calls, parse_decision
 from fsm_agent.core.engine import TRANSITION_LISTENERS, fire
+from fsm_agent.core.intents import claim_json, record_json
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -60,7 +61,7 @@ from fsm_agent.core.table import TERMINAL_STATES, TRANSITIONS
 __all__ = ["SCHEMA", "Cancelled", "Steps", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
-SCHEMA = "fsm-agent.trace/2"
+SCHEMA = "fsm-agent.trace/3"
 
 Steps = Generator[Request, Any, None]
 
@@ -191,6 +192,7 @@ def _resume(s: RunState) -> Steps:
         # A keyed write's attempt starts without a checkpoint of its own: its pending
         # intent, begun with the checkpoint before dispatch, says it may have started.
         record = yield LoadIntent(call.name, call.idempotency_key)
+        s.inputs.append({"load_intent": record_json(record)})
         call.record = record
         ours = record is not None and record.owner == (s.run_id, call.id)
         # If the intent is gone (aborted after a rejection) it must be begun again.
@@ -222,8 +224,10 @@ def _commit_reconciled(s: RunState) -> Steps:
             continue
         key, result = call.idempotency_key, review.get("result")
         found = yield LoadIntent(call.name, key)
+        s.inputs.append({"load_intent": record_json(found)})
         if found is None:
             claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=False)
+            s.inputs.append({"begin_intent": claim_json(claim)})
             if claim.owned:
                 yield CommitIntent(call.name, key, (s.run_id, call.id), result)
         elif found.status == "pending" and found.args_digest == call.args_digest:
@@ -294,6 +298,7 @@ def _execute(s: RunState) -> Steps:
             claim: IntentClaim = yield BeginIntent(
                 _intent(s, call), take_over=call.dedup, save=pending
             )
+            s.inputs.append({"begin_intent": claim_json(claim)})
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
@@ -390,8 +395,10 @@ def _after(s: RunState, edge: Any) -> None:
         "source": edge.source,
         "dest": edge.dest,
         "guards": s.guard_log,
-        "t": round(s.now - s.started, 6),
+        "t": s.now - s.started,
     }
+    if s.inputs:  # what the world answered since the last transition (replayed by check)
+        event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
     if edge.action is not None:
         ACTIONS[edge.action](s, payloads)
@@ -473,11 +480,15 @@ def _admit(s: RunState) -> None:
                 got = f"review:{call_id}"
             else:
                 got = cfg.approvals.take(args_digest)
+                s.inputs.append({"take_approval": got})
             if got is not None:
                 s.approvals[call_id] = got
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
+        if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
+            s.inputs.append({"idempotency_key": call.idempotency_key})
     if current is not None and facts is not None and facts[0] is not None:
         # A restored call keeps the facts it was checkpointed with (R11).
         current.effect, current.dedup, current.idempotency_key, current.args_digest = facts

@@ -155,6 +155,10 @@ class RunState:
     saved_events: int = 0
     saved_messages: int = 0
     rewritten: list[int] = field(default_factory=list)
+    #: What the world answered since the last transition (intent claims, loaded records,
+    #: approval uses): recorded on the next transition event (``inputs``), so ``check``
+    #: replays them. A loop cursor, not saved.
+    inputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:

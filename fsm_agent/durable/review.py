@@ -9,28 +9,19 @@ arguments it was paused with (R8).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fsm_agent.core.actions import BLOCKING
 from fsm_agent.core.approvals import ApprovalBook
-from fsm_agent.core.canonical import digest, parse_arguments
+from fsm_agent.core.review import FITS, decide
 from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
-from fsm_agent.errors import ArgumentsError, ConfigError, ReviewError, StoreError
+from fsm_agent.errors import ConfigError, ReviewError, StoreError
 from fsm_agent.trace.chain import continue_chain, trace_key
 
 __all__ = ["BLOCKING", "pending_calls", "record_review"]
-
-#: Which review action fits which placeholder.
-_FITS: dict[str, frozenset[str]] = {
-    "approve": frozenset({"approval_required"}),
-    "reconcile": frozenset({"outcome_unknown"}),
-    "deny": BLOCKING | {"skipped_pending_review"},
-}
-_DONE = {"approve": "approved", "deny": "denied", "reconcile": "reconciled"}
 
 
 def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any) -> RunConfig:
@@ -86,7 +77,7 @@ def record_review(
     that keeps trace lines gets the review event chained onto the run's last link).
     Anything that does not fit raises :class:`ReviewError` and changes nothing.
     """
-    if action not in _FITS:
+    if action not in FITS:
         raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
     if not supports_runs(store):
         raise StoreError(f"{type(store).__name__} does not keep runs")
@@ -96,7 +87,7 @@ def record_review(
     try:
         stored = store.load_run(run_id)
         s = paused_state(stored)
-        event = _decide(s, call_id, action, reason, result)
+        event = decide(s, call_id, action, reason, result)
         s.seq += 1
         event["seq"] = s.seq
         lines = None
@@ -113,51 +104,3 @@ def record_review(
         return event
     finally:
         owners.let_go(store, run_id, owner)
-
-
-def _decide(
-    s: RunState, call_id: str, action: str, reason: str | None, result: Any
-) -> dict[str, Any]:
-    """Check that ``action`` fits the paused call and record it in ``s.reviews``."""
-    if s.state != "review_required":
-        status = s.state + (f"/{s.reason}" if s.reason else "")
-        raise ReviewError(f"run {s.run_id!r} is {status}, not waiting for review")
-    if call_id not in s.placeholders:
-        raise ReviewError(
-            f"call {call_id!r} is not pending in run {s.run_id!r} (pending: "
-            f"{', '.join(s.placeholders) or 'none'})"
-        )
-    if call_id in s.reviews:
-        done = _DONE.get(s.reviews[call_id].get("action", ""), "decided")
-        raise ReviewError(f"call {call_id!r} of run {s.run_id!r} was already {done}")
-    waiting = s.placeholders[call_id][1]
-    if waiting not in _FITS[action]:
-        fits = sorted(a for a, errors in _FITS.items() if waiting in errors)
-        raise ReviewError(
-            f"call {call_id!r} is waiting for {waiting or 'nothing'}: {action} "
-            f"does not apply (use {' or '.join(fits)})"
-        )
-    call = next(c for c in s.decision.calls if c.id == call_id)
-    event: dict[str, Any] = {
-        "type": "review",
-        "action": action,
-        "call_id": call_id,
-        "tool": call.name,
-    }
-    decision: dict[str, Any] = {"action": action}
-    if action == "approve":
-        try:
-            bound = digest(call.name, parse_arguments(call.raw_arguments))
-        except ArgumentsError as exc:
-            raise ReviewError(f"call {call_id!r} has unusable arguments: {exc}") from None
-        event["digest"] = decision["digest"] = bound
-    elif action == "deny":
-        event["reason"] = decision["reason"] = reason or "denied by review"
-    else:
-        try:
-            json.dumps(result, allow_nan=False).encode("utf-8")
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ReviewError(f"the reconciled result must be JSON data: {exc}") from None
-        event["result"] = decision["result"] = result
-    s.reviews[call_id] = decision
-    return event

@@ -1,0 +1,644 @@
+"""Check by replay: the recorded inputs are fed to the engine's own loop, and what it
+writes must be what the trace records (``fsm-agent.trace/3``).
+
+:class:`Replay` rebuilds the run's :class:`~fsm_agent.core.state.RunState` from the
+``run_start`` header (budget, retry, policy, allow-list, the tools' declared facts and
+final argument schemas, the configured approvals) and drives the same
+:func:`~fsm_agent.core.loop.steps` the runtime drives, answering every request from the
+trace instead of the world (Temporal's ``Replayer`` is the model):
+
+==================  ==============================================================
+request             answered with
+==================  ==============================================================
+``AskModel``        the ``decision`` event's ``message`` (or its ``error``)
+``ReadClock``       the next transition's ``t``
+``CallTool``        the ``tool_returned`` transition's ``outcome`` and ``error``, and
+                    the value its ``observation`` feeds back
+``BeginIntent``,    the next transition's ``inputs`` (``begin_intent``,
+``LoadIntent``      ``load_intent``), in order
+approval uses       the next transition's ``inputs`` (``take_approval``)
+``Sleep``, others   nothing (they return nothing); a ``cancel`` transition next means
+                    the driver stopped the run there, a ``resume`` that it died there
+==================  ==============================================================
+
+Reviews are replayed with the store's own rule (``core/review.py``) and a ``resume``
+restores the replayed state from its checkpoint, as the runtime does. Every event the
+loop writes is compared with the recorded one field by field; the first difference in an
+event is reported with its seq, the field, what the engine writes and what the trace
+records. A guard, field or event the engine does not write is a violation; an input the
+trace does not hold is a violation, never a pass. The loop decides, so a rule changed in
+the engine changes what ``check`` accepts with no change here.
+
+Memory stays constant: recorded events wait only until the engine reaches them (a few),
+and the replayed history is dropped as the run goes (nothing the loop decides reads it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fsm_agent.core.approvals import ApprovalBook
+from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
+from fsm_agent.core.decision import Refused, parse_decision
+from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.core.formats import arguments_validator
+from fsm_agent.core.intents import claim_from_json, record_from_json
+from fsm_agent.core.loop import Cancelled, steps
+from fsm_agent.core.requests import (
+    READ_CLOCK,
+    AskModel,
+    BeginIntent,
+    CallTool,
+    LoadIntent,
+    Sleep,
+    ToolOutcome,
+)
+from fsm_agent.core.review import decide
+from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.errors import ReviewError
+from fsm_agent.trace.model import Settings
+from fsm_agent.trace.walk import Write
+
+__all__ = ["MAX_AHEAD", "Replay"]
+
+#: Recorded events held while the engine has not reached them; past this the trace is
+#: not replayable (memory stays bounded whatever a hostile trace holds).
+MAX_AHEAD = 10_000
+_KINDS = frozenset({"ok", "rejected", "transient", "timeout", "error", "not_started"})
+#: Fields whose difference means the engine and the trace went different ways: replay
+#: stops there (everything after would differ too).
+_DIVERGING = ("type", "trigger", "source", "dest", "call_id", "tool")
+_WAIT = object()  # the answer needs recorded events not read yet
+#: Transitions read ahead before the loop is sent an answer: the pure steps that follow
+#: one (model_replied, then validate, which uses approvals) take their inputs from the
+#: transitions they write.
+_READY = 3
+
+
+class ReplayTool:
+    """A registered tool as the header records it: what admission reads."""
+
+    __slots__ = ("dedup", "effect", "idempotency_key", "name", "requires_approval", "timeout_s",
+                 "validator")  # fmt: skip
+
+    def __init__(self, name: str, facts: Mapping[str, Any], replay: Replay) -> None:
+        self.name = name
+        self.effect = str(facts.get("effect"))
+        self.dedup = facts.get("dedup") is True
+        self.requires_approval = facts.get("requires_approval") is True
+        self.timeout_s = None
+        self.idempotency_key: Callable[[dict[str, Any]], Any] | None = None
+        if facts.get("idempotent") is True:
+            self.idempotency_key = replay.recorded_key
+        schema = facts.get("schema")
+        if not isinstance(schema, dict):
+            raise ValueError(f"tool {name!r} has no argument schema (schema)")
+        try:
+            self.validator = arguments_validator(schema)
+        except Exception as exc:  # a forged schema: SchemaError, or worse
+            raise ValueError(f"tool {name!r}'s schema is not usable: {exc}") from None
+
+
+class _RecordedBook(ApprovalBook):
+    """The configured approvals, answering each use from the trace (``take_approval``)
+    and holding it to what the header allows: an id that covers the digest, at most
+    ``max_uses`` uses in this run (other runs' uses are not in this trace)."""
+
+    def __init__(self, replay: Replay, settings: Settings) -> None:
+        super().__init__()
+        self.replay = replay
+        self.limits = settings.approvals
+        self.used: dict[str, int] = {}
+
+    def take(self, args_digest: str) -> str | None:
+        got = self.replay.take_input("take_approval", "use a configured approval")
+        if got is None or got is _WAIT:
+            return None
+        expected = f"config:{args_digest[:16]}"
+        if got != expected or args_digest not in self.limits:
+            self.replay.refuse(
+                f"the trace says approval {got!r} was used; no configured approval in the "
+                "header covers these exact arguments"
+            )
+            return None
+        limit = self.limits[args_digest]
+        used = self.used[got] = self.used.get(got, 0) + 1
+        if limit is not None and used > limit:
+            self.replay.refuse(f"approval {got!r} covers {limit} call(s); this is call {used}")
+        return str(got)
+
+
+def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
+    settings = Settings(head)
+    problems = list(settings.problems)
+    tools: dict[str, ReplayTool] = {}
+    for name, facts in settings.tools.items():
+        try:
+            tools[name] = ReplayTool(name, facts, replay)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        return None, problems
+    config = RunConfig(
+        budget=settings.budget,
+        retry=settings.retry,
+        policy="strict" if settings.strict else "default",
+        allowed=settings.allowed,
+        tools=tools.get,
+        tool_specs=[],
+        approvals=_RecordedBook(replay, settings),
+    )
+    return config, []
+
+
+class Replay:
+    """Feed it the trace's events in order (:meth:`feed`), then :meth:`finish`.
+    ``fail(line, message)`` receives each violation."""
+
+    def __init__(
+        self,
+        head: Mapping[str, Any],
+        fail: Callable[[int, str], None],
+        *,
+        writes: list[Write] | None = None,
+    ) -> None:
+        self._fail = fail
+        self.writes = writes
+        self.pending: deque[tuple[int, dict[str, Any]]] = deque()
+        self.dead = False
+        self.matched = 0  # events the engine wrote that were compared
+        self.line = 1
+        self.finished = False
+        self.fresh = True  # the next ReadClock is a run's first (answered 0)
+        self.cancelled = False
+        self.restarted = 0  # line of the resume the replay last restarted for
+        self.input_line = 0
+        self.input_used: dict[str, int] = {}
+        self.problem: str | None = None  # an input the engine took that the trace refuses
+        self.last_trigger = ""
+        self.calls: Any = None  # the last decision's recorded tool calls
+        self.executed: dict[tuple[str, str], int] = {}
+        tools = head.get("tools")
+        self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
+        self.transitions = 0  # transitions in ``pending``
+        config, problems = _config(head, self)
+        run_id = head.get("run_id")
+        if config is None:
+            fail(1, "the header " + "; ".join(problems) + ": the run cannot be replayed")
+            self.dead = True
+            return
+        self.config = config
+        self.s = RunState(run_id=run_id if isinstance(run_id, str) else "", config=config,
+                          messages=[])  # fmt: skip
+        self.s.seq = 0
+        self.gen = steps(self.s)
+        self.request: Any = next(self.gen)
+
+    # ── the feed ──────────────────────────────────────────────────────────────────
+
+    def feed(self, line: int, event: dict[str, Any]) -> None:
+        if self.dead:
+            return
+        event.pop("chain", None)
+        event.pop("run", None)
+        self.pending.append((line, event))
+        if event.get("type") == "transition":
+            self.transitions += 1
+        if len(self.pending) > MAX_AHEAD:
+            self.stop(line, f"{MAX_AHEAD} events recorded that the engine never reaches")
+            return
+        self._run(final=False)
+
+    def skip(self, line: int, *, numbered: bool) -> None:
+        """A line that holds no event (reported already): the events the engine writes
+        cannot be compared past it."""
+        if not self.dead:
+            self.dead = True
+            self.pending.clear()
+
+    def finish(self, line: int) -> None:
+        if self.dead:
+            return
+        self._run(final=True)
+        if self.dead:
+            return
+        s = self.s
+        if self.pending:
+            at, e = self.pending[0]
+            self.fail(at, f"{_describe(e)}, which the engine does not write here")
+        elif len(s.events) > self.matched:
+            self.fail(line, f"the trace ends here; the engine writes next {_describe(s.events[self.matched])}")  # fmt: skip
+        elif not self.finished:
+            self.fail(line, f"the trace ends in state {s.state} without run_end")
+
+    def fail(self, line: int, message: str) -> None:
+        self._fail(line, message)
+
+    def stop(self, line: int, message: str) -> None:
+        """A violation after which the trace cannot be replayed any further."""
+        self.fail(line, message + " (not replayed past here)")
+        self.dead = True
+        self.pending.clear()
+
+    def refuse(self, message: str) -> None:
+        """An input the engine was given that the trace's own facts rule out."""
+        self.problem = self.problem or message
+
+    # ── driving the loop ──────────────────────────────────────────────────────────
+
+    def _run(self, *, final: bool) -> None:
+        while not self.dead:
+            if not self._compare():
+                return
+            if self.finished:
+                if not self._after_end():
+                    return
+                continue
+            if not final and self.transitions < _READY:
+                return  # an input a pure step takes (an approval use) may be further on
+            answer = self._answer(final)
+            if answer is _WAIT:
+                return
+            self._send(answer)
+
+    def _send(self, answer: Any) -> None:
+        TRANSITION_LISTENERS.append(self._interrupt)
+        try:
+            if isinstance(answer, Cancelled):
+                self.cancelled = True
+                self.request = self.gen.throw(answer)
+            else:
+                self.request = self.gen.send(answer)
+        except StopIteration:
+            self.finished = True
+        except Exception as exc:  # the engine itself stopped on what the trace holds
+            self.stop(self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace")  # fmt: skip
+            return
+        finally:
+            TRANSITION_LISTENERS.remove(self._interrupt)
+        if self.problem is not None:
+            problem, self.problem = self.problem, None
+            self.fail(self._input_line(), problem)
+        s = self.s
+        if not s.placeholders:
+            s.messages.clear()  # nothing the loop decides reads the history
+
+    def _interrupt(self, s: Any, edge: Any) -> None:
+        """Stop the run right after a transition where the trace says the driver did
+        (Ctrl-C, a cancelled task, an injected fault): a ``cancel`` from the state the
+        run is in, before the store or a tool was asked anything more. (A cancel during
+        a tool call or after a store's answer lands at that request: ``_answer``.)"""
+        if s is not self.s or self.cancelled:
+            return
+        at = len(s.events) - self.matched
+        if at >= len(self.pending):
+            return
+        e = self.pending[at][1]
+        if e.get("trigger") != "cancel" or e.get("source") != s.state or "inputs" in e:
+            return
+        guards = e.get("guards")
+        if isinstance(guards, dict) and guards.get("write_in_flight") is True:
+            return
+        self.cancelled = True
+        raise Cancelled
+
+    def _compare(self) -> bool:
+        """Compare what the engine wrote with what the trace records, as far as both
+        go; False when the engine's events wait for recorded ones not read yet."""
+        produced = self.s.events
+        pending = self.pending
+        while self.matched < len(produced):
+            if not pending:
+                return False
+            line, recorded = pending.popleft()
+            if recorded.get("type") == "transition":
+                self.transitions -= 1
+            self.line = line
+            mine = produced[self.matched]
+            self.matched += 1
+            if recorded != mine:
+                self._diff(line, recorded, mine)
+                if self.dead:
+                    return False
+            self._note(line, recorded)
+        produced.clear()
+        self.matched = 0
+        return True
+
+    def _diff(self, line: int, recorded: dict[str, Any], mine: dict[str, Any]) -> None:
+        seq = mine.get("seq")
+        for name in _DIVERGING:
+            if recorded.get(name) != mine.get(name):
+                self.stop(line, f"seq {seq}: the engine writes {_describe(mine)} here; the trace records {_describe(recorded)}")  # fmt: skip
+                return
+        for name in sorted(set(recorded) | set(mine)):
+            if name not in mine:
+                self.fail(line, f"seq {seq}: the trace records {name} {_js(recorded[name])}, which the engine does not write")  # fmt: skip
+            elif name not in recorded:
+                self.fail(line, f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the trace records none")  # fmt: skip
+            elif name == "guards":
+                self._diff_guards(line, seq, recorded[name], mine[name])
+            elif name == "t" and _close(recorded[name], mine[name]):
+                continue
+            elif recorded[name] != mine[name]:
+                hint = " (events missing, duplicated or reordered)" if name == "seq" else ""
+                self.fail(line, f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the trace records {_js(recorded[name])}{hint}")  # fmt: skip
+
+    def _diff_guards(self, line: int, seq: Any, recorded: Any, mine: dict[str, bool]) -> None:
+        if not isinstance(recorded, dict):
+            self.fail(line, f"seq {seq}: guards: the trace records {_js(recorded)}, not guard outcomes")  # fmt: skip
+            return
+        for name in mine:
+            if name not in recorded:
+                self.fail(line, f"seq {seq}: guard {name}: the engine evaluates it ({_js(mine[name])}); the trace does not record it")  # fmt: skip
+            elif recorded[name] != mine[name]:
+                self.fail(line, f"seq {seq}: guard {name}: the engine gives {_js(mine[name])}; the trace records {_js(recorded[name])}")  # fmt: skip
+        for name in recorded:
+            if name not in mine:
+                self.fail(line, f"seq {seq}: guard {name}: the trace records it ({_js(recorded[name])}); the engine does not evaluate it here")  # fmt: skip
+
+    # ── answers ───────────────────────────────────────────────────────────────────
+
+    def _ahead(self, final: bool) -> Any:
+        """(index in pending, event) of the next recorded transition after what the
+        engine wrote so far, ``_WAIT``, or None at the end of the trace."""
+        pending = self.pending
+        for i in range(len(self.s.events) - self.matched, len(pending)):
+            if pending[i][1].get("type") == "transition":
+                return i, pending[i][1]
+        return None if final else _WAIT
+
+    def _answer(self, final: bool) -> Any:  # noqa: C901 - one branch per request kind
+        request = self.request
+        if request is READ_CLOCK and self.fresh:
+            self.fresh = False
+            return 0.0
+        ahead = self._ahead(final)
+        if ahead is _WAIT:
+            return _WAIT
+        if ahead is None:
+            self.stop(self.line, f"the trace ends while the engine waits for {_request(request)}")  # fmt: skip
+            return _WAIT
+        at, nxt = ahead
+        trigger = nxt.get("trigger")
+        if trigger == "cancel" and not self.cancelled and not isinstance(request, (AskModel,)):
+            return Cancelled()
+        if trigger == "resume" and self.pending[at][0] != self.restarted:
+            self._restart(self.pending[at][0])  # the process died here; a resume followed
+            return _WAIT if self.dead else self._answer(final)
+        if request is READ_CLOCK:
+            t = nxt.get("t")
+            if type(t) is not float and type(t) is not int:
+                self.stop(self.pending[at][0], f"seq {nxt.get('seq')}: t {_js(t)} is not a clock reading: the run's clock cannot be replayed")  # fmt: skip
+                return _WAIT
+            return t + self.s.started
+        if isinstance(request, AskModel):
+            return self._reply(at, nxt, final)
+        if isinstance(request, CallTool):
+            return self._outcome(at, nxt, final)
+        if isinstance(request, BeginIntent):
+            claim = self.take_input("begin_intent", f"begin the intent of call {request.record.call_id!r}")  # fmt: skip
+            try:
+                return _WAIT if claim is _WAIT else claim_from_json(claim)
+            except ValueError as exc:
+                self.stop(self._input_line(), f"the recorded intent claim is not one: {exc}")
+                return _WAIT
+        if isinstance(request, LoadIntent):
+            record = self.take_input("load_intent", f"load the record of {request.tool!r}")
+            try:
+                return _WAIT if record is _WAIT else record_from_json(record)
+            except ValueError as exc:
+                self.stop(self._input_line(), f"the recorded idempotency record is not one: {exc}")  # fmt: skip
+                return _WAIT
+        if isinstance(request, Sleep):
+            return None
+        return None  # CommitIntent, AbortIntent (and saves, emits: none in a replay)
+
+    def _reply(self, at: int, nxt: dict[str, Any], final: bool) -> Any:
+        offset = len(self.s.events) - self.matched
+        line, head = self.pending[offset]
+        if head.get("type") != "decision":
+            if nxt.get("trigger") == "cancel" and head is nxt:
+                return Cancelled()
+            self.stop(line, f"the engine asks the model here; the trace records {_describe(head)}, not a decision")  # fmt: skip
+            return _WAIT
+        if "message" not in head:
+            return _failure(head.get("error"))
+        message = head["message"]
+        verdict = head.get("malformed")
+        if isinstance(verdict, str) and isinstance(message, dict):
+            if parse_decision(message).malformed is None:
+                return Refused(message, verdict)  # refused for what its copy no longer shows
+        return message
+
+    def _outcome(self, at: int, nxt: dict[str, Any], final: bool) -> Any:
+        line = self.pending[at][0]
+        if nxt.get("trigger") != "tool_returned":
+            return ToolOutcome("ok")  # the diff at the next transition says what is wrong
+        kind, error = nxt.get("outcome"), nxt.get("error", "")
+        if kind not in _KINDS or not isinstance(error, str):
+            self.stop(line, f"seq {nxt.get('seq')}: outcome {_js(kind)} / error {_js(error)} is not a tool outcome: the call cannot be replayed")  # fmt: skip
+            return _WAIT
+        value = None
+        if kind == "ok":
+            if at + 1 >= len(self.pending):
+                return None if final else _WAIT
+            after = self.pending[at + 1][1]
+            result = after.get("result")
+            if after.get("type") == "observation" and isinstance(result, dict):
+                value = result.get("value")
+        return ToolOutcome(kind, value, error)
+
+    def take_input(self, kind: str, what: str) -> Any:
+        """The next recorded answer of ``kind`` among the next transition's ``inputs``
+        (each kind in the order the loop took them), or ``_WAIT`` (the replay stops)
+        when the trace holds none."""
+        ahead = self._ahead(final=True)
+        if ahead is None:
+            self.stop(self.line, f"the engine asks the world to {what}; the trace ends first")
+            return _WAIT
+        at, nxt = ahead
+        line = self.pending[at][0]
+        if line != self.input_line:
+            self.input_line, self.input_used = line, {}
+        inputs = nxt.get("inputs")
+        used = self.input_used.get(kind, 0)
+        seen = 0
+        for item in inputs if isinstance(inputs, list) else ():
+            if isinstance(item, dict) and kind in item:
+                if seen == used:
+                    self.input_used[kind] = used + 1
+                    return item[kind]
+                seen += 1
+        self.stop(line, f"seq {nxt.get('seq')}: the engine asks the world to {what} before this transition; the trace records no such answer ({kind} {used + 1} in inputs)")  # fmt: skip
+        return _WAIT
+
+    def recorded_key(self, arguments: dict[str, Any]) -> str:
+        """A keyed tool's idempotency key: the registrar's function is code, so the
+        loop records the key it derived (``idempotency_key`` inputs)."""
+        key = self.take_input("idempotency_key", "derive an idempotency key")
+        if not isinstance(key, str):
+            # The registrar's function raised (the key was not derived), or no answer.
+            raise _NoKey("the recorded run derived no key")
+        return key
+
+    def _input_line(self) -> int:
+        return self.input_line or self.line
+
+    # ── after the end: reviews and resumes ────────────────────────────────────────
+
+    def _after_end(self) -> bool:
+        if not self.pending:
+            return False
+        line, e = self.pending[0]
+        kind = e.get("type")
+        if kind == "transition":
+            self.transitions -= 1
+        if kind == "review":
+            self.pending.popleft()
+            self._review(line, e)
+            return True
+        if kind == "transition" and e.get("trigger") == "resume" and line != self.restarted:
+            self.transitions += 1  # (it stays in pending)
+            self._restart(line)
+            return True
+        self.pending.popleft()
+        self.fail(line, f"{_describe(e)} after the run ended in {self.s.state}")
+        return True
+
+    def _review(self, line: int, e: dict[str, Any]) -> None:
+        s = self.s
+        action, call_id = e.get("action"), e.get("call_id")
+        try:
+            if not isinstance(action, str) or not isinstance(call_id, str):
+                raise ReviewError(f"a review names action {action!r} and call {call_id!r}")
+            mine = decide(s, call_id, action, e.get("reason"), e.get("result"))
+        except ReviewError as exc:
+            self.fail(line, f"review: {exc}")
+            s.seq += 1
+            return
+        s.seq += 1
+        mine["seq"] = s.seq
+        if e != mine:
+            self._diff(line, e, mine)
+
+    def _restart(self, line: int) -> None:
+        """The run resumed from its checkpoint (the state the engine is in: the runtime
+        saves one before anything it could lose), as ``Runtime.resume`` restores it."""
+        s = self.s
+        self.restarted = line
+        if not self.finished:
+            self.gen.close()
+        try:
+            restored = RunState.restore(s.snapshot(), run_id=s.run_id, config=self.config,
+                                        messages=s.messages, events=[])  # fmt: skip
+        except Exception as exc:
+            self.stop(line, f"the replayed run cannot be restored for its resume: {exc}")
+            return
+        self.s = restored
+        self.matched = 0
+        self.finished = self.cancelled = False
+        self.fresh = True
+        self.gen = steps(restored, resumed=True)
+        self.request = next(self.gen)
+
+    # ── what stays outside the engine: one execution per key, the store's writes ──
+
+    def _note(self, line: int, e: dict[str, Any]) -> None:
+        kind = e.get("type")
+        if kind == "transition":
+            self.last_trigger = e.get("trigger") or ""
+        elif kind == "decision":
+            message = e.get("message")
+            self.calls = message.get("tool_calls") if isinstance(message, dict) else None
+        elif kind == "observation" and e.get("synthetic") is False:
+            result = e.get("result")
+            tool = e.get("tool")
+            facts = self.facts.get(tool) if isinstance(tool, str) else None
+            if isinstance(result, dict) and result.get("ok") is True and isinstance(facts, Mapping) and facts.get("idempotent") is True:  # fmt: skip
+                self._write(line, e, result, facts)
+
+    def _write(self, line: int, e: dict[str, Any], result: dict[str, Any], facts: Mapping[str, Any]) -> None:  # fmt: skip
+        call_id, tool = str(e.get("call_id")), str(e.get("tool"))
+        if result.get("replayed") is True:
+            how = "replayed"
+        elif result.get("reconciled") is True:
+            how = "reconciled"
+        else:
+            how = "stored" if self.last_trigger == "dispatch" else "executed"
+        bound = self._digest(call_id, tool)
+        if how == "executed" and facts.get("effect") == "write" and bound is not None:
+            first = self.executed.setdefault((tool, bound), line)
+            if first != line:
+                self.fail(line, f"write {tool!r} executed twice with the same arguments under one idempotency key (first at line {first})")  # fmt: skip
+        if self.writes is not None:
+            value = result.get("value") if how in ("replayed", "reconciled") else None
+            self.writes.append(Write(line, call_id, tool, how, bound, value))
+
+    def _digest(self, call_id: str, tool: str) -> str | None:
+        for call in self.calls if isinstance(self.calls, list) else ():
+            if isinstance(call, dict) and call.get("id") == call_id:
+                fn = call.get("function") or {}
+                try:
+                    return digest(tool, parse_arguments(fn.get("arguments")))
+                except (ArgumentsError, RecursionError, TypeError, ValueError):
+                    return None
+        return None
+
+
+class _NoKey(Exception):
+    pass
+
+
+def _failure(error: Any) -> BaseException:
+    """The model's exception as the loop describes it (``Type: message``)."""
+    text = error if isinstance(error, str) else repr(error)
+    name, _, message = text.partition(": ")
+    failure: type[Exception] = type(name or "Exception", (Exception,), {})
+    return failure(message)
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Clock readings equal up to the float error of re-basing a resumed run's clock."""
+    numbers = (int, float)
+    if not (isinstance(a, numbers) and isinstance(b, numbers)):
+        return False
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+
+
+def _request(request: Any) -> str:
+    if request is READ_CLOCK:
+        return "a clock reading"
+    if isinstance(request, AskModel):
+        return "a model reply"
+    if isinstance(request, CallTool):
+        return f"the outcome of call {request.call.id!r} ({request.call.name})"
+    return type(request).__name__
+
+
+def _describe(e: Any) -> str:
+    if not isinstance(e, dict):
+        return f"a JSON {type(e).__name__}"
+    kind = e.get("type")
+    if kind == "transition":
+        return (
+            f"transition {e.get('trigger')} {e.get('source')} -> {e.get('dest')}"
+            + (f" ({e['reason']})" if e.get("reason") else "")
+            + (f" of call {e['call_id']!r}" if e.get("call_id") else "")
+        )
+    if kind == "observation":
+        return f"an observation of call {e.get('call_id')!r}"
+    if kind in ("decision", "review", "run_end", "run_start"):
+        return f"a {kind} event"
+    return f"an event of type {_js(kind)}"
+
+
+def _js(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
