@@ -165,6 +165,8 @@ def _begin(s: RunState, resumed: bool) -> Steps:
     s.started += now  # a new run starts at 0; a restored one stores -elapsed
     s.now = now
     if resumed:
+        # Where this driving took over (the checkpoint's seq): check restores it there.
+        s.inputs.append({"resumed": s.seq})
         yield from _resume(s)
     elif s.config.save != "never":
         yield _save(s, header=True)

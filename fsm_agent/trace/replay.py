@@ -53,6 +53,7 @@ from fsm_agent.core.requests import (
     BeginIntent,
     CallTool,
     LoadIntent,
+    SaveCheckpoint,
     Sleep,
     ToolOutcome,
 )
@@ -150,6 +151,8 @@ def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, 
         tools=tools.get,
         tool_specs=[],
         approvals=_RecordedBook(replay, settings),
+        # Every point a live run of either save mode checkpoints at: a resume restores one.
+        save="replies",
     )
     return config, []
 
@@ -171,12 +174,15 @@ class Replay:
         self.dead = False
         self.matched = 0  # events the engine wrote that were compared
         self.line = 1
+        self.fed = 1  # the last line fed
         self.finished = False
         self.fresh = True  # the next ReadClock is a run's first (answered 0)
         self.cancelled = False
         self.restarted = 0  # line of the resume the replay last restarted for
         self.input_line = 0
         self.input_used: dict[str, int] = {}
+        self.snapshot: dict[str, Any] | None = None  # the last checkpoint saved
+        self.since_save: list[tuple[int, dict[str, Any]]] = []  # events compared since
         self.problem: str | None = None  # an input the engine took that the trace refuses
         self.last_trigger = ""
         self.calls: Any = None  # the last decision's recorded tool calls
@@ -205,6 +211,7 @@ class Replay:
         event.pop("chain", None)
         event.pop("run", None)
         self.pending.append((line, event))
+        self.fed = line
         if event.get("type") == "transition":
             self.transitions += 1
         if len(self.pending) > MAX_AHEAD:
@@ -285,6 +292,8 @@ class Replay:
         s = self.s
         if not s.placeholders:
             s.messages.clear()  # nothing the loop decides reads the history
+            s.saved_messages = 0
+            s.rewritten.clear()
 
     def _interrupt(self, s: Any, edge: Any) -> None:
         """Stop the run right after a transition where the trace says the driver did
@@ -324,15 +333,27 @@ class Replay:
                 if self.dead:
                     return False
             self._note(line, recorded)
+            if len(self.since_save) < MAX_AHEAD:
+                self.since_save.append((line, recorded))
         produced.clear()
         self.matched = 0
+        self.s.emitted = self.s.saved_events = 0
         return True
+
+    def _saved(self, save: SaveCheckpoint) -> None:
+        """A checkpoint the live run may have saved here: a resume may restore it."""
+        self.snapshot = save.snapshot
+        self.since_save = []
 
     def _diff(self, line: int, recorded: dict[str, Any], mine: dict[str, Any]) -> None:
         seq = mine.get("seq")
+        if recorded.get("seq") != seq:
+            self.stop(line, f"seq is {_js(recorded.get('seq'))}, expected {seq} (events missing, duplicated or reordered): the engine writes {_describe(mine)} here; the trace records {_describe(recorded)}")  # fmt: skip
+            return
         for name in _DIVERGING:
             if recorded.get(name) != mine.get(name):
-                self.stop(line, f"seq {seq}: the engine writes {_describe(mine)} here; the trace records {_describe(recorded)}")  # fmt: skip
+                why = _guard_changes(recorded.get("guards"), mine.get("guards"))
+                self.stop(line, f"seq {seq}: the engine writes {_describe(mine)} here{why}; the trace records {_describe(recorded)}")  # fmt: skip
                 return
         for name in sorted(set(recorded) | set(mine)):
             if name not in mine:
@@ -343,9 +364,20 @@ class Replay:
                 self._diff_guards(line, seq, recorded[name], mine[name])
             elif name == "t" and _close(recorded[name], mine[name]):
                 continue
+            elif type(mine[name]) is dict and type(recorded[name]) is dict and name != "message":
+                self._diff_fields(line, f"seq {seq}: {name}.", recorded[name], mine[name])
             elif recorded[name] != mine[name]:
                 hint = " (events missing, duplicated or reordered)" if name == "seq" else ""
                 self.fail(line, f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the trace records {_js(recorded[name])}{hint}")  # fmt: skip
+
+    def _diff_fields(self, line: int, where: str, recorded: dict[str, Any], mine: dict[str, Any]) -> None:  # fmt: skip
+        for name in sorted(set(recorded) | set(mine), key=str):
+            if name not in mine:
+                self.fail(line, f"{where}{name}: the trace records {_js(recorded[name])}, which the engine does not write")  # fmt: skip
+            elif name not in recorded:
+                self.fail(line, f"{where}{name}: the engine writes {_js(mine[name])}; the trace records none")  # fmt: skip
+            elif recorded[name] != mine[name]:
+                self.fail(line, f"{where}{name}: the engine writes {_js(mine[name])}; the trace records {_js(recorded[name])}")  # fmt: skip
 
     def _diff_guards(self, line: int, seq: Any, recorded: Any, mine: dict[str, bool]) -> None:
         if not isinstance(recorded, dict):
@@ -379,16 +411,26 @@ class Replay:
         ahead = self._ahead(final)
         if ahead is _WAIT:
             return _WAIT
+        if ahead is None and isinstance(request, SaveCheckpoint):
+            self._saved(request)
+            return None
         if ahead is None:
-            self.stop(self.line, f"the trace ends while the engine waits for {_request(request)}")  # fmt: skip
+            self.stop(self.fed, f"the trace ends while the engine waits for {_request(request)}")  # fmt: skip
             return _WAIT
         at, nxt = ahead
-        trigger = nxt.get("trigger")
-        if trigger == "cancel" and not self.cancelled and not isinstance(request, (AskModel,)):
-            return Cancelled()
-        if trigger == "resume" and self.pending[at][0] != self.restarted:
-            self._restart(self.pending[at][0])  # the process died here; a resume followed
+        if _resumed(nxt) is not None and self.pending[at][0] != self.restarted and not any(
+            self.pending[i][1].get("type") == "review" for i in range(at)
+        ):  # (reviews come first: the run ends, is reviewed, then resumes)
+            self._restart(self.pending[at][0], nxt)  # the process died; a resume followed
             return _WAIT if self.dead else self._answer(final)
+        if isinstance(request, SaveCheckpoint):
+            self._saved(request)
+            return None
+        if nxt.get("trigger") == "cancel" and not self.cancelled and not isinstance(request, AskModel):  # fmt: skip
+            return Cancelled()
+        if isinstance(request, SaveCheckpoint):
+            self._saved(request)
+            return None
         if request is READ_CLOCK:
             t = nxt.get("t")
             if type(t) is not float and type(t) is not int:
@@ -400,6 +442,8 @@ class Replay:
         if isinstance(request, CallTool):
             return self._outcome(at, nxt, final)
         if isinstance(request, BeginIntent):
+            if request.save is not None:
+                self._saved(request.save)
             claim = self.take_input("begin_intent", f"begin the intent of call {request.record.call_id!r}")  # fmt: skip
             try:
                 return _WAIT if claim is _WAIT else claim_from_json(claim)
@@ -457,8 +501,11 @@ class Replay:
         (each kind in the order the loop took them), or ``_WAIT`` (the replay stops)
         when the trace holds none."""
         ahead = self._ahead(final=True)
+        if ahead is None and isinstance(request, SaveCheckpoint):
+            self._saved(request)
+            return None
         if ahead is None:
-            self.stop(self.line, f"the engine asks the world to {what}; the trace ends first")
+            self.stop(self.fed, f"the engine asks the world to {what}; the trace ends first")
             return _WAIT
         at, nxt = ahead
         line = self.pending[at][0]
@@ -501,10 +548,14 @@ class Replay:
             self.pending.popleft()
             self._review(line, e)
             return True
-        if kind == "transition" and e.get("trigger") == "resume" and line != self.restarted:
-            self.transitions += 1  # (it stays in pending)
-            self._restart(line)
-            return True
+        ahead = self._ahead(final=True)
+        if ahead is not None:
+            at, nxt = ahead
+            if _resumed(nxt) is not None and self.pending[at][0] != self.restarted:
+                if kind == "transition":
+                    self.transitions += 1  # (it stays in pending)
+                self._restart(self.pending[at][0], nxt)
+                return True
         self.pending.popleft()
         self.fail(line, f"{_describe(e)} after the run ended in {self.s.state}")
         return True
@@ -525,15 +576,29 @@ class Replay:
         if e != mine:
             self._diff(line, e, mine)
 
-    def _restart(self, line: int) -> None:
-        """The run resumed from its checkpoint (the state the engine is in: the runtime
-        saves one before anything it could lose), as ``Runtime.resume`` restores it."""
+    def _restart(self, line: int, nxt: dict[str, Any]) -> None:
+        """A later driving resumed the run from its checkpoint (``resumed`` names its
+        seq): the replayed state at that checkpoint, restored as ``Runtime.resume``
+        restores it; the events written since are the resumed driving's to write."""
         s = self.s
         self.restarted = line
+        seq = _resumed(nxt)
+        if seq == s.seq:
+            snapshot = s.snapshot()
+        elif self.snapshot is not None and self.snapshot["body"]["seq"] == seq:
+            snapshot = self.snapshot
+            for item in reversed(self.since_save):  # to be written again, by the resume
+                self.pending.appendleft(item)
+                if item[1].get("type") == "transition":
+                    self.transitions += 1
+        else:
+            self.stop(line, f"seq {nxt.get('seq')}: the run resumed from its checkpoint at seq {_js(seq)}, where the replayed run saved none")  # fmt: skip
+            return
+        self.since_save = []
         if not self.finished:
             self.gen.close()
         try:
-            restored = RunState.restore(s.snapshot(), run_id=s.run_id, config=self.config,
+            restored = RunState.restore(snapshot, run_id=s.run_id, config=self.config,
                                         messages=s.messages, events=[])  # fmt: skip
         except Exception as exc:
             self.stop(line, f"the replayed run cannot be restored for its resume: {exc}")
@@ -589,6 +654,14 @@ class Replay:
         return None
 
 
+def _resumed(e: dict[str, Any]) -> Any:
+    """The checkpoint seq a transition says a resumed driving took over at, or None."""
+    inputs = e.get("inputs")
+    if type(inputs) is list and inputs and type(inputs[0]) is dict:
+        return inputs[0].get("resumed")
+    return None
+
+
 class _NoKey(Exception):
     pass
 
@@ -599,6 +672,18 @@ def _failure(error: Any) -> BaseException:
     name, _, message = text.partition(": ")
     failure: type[Exception] = type(name or "Exception", (Exception,), {})
     return failure(message)
+
+
+def _guard_changes(recorded: Any, mine: Any) -> str:
+    """`` (guard X: true, recorded false; ...)``: why the engine took another edge."""
+    if not isinstance(recorded, dict) or not isinstance(mine, dict):
+        return ""
+    changes = [
+        f"guard {name} {_js(value)}, recorded {_js(recorded[name]) if name in recorded else 'none'}"
+        for name, value in mine.items()
+        if recorded.get(name) != value
+    ]
+    return f" ({'; '.join(changes)})" if changes else ""
 
 
 def _close(a: Any, b: Any) -> bool:
