@@ -125,8 +125,10 @@ def test_a_resumed_write_needs_its_approve_review() -> None:
     forged = copy.deepcopy(events[:review] + events[review + 1 :])
     for n, e in enumerate(forged):
         e["seq"] = n
-    # Without the review the engine finds no approval: it asks the configured ones.
-    assert "the engine asks the world to use a configured approval" in found(forged)
+    # The resume took over at the review's seq, a checkpoint the replay never reached.
+    assert "resumed from its checkpoint at seq 6, where the replayed run saved none" in (
+        found(forged)
+    )
     forged = copy.deepcopy(events)
     transition(forged, "dispatch")["approval"] = "config:0000000000000000"
     assert 'approval: the engine writes "review:w1"; the trace records "config:0000' in (

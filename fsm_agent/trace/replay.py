@@ -237,7 +237,11 @@ class Replay:
             at, e = self.pending[0]
             self.fail(at, f"{_describe(e)}, which the engine does not write here")
         elif len(s.events) > self.matched:
-            self.fail(line, f"the trace ends here; the engine writes next {_describe(s.events[self.matched])}")  # fmt: skip
+            e = s.events[self.matched]
+            if e.get("type") == "run_end":
+                self.fail(line, f"the trace ends in state {s.state} without run_end")
+            else:
+                self.fail(line, f"the trace ends here; the engine writes next {_describe(e)}")
         elif not self.finished:
             self.fail(line, f"the trace ends in state {s.state} without run_end")
 
@@ -472,6 +476,9 @@ class Replay:
         if "message" not in head:
             return _failure(head.get("error"))
         message = head["message"]
+        raw = head.get("raw_arguments")
+        if isinstance(raw, dict) and isinstance(message, dict):
+            message = _with_raw_arguments(message, raw)
         verdict = head.get("malformed")
         if isinstance(verdict, str) and isinstance(message, dict):
             if parse_decision(message).malformed is None:
@@ -652,6 +659,28 @@ class Replay:
                 except (ArgumentsError, RecursionError, TypeError, ValueError):
                     return None
         return None
+
+
+def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The reply as the model sent it: the arguments its record shows cleaned (lone
+    surrogates as U+FFFD) put back from ``raw_arguments`` (their UTF-8 bytes in hex,
+    lone surrogates kept: JSON would join a pair of them into one character)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    out = []
+    for call in calls:
+        text = raw.get(call.get("id")) if isinstance(call, dict) else None
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(text, str) and isinstance(fn, dict):
+            try:
+                arguments: Any = bytes.fromhex(text).decode("utf-8", "surrogatepass")
+            except ValueError:
+                arguments = None
+            if isinstance(arguments, str):
+                call = {**call, "function": {**fn, "arguments": arguments}}
+        out.append(call)
+    return {**message, "tool_calls": out}
 
 
 def _resumed(e: dict[str, Any]) -> Any:
