@@ -16,12 +16,9 @@ from conftest import (
 )
 
 from fsm_agent.cli import main
-from fsm_agent.core import select as select_module
-from fsm_agent.core import table as table_module
 from fsm_agent.core.requests import IntentClaim
-from fsm_agent.core.table import TRANSITIONS, Transition
+from fsm_agent.core.table import TRANSITIONS
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.trace import walk as walk_module
 from fsm_agent.trace.chain import encode_events
 from fsm_agent.trace.checker import check_events, check_file, select_edge
 

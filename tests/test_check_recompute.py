@@ -92,7 +92,7 @@ def test_run_end_counters_are_what_the_events_add_up_to() -> None:
     forged[-1]["counters"]["write_attempts"] = 0
     forged[-1]["counters"]["tool_attempts"] = {}
     text = found(forged)
-    assert "counters.tool_attempts: the engine writes {\"lookup\": 1}; the trace records {}" in text
+    assert 'counters.tool_attempts: the engine writes {"lookup": 1}; the trace records {}' in text
     assert "counters.write_attempts" not in text  # a read: 0 is right
 
 
@@ -149,7 +149,7 @@ def test_a_configured_approval_must_cover_the_write() -> None:
     assert "no configured approval in the header covers these exact arguments" in found(forged)
     forged = copy.deepcopy(events)
     del transition(forged, "dispatch")["approval"]
-    assert "approval: the engine writes \"config:" in found(forged)
+    assert 'approval: the engine writes "config:' in found(forged)
 
 
 def test_wall_clock_and_output_budgets_are_recomputed() -> None:

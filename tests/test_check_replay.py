@@ -100,7 +100,7 @@ def test_a_model_failure_replays_as_its_recorded_error() -> None:
     assert found(events) == ""
     forged = copy.deepcopy(events)
     next(e for e in forged if e.get("trigger") == "model_failed")["reason"] = "tokens"
-    assert "seq 2: reason: the engine writes \"model_error\"; the trace records \"tokens\"" in (
+    assert 'seq 2: reason: the engine writes "model_error"; the trace records "tokens"' in (
         found(forged)
     )
 

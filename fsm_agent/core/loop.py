@@ -260,8 +260,11 @@ def _decide(s: RunState) -> Steps:
         # Why it was refused: the recorded copy is JSON-safe, so a reply refused for a
         # non-JSON value may read as well-formed (the checker needs the verdict).
         event["malformed"] = s.decision.malformed
-    lossy = {c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
-             for c in s.decision.calls if clean_text(c.raw_arguments) is not c.raw_arguments}  # fmt: skip
+    lossy = {
+        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+        for c in s.decision.calls
+        if clean_text(c.raw_arguments) is not c.raw_arguments
+    }
     if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
         event["raw_arguments"] = lossy
     _record(s, event)

@@ -82,8 +82,15 @@ _READY = 3
 class ReplayTool:
     """A registered tool as the header records it: what admission reads."""
 
-    __slots__ = ("dedup", "effect", "idempotency_key", "name", "requires_approval", "timeout_s",
-                 "validator")  # fmt: skip
+    __slots__ = (
+        "dedup",
+        "effect",
+        "idempotency_key",
+        "name",
+        "requires_approval",
+        "timeout_s",
+        "validator",
+    )
 
     def __init__(self, name: str, facts: Mapping[str, Any], replay: Replay) -> None:
         self.name = name
@@ -98,9 +105,33 @@ class ReplayTool:
         if not isinstance(schema, dict):
             raise ValueError(f"tool {name!r} has no argument schema (schema)")
         try:
-            self.validator = arguments_validator(schema)
+            self.validator = _Remembering(arguments_validator(schema))
         except Exception as exc:  # a forged schema: SchemaError, or worse
             raise ValueError(f"tool {name!r}'s schema is not usable: {exc}") from None
+
+
+class _Remembering:
+    """A validator that remembers its verdicts: a long trace repeats few argument shapes
+    and validation is most of the cost of replaying a call (bounded: a hostile trace
+    varies arguments freely)."""
+
+    __slots__ = ("seen", "validator")
+
+    def __init__(self, validator: Any) -> None:
+        self.validator = validator
+        self.seen: dict[str, list[Any]] = {}
+
+    def iter_errors(self, arguments: Any) -> list[Any]:
+        try:
+            key = json.dumps(arguments, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):
+            return list(self.validator.iter_errors(arguments))
+        errors = self.seen.get(key)
+        if errors is None:
+            errors = list(self.validator.iter_errors(arguments))
+            if len(self.seen) < 4096:
+                self.seen[key] = errors
+        return errors
 
 
 class _RecordedBook(ApprovalBook):
@@ -197,8 +228,9 @@ class Replay:
             self.dead = True
             return
         self.config = config
-        self.s = RunState(run_id=run_id if isinstance(run_id, str) else "", config=config,
-                          messages=[])  # fmt: skip
+        self.s = RunState(
+            run_id=run_id if isinstance(run_id, str) else "", config=config, messages=[]
+        )
         self.s.seq = 0
         self.gen = steps(self.s)
         self.request: Any = next(self.gen)
@@ -286,7 +318,9 @@ class Replay:
         except StopIteration:
             self.finished = True
         except Exception as exc:  # the engine itself stopped on what the trace holds
-            self.stop(self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace")  # fmt: skip
+            self.stop(
+                self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace"
+            )
             return
         finally:
             TRANSITION_LISTENERS.remove(self._interrupt)
@@ -352,18 +386,35 @@ class Replay:
     def _diff(self, line: int, recorded: dict[str, Any], mine: dict[str, Any]) -> None:
         seq = mine.get("seq")
         if recorded.get("seq") != seq:
-            self.stop(line, f"seq is {_js(recorded.get('seq'))}, expected {seq} (events missing, duplicated or reordered): the engine writes {_describe(mine)} here; the trace records {_describe(recorded)}")  # fmt: skip
+            self.stop(
+                line,
+                f"seq is {_js(recorded.get('seq'))}, expected {seq} (events missing, "
+                f"duplicated or reordered): the engine writes {_describe(mine)} "
+                f"here; the trace records {_describe(recorded)}",
+            )
             return
         for name in _DIVERGING:
             if recorded.get(name) != mine.get(name):
                 why = _guard_changes(recorded.get("guards"), mine.get("guards"))
-                self.stop(line, f"seq {seq}: the engine writes {_describe(mine)} here{why}; the trace records {_describe(recorded)}")  # fmt: skip
+                self.stop(
+                    line,
+                    f"seq {seq}: the engine writes {_describe(mine)} here{why}; the "
+                    f"trace records {_describe(recorded)}",
+                )
                 return
         for name in sorted(set(recorded) | set(mine)):
             if name not in mine:
-                self.fail(line, f"seq {seq}: the trace records {name} {_js(recorded[name])}, which the engine does not write")  # fmt: skip
+                self.fail(
+                    line,
+                    f"seq {seq}: the trace records {name} {_js(recorded[name])}, which "
+                    "the engine does not write",
+                )
             elif name not in recorded:
-                self.fail(line, f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the trace records none")  # fmt: skip
+                self.fail(
+                    line,
+                    f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
+                    "trace records none",
+                )
             elif name == "guards":
                 self._diff_guards(line, seq, recorded[name], mine[name])
             elif name == "t" and _close(recorded[name], mine[name]):
@@ -372,29 +423,60 @@ class Replay:
                 self._diff_fields(line, f"seq {seq}: {name}.", recorded[name], mine[name])
             elif recorded[name] != mine[name]:
                 hint = " (events missing, duplicated or reordered)" if name == "seq" else ""
-                self.fail(line, f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the trace records {_js(recorded[name])}{hint}")  # fmt: skip
+                self.fail(
+                    line,
+                    f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
+                    f"trace records {_js(recorded[name])}{hint}",
+                )
 
-    def _diff_fields(self, line: int, where: str, recorded: dict[str, Any], mine: dict[str, Any]) -> None:  # fmt: skip
+    def _diff_fields(
+        self, line: int, where: str, recorded: dict[str, Any], mine: dict[str, Any]
+    ) -> None:
         for name in sorted(set(recorded) | set(mine), key=str):
             if name not in mine:
-                self.fail(line, f"{where}{name}: the trace records {_js(recorded[name])}, which the engine does not write")  # fmt: skip
+                self.fail(
+                    line,
+                    f"{where}{name}: the trace records {_js(recorded[name])}, which "
+                    "the engine does not write",
+                )
             elif name not in recorded:
-                self.fail(line, f"{where}{name}: the engine writes {_js(mine[name])}; the trace records none")  # fmt: skip
+                self.fail(
+                    line,
+                    f"{where}{name}: the engine writes {_js(mine[name])}; the trace records none",
+                )
             elif recorded[name] != mine[name]:
-                self.fail(line, f"{where}{name}: the engine writes {_js(mine[name])}; the trace records {_js(recorded[name])}")  # fmt: skip
+                self.fail(
+                    line,
+                    f"{where}{name}: the engine writes {_js(mine[name])}; the trace "
+                    f"records {_js(recorded[name])}",
+                )
 
     def _diff_guards(self, line: int, seq: Any, recorded: Any, mine: dict[str, bool]) -> None:
         if not isinstance(recorded, dict):
-            self.fail(line, f"seq {seq}: guards: the trace records {_js(recorded)}, not guard outcomes")  # fmt: skip
+            self.fail(
+                line, f"seq {seq}: guards: the trace records {_js(recorded)}, not guard outcomes"
+            )
             return
         for name in mine:
             if name not in recorded:
-                self.fail(line, f"seq {seq}: guard {name}: the engine evaluates it ({_js(mine[name])}); the trace does not record it")  # fmt: skip
+                self.fail(
+                    line,
+                    f"seq {seq}: guard {name}: the engine evaluates it ({_js(mine[name])}); "
+                    "the trace does not record it",
+                )
             elif recorded[name] != mine[name]:
-                self.fail(line, f"seq {seq}: guard {name}: the engine gives {_js(mine[name])}; the trace records {_js(recorded[name])}")  # fmt: skip
+                self.fail(
+                    line,
+                    f"seq {seq}: guard {name}: the engine gives {_js(mine[name])}; "
+                    f"the trace records {_js(recorded[name])}",
+                )
         for name in recorded:
             if name not in mine:
-                self.fail(line, f"seq {seq}: guard {name}: the trace records it ({_js(recorded[name])}); the engine does not evaluate it here")  # fmt: skip
+                self.fail(
+                    line,
+                    f"seq {seq}: guard {name}: the trace records it ({_js(recorded[name])}); "
+                    "the engine does not evaluate it here",
+                )
 
     # ── answers ───────────────────────────────────────────────────────────────────
 
@@ -419,18 +501,24 @@ class Replay:
             self._saved(request)
             return None
         if ahead is None:
-            self.stop(self.fed, f"the trace ends while the engine waits for {_request(request)}")  # fmt: skip
+            self.stop(self.fed, f"the trace ends while the engine waits for {_request(request)}")
             return _WAIT
         at, nxt = ahead
-        if _resumed(nxt) is not None and self.pending[at][0] != self.restarted and not any(
-            self.pending[i][1].get("type") == "review" for i in range(at)
+        if (
+            _resumed(nxt) is not None
+            and self.pending[at][0] != self.restarted
+            and not any(self.pending[i][1].get("type") == "review" for i in range(at))
         ):  # (reviews come first: the run ends, is reviewed, then resumes)
             self._restart(self.pending[at][0], nxt)  # the process died; a resume followed
             return _WAIT if self.dead else self._answer(final)
         if isinstance(request, SaveCheckpoint):
             self._saved(request)
             return None
-        if nxt.get("trigger") == "cancel" and not self.cancelled and not isinstance(request, AskModel):  # fmt: skip
+        if (
+            nxt.get("trigger") == "cancel"
+            and not self.cancelled
+            and not isinstance(request, AskModel)
+        ):
             return Cancelled()
         if isinstance(request, SaveCheckpoint):
             self._saved(request)
@@ -438,7 +526,11 @@ class Replay:
         if request is READ_CLOCK:
             t = nxt.get("t")
             if type(t) is not float and type(t) is not int:
-                self.stop(self.pending[at][0], f"seq {nxt.get('seq')}: t {_js(t)} is not a clock reading: the run's clock cannot be replayed")  # fmt: skip
+                self.stop(
+                    self.pending[at][0],
+                    f"seq {nxt.get('seq')}: t {_js(t)} is not a clock reading: the "
+                    "run's clock cannot be replayed",
+                )
                 return _WAIT
             return t + self.s.started
         if isinstance(request, AskModel):
@@ -448,7 +540,9 @@ class Replay:
         if isinstance(request, BeginIntent):
             if request.save is not None:
                 self._saved(request.save)
-            claim = self.take_input("begin_intent", f"begin the intent of call {request.record.call_id!r}")  # fmt: skip
+            claim = self.take_input(
+                "begin_intent", f"begin the intent of call {request.record.call_id!r}"
+            )
             try:
                 return _WAIT if claim is _WAIT else claim_from_json(claim)
             except ValueError as exc:
@@ -459,7 +553,7 @@ class Replay:
             try:
                 return _WAIT if record is _WAIT else record_from_json(record)
             except ValueError as exc:
-                self.stop(self._input_line(), f"the recorded idempotency record is not one: {exc}")  # fmt: skip
+                self.stop(self._input_line(), f"the recorded idempotency record is not one: {exc}")
                 return _WAIT
         if isinstance(request, Sleep):
             return None
@@ -471,7 +565,11 @@ class Replay:
         if head.get("type") != "decision":
             if nxt.get("trigger") == "cancel" and head is nxt:
                 return Cancelled()
-            self.stop(line, f"the engine asks the model here; the trace records {_describe(head)}, not a decision")  # fmt: skip
+            self.stop(
+                line,
+                f"the engine asks the model here; the trace records {_describe(head)}, "
+                "not a decision",
+            )
             return _WAIT
         if "message" not in head:
             return _failure(head.get("error"))
@@ -480,9 +578,12 @@ class Replay:
         if isinstance(raw, dict) and isinstance(message, dict):
             message = _with_raw_arguments(message, raw)
         verdict = head.get("malformed")
-        if isinstance(verdict, str) and isinstance(message, dict):
-            if parse_decision(message).malformed is None:
-                return Refused(message, verdict)  # refused for what its copy no longer shows
+        if (
+            isinstance(verdict, str)
+            and isinstance(message, dict)
+            and parse_decision(message).malformed is None
+        ):
+            return Refused(message, verdict)  # refused for what its copy no longer shows
         return message
 
     def _outcome(self, at: int, nxt: dict[str, Any], final: bool) -> Any:
@@ -491,7 +592,11 @@ class Replay:
             return ToolOutcome("ok")  # the diff at the next transition says what is wrong
         kind, error = nxt.get("outcome"), nxt.get("error", "")
         if kind not in _KINDS or not isinstance(error, str):
-            self.stop(line, f"seq {nxt.get('seq')}: outcome {_js(kind)} / error {_js(error)} is not a tool outcome: the call cannot be replayed")  # fmt: skip
+            self.stop(
+                line,
+                f"seq {nxt.get('seq')}: outcome {_js(kind)} / error {_js(error)} "
+                "is not a tool outcome: the call cannot be replayed",
+            )
             return _WAIT
         value = None
         if kind == "ok":
@@ -508,9 +613,6 @@ class Replay:
         (each kind in the order the loop took them), or ``_WAIT`` (the replay stops)
         when the trace holds none."""
         ahead = self._ahead(final=True)
-        if ahead is None and isinstance(request, SaveCheckpoint):
-            self._saved(request)
-            return None
         if ahead is None:
             self.stop(self.fed, f"the engine asks the world to {what}; the trace ends first")
             return _WAIT
@@ -527,7 +629,12 @@ class Replay:
                     self.input_used[kind] = used + 1
                     return item[kind]
                 seen += 1
-        self.stop(line, f"seq {nxt.get('seq')}: the engine asks the world to {what} before this transition; the trace records no such answer ({kind} {used + 1} in inputs)")  # fmt: skip
+        self.stop(
+            line,
+            f"seq {nxt.get('seq')}: the engine asks the world to {what} before "
+            f"this transition; the trace records no such answer ({kind} {used + 1} "
+            "in inputs)",
+        )
         return _WAIT
 
     def recorded_key(self, arguments: dict[str, Any]) -> str:
@@ -599,14 +706,19 @@ class Replay:
                 if item[1].get("type") == "transition":
                     self.transitions += 1
         else:
-            self.stop(line, f"seq {nxt.get('seq')}: the run resumed from its checkpoint at seq {_js(seq)}, where the replayed run saved none")  # fmt: skip
+            self.stop(
+                line,
+                f"seq {nxt.get('seq')}: the run resumed from its checkpoint at "
+                f"seq {_js(seq)}, where the replayed run saved none",
+            )
             return
         self.since_save = []
         if not self.finished:
             self.gen.close()
         try:
-            restored = RunState.restore(snapshot, run_id=s.run_id, config=self.config,
-                                        messages=s.messages, events=[])  # fmt: skip
+            restored = RunState.restore(
+                snapshot, run_id=s.run_id, config=self.config, messages=s.messages, events=[]
+            )
         except Exception as exc:
             self.stop(line, f"the replayed run cannot be restored for its resume: {exc}")
             return
@@ -630,10 +742,17 @@ class Replay:
             result = e.get("result")
             tool = e.get("tool")
             facts = self.facts.get(tool) if isinstance(tool, str) else None
-            if isinstance(result, dict) and result.get("ok") is True and isinstance(facts, Mapping) and facts.get("idempotent") is True:  # fmt: skip
+            if (
+                isinstance(result, dict)
+                and result.get("ok") is True
+                and isinstance(facts, Mapping)
+                and facts.get("idempotent") is True
+            ):
                 self._write(line, e, result, facts)
 
-    def _write(self, line: int, e: dict[str, Any], result: dict[str, Any], facts: Mapping[str, Any]) -> None:  # fmt: skip
+    def _write(
+        self, line: int, e: dict[str, Any], result: dict[str, Any], facts: Mapping[str, Any]
+    ) -> None:
         call_id, tool = str(e.get("call_id")), str(e.get("tool"))
         if result.get("replayed") is True:
             how = "replayed"
@@ -645,7 +764,11 @@ class Replay:
         if how == "executed" and facts.get("effect") == "write" and bound is not None:
             first = self.executed.setdefault((tool, bound), line)
             if first != line:
-                self.fail(line, f"write {tool!r} executed twice with the same arguments under one idempotency key (first at line {first})")  # fmt: skip
+                self.fail(
+                    line,
+                    f"write {tool!r} executed twice with the same arguments under "
+                    f"one idempotency key (first at line {first})",
+                )
         if self.writes is not None:
             value = result.get("value") if how in ("replayed", "reconciled") else None
             self.writes.append(Write(line, call_id, tool, how, bound, value))
@@ -654,8 +777,11 @@ class Replay:
         for call in self.calls if isinstance(self.calls, list) else ():
             if isinstance(call, dict) and call.get("id") == call_id:
                 fn = call.get("function") or {}
+                text = fn.get("arguments") if isinstance(fn, dict) else None
+                if not isinstance(text, str):
+                    return None
                 try:
-                    return digest(tool, parse_arguments(fn.get("arguments")))
+                    return digest(tool, parse_arguments(text))
                 except (ArgumentsError, RecursionError, TypeError, ValueError):
                     return None
         return None
@@ -670,7 +796,7 @@ def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[st
         return message
     out = []
     for call in calls:
-        text = raw.get(call.get("id")) if isinstance(call, dict) else None
+        text = raw.get(str(call.get("id"))) if isinstance(call, dict) else None
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(text, str) and isinstance(fn, dict):
             try:
