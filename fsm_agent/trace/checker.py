@@ -2,23 +2,24 @@
 
 The checker reads a trace line by line, in constant memory whatever its size:
 
-1. **Integrity** (``trace/chain.py``): every line of a ``fsm-agent.trace/2`` trace must
-   carry the run's id and a chain link that follows from the previous line's link and
-   its own bytes — SHA-256, or HMAC-SHA256 when the header says the run was signed and
-   the caller gives the key. A deleted, inserted, reordered or spliced line breaks the
-   chain where it happened; with the key, so does any edit.
-2. **Conformance** (``trace/walk.py``): every transition is the edge the one selector
-   picks from the guard outcomes the checker *recomputes* from the trace (header,
-   decisions, running counters), the recorded outcomes are exactly those, every action's
-   payloads follow in order, every call of an accepted batch is answered once by id, no
-   idempotent write runs twice, ``run_end`` adds up, nothing happens after a terminal
-   state but reviews and the ``resume`` they allow.
+1. **Integrity** (``trace/chain.py``): every line of a chained trace must carry the
+   run's id and a chain link that follows from the previous line's link and its own
+   bytes — SHA-256, or HMAC-SHA256 when the header says the run was signed and the
+   caller gives the key. A deleted, inserted, reordered or spliced line breaks the chain
+   where it happened; with the key, so does any edit.
+2. **Conformance by replay** (``trace/replay.py``, ``fsm-agent.trace/3``): the recorded
+   inputs are fed to the engine's own loop, and every event it writes must be the
+   recorded one, field by field; outside the engine, no idempotent write executes twice
+   under one key (and ``check --db`` compares the writes with the store's records).
 
 Nothing a trace holds makes the checker raise: each problem is a :class:`Violation`
 (``FILE:LINE: message``), and a file that cannot be checked at all (missing, empty, no
 ``run_start`` header, another schema or machine) raises
-:class:`~fsm_agent.errors.TraceError`. ``fsm-agent.trace/1`` traces (0.1) still check,
-without integrity (they carry none) and with the guards as recorded.
+:class:`~fsm_agent.errors.TraceError`. Older traces lack the inputs replay needs: a
+``fsm-agent.trace/2`` trace is checked by the v2 walker (``trace/walk.py``, which
+recomputes the guards it knows and takes the others as recorded), a
+``fsm-agent.trace/1`` trace (0.1) too, without integrity (it carries none) and with the
+guards as recorded; the report notes either.
 """
 
 from __future__ import annotations

@@ -356,6 +356,8 @@ class Replay:
         """Compare what the engine wrote with what the trace records, as far as both
         go; False when the engine's events wait for recorded ones not read yet."""
         produced = self.s.events
+        if not produced:
+            return True
         pending = self.pending
         while self.matched < len(produced):
             if not pending:
