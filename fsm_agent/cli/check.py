@@ -22,9 +22,10 @@ def register(subparsers: Any) -> None:
         "tool outcomes, clock readings, the store's answers, approval uses) are fed to the "
         "engine's own loop, and every event the engine writes must be the recorded one, "
         "field by field; also that its chain links are unbroken (with --key-env, that it "
-        "was signed with that key) and that no idempotent write ran twice. With --db, the arguments are run ids: their stored traces "
-        "are checked and compared with the store's idempotency records. Exit 0: all "
-        "valid; 1: violations found; 2: a trace could not be read at all.",
+        "was signed with that key) and that no idempotent write ran twice. With --db, the "
+        "arguments are run ids: their stored traces are checked and compared with the "
+        "store's idempotency records. Exit 0: all valid; 1: violations found; 2: a trace "
+        "could not be read at all.",
     )
     p.add_argument(
         "traces", nargs="+", metavar="TRACE", help="JSON Lines trace file(s), or run ids"

@@ -497,7 +497,9 @@ def _admit(s: RunState) -> None:
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
     for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
         if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
-            s.inputs.append({"idempotency_key": call.idempotency_key})
+            key = call.idempotency_key
+            s.inputs.append({"idempotency_key": key} if key is not None else
+                            {"idempotency_key": None, "detail": call.refusal_detail})  # fmt: skip
     if current is not None and facts is not None and facts[0] is not None:
         # A restored call keeps the facts it was checkpointed with (R11).
         current.effect, current.dedup, current.idempotency_key, current.args_digest = facts

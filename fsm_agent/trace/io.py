@@ -21,9 +21,10 @@ the initial messages), then events in ``seq`` order, then ``run_end``:
 
 ``seq`` is 0 for the header and then contiguous. Everything the runtime did can be
 rebuilt from these events: they hold every input the loop took, so ``fsm-agent check``
-replays the run through the engine (``trace/replay.py``). Written by the runtime, every line also ends with the run id
-and its chain link (``trace/chain.py``). A ``redact`` hook sees each event before it
-leaves the runtime (file, store, ``RunResult.events``) and returns the event to keep.
+replays the run through the engine (``trace/replay.py``). Written by the runtime, every
+line also ends with the run id and its chain link (``trace/chain.py``). A ``redact`` hook
+sees each event before it leaves the runtime (file, store, ``RunResult.events``) and
+returns the event to keep.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ and the replayed history is dropped as the run goes (nothing the loop decides re
 
 from __future__ import annotations
 
+import ast
 import json
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -212,6 +213,7 @@ class Replay:
         self.restarted = 0  # line of the resume the replay last restarted for
         self.input_line = 0
         self.input_used: dict[str, int] = {}
+        self.input_item: dict[str, Any] = {}  # the last input taken, whole
         self.snapshot: dict[str, Any] | None = None  # the last checkpoint saved
         self.since_save: list[tuple[int, dict[str, Any]]] = []  # events compared since
         self.problem: str | None = None  # an input the engine took that the trace refuses
@@ -629,6 +631,7 @@ class Replay:
             if isinstance(item, dict) and kind in item:
                 if seen == used:
                     self.input_used[kind] = used + 1
+                    self.input_item = item
                     return item[kind]
                 seen += 1
         self.stop(
@@ -643,10 +646,18 @@ class Replay:
         """A keyed tool's idempotency key: the registrar's function is code, so the
         loop records the key it derived (``idempotency_key`` inputs)."""
         key = self.take_input("idempotency_key", "derive an idempotency key")
-        if not isinstance(key, str):
-            # The registrar's function raised (the key was not derived), or no answer.
-            raise _NoKey("the recorded run derived no key")
-        return key
+        if isinstance(key, str):
+            return key
+        # The registrar's function raised: the refusal says what it raised, the same way.
+        detail = self.input_item.get("detail") if key is None else None
+        prefix = "idempotency key could not be derived: "
+        text: Any = None
+        if isinstance(detail, str) and detail.startswith(prefix):
+            try:
+                text = ast.literal_eval(detail[len(prefix) :])
+            except (ValueError, SyntaxError):
+                text = None
+        raise _NoKey(text if isinstance(text, str) else "the recorded run derived no key")
 
     def _input_line(self) -> int:
         return self.input_line or self.line
