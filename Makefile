@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/replay_frame.py
 	$(PY) -m pip install -q -e '.[bench-langgraph]'
 	$(PY) benchmarks/postgres.py
+	$(PY) benchmarks/pg_network.py
 
 # The machine picture from the table, and one replay frame per demo scenario.
 DIAGRAM_TRACES := build/diagram-traces

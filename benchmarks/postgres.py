@@ -5,14 +5,15 @@ the ratios compare like with like.
 
 The scenario (``pg_app.py``): each round the model asks for a read and an idempotent
 write at once; after ``ROUNDS`` rounds it answers. fsm-agent stores the checkpoint after
-the reply, the write's intent, the checkpoint before the write and its result (four
-statements a round); LangGraph stores a checkpoint after the model node and after the tool
-node, with the writes of each, committed before the next step (``durability="sync"``; its
-default, "async", saves while the next step runs, and is shown too). Both use the same
-throwaway server (from the installed binaries, or ``FSM_AGENT_PG_DSN``) with
-``synchronous_commit=off``: a commit survives a
-crash of any process, as SQLite's WAL with ``synchronous=NORMAL`` does; the last commits
-before a power loss may be lost, for both. LangGraph is installed only for this
+the reply, then the write's intent with the checkpoint before the write (one statement),
+then its result: three statements a round, each waiting for the one before
+(``pg_network.py`` counts the round trips). LangGraph stores a checkpoint after the model
+node and after the tool node, with the writes of each, committed before the next step
+(``durability="sync"``; its default, "async", saves while the next step runs, and is
+shown too). Both use the same throwaway server (from the installed binaries, or
+``FSM_AGENT_PG_DSN``) with ``synchronous_commit=off``: a commit survives a crash of any
+process, as SQLite's WAL with ``synchronous=NORMAL`` does; the last commits before a
+power loss may be lost, for both. LangGraph is installed only for this
 (``pip install -e '.[bench-langgraph]'``); without it its line says so.
 
 Targets (issue "Scale out on PostgreSQL"): a durable round on PostgreSQL at least 3x

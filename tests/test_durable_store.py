@@ -345,8 +345,9 @@ def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path, backen
         with pytest.raises(CorruptRecord, match=r"unreadable checkpoint .* no edge of this table"):
             rt.resume("r1")
         assert snapshot(store) == before
-        snap["body"]["machine_hash"] = "sha256:0000000000000000"
+        snap["body"]["taken"] = "validate/validating->executing"
         snap["checksum"] = _resum(snap["body"])
+        snap["machine_hash"] = "sha256:0000000000000000"  # layout 3: on the envelope
         _write_ctx(path, snap)
         with pytest.raises(MachineMismatch, match="checkpointed by machine sha256:0000"):
             rt.resume("r1")

@@ -56,7 +56,7 @@ from fsm_agent.core.requests import (
     ToolOutcome,
 )
 from fsm_agent.core.state import RunState
-from fsm_agent.core.table import TERMINAL_STATES, TRANSITIONS
+from fsm_agent.core.table import TERMINAL_STATES, Transition
 
 __all__ = ["SCHEMA", "Cancelled", "Steps", "settled", "start", "steps"]
 
@@ -66,16 +66,6 @@ SCHEMA = "fsm-agent.trace/3"
 Steps = Generator[Request, Any, None]
 
 _TERMINAL = frozenset(TERMINAL_STATES)
-#: Edges after which a checkpoint is saved in every save mode but ``never``.
-_SAVE_ALWAYS = frozenset(
-    t.index for t in TRANSITIONS if t.dest in _TERMINAL or t.trigger == "resume"
-)
-#: ... in ``replies`` mode also when a batch is accepted (its reply cost tokens).
-_BATCH_ACCEPTED = next(t.index for t in TRANSITIONS if t.action == "start_batch")
-#: ... around a write: when its attempt starts and when its tool returned.
-_SAVE_WRITES = frozenset(
-    t.index for t in TRANSITIONS if t.action == "start_attempt" or t.trigger == "tool_returned"
-)
 
 
 class Cancelled(BaseException):
@@ -363,13 +353,13 @@ def _fire(s: RunState, trigger: str) -> SaveCheckpoint | None:
     _after(s, edge)
     for listener in TRANSITION_LISTENERS:
         listener(s, edge)
-    if s.config.save != "never" and _wants_save(s, edge.index):
+    if s.config.save != "never" and _wants_save(s, edge):
         return _save(s)
     return None
 
 
-def _wants_save(s: RunState, index: int) -> bool:
-    """Whether to save a checkpoint after edge ``index``: where losing the transitions
+def _wants_save(s: RunState, edge: Transition) -> bool:
+    """Whether to save a checkpoint after ``edge``: where losing the transitions
     since the last save would matter, before anything outside the machine happens that
     it would hide (D1).
 
@@ -384,12 +374,13 @@ def _wants_save(s: RunState, index: int) -> bool:
     Everything in between is pure or a read: a crash there resumes from the last save
     and takes the same edges again, re-running at most a read or a model call.
     """
-    if index in _SAVE_ALWAYS:
+    # (Read off the edge, not its index: the run's machine may be any table.)
+    if edge.dest in _TERMINAL or edge.trigger == "resume":
         return True
-    if index in _SAVE_WRITES:
+    if edge.action == "start_attempt" or edge.trigger == "tool_returned":
         call = s.call
         return call.effect == "write" and call.idempotency_key is None
-    if index == _BATCH_ACCEPTED and s.config.save == "replies":
+    if edge.action == "start_batch" and s.config.save == "replies":
         first = s.decision.calls[0]
         return first.idempotency_key is None or first.refusal is not None
     return False

@@ -9,12 +9,14 @@ arguments it was paused with (R8).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fsm_agent.core.actions import BLOCKING
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.review import FITS, decide
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
@@ -24,9 +26,17 @@ from fsm_agent.trace.chain import continue_chain, trace_key
 __all__ = ["BLOCKING", "pending_calls", "record_review"]
 
 
-def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any) -> RunConfig:
+def _review_config(
+    allowed: frozenset[str],
+    budget: Any,
+    retry: Any,
+    policy: Any,
+    *,
+    machine: Machine = DEFAULT_MACHINE,
+) -> RunConfig:
     """A run's settings without its tools: a review reads the paused batch, runs nothing."""
     return RunConfig(
+        machine=machine,
         budget=budget,
         retry=retry,
         policy=policy,
@@ -37,9 +47,10 @@ def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any
     )
 
 
-def paused_state(stored: StoredRun) -> RunState:
-    """The stored run's state, read for review (no tools, nothing admitted)."""
-    return restore_state(stored, _review_config)
+def paused_state(stored: StoredRun, machines: Mapping[str, Machine] | None = None) -> RunState:
+    """The stored run's state, read for review (no tools, nothing admitted), under the
+    machine it was paused by (one of ``machines``, by hash; default: the default table)."""
+    return restore_state(stored, _review_config, machines=machines)
 
 
 def pending_calls(stored: StoredRun) -> list[dict[str, Any]]:
@@ -70,8 +81,10 @@ def record_review(
     reason: str | None = None,
     result: Any = None,
     key: bytes | str | None = None,
+    machines: Mapping[str, Machine] | None = None,
 ) -> dict[str, Any]:
     """Record a reviewer's decision on a paused call; returns the ``review`` event.
+    ``machines``: the machines the runtime knows, by hash (see ``paused_state``).
 
     ``key``: the runtime's ``trace_key``, needed to append to a signed trace (a store
     that keeps trace lines gets the review event chained onto the run's last link).
@@ -86,7 +99,7 @@ def record_review(
     store.claim(run_id, owner)
     try:
         stored = store.load_run(run_id)
-        s = paused_state(stored)
+        s = paused_state(stored, machines)
         event = decide(s, call_id, action, reason, result)
         s.seq += 1
         event["seq"] = s.seq

@@ -22,9 +22,10 @@ from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
 from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.resume import restore_run
+from fsm_agent.durable.resume import known_machines, restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
@@ -60,6 +61,11 @@ class Runtime:
     ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain
     link becomes an HMAC, so ``fsm-agent check --key-env`` detects any edit
     (``trace/chain.py``); keep it where the runs' writers and auditors can read it.
+    ``machine`` is the transition table new runs fire (default: the built-in one; build
+    another with :func:`~fsm_agent.core.engine.compile_machine`); ``machines`` are older
+    tables this runtime still resumes and reviews runs of: a stored run fires the machine
+    its checkpoint names, so a run paused before the application changed its table
+    finishes under the table it started with.
     """
 
     def __init__(
@@ -79,10 +85,14 @@ class Runtime:
         sleep: Callable[[float], Any] | None = None,
         tool_threads: int = 16,
         trace_key: bytes | str | None = None,
+        machine: Machine = DEFAULT_MACHINE,
+        machines: Iterable[Machine] = (),
     ) -> None:
         approvals = tuple(approvals)
+        machines = tuple(machines)
         check_settings(model=model, tools=tools, allowed_tools=allowed_tools, budget=budget,
-                       retry=retry, approvals=approvals, policy=policy, redact=redact)  # fmt: skip
+                       retry=retry, approvals=approvals, policy=policy, redact=redact,
+                       machines=(machine, *machines))  # fmt: skip
         self.model = model
         self.tools = tools
         self.allowed_tools = frozenset(allowed_tools)
@@ -99,6 +109,9 @@ class Runtime:
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
+        self.machine = machine
+        #: Every machine this runtime resumes runs of, by hash (``machine`` first).
+        self.machines: dict[str, Machine] = known_machines((machine, *machines))
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -190,15 +203,18 @@ class Runtime:
         :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
         ``await aresume(...)``.)"""
         self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "approve", key=self._trace_key)
+        review.record_review(
+            self.store, run_id, call_id, "approve", key=self._trace_key, machines=self.machines
+        )
         return self.resume(run_id)
 
     def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
         self._sync_model(None, "resume")
         review.record_review(
-            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key
-        )
+            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key,
+            machines=self.machines,
+        )  # fmt: skip
         return self.resume(run_id)
 
     def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
@@ -206,8 +222,9 @@ class Runtime:
         ticket exists), then :meth:`resume`; the write is not run again."""
         self._sync_model(None, "resume")
         review.record_review(
-            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key
-        )
+            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key,
+            machines=self.machines,
+        )  # fmt: skip
         return self.resume(run_id)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
@@ -237,9 +254,10 @@ class Runtime:
         policy: Policy | None = None,
         *,
         emit: bool = False,
+        machine: Machine | None = None,
     ) -> RunConfig:
         """The :class:`RunConfig` of a run of this runtime (a resumed run passes the
-        settings it started with)."""
+        settings and the machine it started with)."""
         allowed = self.allowed_tools if allowed is None else allowed
         store = self.store
         return RunConfig(
@@ -254,6 +272,7 @@ class Runtime:
             emit=emit,
             header={"tools": self._tool_facts, "integrity": chain.mode_for(self._trace_key)},
             redact=self.redact,
+            machine=machine or self.machine,
         )
 
     def _new_run(
@@ -288,7 +307,9 @@ class Runtime:
                 f"{type(store).__name__} does not keep runs; "
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
-        state, owner, tail = restore_run(store, run_id, self.config, claimed_by=claimed_by)
+        state, owner, tail = restore_run(
+            store, run_id, self.config, claimed_by=claimed_by, machines=self.machines
+        )
         try:
             return state, owner, self._encoder(state, None, tail)
         except BaseException:
