@@ -4,7 +4,7 @@ run's :class:`~fsm_agent.core.state.RunState`, and hands the loop to a driver.
 ``run()``/``resume()`` use the sync driver, ``arun()``/``aresume()`` the async one; both
 drive the same generator (``core/loop.py``), so they obey every rule identically.
 Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
-(``durable/review.py``) and the run is then resumed.
+(``durable/review.py``) and return at once; a worker or ``resume`` drives the run on.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
-from fsm_agent.durable.store import Checkpoint, Store, supports_runs
+from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
@@ -106,6 +106,12 @@ class Runtime:
         self.clock = clock
         self.sleep = sleep
         self._book = ApprovalBook(approvals)
+        if self._book.limited and not supports_approvals(self.store):
+            raise ConfigError(
+                f"approvals with max_uses need a store that counts their uses; "
+                f"{type(self.store).__name__} has no consume_approval() (use MemoryStore, "
+                "SqliteStore or PostgresStore, or drop max_uses)"
+            )
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
@@ -198,34 +204,71 @@ class Runtime:
         state, owner, encoder = self._restore(run_id, claimed_by)
         return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
-    def approve(self, run_id: str, call_id: str) -> RunResult:
-        """Approve a paused call (that call, once, for its exact arguments), then
-        :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
-        ``await aresume(...)``.)"""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "approve", key=self._trace_key, machines=self.machines
-        )
-        return self.resume(run_id)
+    def approve(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
+        """Approve a paused call (that call, once, for its exact arguments).
 
-    def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
-        """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key,
-            machines=self.machines,
-        )  # fmt: skip
-        return self.resume(run_id)
+        Records the decision in the store and returns at once with the run as stored
+        (still ``review_required``; ``pending`` shows what waits). A worker then drives
+        it, or :meth:`resume` (``await aresume(...)``); ``resume=True`` does that here.
+        ``by``: who decided; ``note``: why; ``at``: when (ISO-8601 UTC, default now).
+        """
+        return self._review(run_id, call_id, "approve", by, note, at, resume)
 
-    def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
+    def deny(
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
+        """Answer a paused call as denied (the model sees ``reason``); as :meth:`approve`."""
+        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason)
+
+    def reconcile(
+        self,
+        run_id: str,
+        call_id: str,
+        result: Any,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
-        ticket exists), then :meth:`resume`; the write is not run again."""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key,
-            machines=self.machines,
-        )  # fmt: skip
-        return self.resume(run_id)
+        ticket exists); the write is not run again. As :meth:`approve`."""
+        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result)
+
+    def _review(
+        self,
+        run_id: str,
+        call_id: str,
+        action: str,
+        by: str | None,
+        note: str | None,
+        at: str | None,
+        resume: bool,
+        **decision: Any,
+    ) -> RunResult:
+        if resume:
+            self._sync_model(None, "resume")  # refused before anything is recorded
+        _, state = review.record(self.store, run_id, call_id, action, key=self._trace_key,
+                                 reviewer=by, note=note, at=at, machines=self.machines,
+                                 **decision)  # fmt: skip
+        return self.resume(run_id) if resume else result_of(state)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
 

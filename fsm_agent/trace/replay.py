@@ -47,20 +47,19 @@ from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
-from fsm_agent.core.loop import Cancelled, steps
+from fsm_agent.core.loop import Cancelled, review, steps
 from fsm_agent.core.requests import (
     READ_CLOCK,
     AskModel,
     BeginIntent,
     CallTool,
+    ConsumeApproval,
     LoadIntent,
     SaveCheckpoint,
     Sleep,
     ToolOutcome,
 )
-from fsm_agent.core.review import decide
 from fsm_agent.core.state import RunConfig, RunState
-from fsm_agent.errors import ReviewError
 from fsm_agent.trace.model import Settings
 from fsm_agent.trace.walk import Write
 
@@ -136,32 +135,24 @@ class _Remembering:
 
 
 class _RecordedBook(ApprovalBook):
-    """The configured approvals, answering each use from the trace (``take_approval``)
-    and holding it to what the header allows: an id that covers the digest, at most
-    ``max_uses`` uses in this run (other runs' uses are not in this trace)."""
+    """The configured approvals as the header records them (digests and ``max_uses``):
+    which covers a call, and how many uses it has in all. The uses spent are the
+    store's answers (``approval_use`` on ``dispatch``)."""
 
-    def __init__(self, replay: Replay, settings: Settings) -> None:
+    def __init__(self, settings: Settings) -> None:
         super().__init__()
-        self.replay = replay
-        self.limits = settings.approvals
-        self.used: dict[str, int] = {}
+        self.ids = {digest: f"config:{digest[:16]}" for digest in settings.approvals}
+        self.limits = {self.ids[d]: n for d, n in settings.approvals.items() if n is not None}
 
-    def take(self, args_digest: str) -> str | None:
-        got = self.replay.take_input("take_approval", "use a configured approval")
-        if got is None or got is _WAIT:
-            return None
-        expected = f"config:{args_digest[:16]}"
-        if got != expected or args_digest not in self.limits:
-            self.replay.refuse(
-                f"the trace says approval {got!r} was used; no configured approval in the "
-                "header covers these exact arguments"
-            )
-            return None
-        limit = self.limits[args_digest]
-        used = self.used[got] = self.used.get(got, 0) + 1
-        if limit is not None and used > limit:
-            self.replay.refuse(f"approval {got!r} covers {limit} call(s); this is call {used}")
-        return str(got)
+    def find(self, args_digest: str) -> str | None:
+        return self.ids.get(args_digest)
+
+    def limit(self, approval_id: str) -> int | None:
+        return self.limits.get(approval_id)
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.limits)
 
 
 def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
@@ -182,7 +173,7 @@ def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, 
         allowed=settings.allowed,
         tools=tools.get,
         tool_specs=[],
-        approvals=_RecordedBook(replay, settings),
+        approvals=_RecordedBook(settings),
         # Every point a live run of either save mode checkpoints at: a resume restores one.
         save="replies",
     )
@@ -220,6 +211,7 @@ class Replay:
         self.last_trigger = ""
         self.calls: Any = None  # the last decision's recorded tool calls
         self.executed: dict[tuple[str, str], int] = {}
+        self.uses: dict[str, set[str]] = {}  # approval id -> calls the trace spent it on
         tools = head.get("tools")
         self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
         self.transitions = 0  # transitions in ``pending``
@@ -559,6 +551,8 @@ class Replay:
             except ValueError as exc:
                 self.stop(self._input_line(), f"the recorded idempotency record is not one: {exc}")
                 return _WAIT
+        if isinstance(request, ConsumeApproval):
+            return self._use(at, nxt, request)
         if isinstance(request, Sleep):
             return None
         return None  # CommitIntent, AbortIntent (and saves, emits: none in a replay)
@@ -611,6 +605,30 @@ class Replay:
             if after.get("type") == "observation" and isinstance(result, dict):
                 value = result.get("value")
         return ToolOutcome(kind, value, error)
+
+    def _use(self, at: int, nxt: dict[str, Any], request: ConsumeApproval) -> Any:
+        """The store's answer to spending a use of a limited approval: ``approval_use``
+        on the dispatch transition, within ``max_uses`` in this trace (other runs' uses
+        are the store's to count: ``check --db``)."""
+        use = nxt.get("approval_use")
+        if use not in ("granted", "refused"):
+            self.stop(
+                self.pending[at][0],
+                f"seq {nxt.get('seq')}: the engine spends a use of approval "
+                f"{request.approval_id!r} "
+                f"for call {request.call_id!r} here; the trace records no approval_use",
+            )
+            return _WAIT
+        if use == "granted":
+            uses = self.uses.setdefault(request.approval_id, set())
+            uses.add(request.call_id)
+            if len(uses) > request.max_uses:
+                self.fail(
+                    self.pending[at][0],
+                    f"seq {nxt.get('seq')}: approval {request.approval_id!r} covers "
+                    f"{request.max_uses} call(s); this trace spends it on {len(uses)}",
+                )
+        return use == "granted"
 
     def take_input(self, kind: str, what: str) -> Any:
         """The next recorded answer of ``kind`` among the next transition's ``inputs``
@@ -669,12 +687,14 @@ class Replay:
             return False
         line, e = self.pending[0]
         kind = e.get("type")
+        if kind == "transition" and e.get("trigger") == "review":
+            # The decision is the event its action writes next (the request it fired with).
+            after = self.pending[1][1] if len(self.pending) > 1 else {}
+            if after.get("type") == "review":
+                self._review(line, after)
+                return True
         if kind == "transition":
             self.transitions -= 1
-        if kind == "review":
-            self.pending.popleft()
-            self._review(line, e)
-            return True
         ahead = self._ahead(final=True)
         if ahead is not None:
             at, nxt = ahead
@@ -688,20 +708,17 @@ class Replay:
         return True
 
     def _review(self, line: int, e: dict[str, Any]) -> None:
-        s = self.s
-        action, call_id = e.get("action"), e.get("call_id")
+        """A reviewer's decision, fired as the table's ``review`` trigger with the
+        recorded ``review`` event as its request (``core.loop.review``, what the store
+        does): the engine writes the transition and the event, compared as any."""
+        request = {k: v for k, v in e.items() if k != "seq"}
         try:
-            if not isinstance(action, str) or not isinstance(call_id, str):
-                raise ReviewError(f"a review names action {action!r} and call {call_id!r}")
-            mine = decide(s, call_id, action, e.get("reason"), e.get("result"))
-        except ReviewError as exc:
-            self.fail(line, f"review: {exc}")
-            s.seq += 1
+            review(self.s, request)
+        except Exception as exc:  # what the trace holds must not crash the check
+            self.stop(line, f"the engine raised {type(exc).__name__}: {exc} replaying a review")
             return
-        s.seq += 1
-        mine["seq"] = s.seq
-        if e != mine:
-            self._diff(line, e, mine)
+        if not self._compare():
+            return
 
     def _restart(self, line: int, nxt: dict[str, Any]) -> None:
         """A later driving resumed the run from its checkpoint (``resumed`` names its

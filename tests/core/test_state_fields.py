@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import pytest
+from snapshot_v2 import load_v2
 
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
@@ -28,7 +28,7 @@ from fsm_agent.core.table import MACHINE_HASH, TRANSITIONS
 from fsm_agent.errors import CorruptRecord
 
 # Read at import: the determinism trap forbids files while a core test runs.
-V2 = json.loads((Path(__file__).parent.parent / "data" / "run_snapshot_v2.json").read_text())
+V2 = load_v2()
 
 CONFIG = RunConfig(
     budget=Budget(),
