@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from fsm_agent.core import events
 from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
 from fsm_agent.core.jsonsafe import dumps_safe
@@ -75,15 +76,7 @@ def answer(
     s.answered.add(call.id)
     if not synthetic:
         s.counters.output_bytes += len(data)
-    payloads.append(
-        {
-            "type": "observation",
-            "call_id": call.id,
-            "tool": call.name,
-            "result": json.loads(text),
-            "synthetic": synthetic,
-        }
-    )
+    payloads.append(events.observation(call.id, call.name, json.loads(text), synthetic))
     return at
 
 

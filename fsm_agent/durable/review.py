@@ -106,7 +106,7 @@ def record_review(
     :class:`ReviewError` and changes nothing.
     """
     return record(store, run_id, call_id, action, reason=reason, result=result, key=key,
-                  reviewer=reviewer, note=note, at=at, machines=machines)[0]  # fmt: skip
+                  reviewer=reviewer, note=note, at=at, machines=machines)[0][-1]  # fmt: skip
 
 
 def record(
@@ -122,8 +122,9 @@ def record(
     note: str | None = None,
     at: str | None = None,
     machines: Mapping[str, Machine] | None = None,
-) -> tuple[dict[str, Any], RunState]:
-    """:func:`record_review`, also returning the run's state as now stored."""
+) -> tuple[list[dict[str, Any]], RunState]:
+    """:func:`record_review`, returning every event it stored (the ``review``
+    transition, the ``review`` event) and the run's state as now stored."""
     if action not in FITS:
         raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
     who = _text_or_none("reviewer", reviewer)
@@ -138,12 +139,14 @@ def record(
         stored = store.load_run(run_id)
         s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
-        request.update(reviewer=who, at=when)
+        request["at"] = when
+        if who is not None:  # (absent, not null, when nobody was named)
+            request["reviewer"] = who
         if why is not None:
             request["note"] = why
         before = len(s.events)
         if not loop.review(s, request):
-            raise ReviewError(_refusal(s, call_id, action))
+            raise ReviewError(_refusal(s, call_id, action), s.events[before:])
         events = s.events[before:]
         lines = None
         if getattr(store, "wants_lines", False) and stored.events:
@@ -155,7 +158,7 @@ def record(
                 raise ReviewError(str(exc)) from None
             lines = None if encoder is None else encoder.lines(events)
         store.save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
-        return events[-1], s
+        return events, s
     finally:
         owners.let_go(store, run_id, owner)
 

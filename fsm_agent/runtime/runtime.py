@@ -9,6 +9,7 @@ Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
@@ -27,9 +28,10 @@ from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
-from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.errors import ConfigError, ReviewError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
+from fsm_agent.runtime.interceptors import Interceptors
 from fsm_agent.runtime.result import RunResult, result_of
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
@@ -66,6 +68,9 @@ class Runtime:
     tables this runtime still resumes and reviews runs of: a stored run fires the machine
     its checkpoint names, so a run paused before the application changed its table
     finishes under the table it started with.
+    ``interceptors`` wrap every request the drivers perform and see every event
+    (``runtime/interceptors.py``); one that raises is logged and counted in
+    :attr:`interceptor_errors` and never changes a run.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class Runtime:
         trace_key: bytes | str | None = None,
         machine: Machine = DEFAULT_MACHINE,
         machines: Iterable[Machine] = (),
+        interceptors: Iterable[Any] = (),
     ) -> None:
         approvals = tuple(approvals)
         machines = tuple(machines)
@@ -118,6 +124,17 @@ class Runtime:
         self.machine = machine
         #: Every machine this runtime resumes runs of, by hash (``machine`` first).
         self.machines: dict[str, Machine] = known_machines((machine, *machines))
+        self._interceptors = Interceptors(interceptors)
+
+    @property
+    def interceptors(self) -> tuple[Any, ...]:
+        return self._interceptors.all
+
+    @property
+    def interceptor_errors(self) -> int:
+        """How many times one of this runtime's interceptors raised (each was logged on
+        ``logging.getLogger("fsm_agent")``; none changed a run)."""
+        return self._interceptors.errors
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -265,9 +282,17 @@ class Runtime:
     ) -> RunResult:
         if resume:
             self._sync_model(None, "resume")  # refused before anything is recorded
-        _, state = review.record(self.store, run_id, call_id, action, key=self._trace_key,
-                                 reviewer=by, note=note, at=at, machines=self.machines,
-                                 **decision)  # fmt: skip
+        chain = self._interceptors.for_run()
+        try:
+            recorded, state = review.record(self.store, run_id, call_id, action,
+                                            key=self._trace_key, reviewer=by, note=note, at=at,
+                                            machines=self.machines, **decision)  # fmt: skip
+        except ReviewError as refused:
+            if chain is not None and chain.watchers and refused.events:
+                chain.deliver(run_id, refused.events)  # the machine's refusal, not stored
+            raise
+        if chain is not None and chain.watchers:  # the review's events, as a driver's are
+            chain.deliver(run_id, recorded)
         return self.resume(run_id) if resume else result_of(state)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
@@ -386,8 +411,13 @@ class Runtime:
         owner: str | None,
         encoder: Encoder | None,
     ) -> Io:
+        chain = self._interceptors.for_run()
+        if chain is not None and chain.watchers and not s.config.emit:
+            # Its events go to the interceptors as they happen (``EmitEvents``).
+            s.config = dataclasses.replace(s.config, emit=True)
         return Io.of(s, model=model, clock=self.clock, sleep=self.sleep, threads=self._threads,
-                     store=self.store, owner=owner, sink=sink, encoder=encoder)  # fmt: skip
+                     store=self.store, owner=owner, sink=sink, encoder=encoder,
+                     chain=chain)  # fmt: skip
 
     def _drive(
         self,

@@ -44,7 +44,6 @@ from typing import Any
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import Refused, parse_decision
-from fsm_agent.core.engine import TRANSITION_LISTENERS
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
 from fsm_agent.core.loop import Cancelled, review, steps
@@ -54,6 +53,7 @@ from fsm_agent.core.requests import (
     BeginIntent,
     CallTool,
     ConsumeApproval,
+    EmitEvents,
     LoadIntent,
     SaveCheckpoint,
     Sleep,
@@ -176,6 +176,8 @@ def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, 
         approvals=_RecordedBook(settings),
         # Every point a live run of either save mode checkpoints at: a resume restores one.
         save="replies",
+        # An emit after every edge: the points where a driver may stop the run.
+        emit=True,
     )
     return config, []
 
@@ -302,7 +304,6 @@ class Replay:
             self._send(answer)
 
     def _send(self, answer: Any) -> None:
-        TRANSITION_LISTENERS.append(self._interrupt)
         try:
             if isinstance(answer, Cancelled):
                 self.cancelled = True
@@ -316,8 +317,6 @@ class Replay:
                 self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace"
             )
             return
-        finally:
-            TRANSITION_LISTENERS.remove(self._interrupt)
         if self.problem is not None:
             problem, self.problem = self.problem, None
             self.fail(self._input_line(), problem)
@@ -327,24 +326,18 @@ class Replay:
             s.saved_messages = 0
             s.rewritten.clear()
 
-    def _interrupt(self, s: Any, edge: Any) -> None:
-        """Stop the run right after a transition where the trace says the driver did
-        (Ctrl-C, a cancelled task, an injected fault): a ``cancel`` from the state the
-        run is in, before the store or a tool was asked anything more. (A cancel during
-        a tool call or after a store's answer lands at that request: ``_answer``.)"""
-        if s is not self.s or self.cancelled:
-            return
-        at = len(s.events) - self.matched
-        if at >= len(self.pending):
-            return
-        e = self.pending[at][1]
-        if e.get("trigger") != "cancel" or e.get("source") != s.state or "inputs" in e:
-            return
+    def _cancel_here(self) -> bool:
+        """Whether the driver stopped the run right after the edge just taken (Ctrl-C, a
+        cancelled task, an injected fault): the next recorded event is a ``cancel`` from
+        the state the run is in, before the store or a tool was asked anything more. (A
+        cancel during a tool call or after a store's answer lands at that request.)"""
+        if self.cancelled or not self.pending:
+            return False
+        e = self.pending[0][1]
+        if e.get("trigger") != "cancel" or e.get("source") != self.s.state or "inputs" in e:
+            return False
         guards = e.get("guards")
-        if isinstance(guards, dict) and guards.get("write_in_flight") is True:
-            return
-        self.cancelled = True
-        raise Cancelled
+        return not (isinstance(guards, dict) and guards.get("write_in_flight") is True)
 
     def _compare(self) -> bool:
         """Compare what the engine wrote with what the trace records, as far as both
@@ -493,8 +486,9 @@ class Replay:
         ahead = self._ahead(final)
         if ahead is _WAIT:
             return _WAIT
-        if ahead is None and isinstance(request, SaveCheckpoint):
-            self._saved(request)
+        if ahead is None and isinstance(request, (SaveCheckpoint, EmitEvents)):
+            if isinstance(request, SaveCheckpoint):
+                self._saved(request)
             return None
         if ahead is None:
             self.stop(self.fed, f"the trace ends while the engine waits for {_request(request)}")
@@ -510,15 +504,14 @@ class Replay:
         if isinstance(request, SaveCheckpoint):
             self._saved(request)
             return None
+        if isinstance(request, EmitEvents):  # after every edge: where a driver may stop it
+            return Cancelled() if self._cancel_here() else None
         if (
             nxt.get("trigger") == "cancel"
             and not self.cancelled
             and not isinstance(request, AskModel)
         ):
             return Cancelled()
-        if isinstance(request, SaveCheckpoint):
-            self._saved(request)
-            return None
         if request is READ_CLOCK:
             t = nxt.get("t")
             if type(t) is not float and type(t) is not int:
@@ -885,7 +878,7 @@ def _request(request: Any) -> str:
     if isinstance(request, AskModel):
         return "a model reply"
     if isinstance(request, CallTool):
-        return f"the outcome of call {request.call.id!r} ({request.call.name})"
+        return f"the outcome of call {request.call_id!r} ({request.tool})"
     return type(request).__name__
 
 
