@@ -15,6 +15,8 @@ from conftest import Backend, call, calls, make_runtime, say
 from fsm_agent.core import guards as guards_module
 from fsm_agent.core.loop import SCHEMA
 from fsm_agent.core.state import RunState
+from fsm_agent.errors import TraceError
+from fsm_agent.trace.chain import encode_events
 from fsm_agent.trace.checker import V2_SCHEMA, check_events, check_trace
 
 DATA = Path(__file__).parent / "data"
@@ -114,15 +116,22 @@ def test_every_violation_names_the_seq_the_field_and_both_values() -> None:
 
 
 def test_a_v2_trace_still_checks_with_a_note(tmp_path: Path) -> None:
-    report = check_trace(DATA / "trace_v2.jsonl")
+    # A trace written by engine v2 names the v2 table's hash: this machine has more
+    # edges (approval_refused, review), so it is refused as another machine's...
+    with pytest.raises(TraceError, match="machine hash 'sha256:b9a846887a1441f0' is not"):
+        check_trace(DATA / "trace_v2.jsonl")
+    # ...and a v2-format trace of this machine is checked by the v2 walker, with a note.
+    events = json.loads(json.dumps(make_runtime([say("ok")]).run("go").events))
+    events[0]["schema"] = V2_SCHEMA
+    path = tmp_path / "v2.jsonl"
+    lines = encode_events(events, run_id=events[0]["run_id"])
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    report = check_trace(path)
     assert report.ok, report.violations
     assert any(f"a {V2_SCHEMA} trace" in n and "not replayed" in n for n in report.notes)
-    # ...and the v2 walker still catches a forged guard in it.
-    lines = (DATA / "trace_v2.jsonl").read_text(encoding="utf-8").splitlines()
-    events = [json.loads(line) for line in lines]
     validate = next(e for e in events if e.get("trigger") == "validate")
-    validate["guards"]["has_tool_calls"] = False
-    assert check_events(events) != []
+    validate["guards"]["has_tool_calls"] = True
+    assert check_events(events) != []  # the walker still catches a forged guard
 
 
 def test_a_replay_runs_in_bounded_memory_on_a_trace_the_engine_never_reaches() -> None:
@@ -142,7 +151,8 @@ def test_a_resumed_write_replays_from_its_checkpoint(tmp_path: Path) -> None:
         [calls(call("w1", "write", **TICKET)), say("done")], Backend(), store=store, approval=True
     )
     rt.run("go", run_id="r1")
-    events = rt.approve("r1", "w1").events
+    events = rt.approve("r1", "w1", resume=True).events
+    review = next(e for e in events if e["type"] == "review")
     resume = next(e for e in events if e.get("trigger") == "resume")
-    assert resume["inputs"][0] == {"resumed": resume["seq"] - 1}  # after the review's seq
+    assert resume["inputs"][0] == {"resumed": review["seq"]}  # the checkpoint saved with it
     assert found(events) == ""

@@ -293,7 +293,7 @@ class Replay:
             if not self._compare():
                 return
             if self.finished:
-                if not self._after_end():
+                if not self._after_end(final):
                     return
                 continue
             if not final and self.transitions < _READY:
@@ -675,17 +675,26 @@ class Replay:
 
     # ── after the end: reviews and resumes ────────────────────────────────────────
 
-    def _after_end(self) -> bool:
+    def _after_end(self, final: bool) -> bool:
         if not self.pending:
             return False
         line, e = self.pending[0]
         kind = e.get("type")
         if kind == "transition" and e.get("trigger") == "review":
             # The decision is the event its action writes next (the request it fired with).
+            if len(self.pending) < 2 and not final:
+                return False
             after = self.pending[1][1] if len(self.pending) > 1 else {}
             if after.get("type") == "review":
                 self._review(line, after)
                 return True
+        if kind == "review":  # a decision no review transition wrote
+            self.pending.popleft()
+            self.fail(
+                line, f"a review event no review transition wrote (the run is in {self.s.state})"
+            )
+            self.s.seq += 1
+            return True
         if kind == "transition":
             self.transitions -= 1
         ahead = self._ahead(final=True)
