@@ -7,22 +7,24 @@ final argument schemas, the configured approvals) and drives the same
 :func:`~fsm_agent.core.loop.steps` the runtime drives, answering every request from the
 trace instead of the world (Temporal's ``Replayer`` is the model):
 
-==================  ==============================================================
-request             answered with
-==================  ==============================================================
-``AskModel``        the ``decision`` event's ``message`` (or its ``error``)
-``ReadClock``       the next transition's ``t``
-``CallTool``        the ``tool_returned`` transition's ``outcome`` and ``error``, and
-                    the value its ``observation`` feeds back
-``BeginIntent``,    the next transition's ``inputs`` (``begin_intent``,
-``LoadIntent``      ``load_intent``), in order
-approval uses       the next transition's ``inputs`` (``take_approval``)
-``Sleep``, others   nothing (they return nothing); a ``cancel`` transition next means
-                    the driver stopped the run there, a ``resume`` that it died there
-==================  ==============================================================
+=====================  ==============================================================
+request                answered with
+=====================  ==============================================================
+``AskModel``           the ``decision`` event's ``message`` (or its ``error``)
+``ReadClock``          the next transition's ``t``
+``CallTool``           the ``tool_returned`` transition's ``outcome`` and ``error``, and
+                       the value its ``observation`` feeds back
+``BeginIntent``,       the next transition's ``inputs`` (``begin_intent``,
+``LoadIntent``         ``load_intent``), in order
+``ConsumeApproval``    the ``dispatch`` transition's ``approval_use``
+``Sleep``, others      nothing (they return nothing); a ``cancel`` transition next means
+                       the driver stopped the run there (at the emit after an edge, or at
+                       the request), a ``resumed`` input that a later driving took over
+=====================  ==============================================================
 
-Reviews are replayed with the store's own rule (``core/review.py``) and a ``resume``
-restores the replayed state from its checkpoint, as the runtime does. Every event the
+A review is fired as the table's ``review`` trigger with the recorded decision
+(``core.loop.review``, what the store does), and a resumed driving restores the replayed
+state from the checkpoint its ``resumed`` input names, as the runtime does. Every event the
 loop writes is compared with the recorded one field by field; the first difference in an
 event is reported with its seq, the field, what the engine writes and what the trace
 records. A guard, field or event the engine does not write is a violation; an input the
