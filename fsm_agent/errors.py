@@ -31,12 +31,10 @@
         └── ModelArgsError (ValueError)   a --model flag combination that cannot work
 
 Catch :class:`FsmAgentError` to catch everything fsm-agent raises on purpose. Bad *model
-output* never raises: it ends the run in a terminal state instead (SPEC rule 12).
+output* never raises: it ends the run in a terminal state instead (R12 of docs/concepts/rules.md).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 __all__ = [
     "ArgumentsError",
@@ -140,14 +138,7 @@ class IntentConflict(StoreError):
 
 
 class ReviewError(FsmAgentError, ValueError):
-    """A review action that does not fit the run (not paused, call not pending, ...).
-
-    ``events``: where the run's machine refused the decision, the events of that firing
-    (its ``review`` transition), never stored; observers are shown them."""
-
-    def __init__(self, message: str, events: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(message)
-        self.events: list[dict[str, Any]] = list(events or ())
+    """A review action that does not fit the run (not paused, call not pending, ...)."""
 
 
 class ModelError(FsmAgentError):

@@ -39,9 +39,9 @@ from typing import Any
 
 from fsm_agent.core import events
 from fsm_agent.core.actions import ACTIONS, BLOCKING
-from fsm_agent.core.budget import metered
+from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
-from fsm_agent.core.decision import Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, admit_calls, parse_decision
 from fsm_agent.core.engine import fire
 from fsm_agent.core.guards import GUARDS
 from fsm_agent.core.intents import claim_json, record_json
@@ -249,6 +249,10 @@ def _decide(s: RunState) -> Steps:
         if _fire(s, "model_failed"):
             yield from _flush(s)
         return
+    s.reply_bytes = len(dumps_safe(reply)[1])
+    if s.reply_bytes > s.config.budget.max_reply_bytes:
+        yield from _oversized_reply(s, reply)
+        return
     s.decision = parse_decision(reply)
     s.seq += 1
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
@@ -266,6 +270,32 @@ def _decide(s: RunState) -> Steps:
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
     s.answered = set()  # ids need only be unique within a batch
+    if _fire(s, "model_replied"):
+        yield from _flush(s)
+
+
+#: The fields of a reply's ``usage`` that ``core/budget.py``'s ``metered`` reads.
+_USAGE_KEYS = (
+    "input_tokens", "prompt_tokens", "output_tokens", "completion_tokens", "total_tokens",
+    "cost",
+)  # fmt: skip
+
+
+def _oversized_reply(s: RunState, reply: Any) -> Steps:
+    """A reply over ``max_reply_bytes`` is recorded by its size (and usage, which the
+    counters still take), never whole: the trace keeps lines ``check`` can read, and the
+    run stops ``budget_exhausted/reply_size`` with nothing of it parsed or run."""
+    s.decision = NO_DECISION
+    s.seq += 1
+    event: dict[str, Any] = {"type": "decision", "seq": s.seq, "oversized": s.reply_bytes}
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    if isinstance(usage, dict):  # only what the counters read: the rest may be the bulk
+        usage = {k: make_safe(usage[k]) for k in _USAGE_KEYS if k in usage}
+        event["usage"] = usage
+    _record(s, event)
+    _count_usage(s, usage)
+    s.batch_appended = False
+    s.answered = set()
     if _fire(s, "model_replied"):
         yield from _flush(s)
 
@@ -541,7 +571,7 @@ def _describe_error(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # an exception whose __str__ raises
         text = f"{type(exc).__name__}: <unprintable>"
-    return clean_text(text)
+    return clean_text(bounded_text(text))
 
 
 def _recorded_reply(reply: Any, decision: Decision) -> Any:

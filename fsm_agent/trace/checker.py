@@ -46,6 +46,7 @@ from fsm_agent.trace.chain import (
     Chain,
     link_bytes,
 )
+from fsm_agent.trace.io import MAX_LINE
 from fsm_agent.trace.replay import Replay
 from fsm_agent.trace.walk import Walk, Write
 
@@ -74,9 +75,8 @@ LEGACY_SCHEMA = "fsm-agent.trace/1"
 V2_SCHEMA = "fsm-agent.trace/2"
 #: The trace format this fsm-agent writes, and the older ones it still reads.
 SCHEMAS = (SCHEMA, V2_SCHEMA, LEGACY_SCHEMA)
-#: Longest line the checker parses (memory is bounded by it); a longer one is a
-#: violation and is skipped without being read into memory.
-MAX_LINE = 64 * 1024 * 1024
+# MAX_LINE (trace/io.py): the longest line the checker parses (memory is bounded by
+# it); a longer one is a violation and is skipped without being read into memory.
 #: Violations kept per trace; past that they are only counted.
 MAX_KEPT = 1000
 

@@ -1,4 +1,4 @@
-"""Traces: JSON Lines, one event per line (SPEC §4).
+"""Traces: JSON Lines, one event per line (docs/concepts/traces.md).
 
 A trace is ``run_start`` (schema, run id, machine hash, budget, retry, policy, allowed
 tools, the tools' declared facts, the configured approvals' digests, the integrity mode,
@@ -38,7 +38,23 @@ from typing import IO, Any, Protocol
 from fsm_agent.errors import ConfigError, TraceError
 from fsm_agent.trace.chain import dumps_event
 
-__all__ = ["JsonlTrace", "LineSink", "Redactor", "TraceSink", "iter_trace", "read_trace"]
+__all__ = [
+    "MAX_LINE",
+    "JsonlTrace",
+    "LineSink",
+    "Redactor",
+    "TraceSink",
+    "iter_trace",
+    "read_trace",
+]
+
+#: The longest trace line ``fsm-agent check`` parses (its memory is bounded by it). The
+#: runtime never writes a longer one under any budget: one line holds at most one model
+#: reply or tool result, each at most ``core/budget.py``'s ``MAX_RECORD_BYTES`` (a
+#: quarter of this), and error messages are cut to ``MAX_ERROR_CHARS``. What a caller
+#: hands in itself (the task's messages in the header, a reviewer's reconciled result)
+#: is the caller's to keep under it.
+MAX_LINE = 64 * 1024 * 1024
 
 Redactor = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -48,6 +48,7 @@ from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
+from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.core.loop import Cancelled, review, steps
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -564,6 +565,8 @@ class Replay:
                 "not a decision",
             )
             return _WAIT
+        if "oversized" in head and "message" not in head:
+            return self._sized_reply(line, head)
         if "message" not in head:
             return _failure(head.get("error"))
         message = head["message"]
@@ -578,6 +581,23 @@ class Replay:
         ):
             return Refused(message, verdict)  # refused for what its copy no longer shows
         return message
+
+    def _sized_reply(self, line: int, head: dict[str, Any]) -> Any:
+        """A reply recorded by its size (over ``max_reply_bytes``) and usage: one of that
+        size with that usage, which the engine measures and refuses the same way."""
+        usage = head.get("usage")
+        shape: dict[str, Any] = {"role": "assistant", "content": ""}
+        if isinstance(usage, dict):
+            shape["usage"] = usage
+        reply = _sized(head.get("oversized"), shape, "content")
+        if reply is None:
+            self.stop(
+                line,
+                f"seq {head.get('seq')}: oversized {_js(head.get('oversized'))} "
+                "is not a reply size this check replays",
+            )
+            return _WAIT
+        return {**shape, "content": reply}
 
     def _outcome(self, at: int, nxt: dict[str, Any], final: bool) -> Any:
         line = self.pending[at][0]
@@ -597,7 +617,17 @@ class Replay:
                 return None if final else _WAIT
             after = self.pending[at + 1][1]
             result = after.get("result")
-            if after.get("type") == "observation" and isinstance(result, dict):
+            if after.get("type") == "observation" and "oversized" in after:
+                # Recorded by its size only: a value of that size takes the same path.
+                value = _sized(after.get("oversized"), {"ok": True, "value": ""}, "value")
+                if value is None:
+                    self.stop(
+                        self.pending[at + 1][0],
+                        f"seq {after.get('seq')}: oversized {_js(after.get('oversized'))} "
+                        "is not a result size this check replays",
+                    )
+                    return _WAIT
+            elif after.get("type") == "observation" and isinstance(result, dict):
                 value = result.get("value")
         return ToolOutcome(kind, value, error)
 
@@ -819,6 +849,20 @@ class Replay:
                 except (ArgumentsError, RecursionError, TypeError, ValueError):
                     return None
         return None
+
+
+#: The largest size a reply or result recorded by its size is replayed at (its stand-in is
+#: built in memory; a trace's line limit bounds what any run records whole).
+_MAX_SIZED = 256 * 1024 * 1024
+
+
+def _sized(size: Any, shape: dict[str, Any], key: str) -> str | None:
+    """A string for ``shape[key]`` that makes ``shape``'s JSON exactly ``size`` bytes
+    (how the loop measures a reply or a result), or None if no such string exists."""
+    if type(size) is not int or not 0 <= size <= _MAX_SIZED:
+        return None
+    pad = size - len(dumps_safe(shape)[1])
+    return "x" * pad if pad >= 0 else None
 
 
 def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
