@@ -17,13 +17,15 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "check",
-        help="verify traces against the transition table, their chain and the invariants",
-        description="Check that every event of each trace is a legal transition of the run "
-        "machine whose guard outcomes are what the trace itself implies, that its chain "
-        "links are unbroken (with --key-env, that it was signed with that key), and that "
-        "the invariants hold. With --db, the arguments are run ids: their stored traces "
-        "are checked and compared with the store's idempotency records. Exit 0: all "
-        "valid; 1: violations found; 2: a trace could not be read at all.",
+        help="verify traces by replaying them through the engine, and their chain",
+        description="Check each trace by replaying it: its recorded inputs (model replies, "
+        "tool outcomes, clock readings, the store's answers, approval uses) are fed to the "
+        "engine's own loop, and every event the engine writes must be the recorded one, "
+        "field by field; also that its chain links are unbroken (with --key-env, that it "
+        "was signed with that key) and that no idempotent write ran twice. With --db, the "
+        "arguments are run ids: their stored traces are checked and compared with the "
+        "store's idempotency records. Exit 0: all valid; 1: violations found; 2: a trace "
+        "could not be read at all.",
     )
     p.add_argument(
         "traces", nargs="+", metavar="TRACE", help="JSON Lines trace file(s), or run ids"

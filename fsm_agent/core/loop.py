@@ -44,6 +44,7 @@ from fsm_agent.core.canonical import parse_arguments
 from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, admit_calls, parse_decision
 from fsm_agent.core.engine import fire
 from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.intents import claim_json, record_json
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -69,7 +70,7 @@ from fsm_agent.core.table import TERMINAL_STATES, Transition
 __all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
-SCHEMA = "fsm-agent.trace/2"
+SCHEMA = "fsm-agent.trace/3"
 
 Steps = Generator[Request, Any, None]
 
@@ -164,6 +165,8 @@ def _begin(s: RunState, resumed: bool) -> Steps:
     s.started += now  # a new run starts at 0; a restored one stores -elapsed
     s.now = now
     if resumed:
+        # Where this driving took over (the checkpoint's seq): check restores it there.
+        s.inputs.append({"resumed": s.seq})
         yield from _resume(s)
     elif s.config.save != "never":
         yield _save(s, header=True)
@@ -192,6 +195,7 @@ def _resume(s: RunState) -> Steps:
         # A keyed write's attempt starts without a checkpoint of its own: its pending
         # intent, begun with the checkpoint before dispatch, says it may have started.
         record = yield LoadIntent(call.name, call.idempotency_key)
+        s.inputs.append({"load_intent": record_json(record)})
         call.record = record
         ours = record is not None and record.owner == (s.run_id, call.id)
         # If the intent is gone (aborted after a rejection) it must be begun again.
@@ -221,8 +225,10 @@ def _commit_reconciled(s: RunState) -> Steps:
             continue
         key, result = call.idempotency_key, review.get("result")
         found = yield LoadIntent(call.name, key)
+        s.inputs.append({"load_intent": record_json(found)})
         if found is None:
             claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=False)
+            s.inputs.append({"begin_intent": claim_json(claim)})
             if claim.owned:
                 yield CommitIntent(call.name, key, (s.run_id, call.id), result)
         elif found.status == "pending" and found.args_digest == call.args_digest:
@@ -251,7 +257,15 @@ def _decide(s: RunState) -> Steps:
     s.seq += 1
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
     # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
-    _record(s, events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed))
+    event = events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed)
+    lossy = {
+        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+        for c in s.decision.calls
+        if clean_text(c.raw_arguments) is not c.raw_arguments
+    }
+    if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
+        event["raw_arguments"] = lossy
+    _record(s, event)
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
@@ -313,6 +327,7 @@ def _execute(s: RunState) -> Steps:
             claim: IntentClaim = yield BeginIntent(
                 _intent(s, call), take_over=call.dedup, save=pending
             )
+            s.inputs.append({"begin_intent": claim_json(claim)})
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
@@ -435,9 +450,9 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
 def _after(s: RunState, edge: Any) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
-    event = events.transition(
-        edge.trigger, edge.source, edge.dest, s.guard_log, round(s.now - s.started, 6)
-    )
+    event = events.transition(edge.trigger, edge.source, edge.dest, s.guard_log, s.now - s.started)
+    if s.inputs:  # what the world answered since the last transition (replayed by check)
+        event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
     if edge.action is not None:
         ACTIONS[edge.action](s, payloads)
@@ -520,6 +535,11 @@ def _admit(s: RunState) -> None:
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
+        if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
+            key = call.idempotency_key
+            s.inputs.append({"idempotency_key": key} if key is not None else
+                            {"idempotency_key": None, "detail": call.refusal_detail})  # fmt: skip
     if current is not None and facts is not None and facts[0] is not None:
         # A restored call keeps the facts it was checkpointed with (R11).
         current.effect, current.dedup, current.idempotency_key, current.args_digest = facts

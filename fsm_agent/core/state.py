@@ -307,6 +307,10 @@ class RunState:
     saved_events: int = apart("cursor", 0)
     saved_messages: int = apart("cursor", 0)
     rewritten: list[int] = apart("cursor", factory=list)
+    #: What the world answered since the last transition (intent claims, loaded records,
+    #: approval uses, keys): recorded on the next transition event (``inputs``), so
+    #: ``check`` replays them.
+    inputs: list[dict[str, Any]] = apart("scratch: inputs for the next transition", factory=list)
 
     @property
     def terminal(self) -> bool:

@@ -8,18 +8,23 @@ the initial messages), then events in ``seq`` order, then ``run_end``:
                  order, with its outcome), ``t`` (seconds since start) and, where they
                  apply, ``call_id``, ``tool``, ``attempt``, ``approval`` (what a write
                  consumed), ``outcome`` and ``error`` (what the tool did), ``reason``,
-                 ``detail``
+                 ``detail``, ``inputs`` (what the world answered since the previous
+                 transition: keys, approval uses, intent claims, loaded records, and
+                 ``resumed`` where a later driving took over)
 ``decision``     the model's reply as received (``message``; ``malformed``: why it was
-                 refused), or ``error``
+                 refused; ``raw_arguments``: arguments with lone surrogates), or
+                 ``error``
 ``observation``  a result bound to ``call_id``; ``synthetic`` for answers the runtime
                  wrote for calls that did not run
 ``review``       a reviewer's decision on a paused call
 ``run_end``      ``status``, ``reason``, ``detail``, ``answer``, ``counters``
 
 ``seq`` is 0 for the header and then contiguous. Everything the runtime did can be
-rebuilt from these events. Written by the runtime, every line also ends with the run id
-and its chain link (``trace/chain.py``). A ``redact`` hook sees each event before it
-leaves the runtime (file, store, ``RunResult.events``) and returns the event to keep.
+rebuilt from these events: they hold every input the loop took, so ``fsm-agent check``
+replays the run through the engine (``trace/replay.py``). Written by the runtime, every
+line also ends with the run id and its chain link (``trace/chain.py``). A ``redact`` hook
+sees each event before it leaves the runtime (file, store, ``RunResult.events``) and
+returns the event to keep.
 """
 
 from __future__ import annotations

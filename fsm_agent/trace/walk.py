@@ -253,6 +253,15 @@ class Walk:
         self.count += 1
         self._report(line, message)
 
+    def feed(self, line: int, e: dict[str, Any]) -> None:
+        self.event(line, e)
+
+    def skip(self, line: int, *, numbered: bool) -> None:
+        """A line that holds no event (reported already); ``numbered``: it was JSON, so
+        it counts as an event that used up a seq."""
+        if numbered:
+            self.seq += 1
+
     # ── the events ────────────────────────────────────────────────────────────────
 
     def event(self, line: int, e: dict[str, Any]) -> None:  # noqa: C901 - one branch per event type, the hot path kept flat
