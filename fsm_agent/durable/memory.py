@@ -39,7 +39,14 @@ from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
 from fsm_agent.durable.feed import ConditionWatch, KeyRecord, Watch
 from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun, summary_of
-from fsm_agent.errors import ConfigError, IntentConflict, RunBusy, RunExists, RunNotFound, StoreError
+from fsm_agent.errors import (
+    ConfigError,
+    IntentConflict,
+    RunBusy,
+    RunExists,
+    RunNotFound,
+    StoreError,
+)
 
 __all__ = ["MemoryStore"]
 
