@@ -26,6 +26,7 @@ LAYERS = (
     "models",
     "render",
     "testing",
+    "server",
     "cli",
 )
 TOP = ("__init__", "__main__")

@@ -28,6 +28,7 @@ LAYERS: tuple[str, ...] = (
     "models",
     "render",
     "testing",
+    "server",
     "cli",
 )
 
@@ -41,6 +42,7 @@ _BLURB = {
     "models": "scripted, providers",
     "render": "diagrams, replay, viewer",
     "testing": "pytest toolkit",
+    "server": "review API, live feed, UI",
     "cli": "fsm-agent command",
 }
 
