@@ -111,11 +111,13 @@ class Server:
         self.broadcaster = Broadcaster(store)
         self.worker: asyncio.Task[None] | None = None
 
-    async def who(self, request: Request, scope: str) -> Principal:
+    async def who(self, request: Request, scope: str, csrf: str | None = None) -> Principal:
+        """The caller, allowed ``scope``; an unsafe request of a session must carry its
+        CSRF token (``csrf``: a form's field, else the ``X-CSRF-Token`` header)."""
         principal = await authenticate(request, self.store, self.sessions)
-        principal.require(scope)  # type: ignore[arg-type]
         if request.method not in ("GET", "HEAD"):
-            check_csrf(principal, request.headers.get("x-csrf-token"))
+            check_csrf(principal, csrf or request.headers.get("x-csrf-token"))
+        principal.require(scope)  # type: ignore[arg-type]
         return principal
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

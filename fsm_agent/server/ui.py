@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from fsm_agent.server import runs as views
-from fsm_agent.server.auth import COOKIE, Principal, check_csrf, check_key
+from fsm_agent.server.auth import COOKIE, Principal, check_key
 from fsm_agent.server.errors import ApiError
 
 __all__ = ["error_page", "routes"]
@@ -196,9 +196,8 @@ async def signin(request: Request) -> Response:
 
 async def signout(request: Request) -> Response:
     server = _server(request)
-    principal = await server.who(request, "read")
     form = await request.form()
-    check_csrf(principal, str(form.get("csrf") or ""))
+    principal = await server.who(request, "read", str(form.get("csrf") or ""))
     if principal.session:
         server.sessions.close(principal.session)
     response = RedirectResponse("/signin", status_code=303)
@@ -256,9 +255,8 @@ async def run_live(request: Request) -> Response:
 
 async def run_review(request: Request) -> Response:
     server = _server(request)
-    principal = await server.who(request, "read")
     form = await request.form()
-    check_csrf(principal, str(form.get("csrf") or ""))
+    principal = await server.who(request, "read", str(form.get("csrf") or ""))
     principal.require("review")
     run_id = request.path_params["run_id"]
     link = "/runs/" + quote(run_id, safe="")
