@@ -78,7 +78,7 @@ def make_key(name: str, scope: str) -> tuple[str, KeyRecord]:
     if scope not in SCOPES:
         raise ConfigError(f"key scope {scope!r}: use one of {', '.join(SCOPES)}")
     key_id, secret, salt = secrets.token_hex(8), secrets.token_urlsafe(32), secrets.token_hex(16)
-    record = KeyRecord(key_id, name, scope, salt, _digest(salt, secret), time.time())  # type: ignore[arg-type]
+    record = KeyRecord(key_id, name, scope, salt, _digest(salt, secret), time.time())
     return f"fsmk_{key_id}_{secret}", record
 
 

