@@ -344,3 +344,28 @@ def test_submit_needs_an_app(keys: dict[str, str], server: LiveServer) -> None:
     with client(server, keys["root"]) as c:
         r = c.post("/api/runs", json={"task": "x"})
         assert r.status_code == 409 and "--app" in r.json()["detail"]
+
+
+def test_on_postgresql_the_stream_follows_a_review_and_a_resume(pg_store: Any) -> None:
+    # The watch is LISTEN/NOTIFY here: the review and the resume are commits of other
+    # connections, announced by the runs table's trigger.
+    key, record = make_key("alice", "review")
+    pg_store.add_key(record)
+    pause(pg_store, Backend())
+    live = LiveServer(pg_store).start()
+    try:
+        rt = make_runtime([say("unused")], Backend(), store=pg_store)
+        with client(live, key) as c:
+            headers = {"accept": "text/event-stream"}
+            with c.stream("GET", "/api/runs/r1/events", headers=headers) as r:
+                lines = r.iter_lines()
+                received = _sse(lines, len(pg_store.load_run("r1").events))
+                ok = c.post("/api/runs/r1/reviews", json={"call_id": "c1", "action": "approve"})
+                assert ok.status_code == 201
+                rt.resume("r1")
+                received += _sse(lines, 10_000)
+        final = pg_store.load_run("r1").events
+        assert [int(i) for i, _, _ in received] == list(range(len(final)))
+        assert final[-1]["type"] == "run_end" and pg_store.load_run("r1").body["state"] == "done"
+    finally:
+        live.stop()

@@ -157,6 +157,7 @@ class Server:
         run's stream ends after its last event. A wake-up is read from the last sent
         ``seq``, so nothing is sent twice and nothing is skipped."""
         seq, seen = after, self.broadcaster.generation
+        finished = False
         while True:
             events = await self.call(self.store.events_since, run_id, seq, 500)
             for event in events:
@@ -164,10 +165,14 @@ class Server:
                 yield {"id": str(seq), "event": str(event["type"]), "data": json.dumps(event)}
             if events:
                 continue
-            stored = await self.call(self.store.load_run, run_id)
-            if stored.body.get("state") in views.FINISHED:
+            if finished:  # finished before that read: it found the last events
                 return
-            seen = await self.broadcaster.wait(seen, 15.0)
+            # The state is read after the events: a run that finished in between is
+            # read once more (its last events are committed with its final state).
+            stored = await self.call(self.store.load_run, run_id)
+            finished = stored.body.get("state") in views.FINISHED
+            if not finished:
+                seen = await self.broadcaster.wait(seen, 15.0)
 
     async def review(self, request: Request) -> Response:
         principal = await self.who(request, "review")
