@@ -1,4 +1,5 @@
-"""The review server's Starlette app: the JSON API of SPEC §10 and the web UI.
+"""The review server's Starlette app: the JSON API and the web UI
+(docs/guides/review-server.md).
 
 Every store call blocks (SQLite, PostgreSQL): it runs in a worker thread, never on the
 event loop. Every answer carries a strict Content-Security-Policy (no inline script, no

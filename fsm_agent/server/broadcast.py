@@ -23,14 +23,15 @@ class Broadcaster:
     def __init__(self, store: Any, *, idle_s: float = 1.0) -> None:
         self.store, self.idle_s = store, idle_s
         self.generation = 0
-        self._condition: asyncio.Condition | None = None
+        #: set (and replaced) at each new generation; touched only on the event loop
+        self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._condition = asyncio.Condition()
+        self._event = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="fsm-agent watch", daemon=True)
         self._thread.start()
 
@@ -49,29 +50,28 @@ class Broadcaster:
                     log.warning("fsm-agent serve: the store's watch failed: %s", exc)
                     changed = True
                     self._stop.wait(self.idle_s)
-                if changed and self._loop is not None and not self._loop.is_closed():
-                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                        asyncio.run_coroutine_threadsafe(self._bump(), self._loop)
+                if changed:
+                    self.poke()
         finally:
             watch.close()
 
-    async def _bump(self) -> None:
-        assert self._condition is not None
-        async with self._condition:
-            self.generation += 1
-            self._condition.notify_all()
+    def _bump(self) -> None:
+        assert self._event is not None
+        self.generation += 1
+        event, self._event = self._event, asyncio.Event()
+        event.set()
 
     def poke(self) -> None:
-        """A change this server made itself (wake streams without waiting for the poll)."""
+        """Wake every waiter (from any thread): the store may hold something new."""
         if self._loop is not None and not self._loop.is_closed():
-            asyncio.run_coroutine_threadsafe(self._bump(), self._loop)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._bump)
 
     async def wait(self, seen: int, timeout: float) -> int:
-        """The generation after ``seen`` (or the current one after ``timeout``)."""
-        assert self._condition is not None
-        async with self._condition:
+        """The generation after ``seen`` (or the current one after ``timeout``). An
+        event per generation, not a condition: waiting on one is safe to cancel."""
+        assert self._event is not None
+        if self.generation == seen:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    self._condition.wait_for(lambda: self.generation != seen), timeout
-                )
-            return self.generation
+                await asyncio.wait_for(self._event.wait(), timeout)
+        return self.generation
