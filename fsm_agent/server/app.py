@@ -111,6 +111,8 @@ class Server:
         self.sessions = Sessions()
         self.broadcaster = Broadcaster(store)
         self.worker: asyncio.Task[None] | None = None
+        #: reads in flight, shared by the streams that wait for the same one
+        self._reads: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
 
     async def who(self, request: Request, scope: str, csrf: str | None = None) -> Principal:
         """The caller, allowed ``scope``; an unsafe request of a session must carry its
@@ -130,6 +132,17 @@ class Server:
             raise ApiError(409, "conflict", str(exc)) from None
         except StoreError as exc:
             raise ApiError(503, "store_unavailable", str(exc)) from None
+
+    async def shared(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Any:
+        """One store read for every stream that asks the same thing in the same
+        generation (500 subscribers of one run woken by one commit: one read, not 500).
+        ``key`` names the read and the generation it belongs to."""
+        future = self._reads.get(key)
+        if future is None:
+            future = asyncio.ensure_future(self.call(fn, *args))
+            self._reads[key] = future
+            future.add_done_callback(lambda _: self._reads.pop(key, None))
+        return await asyncio.shield(future)
 
     # ── the JSON API ──────────────────────────────────────────────────────────────
 
@@ -160,7 +173,9 @@ class Server:
         seq, seen = after, self.broadcaster.generation
         finished = False
         while True:
-            events = await self.call(self.store.events_since, run_id, seq, 500)
+            events = await self.shared(
+                ("events", run_id, seq, seen), self.store.events_since, run_id, seq, 500
+            )
             for event in events:
                 seq = int(event["seq"])
                 yield {"id": str(seq), "event": str(event["type"]), "data": json.dumps(event)}
@@ -170,7 +185,7 @@ class Server:
                 return
             # The state is read after the events: a run that finished in between is
             # read once more (its last events are committed with its final state).
-            stored = await self.call(self.store.load_run, run_id)
+            stored = await self.shared(("run", run_id, seen), self.store.load_run, run_id)
             finished = stored.body.get("state") in views.FINISHED
             if not finished:
                 seen = await self.broadcaster.wait(seen, 15.0)
