@@ -177,15 +177,21 @@ class Runtime:
     def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
         """Record a new run in the store without driving it, and return its id: a worker
         (``fsm-agent worker``) claims and drives it, with the settings of this runtime
-        (budget, retry, policy, allow-list) recorded in its header. The time it waits in
-        the queue does not count against its wall-clock budget. Raises ``RunExists`` for
-        a taken id, ``StoreError`` for a store that keeps no runs."""
+        (budget, retry, policy, allow-list) recorded in its header. Its trace starts
+        with its first driver, whose ``run_start`` records what governs the run: that
+        runtime's approvals, tools and ``trace_key`` (every stored line is chained under
+        it), and this allow-list narrowed to that runtime's. The time it waits in the
+        queue does not count against its wall-clock budget. Raises ``RunExists`` for a
+        taken id (of concurrent submits of one id exactly one succeeds), ``StoreError``
+        for a store that keeps no runs."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
         state, _ = self._new_run(task, run_id, None, traced=False)
-        # The loop's own first step writes the run's creation (header, run_start, the
-        # checkpoint at ``deciding``); it is stopped there, before asking the model.
+        # The loop's own first step writes the run's creation (its header and the
+        # checkpoint at ``deciding``); it is stopped there, before asking the model. Its
+        # trace starts with its first driver (``_adopt``): the run_start line records
+        # what governs the run — that driver's approvals, tools and trace key.
         loop = steps(state)
         next(loop)  # ReadClock
         first = loop.send(self.clock())
@@ -196,7 +202,7 @@ class Runtime:
             state.run_id,
             first.header,
             owner,
-            first.events,
+            [],
             Checkpoint(first.snapshot, first.messages),
         )
         store.release(state.run_id, owner)  # announces it to the workers
@@ -383,8 +389,14 @@ class Runtime:
         )
         sink: TraceSink | None = None
         try:
-            encoder = self._encoder(state, None, tail)
-            if self.trace_dir is not None and state.events:
+            adopted = self._adopt(state, owner)
+            if self.trace_dir is not None and adopted:
+                # A submitted run's trace starts with this driver: a new file, as run()'s
+                # (encoded with the store's lines, one chain for both).
+                sink = JsonlTrace(self.trace_dir / f"{run_id}.jsonl")
+                state.config = replace(state.config, emit=True)
+            encoder = self._encoder(state, sink, tail)
+            if self.trace_dir is not None and state.events and not adopted:
                 sink, file_chain = continue_trace_file(
                     self.trace_dir, run_id, state.events, self._trace_key
                 )
@@ -409,6 +421,25 @@ class Runtime:
             return store_encoder
         to_store = s.config.save != "never" and getattr(self.store, "wants_lines", False)
         return Encoder(file_chain, 1 + int(to_store))
+
+    def _adopt(self, s: RunState, owner: str) -> bool:
+        """A run submitted and never driven has no trace yet: its first driver starts
+        it, recording what governs the run (this runtime's approvals, tools' facts and
+        trace key; the submitter's budget, retry, policy and allow-list, narrowed to
+        this runtime's), in the stored header too. The run_start goes in with the
+        driver's first save, chained under this runtime's key. Whether it did so."""
+        if s.events or s.seq != 0 or s.state != s.config.machine.initial:
+            return False
+        adopt = getattr(self.store, "adopt_run", None)
+        if adopt is not None and not adopt(s.run_id, owner, s.config.header_fields()):
+            # Events appeared under a claim this driver holds: nothing to continue from.
+            raise StoreError(
+                f"run {s.run_id!r}: its trace began while this driver was claiming it; "
+                "resume it again"
+            )
+        start(s)
+        s.emitted = s.saved_events = 0
+        return True
 
     def _encoder(
         self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
