@@ -24,6 +24,7 @@ from fsm_agent import _compat
 from fsm_agent._version import __version__
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.events import Event
 from fsm_agent.core.history import check_history
 from fsm_agent.core.table import MACHINE_HASH, STATES, TERMINAL_STATES, TRANSITIONS, Transition
 from fsm_agent.durable.memory import MemoryStore
@@ -40,6 +41,7 @@ from fsm_agent.errors import (
     TransientToolError,
 )
 from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.tools.registry import Tool, ToolRegistry
@@ -69,8 +71,10 @@ __all__ = [
     "Approval",
     "Budget",
     "ConfigError",
+    "Event",
     "FsmAgentError",
     "IdempotencyRecord",
+    "Interceptor",
     "JsonlTrace",
     "MemoryStore",
     "PostgresStore",

@@ -23,11 +23,11 @@ SCRIPT = [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")
 def test_the_default_machine_hash_is_pinned() -> None:
     # Every stored run and trace names this hash: a change here strands them unless the
     # old table stays known (Runtime(machines=[...])). Change it knowingly, never by accident.
-    assert DEFAULT_MACHINE.hash == MACHINE_HASH == "sha256:2e5faf802a318caf"
+    assert DEFAULT_MACHINE.hash == MACHINE_HASH == "sha256:484b19fc1a85449d"
     # The table before the reply_size row stays known, so runs it checkpointed resume.
     from fsm_agent.core.table import PREVIOUS_DEFAULT_MACHINES
 
-    assert [m.hash for m in PREVIOUS_DEFAULT_MACHINES] == ["sha256:b9a846887a1441f0"]
+    assert [m.hash for m in PREVIOUS_DEFAULT_MACHINES] == ["sha256:cb887501cf059b2b"]
     assert DEFAULT_MACHINE.transitions is TRANSITIONS
     assert Machine.of(t for t in TRANSITIONS) == DEFAULT_MACHINE  # the definition, not identity
 
@@ -63,7 +63,7 @@ def test_a_paused_run_resumes_under_its_old_machine_after_the_table_changed(
     # The application changed its table back to the built-in one, and still knows STRICT.
     new = make_runtime(list(SCRIPT[1:]), backend, store=store, approval=True, machines=[STRICT])
     assert new.machine == DEFAULT_MACHINE
-    result = new.approve("r1", "c1")
+    result = new.approve("r1", "c1", resume=True)
     # The old table's edge ended it: under the new one the model would have answered.
     assert (result.status, result.reason) == ("budget_exhausted", "tool_rounds")
     assert edges(result)[-1] == ("observe", "observing", "budget_exhausted")

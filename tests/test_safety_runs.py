@@ -30,9 +30,10 @@ from fsm_agent import (
     ToolRegistry,
     TransientToolError,
 )
-from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.core.events import Event, Transitioned
 from fsm_agent.durable.sqlite import SqliteStore
 from fsm_agent.errors import StoreError
+from fsm_agent.runtime.interceptors import Interceptor, observing
 from fsm_agent.testing.scenarios import Mortal, ProcessDied
 from fsm_agent.trace.checker import check_events
 
@@ -58,7 +59,6 @@ import os, sys
 sys.path.insert(0, {tests!r})
 import durable_scenario as scenario
 scenario._die = lambda: os._exit(137)  # PID 1 of a namespace ignores its own SIGKILL
-scenario.install_transition_crash()
 store = scenario.CrashingStore({db!r})
 rt = scenario.runtime(store, scenario.Path({effects!r}))
 result = rt.run("go", run_id="r1") if sys.argv[1] == "start" else rt.resume("r1")
@@ -128,17 +128,16 @@ def test_a_write_in_flight_resumed_after_its_tool_was_removed_goes_to_review() -
     old = make_runtime([calls(call("w1", "write", **WRITE))], b, store=store, keyed=False)
     mortal = Mortal(store)
 
-    def die(state: Any, transition: Any) -> None:
-        if transition.trigger == "tool_returned":
-            mortal.kill()
-            raise ProcessDied("killed while the write was in flight")
+    class Die(Interceptor):
+        def on_event(self, event: Event) -> None:
+            if isinstance(event, Transitioned) and event.trigger == "tool_returned":
+                mortal.kill()
+                raise ProcessDied("killed while the write was in flight")
 
-    TRANSITION_LISTENERS.append(die)
     try:
-        with pytest.raises(ProcessDied):
+        with pytest.raises(ProcessDied), observing(Die()):
             old.run("file it", run_id="r1")
     finally:
-        TRANSITION_LISTENERS.remove(die)
         mortal.restart()
     assert len(b.writes) == 1  # the write happened
     tools = ToolRegistry()  # the new deploy has no "write" tool any more
@@ -311,7 +310,7 @@ def test_a_reviewers_approval_covers_that_call_once() -> None:
     rt = make_runtime(script, b, approval=True, keyed=False)
     paused = rt.run("x", run_id="r1")
     assert (paused.status, paused.reason) == ("review_required", "approval_required")
-    after = rt.approve("r1", "c1")
+    after = rt.approve("r1", "c1", resume=True)
     assert (after.status, after.reason) == ("review_required", "approval_required")
     assert len(b.writes) == 1  # c1 ran; c2, same payload, needs its own approval
     (consumed,) = [e["approval"] for e in after.events if e.get("approval")]

@@ -5,9 +5,10 @@ Writes the machine from the table, ``run_machine.{dot,mmd,svg}`` (the overview) 
 ``run_machine_full.{dot,mmd,svg}`` (every guard), one ``replay_<scenario>.svg`` (the last
 step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them all. With
 DOCS_DIR it also rewrites the rule-row tables of ``concepts/rules.md``
-(:mod:`fsm_agent.render.docs`) and draws ``assets/layers.{dot,svg}`` from the package's
-imports (:mod:`fsm_agent.render.layers`). ``make diagrams`` runs the demo into a scratch
-folder and then this.
+(:mod:`fsm_agent.render.docs`), draws ``assets/layers.{dot,svg}`` from the package's
+imports (:mod:`fsm_agent.render.layers`) and writes the events' JSON Schema,
+``reference/events.schema.json`` (:func:`fsm_agent.core.events.json_schema`).
+``make diagrams`` runs the demo into a scratch folder and then this.
 
 Committed pictures must not change with the machine that regenerates them, so they are
 always laid out by the WebAssembly Graphviz (the exact version ``pyproject.toml``'s dev
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 from fsm_agent.cli._output import write_output
+from fsm_agent.core.events import json_schema_text
 from fsm_agent.errors import TraceError, UsageError
 from fsm_agent.render.docs import update_rule_rows
 from fsm_agent.render.dot import machine_dot
@@ -30,10 +32,19 @@ from fsm_agent.render.mermaid import machine_mermaid
 from fsm_agent.render.replay import Replay, aggregate_overlay
 from fsm_agent.render.svg import machine_svg
 
-__all__ = ["COMMITTED_RENDERER", "RULES_PAGE", "main", "regenerate", "regenerate_docs"]
+__all__ = [
+    "COMMITTED_RENDERER",
+    "EVENTS_SCHEMA",
+    "RULES_PAGE",
+    "main",
+    "regenerate",
+    "regenerate_docs",
+]
 
 #: The page whose rule-row tables are generated, relative to the docs folder.
 RULES_PAGE = Path("concepts") / "rules.md"
+#: The events' JSON Schema, relative to the docs folder.
+EVENTS_SCHEMA = Path("reference") / "events.schema.json"
 
 #: The one renderer that draws committed pictures (see the module docstring).
 COMMITTED_RENDERER = "wasm"
@@ -76,7 +87,10 @@ def regenerate_docs(docs_dir: Path) -> list[Path]:
     dot = layer_dot(Path(__file__).resolve().parents[1])  # the fsm_agent package folder
     write_output("DOCS_DIR", str(assets / "layers.dot"), dot.encode("utf-8"))
     write_output("DOCS_DIR", str(assets / "layers.svg"), render(dot, "svg", COMMITTED_RENDERER))
-    return [rules, assets / "layers.dot", assets / "layers.svg"]
+    schema = docs_dir / EVENTS_SCHEMA
+    schema.parent.mkdir(parents=True, exist_ok=True)
+    write_output("DOCS_DIR", str(schema), json_schema_text().encode("utf-8"))
+    return [rules, assets / "layers.dot", assets / "layers.svg", schema]
 
 
 def main(argv: list[str] | None = None) -> int:

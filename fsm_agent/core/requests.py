@@ -9,28 +9,36 @@ asynchronously; a test can perform them by hand (``tests/core/``).
 request             the driver                             sends back
 ==================  =====================================  ================================
 ``AskModel``        calls the model                        the reply, or the exception
-``CallTool``        calls the tool (with its timeout)      a :class:`ToolOutcome`
+``CallTool``        calls the tool named (with its         a :class:`ToolOutcome`
+                    timeout), found in its registry
 ``Sleep``           waits                                  ``None``
 ``ReadClock``       reads the run's clock                  seconds (float)
-``EmitEvents``      writes events to the trace sink        ``None``
+``EmitEvents``      hands events to the run's consumers    ``None``
+                    (trace sink, interceptors' on_event)
 ``SaveCheckpoint``  stores events + checkpoint (one txn)   ``None``
 ``BeginIntent``     compare-and-set of a write's intent    an :class:`IntentClaim`
                     (and its checkpoint, one txn)
 ``CommitIntent``    stores the write's result              ``None``
 ``AbortIntent``     forgets an intent of this call         ``None``
 ``LoadIntent``      reads an idempotency record            the record or ``None``
+``ConsumeApproval`` spends one use of a limited approval   ``True`` (granted) or ``False``
+                    (atomic, once per (approval, run,      (refused: no use left)
+                    call))
 ==================  =====================================  ================================
+
+Requests are plain frozen data (names, arguments, numbers: never a live tool or store
+object), so one can be logged, compared, or sent to another process. Each declares the
+type of its answer as :class:`RequestOf` ``[A]``; a driver answers through
+:func:`answers`, so mypy checks every handler against its request's answer type.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
-
-if TYPE_CHECKING:
-    from fsm_agent.core.decision import PreparedCall
 
 __all__ = [
     "READ_CLOCK",
@@ -39,17 +47,62 @@ __all__ = [
     "BeginIntent",
     "CallTool",
     "CommitIntent",
+    "ConsumeApproval",
     "EmitEvents",
     "IdempotencyRecord",
     "IntentClaim",
     "LoadIntent",
+    "ModelAnswer",
     "OutcomeKind",
     "ReadClock",
     "Request",
+    "RequestOf",
     "SaveCheckpoint",
     "Sleep",
     "ToolOutcome",
+    "answers",
+    "answers_async",
 ]
+
+A = TypeVar("A")
+
+
+class RequestOf(Generic[A]):
+    """A request whose answer is an ``A`` (the base of every request class)."""
+
+    __slots__ = ()
+
+
+D = TypeVar("D")
+Q = TypeVar("Q")
+Handler = Callable[[D, Q], A]
+
+
+def answers(kind: type[RequestOf[A]]) -> Callable[[Handler[D, Q, A]], Handler[D, Q, A]]:
+    """Declare a driver method the handler of request ``kind``: mypy checks that it
+    returns ``kind``'s answer type (``A`` is invariant: anything else does not
+    type-check). Applied once, when the class is made: it costs nothing per request."""
+
+    def mark(handler: Handler[D, Q, A]) -> Handler[D, Q, A]:
+        return handler
+
+    return mark
+
+
+def answers_async(
+    kind: type[RequestOf[A]],
+) -> Callable[[Handler[D, Q, Awaitable[A]]], Handler[D, Q, Awaitable[A]]]:
+    """:func:`answers` for an ``async def`` handler (it returns an awaitable of ``A``)."""
+
+    def mark(handler: Handler[D, Q, Awaitable[A]]) -> Handler[D, Q, Awaitable[A]]:
+        return handler
+
+    return mark
+
+
+#: What ``AskModel`` is answered with: the model's reply (any JSON-like value, judged by
+#: the loop), or the exception the model raised (a failed call is an outcome).
+ModelAnswer = Any
 
 OutcomeKind = Literal["ok", "rejected", "transient", "timeout", "error", "not_started"]
 
@@ -65,25 +118,29 @@ class ToolOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class AskModel:
+class AskModel(RequestOf[ModelAnswer]):
     messages: list[dict[str, Any]]
     tool_specs: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
-class CallTool:
-    call: PreparedCall
+class CallTool(RequestOf[ToolOutcome]):
+    """Call the tool named ``tool`` (the driver finds it in its registry) as call
+    ``call_id``, with ``arguments`` and at most ``timeout_s`` seconds."""
+
+    call_id: str
+    tool: str
     arguments: dict[str, Any]  # a fresh deep copy per attempt (a tool may mutate it)
     timeout_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
-class Sleep:
+class Sleep(RequestOf[None]):
     seconds: float
 
 
 @dataclass(frozen=True, slots=True)
-class ReadClock:
+class ReadClock(RequestOf[float]):
     pass
 
 
@@ -92,12 +149,12 @@ READ_CLOCK = ReadClock()
 
 
 @dataclass(frozen=True, slots=True)
-class EmitEvents:
+class EmitEvents(RequestOf[None]):
     events: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
-class SaveCheckpoint:
+class SaveCheckpoint(RequestOf[None]):
     """Store ``events`` (appended) and the checkpoint after them, in one transaction.
 
     ``header`` is set on the run's first save (the store creates the run then).
@@ -111,7 +168,7 @@ class SaveCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class BeginIntent:
+class BeginIntent(RequestOf[IntentClaim]):
     """Begin a write's intent; with ``save``, the run's checkpoint goes in the same
     transaction (the state just before the write is dispatched: a resume that finds this
     run's pending intent knows the write may have started)."""
@@ -122,7 +179,7 @@ class BeginIntent:
 
 
 @dataclass(frozen=True, slots=True)
-class CommitIntent:
+class CommitIntent(RequestOf[None]):
     tool: str
     key: str
     owner: tuple[str, str]
@@ -130,16 +187,30 @@ class CommitIntent:
 
 
 @dataclass(frozen=True, slots=True)
-class AbortIntent:
+class AbortIntent(RequestOf[None]):
     tool: str
     key: str
     owner: tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
-class LoadIntent:
+class LoadIntent(RequestOf[IdempotencyRecord | None]):
     tool: str
     key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeApproval(RequestOf[bool]):
+    """Spend one use of configured approval ``approval_id`` (``max_uses`` in all) on call
+    ``call_id`` of run ``run_id``, which is about to start. The store answers atomically:
+    ``True`` if this (approval, run, call) already holds a use or one is left (then it is
+    recorded), ``False`` if all ``max_uses`` went to other calls. Asking again for the
+    same call (a retry, a resume) never spends a second use."""
+
+    approval_id: str
+    max_uses: int
+    run_id: str
+    call_id: str
 
 
 Request = (
@@ -153,4 +224,5 @@ Request = (
     | CommitIntent
     | AbortIntent
     | LoadIntent
+    | ConsumeApproval
 )

@@ -276,7 +276,8 @@ class RunState:
     )
     #: call id -> a reviewer's decision on a paused call of the current batch.
     reviews: dict[str, dict[str, Any]] = persisted(factory=dict, load=_set("reviews", dict))
-    #: call id -> the approval a call of the current batch consumes.
+    #: call id -> the limited approval a call of the current batch spent a use of (the
+    #: store granted it: a retry or a resume does not ask again).
     approvals: dict[str, str] = persisted(factory=dict, load=_set("approvals", dict))
     status: str | None = persisted(None)
     reason: str | None = persisted(None)
@@ -286,6 +287,11 @@ class RunState:
     #: The edge of the last transition (a resume reads whether an attempt had started).
     taken: Transition = persisted(TRANSITIONS[0], dump=lambda s: s.taken.key, load=_load_taken)
     events: list[dict[str, Any]] = apart("stored: trace rows", factory=list)
+    #: A reviewer's decision being recorded (the ``review`` trigger).
+    review_request: dict[str, Any] | None = apart("scratch: the review being fired", None)
+    #: The store's answer to this dispatch's ``ConsumeApproval`` (granted | refused), until
+    #: the ``dispatch`` transition records it.
+    approval_use: str | None = apart("scratch: this dispatch's approval use", None)
     # Transition scratch: set by one firing or one step, meaningless after a restart.
     guard_log: dict[str, bool] = apart("scratch: the guards of the last firing", factory=dict)
     #: From the call until ``tool_returned`` is taken (a cancel then may not say the

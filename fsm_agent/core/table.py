@@ -32,6 +32,8 @@ Triggers are fired by the loop when it has news:
                                       any other exit)
 ``resume``                            a stored run is picked up again: its process died,
                                       or reviewers settled it
+``review``                            a reviewer decides on a paused call (approve, deny,
+                                      reconcile); the run stays paused
 
 Identity: an edge's ``index`` is its position in its machine; its ``key``
 (``trigger/source->dest[guards]``) names it independently of position. A machine's
@@ -78,7 +80,7 @@ State = Literal[
 ]  # fmt: skip
 Trigger = Literal[
     "model_replied", "model_failed", "validate", "dispatch", "tool_returned", "retry",
-    "observe", "cancel", "resume",
+    "observe", "cancel", "resume", "review",
 ]  # fmt: skip
 Reason = Literal[
     "final_answer", "model_error", "malformed_decision", "empty_answer",
@@ -90,7 +92,7 @@ Reason = Literal[
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
     "schedule_retry", "answer_refusal", "answer_replay", "answer_result", "answer_failure",
-    "answer_stored", "apply_review",
+    "answer_stored", "apply_review", "record_review",
 ]  # fmt: skip
 
 
@@ -210,6 +212,9 @@ _ROWS: tuple[Transition, ...] = (
       "run again"),
     T("dispatch", "executing", "observing", ("idempotent_replay",), None, "answer_replay",
       "R7: the same key and arguments return the stored result, executing nothing"),
+    T("dispatch", "executing", "review_required", ("approval_refused",), "approval_required",
+      "stop", "R8: a write whose limited approval has no use left (max_uses, counted by the "
+      "store across runs and workers) runs nothing"),
     T("dispatch", "executing", "executing", (), None, "start_attempt",
       "the call is admitted and its tool runs now"),
 
@@ -228,6 +233,14 @@ _ROWS: tuple[Transition, ...] = (
       "R6: a write that failed in an unknown way may have happened; stop for review"),
     T("tool_returned", "executing", "observing", (), None, "answer_failure",
       "R5: a read that failed for good is answered as an error"),
+
+    # ── review: a reviewer decides on a paused call ─────────────────────────────────
+    T("review", "review_required", "review_required", ("review_fits",), None, "record_review",
+      "D2: a decision that fits what the paused call waits for (approve: approval_required, "
+      "reconcile: outcome_unknown, deny: any paused call) is recorded, once per call, with "
+      "who decided, when and why; the run stays paused until every blocking call is settled"),
+    T("review", "review_required", "review_required", (), None, None,
+      "D2: a decision that does not fit the paused call is refused and records nothing"),
 
     # ── resume: a stored run is picked up again ─────────────────────────────────────
     T("resume", "executing", "review_required", ("write_outcome_lost",), "outcome_unknown",
@@ -445,9 +458,13 @@ def check_table(
         problems += [f"{where}: unknown state {s!r}" for s in (t.source, t.dest) if s not in states]
         if t.action is not None and t.action not in actions:
             problems.append(f"{where}: unknown action {t.action!r}")
-        if (t.dest in terminal) != (t.reason is not None):
+        # A self-loop on a terminal state (a review) keeps the run's stop reason.
+        stays = t.source == t.dest and t.source in terminal
+        if not stays and (t.dest in terminal) != (t.reason is not None):
             problems.append(f"{where}: reason and terminal disagree")
-        if t.source in terminal and t.trigger != "resume":
+        if stays and t.reason is not None:
+            problems.append(f"{where}: a self-loop on a terminal state keeps the stop reason")
+        if t.source in terminal and t.trigger != "resume" and not stays:
             problems.append(f"{t.label}: only 'resume' may leave a terminal state")
     for (source, trigger), group in groups.items():
         if group[-1].guards:

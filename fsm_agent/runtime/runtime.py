@@ -4,11 +4,12 @@ run's :class:`~fsm_agent.core.state.RunState`, and hands the loop to a driver.
 ``run()``/``resume()`` use the sync driver, ``arun()``/``aresume()`` the async one; both
 drive the same generator (``core/loop.py``), so they obey every rule identically.
 Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
-(``durable/review.py``) and the run is then resumed.
+(``durable/review.py``) and return at once; a worker or ``resume`` drives the run on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
@@ -26,10 +27,11 @@ from fsm_agent.core.table import DEFAULT_MACHINE, PREVIOUS_DEFAULT_MACHINES, Mac
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
-from fsm_agent.durable.store import Checkpoint, Store, supports_runs
-from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
+from fsm_agent.errors import ConfigError, ReviewError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
+from fsm_agent.runtime.interceptors import Interceptors
 from fsm_agent.runtime.result import RunResult, result_of
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
@@ -66,6 +68,9 @@ class Runtime:
     tables this runtime still resumes and reviews runs of: a stored run fires the machine
     its checkpoint names, so a run paused before the application changed its table
     finishes under the table it started with.
+    ``interceptors`` wrap every request the drivers perform and see every event
+    (``runtime/interceptors.py``); one that raises is logged and counted in
+    :attr:`interceptor_errors` and never changes a run.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class Runtime:
         trace_key: bytes | str | None = None,
         machine: Machine = DEFAULT_MACHINE,
         machines: Iterable[Machine] = (),
+        interceptors: Iterable[Any] = (),
     ) -> None:
         approvals = tuple(approvals)
         machines = tuple(machines)
@@ -106,6 +112,12 @@ class Runtime:
         self.clock = clock
         self.sleep = sleep
         self._book = ApprovalBook(approvals)
+        if self._book.limited and not supports_approvals(self.store):
+            raise ConfigError(
+                f"approvals with max_uses need a store that counts their uses; "
+                f"{type(self.store).__name__} has no consume_approval() (use MemoryStore, "
+                "SqliteStore or PostgresStore, or drop max_uses)"
+            )
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
@@ -115,6 +127,17 @@ class Runtime:
         self.machines: dict[str, Machine] = known_machines(
             (machine, *machines, *PREVIOUS_DEFAULT_MACHINES)
         )
+        self._interceptors = Interceptors(interceptors)
+
+    @property
+    def interceptors(self) -> tuple[Any, ...]:
+        return self._interceptors.all
+
+    @property
+    def interceptor_errors(self) -> int:
+        """How many times one of this runtime's interceptors raised (each was logged on
+        ``logging.getLogger("fsm_agent")``; none changed a run)."""
+        return self._interceptors.errors
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -201,34 +224,79 @@ class Runtime:
         state, owner, encoder = self._restore(run_id, claimed_by)
         return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
-    def approve(self, run_id: str, call_id: str) -> RunResult:
-        """Approve a paused call (that call, once, for its exact arguments), then
-        :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
-        ``await aresume(...)``.)"""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "approve", key=self._trace_key, machines=self.machines
-        )
-        return self.resume(run_id)
+    def approve(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
+        """Approve a paused call (that call, once, for its exact arguments).
 
-    def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
-        """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key,
-            machines=self.machines,
-        )  # fmt: skip
-        return self.resume(run_id)
+        Records the decision in the store and returns at once with the run as stored
+        (still ``review_required``; ``pending`` shows what waits). A worker then drives
+        it, or :meth:`resume` (``await aresume(...)``); ``resume=True`` does that here.
+        ``by``: who decided; ``note``: why; ``at``: when (ISO-8601 UTC, default now).
+        """
+        return self._review(run_id, call_id, "approve", by, note, at, resume)
 
-    def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
+    def deny(
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
+        """Answer a paused call as denied (the model sees ``reason``); as :meth:`approve`."""
+        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason)
+
+    def reconcile(
+        self,
+        run_id: str,
+        call_id: str,
+        result: Any,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
-        ticket exists), then :meth:`resume`; the write is not run again."""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key,
-            machines=self.machines,
-        )  # fmt: skip
-        return self.resume(run_id)
+        ticket exists); the write is not run again. As :meth:`approve`."""
+        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result)
+
+    def _review(
+        self,
+        run_id: str,
+        call_id: str,
+        action: str,
+        by: str | None,
+        note: str | None,
+        at: str | None,
+        resume: bool,
+        **decision: Any,
+    ) -> RunResult:
+        if resume:
+            self._sync_model(None, "resume")  # refused before anything is recorded
+        chain = self._interceptors.for_run()
+        try:
+            recorded, state = review.record(self.store, run_id, call_id, action,
+                                            key=self._trace_key, reviewer=by, note=note, at=at,
+                                            machines=self.machines, **decision)  # fmt: skip
+        except ReviewError as refused:
+            if chain is not None and chain.watchers and refused.events:
+                chain.deliver(run_id, refused.events)  # the machine's refusal, not stored
+            raise
+        if chain is not None and chain.watchers:  # the review's events, as a driver's are
+            chain.deliver(run_id, recorded)
+        return self.resume(run_id) if resume else result_of(state)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
 
@@ -346,8 +414,13 @@ class Runtime:
         owner: str | None,
         encoder: Encoder | None,
     ) -> Io:
+        chain = self._interceptors.for_run()
+        if chain is not None and chain.watchers and not s.config.emit:
+            # Its events go to the interceptors as they happen (``EmitEvents``).
+            s.config = dataclasses.replace(s.config, emit=True)
         return Io.of(s, model=model, clock=self.clock, sleep=self.sleep, threads=self._threads,
-                     store=self.store, owner=owner, sink=sink, encoder=encoder)  # fmt: skip
+                     store=self.store, owner=owner, sink=sink, encoder=encoder,
+                     chain=chain)  # fmt: skip
 
     def _drive(
         self,

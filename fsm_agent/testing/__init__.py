@@ -16,7 +16,15 @@ from fsm_agent.testing.assertions import (
     duplicate_writes,
 )
 from fsm_agent.testing.decisions import answer, call, decide
-from fsm_agent.testing.faults import BEHAVIOURS, FakeClock, FaultyTool, FaultyTools, SideEffect
+from fsm_agent.testing.faults import (
+    BEHAVIOURS,
+    FakeClock,
+    FaultyTool,
+    FaultyTools,
+    ProcessDied,
+    SideEffect,
+    ToolFaults,
+)
 from fsm_agent.testing.paths import (
     Path,
     is_path,
@@ -38,9 +46,11 @@ __all__ = [
     "FaultyTool",
     "FaultyTools",
     "Path",
+    "ProcessDied",
     "Scenario",
     "ScenarioRun",
     "SideEffect",
+    "ToolFaults",
     "answer",
     "assert_history_valid",
     "assert_no_duplicate_writes",

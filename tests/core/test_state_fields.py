@@ -4,14 +4,13 @@ persisted field round-trips, and a field that declares nothing fails at once
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import pytest
+from snapshot_v2 import load_v2
 
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
@@ -25,11 +24,11 @@ from fsm_agent.core.state import (
     declarations,
     snapshot_machine,
 )
-from fsm_agent.core.table import MACHINE_HASH, PREVIOUS_DEFAULT_MACHINES, TRANSITIONS
+from fsm_agent.core.table import MACHINE_HASH, TRANSITIONS
 from fsm_agent.errors import CorruptRecord
 
 # Read at import: the determinism trap forbids files while a core test runs.
-V2 = json.loads((Path(__file__).parent.parent / "data" / "run_snapshot_v2.json").read_text())
+V2 = load_v2()
 
 CONFIG = RunConfig(
     budget=Budget(),
@@ -188,11 +187,9 @@ def test_a_field_that_declares_nothing_is_refused() -> None:
 def test_a_layout_2_checkpoint_still_restores() -> None:
     snapshot = V2["snapshot"]
     assert snapshot["version"] == 2 and "machine_hash" in snapshot["body"]
-    # written under the table before the reply_size row, which stays known
-    assert snapshot_machine(snapshot) == PREVIOUS_DEFAULT_MACHINES[0].hash != MACHINE_HASH
-    config = dataclasses.replace(CONFIG, machine=PREVIOUS_DEFAULT_MACHINES[0])
+    assert snapshot_machine(snapshot) == MACHINE_HASH
     s = RunState.restore(
-        snapshot, run_id="r1", config=config, messages=V2["messages"], events=V2["events"]
+        snapshot, run_id="r1", config=CONFIG, messages=V2["messages"], events=V2["events"]
     )
     body = snapshot["body"]
     assert (s.state, s.reason, s.seq) == ("review_required", "approval_required", body["seq"])
