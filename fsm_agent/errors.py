@@ -36,8 +36,6 @@ output* never raises: it ends the run in a terminal state instead (SPEC rule 12)
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = [
     "ArgumentsError",
     "ConfigError",
@@ -140,14 +138,7 @@ class IntentConflict(StoreError):
 
 
 class ReviewError(FsmAgentError, ValueError):
-    """A review action that does not fit the run (not paused, call not pending, ...).
-
-    ``events``: where the run's machine refused the decision, the events of that firing
-    (its ``review`` transition), never stored; observers are shown them."""
-
-    def __init__(self, message: str, events: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(message)
-        self.events: list[dict[str, Any]] = list(events or ())
+    """A review action that does not fit the run (not paused, call not pending, ...)."""
 
 
 class ModelError(FsmAgentError):

@@ -122,10 +122,10 @@ def test_from_json_of_the_wrong_class_says_which_type_it_needs() -> None:
 
 def test_fields_a_newer_version_adds_are_kept_and_written_back() -> None:
     data = {"type": "review", "seq": 9, "action": "deny", "call_id": "c1", "tool": "pay",
-            "reason": "no", "reviewer": "ann", "escalated_to": "desk"}  # fmt: skip
+            "reason": "no", "reviewer": None, "ticket": "OPS-7", "x_app": {"k": 1}}  # fmt: skip
     event = Reviewed.from_json(data, run_id="r1")
-    assert event.extra == {"escalated_to": "desk"} and event.result is UNSET
-    assert event.reviewer == "ann"
+    assert event.extra == {"ticket": "OPS-7", "x_app": {"k": 1}} and event.result is UNSET
+    assert event.reviewer is None and event.note is None  # recorded null / absent
     assert event.to_json() == data
 
 

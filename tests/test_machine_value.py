@@ -24,10 +24,6 @@ def test_the_default_machine_hash_is_pinned() -> None:
     # Every stored run and trace names this hash: a change here strands them unless the
     # old table stays known (Runtime(machines=[...])). Change it knowingly, never by accident.
     assert DEFAULT_MACHINE.hash == MACHINE_HASH == "sha256:484b19fc1a85449d"
-    # The table before the reply_size row stays known, so runs it checkpointed resume.
-    from fsm_agent.core.table import PREVIOUS_DEFAULT_MACHINES
-
-    assert [m.hash for m in PREVIOUS_DEFAULT_MACHINES] == ["sha256:cb887501cf059b2b"]
     assert DEFAULT_MACHINE.transitions is TRANSITIONS
     assert Machine.of(t for t in TRANSITIONS) == DEFAULT_MACHINE  # the definition, not identity
 
@@ -88,8 +84,7 @@ def test_a_run_under_a_machine_the_runtime_does_not_know_is_refused_naming_both(
         rt.resume("r1")
     message = str(caught.value)
     assert f"checkpointed by machine {STRICT.hash}" in message
-    # this runtime's machine first, then the built-in tables it replaced
-    assert f"knows machines {MACHINE_HASH}, " in message
+    assert f"knows machine {MACHINE_HASH}" in message
     assert "Runtime(machine=..., machines=[" in message  # how to fix it
     with pytest.raises(MachineMismatch, match=STRICT.hash):
         rt.approve("r1", "c1")  # a review reads the run under its machine too

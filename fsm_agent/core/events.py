@@ -94,6 +94,7 @@ UNSET: Any = _Unset()
 # JSON kinds of a field: how it is checked and how the schema describes it.
 _SCHEMAS: dict[str, dict[str, Any]] = {
     "str": {"type": "string"},
+    "str_or_null": {"type": ["string", "null"]},
     "int": {"type": "integer"},
     "number": {"type": "number"},
     "bool": {"type": "boolean"},
@@ -105,11 +106,17 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Kinds whose value may be ``null``: absent is :data:`UNSET`, not ``None``.
+_NULLABLE = frozenset({"any", "str_or_null"})
+
+
 def _fits(kind: str, value: Any) -> bool:
     if kind == "any":
         return True
     if kind == "str":
         return isinstance(value, str)
+    if kind == "str_or_null":
+        return value is None or isinstance(value, str)
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":
@@ -132,8 +139,9 @@ def _req(kind: str) -> Any:
 
 
 def _opt(kind: str) -> Any:
-    """A field recorded only sometimes (absent: ``None``, or :data:`UNSET` for ``any``)."""
-    default = UNSET if kind == "any" else None
+    """A field recorded only sometimes (absent: ``None``, or :data:`UNSET` for a kind
+    whose value may be ``null``)."""
+    default = UNSET if kind in _NULLABLE else None
     return field(default=default, metadata={"kind": kind, "optional": True})
 
 
@@ -165,8 +173,10 @@ class Event:
         out: dict[str, Any] = {"type": self.type}
         for f in _body_fields(type(self)):
             value = getattr(self, f.name)
-            # (An optional ``any`` field may record ``null``: only UNSET is absent.)
-            if f.metadata["optional"] and value is (UNSET if f.metadata["kind"] == "any" else None):
+            # (A nullable optional field may record ``null``: only UNSET is absent.)
+            if f.metadata["optional"] and value is (
+                UNSET if f.metadata["kind"] in _NULLABLE else None
+            ):
                 continue
             out[f.name] = value
         out.update(self.extra)
@@ -228,6 +238,7 @@ def _parse(cls: type[Event], data: Mapping[str, Any], run_id: str | None) -> dic
 def _kind_text(kind: str) -> str:
     return {
         "str": "a string",
+        "str_or_null": "a string or null",
         "int": "an integer",
         "number": "a number",
         "bool": "true or false",
@@ -304,7 +315,8 @@ class Transitioned(Event):
     tool: str | None = _opt("str")
     attempt: int | None = _opt("int")
     approval: str | None = _opt("str")
-    #: The store's answer to spending a use of a limited approval (``dispatch``).
+    #: The store's answer to spending a use of a limited approval (``granted`` /
+    #: ``refused``), on the ``dispatch`` that asked.
     approval_use: str | None = _opt("str")
     outcome: str | None = _opt("str")
     error: str | None = _opt("str")
@@ -331,8 +343,8 @@ class Observed(Event):
 @dataclass(frozen=True, kw_only=True)
 class Reviewed(Event):
     """``review``: a reviewer's decision on a paused call: ``digest`` (approve),
-    ``reason`` (deny) or ``result`` (reconcile); who decided (``reviewer``), when
-    (``at``, ISO-8601 UTC) and why (``note``)."""
+    ``reason`` (deny) or ``result`` (reconcile); who decided (``reviewer``, may be
+    ``null``), when (``at``, ISO-8601 UTC) and why (``note``)."""
 
     TYPE: ClassVar[str] = "review"
     action: str = _req("str")
@@ -341,7 +353,7 @@ class Reviewed(Event):
     digest: str | None = _opt("str")
     reason: str | None = _opt("str")
     result: Any = _opt("any")
-    reviewer: str | None = _opt("str")
+    reviewer: Any = _opt("str_or_null")
     at: str | None = _opt("str")
     note: str | None = _opt("str")
 

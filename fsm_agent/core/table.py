@@ -56,7 +56,6 @@ __all__ = [
     "INITIAL_STATE",
     "LEGACY_MACHINE_HASHES",
     "MACHINE_HASH",
-    "PREVIOUS_DEFAULT_MACHINES",
     "STATES",
     "TERMINAL_STATES",
     "TRANSITIONS",
@@ -392,13 +391,6 @@ def _digest(value: Any) -> str:
 
 #: Today's table: the machine a runtime runs unless given another (``Runtime(machine=)``).
 DEFAULT_MACHINE: Machine = Machine.of(_ROWS)
-
-#: The built-in tables this one replaced, which every runtime still knows: a run
-#: checkpointed under one resumes under it (a run resumes under the machine it began
-#: with). The first lacks only the ``reply_too_large`` row.
-PREVIOUS_DEFAULT_MACHINES: tuple[Machine, ...] = (
-    Machine.of(r for r in _ROWS if r.reason != "reply_size"),
-)
 
 #: The default machine's edges, each carrying its ``index``.
 TRANSITIONS: tuple[Transition, ...] = DEFAULT_MACHINE.transitions

@@ -20,7 +20,7 @@ from typing import Any
 
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.state import RunConfig, RunState, allowed_tools, snapshot_machine
-from fsm_agent.core.table import DEFAULT_MACHINE, PREVIOUS_DEFAULT_MACHINES, Machine
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import RunStore, StoredRun
 from fsm_agent.errors import ConfigError, CorruptRecord, MachineMismatch, RunNotFound, StoreError
@@ -34,9 +34,7 @@ __all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restor
 ConfigFactory = Callable[..., RunConfig]
 
 #: What a caller that names no machines knows: the default table.
-_DEFAULT_ONLY: Mapping[str, Machine] = {
-    m.hash: m for m in (DEFAULT_MACHINE, *PREVIOUS_DEFAULT_MACHINES)
-}
+_DEFAULT_ONLY: Mapping[str, Machine] = {DEFAULT_MACHINE.hash: DEFAULT_MACHINE}
 
 
 def known_machines(machines: Iterable[Machine]) -> dict[str, Machine]:

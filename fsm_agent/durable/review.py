@@ -12,7 +12,7 @@ authorises exactly that call id, once, for the arguments it was paused with (R8)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -106,7 +106,7 @@ def record_review(
     :class:`ReviewError` and changes nothing.
     """
     return record(store, run_id, call_id, action, reason=reason, result=result, key=key,
-                  reviewer=reviewer, note=note, at=at, machines=machines)[0][-1]  # fmt: skip
+                  reviewer=reviewer, note=note, at=at, machines=machines)[0]  # fmt: skip
 
 
 def record(
@@ -122,9 +122,11 @@ def record(
     note: str | None = None,
     at: str | None = None,
     machines: Mapping[str, Machine] | None = None,
-) -> tuple[list[dict[str, Any]], RunState]:
-    """:func:`record_review`, returning every event it stored (the ``review``
-    transition, the ``review`` event) and the run's state as now stored."""
+    observe: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> tuple[dict[str, Any], RunState]:
+    """:func:`record_review`, also returning the run's state as now stored. ``observe``
+    is given the events the review's edge recorded, before they are stored (or, for a
+    decision that does not fit, refused): a runtime's interceptors see them."""
     if action not in FITS:
         raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
     who = _text_or_none("reviewer", reviewer)
@@ -145,9 +147,12 @@ def record(
         if why is not None:
             request["note"] = why
         before = len(s.events)
-        if not loop.review(s, request):
-            raise ReviewError(_refusal(s, call_id, action), s.events[before:])
+        fits = loop.review(s, request)
         events = s.events[before:]
+        if observe is not None:
+            observe(events)
+        if not fits:
+            raise ReviewError(_refusal(s, call_id, action))
         lines = None
         if getattr(store, "wants_lines", False) and stored.events:
             try:
@@ -158,7 +163,7 @@ def record(
                 raise ReviewError(str(exc)) from None
             lines = None if encoder is None else encoder.lines(events)
         store.save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
-        return events, s
+        return events[-1], s
     finally:
         owners.let_go(store, run_id, owner)
 

@@ -266,8 +266,8 @@ class _Driver:
     @answers(ConsumeApproval)
     def consume_approval(self, request: ConsumeApproval) -> bool:
         # (Runtime checked at construction that a store with limited approvals counts
-        # them.) Not fenced: a use is keyed by (approval, run, call), so a stalled driver
-        # and the one that took its run over spend the same single use.
+        # them.) Not fenced: a use is keyed by (approval, run, call), so a stalled
+        # driver and the one that took its run over spend the same single use.
         return cast(ApprovalStore, self.store).consume_approval(
             request.approval_id, request.max_uses, request.run_id, request.call_id
         )

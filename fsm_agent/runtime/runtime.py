@@ -15,6 +15,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,12 +24,12 @@ from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
 from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
-from fsm_agent.core.table import DEFAULT_MACHINE, PREVIOUS_DEFAULT_MACHINES, Machine
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
-from fsm_agent.errors import ConfigError, ReviewError, StoreError
+from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.interceptors import Interceptors
@@ -122,11 +123,8 @@ class Runtime:
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
         self.machine = machine
-        #: Every machine this runtime resumes runs of, by hash (``machine`` first; the
-        #: built-in tables it replaced last, for runs checkpointed before an upgrade).
-        self.machines: dict[str, Machine] = known_machines(
-            (machine, *machines, *PREVIOUS_DEFAULT_MACHINES)
-        )
+        #: Every machine this runtime resumes runs of, by hash (``machine`` first).
+        self.machines: dict[str, Machine] = known_machines((machine, *machines))
         self._interceptors = Interceptors(interceptors)
 
     @property
@@ -286,16 +284,12 @@ class Runtime:
         if resume:
             self._sync_model(None, "resume")  # refused before anything is recorded
         chain = self._interceptors.for_run()
-        try:
-            recorded, state = review.record(self.store, run_id, call_id, action,
-                                            key=self._trace_key, reviewer=by, note=note, at=at,
-                                            machines=self.machines, **decision)  # fmt: skip
-        except ReviewError as refused:
-            if chain is not None and chain.watchers and refused.events:
-                chain.deliver(run_id, refused.events)  # the machine's refusal, not stored
-            raise
-        if chain is not None and chain.watchers:  # the review's events, as a driver's are
-            chain.deliver(run_id, recorded)
+        # The review's edge reaches the interceptors' on_event like any other (a misfit's
+        # fallback edge too, though it stores nothing).
+        observe = None if chain is None or not chain.watchers else partial(chain.deliver, run_id)
+        _, state = review.record(self.store, run_id, call_id, action, key=self._trace_key,
+                                 reviewer=by, note=note, at=at, machines=self.machines,
+                                 observe=observe, **decision)  # fmt: skip
         return self.resume(run_id) if resume else result_of(state)
 
     # ── set-up ────────────────────────────────────────────────────────────────────

@@ -1,12 +1,12 @@
 """Transition coverage: count the edges runs take, report them, draw them.
 
 :class:`TransitionCoverage` is an interceptor: its ``on_event`` counts the entry of one
-machine's table (the default one unless given another) that every ``transition`` event
-took. Runs that began under another machine (their ``run_start`` names its hash) are not
-counted. Installed (:meth:`~TransitionCoverage.install`, as the pytest plugin does), it
-watches every run driven in this context, whatever runtime drives it
-(``runtime/interceptors.py``: :func:`~fsm_agent.runtime.interceptors.observing`). The report
-lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
+machine's table (the default one unless given another; runs whose header names another
+machine are not counted) that every ``transition`` event took. Installed
+(:meth:`~TransitionCoverage.install`, as the pytest plugin does), it watches every run
+driven in this context, whatever runtime drives it
+(:func:`~fsm_agent.runtime.interceptors.observing`). The
+report lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
 page with the diagram (or the DOT source) and the table.
 """
@@ -29,7 +29,7 @@ __all__ = ["TransitionCoverage", "edge_of", "to_dot", "write_html"]
 
 def edge_of(event: Transitioned, machine: Machine = DEFAULT_MACHINE) -> Transition | None:
     """The entry of ``machine``'s table a ``transition`` event took: the one its recorded
-    guard outcomes select (``None`` for an event this table cannot have produced)."""
+    guard outcomes select (``None`` for an event that table cannot have produced)."""
     try:
         edge = select_recorded(event.source, event.trigger, event.guards, machine=machine)
     except LookupError:
@@ -42,21 +42,21 @@ _SHADES = ("#9ecae1", "#4292c6", "#08519c")  # light to dark blue as hits grow
 
 
 class TransitionCoverage(Interceptor):
-    """Hit counts per transition of ``machine``'s table, from the events of the runs it
-    sees."""
+    """Hit counts per transition of ``machine``'s table, from the events it sees."""
 
     def __init__(self, machine: Machine = DEFAULT_MACHINE) -> None:
         self.machine = machine
         self.hits = [0] * len(machine.transitions)
+        # run id -> machine hash, from the headers seen (a resumed run shows none).
+        self._machines: dict[str, str] = {}
         self._installed: contextlib.ExitStack | None = None
-        #: Runs seen starting under another machine (not counted).
-        self._other_runs: set[str] = set()
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunStarted):
-            if event.machine_hash != self.machine.hash:
-                self._other_runs.add(event.run_id)
-        elif isinstance(event, Transitioned) and event.run_id not in self._other_runs:
+            self._machines[event.run_id] = event.machine_hash
+        elif isinstance(event, Transitioned):
+            if self._machines.get(event.run_id, self.machine.hash) != self.machine.hash:
+                return  # a run of another machine
             edge = edge_of(event, self.machine)
             if edge is not None:
                 self.hits[edge.index] += 1
