@@ -314,6 +314,18 @@ def test_a_bad_app_exits_2(
     assert code == 2 and "--app MODULE:FUNCTION is required" in err
 
 
+def test_a_factory_that_takes_no_store_is_refused_up_front(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused with the signature it needs before any store is opened (the DSN names no
+    server: a refusal after connecting would be a connection error) or it is called."""
+    db = ["--db", "postgresql://nobody@/db?host=/nonexistent"]
+    code, _, err = cli(capsys, "worker", *db, "--app", "fleet_app:make_runtime_of_its_own")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "has the signature make_runtime_of_its_own() -> " in err
+    assert "def make_runtime_of_its_own(store): return Runtime(..., store=store)" in err
+
+
 def test_store_objects_racing_on_one_key_run_it_once(pg_server: Any, pg_schema: str) -> None:
     """The race of ``test_safety_concurrency.py`` (every key raced by three runtimes at
     once, an independent ledger) with one PostgresStore object per runtime: the atomic

@@ -60,7 +60,7 @@ def _positive_number(owner: str, name: str, value: object, *, allow_zero: bool =
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits checked before every new external operation (SPEC §2 rule 9).
+    """Limits checked before every new external operation (R9 of docs/concepts/rules.md).
 
     ``None`` means "no limit" for the dimensions that allow it. Counts are whole numbers
     >= 1; the model may still answer after the last permitted tool round.
@@ -112,7 +112,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries for read tools (and writes that declare downstream dedup), SPEC rule 5.
+    """Retries for read tools (and writes that declare downstream dedup): R5 of
+    docs/concepts/rules.md.
 
     ``max_attempts`` counts the first attempt. The n-th retry waits
     ``min(backoff_s * multiplier**(n-1), max_backoff_s)`` seconds, and only if that wait

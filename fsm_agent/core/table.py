@@ -17,8 +17,8 @@ records exactly the guards that decided). That order is the priority: the first 
 whose guards all hold wins, so every such group ends with an unguarded fallback (checked
 at import). ``reason`` is the stop reason recorded when the edge enters a terminal state;
 ``action`` names the function of ``core/actions.py`` run after the edge is taken; ``rule``
-cites the rules of ``docs/rules.md`` the edge encodes (R1–R12: SPEC.md §2; D1–D3: durable
-runs).
+cites the rules of ``docs/concepts/rules.md`` the edge encodes (R1–R12, and D1–D3 for
+durable runs).
 
 Triggers are fired by the loop when it has news:
 

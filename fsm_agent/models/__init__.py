@@ -20,7 +20,7 @@ from fsm_agent.models._common import (
     ModelUnavailableError,
 )
 from fsm_agent.models.pricing import DEFAULT_PRICES, Price
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.models.validate import (
     check_anthropic_messages,
     check_anthropic_request,
@@ -37,6 +37,7 @@ __all__ = [
     "AsyncOpenAIChatModel",
     "AsyncOpenAIResponsesModel",
     "HistoryError",
+    "KeyedScriptedModel",
     "ModelAuthError",
     "ModelError",
     "ModelRequestError",

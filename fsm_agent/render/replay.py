@@ -11,11 +11,13 @@ selector over its edges, with the same fallback to the event's destination and r
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fsm_agent.core.select import select_recorded
@@ -249,6 +251,8 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
     if failed and not (len(failed) == 1 and event.get("outcome") not in (None, "ok")):
         lines.append(f"  failed attempts of {event.get('call_id')}:")
         lines += [f"    #{f['attempt']} {_failure(f)}" for f in failed]
+    if n == len(replay) - 1 and event.get("type") == "run_end":
+        lines += [f"  next:   {line}" for line in where_the_rest_is(replay)]
     payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
     if event.get("type") in ("decision", "observation", "run_end", "run_start"):
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
@@ -261,6 +265,29 @@ def _failure(attempt: dict[str, Any]) -> str:
     """``transient: TransientToolError: CRM returned 503`` (an outcome and its error)."""
     error = attempt.get("error")
     return f"{attempt.get('outcome')}: {error}" if error else str(attempt.get("outcome"))
+
+
+def where_the_rest_is(replay: Replay) -> list[str]:
+    """For a trace that ends paused for review: where the run went on, if it was resumed
+    (a ``trace_dir`` file is continued; a trace path given to ``run()`` is not)."""
+    end = replay.events[-1] if replay.events else {}
+    if end.get("status") != "review_required":
+        return []
+    path = Path(replay.path)
+    run_id = str(replay.events[0].get("run_id", "RUN"))
+    numbered = {
+        int(p.stem.rsplit(".", 1)[1]): p
+        for p in path.parent.glob(f"{glob.escape(path.stem)}.*.jsonl")
+        if p.stem.rsplit(".", 1)[1].isdigit()
+    }
+    later = [numbered[n] for n in sorted(numbered)]
+    if later:
+        return [f"the run paused for review; the whole run, resumed, is in {later[-1]}"]
+    return [
+        "the run paused for review; once resumed, the rest of it is in its store",
+        f"(fsm-agent runs export {run_id} --db ...), and in this file if it was written",
+        "by Runtime(trace_dir=...) and the run resumed with that trace_dir",
+    ]
 
 
 def _short(value: Any) -> str:

@@ -3,7 +3,7 @@
 Whoever registers a tool declares what it is: its JSON Schema, its effect (``read`` or
 ``write``), whether it needs approval, how its idempotency key is derived, whether the
 downstream system deduplicates, and its timeout. None of that can come from a model's
-arguments (SPEC rule 4).
+arguments (R4 of docs/concepts/rules.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Traces: JSON Lines, one event per line (SPEC §4).
+"""Traces: JSON Lines, one event per line (docs/concepts/traces.md).
 
 A trace is ``run_start`` (schema, run id, machine hash, budget, retry, policy, allowed
 tools, the tools' declared facts, the configured approvals' digests, the integrity mode,
