@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsm_agent.core.approvals import ApprovalBook
+from fsm_agent.core.budget import MAX_ERROR_CHARS
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
@@ -413,6 +415,14 @@ class Replay:
                 self._diff_guards(line, seq, recorded[name], mine[name])
             elif name == "t" and _close(recorded[name], mine[name]):
                 continue
+            elif name == "result" and "oversized" in mine and recorded[name] != mine[name]:
+                # One message, not one per field: the stand-in is all the run kept.
+                self.fail(
+                    line,
+                    f"seq {seq}: an oversized answer must be the stand-in "
+                    f"{_js(mine[name])} (the run kept it by its size only); the trace "
+                    f"records {_js(recorded[name])}",
+                )
             elif type(mine[name]) is dict and type(recorded[name]) is dict and name != "message":
                 self._diff_fields(line, f"seq {seq}: {name}.", recorded[name], mine[name])
             elif recorded[name] != mine[name]:
@@ -572,7 +582,17 @@ class Replay:
         if "oversized" in head and "message" not in head:
             return self._sized_reply(line, head)
         if "message" not in head:
-            return _failure(head.get("error"))
+            error = head.get("error")
+            if isinstance(error, str):
+                error = _unbounded(error)
+                if error is None:
+                    self.stop(
+                        line,
+                        f"seq {head.get('seq')}: the model's error is recorded cut by more "
+                        f"than {_MAX_SIZED} characters: this check does not replay it",
+                    )
+                    return _WAIT
+            return _failure(error)
         message = head["message"]
         raw = head.get("raw_arguments")
         if isinstance(raw, dict) and isinstance(message, dict):
@@ -867,6 +887,25 @@ def _sized(size: Any, shape: dict[str, Any], key: str) -> str | None:
         return None
     pad = size - len(dumps_safe(shape)[1])
     return "x" * pad if pad >= 0 else None
+
+
+#: A message ``bounded_text`` cut: its first ``MAX_ERROR_CHARS`` characters, then how
+#: many more there were.
+_CUT = re.compile(rf"(.{{{MAX_ERROR_CHARS}}})\.\.\. \(([0-9]{{1,12}}) more characters\)", re.S)
+
+
+def _unbounded(text: str) -> str | None:
+    """A stand-in for the message a recorded ``bounded_text`` was cut from: its kept
+    characters and as many more as it says were left out, so the loop cuts it to the
+    very text recorded (None: more left out than this check rebuilds)."""
+    match = _CUT.fullmatch(text)
+    if match is None:
+        return text
+    more = int(match.group(2))
+    if more > _MAX_SIZED:
+        return None
+    # Not cut by bounded_text if it says fewer than one more: then it is the message.
+    return match.group(1) + "x" * more if more > 0 else text
 
 
 def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
