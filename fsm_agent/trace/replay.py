@@ -46,6 +46,8 @@ from typing import Any
 
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import MAX_ERROR_CHARS
+from fsm_agent.core.content import MAX_DEPTH as _MEDIA_DEPTH
+from fsm_agent.core.content import File, Image
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
@@ -67,6 +69,7 @@ from fsm_agent.core.requests import (
     ToolOutcome,
 )
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.errors import ConfigError
 from fsm_agent.trace.model import Settings
 from fsm_agent.trace.walk import Write
 
@@ -653,6 +656,10 @@ class Replay:
                     return _WAIT
             elif after.get("type") == "observation" and isinstance(result, dict):
                 value = result.get("value")
+                if "media_bytes" in after:
+                    # The media the run handed on: stand-ins of their recorded sizes,
+                    # which the engine splits off, counts and numbers again.
+                    value = _with_media(value, self.config.budget.max_media_bytes)
         return ToolOutcome(kind, value, error)
 
     def _use(self, at: int, nxt: dict[str, Any], request: ConsumeApproval) -> Any:
@@ -906,6 +913,55 @@ def _unbounded(text: str) -> str | None:
         return None
     # Not cut by bounded_text if it says fewer than one more: then it is the message.
     return match.group(1) + "x" * more if more > 0 else text
+
+
+_PLACEHOLDER_KEYS = {
+    "image": frozenset({"type", "media_type", "bytes", "part"}),
+    "file": frozenset({"type", "media_type", "bytes", "part", "name"}),
+}
+
+
+def _with_media(value: Any, limit: int) -> Any:
+    """``value`` with each placeholder of a media part the run handed on (it has a
+    ``part``) replaced by an :class:`Image` or :class:`File` of its recorded size and
+    type, at most ``limit`` bytes in all (past that they stay placeholders, which the
+    engine does not count: the difference is reported). An omitted media's placeholder
+    stays as it is: it is what the engine writes for it, and it counts no bytes."""
+    left = limit
+    buffers: dict[int, bytes] = {}  # one zero buffer per size: stand-ins share it
+
+    def stand_in(v: dict[str, Any]) -> Any:
+        nonlocal left
+        kind, size = v.get("type"), v.get("bytes")
+        keys = _PLACEHOLDER_KEYS.get(kind) if isinstance(kind, str) else None
+        if keys is None or not set(v) <= keys:
+            return v
+        if type(v.get("part")) is not int or type(size) is not int or not 0 <= size <= left:
+            return v
+        data = buffers.setdefault(size, bytes(size))
+        try:
+            media: Any = (
+                Image(data, v.get("media_type"))
+                if kind == "image"
+                else File(data, v.get("media_type"), v.get("name"))
+            )
+        except ConfigError:
+            return v  # not a placeholder the engine writes
+        left -= size
+        return media
+
+    def walk(v: Any, depth: int) -> Any:
+        if isinstance(v, dict) and "part" in v:
+            return stand_in(v)
+        if depth >= _MEDIA_DEPTH:
+            return v
+        if isinstance(v, dict):
+            return {k: walk(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        return v
+
+    return walk(value, 0)
 
 
 def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
