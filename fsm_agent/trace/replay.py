@@ -83,6 +83,8 @@ _KINDS = frozenset({"ok", "rejected", "transient", "timeout", "error", "not_star
 #: stops there (everything after would differ too).
 _DIVERGING = ("type", "trigger", "source", "dest", "call_id", "tool")
 _WAIT = object()  # the answer needs recorded events not read yet
+#: Payload differences of a redacted trace its note shows (the others are counted).
+_SHOWN = 5
 #: Transitions read ahead before the loop is sent an answer: the pure steps that follow
 #: one (model_replied, then validate, which uses approvals) take their inputs from the
 #: transitions they write.
@@ -202,8 +204,15 @@ class Replay:
         fail: Callable[[int, str], None],
         *,
         writes: list[Write] | None = None,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         self._fail = fail
+        self._note_to = note
+        #: The header says a redaction hook rewrote the events (``Runtime(redact=...)``):
+        #: a payload that differs from what the engine writes is a note, not a violation.
+        self.redacted = head.get("redacted") is True
+        self.rewritten: list[str] = []  # the payload differences of a redacted trace
+        self.rewritten_count = 0
         self.writes = writes
         self.pending: deque[tuple[int, dict[str, Any]]] = deque()
         self.dead = False
@@ -265,9 +274,11 @@ class Replay:
             self.pending.clear()
 
     def finish(self, line: int) -> None:
+        self._report_rewritten()
         if self.dead:
             return
         self._run(final=True)
+        self._report_rewritten()
         if self.dead:
             return
         s = self.s
@@ -285,6 +296,29 @@ class Replay:
 
     def fail(self, line: int, message: str) -> None:
         self._fail(line, message)
+
+    def _payload(self, line: int, message: str) -> None:
+        """A payload field that differs from what the engine writes: a violation, or in
+        a redacted trace a difference the hook may have made (kept for one note)."""
+        if not self.redacted:
+            self.fail(line, message)
+            return
+        self.rewritten_count += 1
+        if len(self.rewritten) < _SHOWN:
+            self.rewritten.append(f"line {line}: {message}")
+
+    def _report_rewritten(self) -> None:
+        if not self.rewritten_count:
+            return
+        more = self.rewritten_count - len(self.rewritten)
+        text = (
+            f"the run was recorded through a redaction hook (redacted in the header): "
+            f"{self.rewritten_count} payload field(s) differ from what the engine writes, "
+            "taken as the hook's rewriting, not as violations: " + "; ".join(self.rewritten)
+        ) + (f"; and {more} more" if more > 0 else "")
+        self.rewritten, self.rewritten_count = [], 0
+        if self._note_to is not None:
+            self._note_to(text)
 
     def stop(self, line: int, message: str) -> None:
         """A violation after which the trace cannot be replayed any further."""
@@ -402,14 +436,16 @@ class Replay:
                 )
                 return
         for name in sorted(set(recorded) | set(mine)):
+            # Guards are the engine's own outcomes, not payload: strict, redacted or not.
+            differ = self.fail if name == "guards" else self._payload
             if name not in mine:
-                self.fail(
+                differ(
                     line,
                     f"seq {seq}: the trace records {name} {_js(recorded[name])}, which "
                     "the engine does not write",
                 )
             elif name not in recorded:
-                self.fail(
+                differ(
                     line,
                     f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
                     "trace records none",
@@ -420,7 +456,7 @@ class Replay:
                 continue
             elif name == "result" and "oversized" in mine and recorded[name] != mine[name]:
                 # One message, not one per field: the stand-in is all the run kept.
-                self.fail(
+                self._payload(
                     line,
                     f"seq {seq}: an oversized answer must be the stand-in "
                     f"{_js(mine[name])} (the run kept it by its size only); the trace "
@@ -430,7 +466,7 @@ class Replay:
                 self._diff_fields(line, f"seq {seq}: {name}.", recorded[name], mine[name])
             elif recorded[name] != mine[name]:
                 hint = " (events missing, duplicated or reordered)" if name == "seq" else ""
-                self.fail(
+                self._payload(
                     line,
                     f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
                     f"trace records {_js(recorded[name])}{hint}",
@@ -441,18 +477,18 @@ class Replay:
     ) -> None:
         for name in sorted(set(recorded) | set(mine), key=str):
             if name not in mine:
-                self.fail(
+                self._payload(
                     line,
                     f"{where}{name}: the trace records {_js(recorded[name])}, which "
                     "the engine does not write",
                 )
             elif name not in recorded:
-                self.fail(
+                self._payload(
                     line,
                     f"{where}{name}: the engine writes {_js(mine[name])}; the trace records none",
                 )
             elif recorded[name] != mine[name]:
-                self.fail(
+                self._payload(
                     line,
                     f"{where}{name}: the engine writes {_js(mine[name])}; the trace "
                     f"records {_js(recorded[name])}",
