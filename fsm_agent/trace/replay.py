@@ -274,11 +274,13 @@ class Replay:
             self.pending.clear()
 
     def finish(self, line: int) -> None:
+        self._end(line)
         self._report_rewritten()
+
+    def _end(self, line: int) -> None:
         if self.dead:
             return
         self._run(final=True)
-        self._report_rewritten()
         if self.dead:
             return
         s = self.s
@@ -691,6 +693,14 @@ class Replay:
                     )
                     return _WAIT
             elif after.get("type") == "observation" and isinstance(result, dict):
+                if result.get("error") == "output_too_large":  # an ok call's stand-in
+                    self.stop(
+                        self.pending[at + 1][0],
+                        f"seq {after.get('seq')}: the result is the stand-in of one kept "
+                        "by its size, and the observation records no oversized (that "
+                        "size): the call cannot be replayed",
+                    )
+                    return _WAIT
                 value = result.get("value")
                 if "media_bytes" in after:
                     # The media the run handed on: stand-ins of their recorded sizes,
