@@ -151,7 +151,7 @@ def _redacting_run(tmp_path: Path, key: str | None) -> tuple[Any, Path]:
             return {**event, "secret": "[redacted]"}
         return event
 
-    script = [
+    script: list[dict[str, Any]] = [
         {"role": "assistant", "content": None, "tool_calls": [_call("x")]},
         {"role": "assistant", "content": "Seen."},
     ]

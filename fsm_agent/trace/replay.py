@@ -46,9 +46,9 @@ from typing import Any
 
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import MAX_ERROR_CHARS
+from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.content import MAX_DEPTH as _MEDIA_DEPTH
 from fsm_agent.core.content import File, Image
-from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
@@ -982,14 +982,15 @@ def _with_media(value: Any, limit: int) -> Any:
         keys = _PLACEHOLDER_KEYS.get(kind) if isinstance(kind, str) else None
         if keys is None or not set(v) <= keys:
             return v
+        media_type, name = v.get("media_type"), v.get("name")
         if type(v.get("part")) is not int or type(size) is not int or not 0 <= size <= left:
+            return v
+        if not isinstance(media_type, str) or not (name is None or isinstance(name, str)):
             return v
         data = buffers.setdefault(size, bytes(size))
         try:
             media: Any = (
-                Image(data, v.get("media_type"))
-                if kind == "image"
-                else File(data, v.get("media_type"), v.get("name"))
+                Image(data, media_type) if kind == "image" else File(data, media_type, name)
             )
         except ConfigError:
             return v  # not a placeholder the engine writes
