@@ -168,7 +168,7 @@ def compile_condition(source: str, phase: str) -> CelProgram | list[CelProblem]:
     returned = expression.return_type()
     cel = _cel()
     if returned != cel.Type.BOOL and returned != cel.Type.DYN:
-        return [CelProblem(1, 1, f"the condition is of type {returned.name()}, not bool")]
+        return [CelProblem(1, 1, f"the condition is of type {returned.name().lower()}, not bool")]
     return CelProgram(source, phase, expression, referenced_names(source, phase))
 
 

@@ -119,6 +119,7 @@ class RuleSet:
         }
         # The rules of a tool phase that can match a tool, worked out once per tool name.
         self._for_tool: dict[tuple[str, str | None], tuple[_Compiled, ...]] = {}
+        self._entries = _EntryCache()
         self.hash = digest(self.to_json())
 
     # -- construction -------------------------------------------------------------------
@@ -163,15 +164,10 @@ class RuleSet:
         ]
         declared: set[str] = set()
         for tool in matched:
-            schema = tool.schema
-            properties = schema.get("properties") if isinstance(schema, Mapping) else None
-            if not isinstance(properties, Mapping) or (
-                isinstance(schema, Mapping)
-                and schema.get("additionalProperties", True) is not False
-                and not properties
-            ):
+            names = _declared_arguments(tool.schema)
+            if names is None:
                 return []  # a tool that takes any argument: nothing to hold a name against
-            declared |= set(properties)
+            declared |= names
         if not matched:
             return []
         return [
@@ -309,7 +305,7 @@ class RuleSet:
                 calls=calls[:position],
                 call_id=None,
             )
-            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past))
+            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries))
             total += holds is not False  # True, or an error: counted (fails closed)
         return total
 
@@ -335,7 +331,7 @@ class RuleSet:
         candidates = self._candidates(phase, facts.tool)
         if phase in TOOL_PHASES and facts.effect is None and facts.tool is not None:
             facts = replace(facts, effect=self._effect(facts.tool))
-        inputs = _Inputs(phase, facts)
+        inputs = _Inputs(phase, facts, self._entries)
         tried: list[str] = []
         for compiled in candidates:
             rule = compiled.rule
@@ -400,14 +396,55 @@ class RuleSet:
         )
 
 
+class _EntryCache:
+    """Each executed call's screened form and digest, computed once per run, not once per
+    judgement: ``calls`` only grows, and its entries (built once by the engine, never
+    changed) are screened and hashed in full otherwise at every call the rules judge.
+
+    Keyed by identity, holding the entry itself so that its id is not reused; bounded."""
+
+    __slots__ = ("_digests", "_screened")
+
+    LIMIT = 20_000
+
+    def __init__(self) -> None:
+        self._screened: dict[int, tuple[Any, Any]] = {}
+        self._digests: dict[int, tuple[Any, str]] = {}
+
+    def screened(self, calls: Sequence[Any]) -> list[Any]:
+        out = []
+        for position, entry in enumerate(calls):
+            hit = self._screened.get(id(entry))
+            if hit is None or hit[0] is not entry:
+                hit = (entry, cel.screen(entry, f"calls[{position}]"))
+                if len(self._screened) >= self.LIMIT:
+                    self._screened.clear()
+                self._screened[id(entry)] = hit
+            out.append(hit[1])
+        return out
+
+    def digests(self, calls: Sequence[Any]) -> list[str]:
+        out = []
+        for entry in calls:
+            hit = self._digests.get(id(entry))
+            if hit is None or hit[0] is not entry:
+                hit = (entry, digest(entry))
+                if len(self._digests) >= self.LIMIT:
+                    self._digests.clear()
+                self._digests[id(entry)] = hit
+            out.append(hit[1])
+        return out
+
+
 class _Inputs:
     """The inputs of one judgement: screened once, on first use, for all its rules."""
 
-    __slots__ = ("_activation", "_names", "_opaque", "_screened", "facts", "phase")
+    __slots__ = ("_activation", "_entries", "_names", "_opaque", "_screened", "facts", "phase")
 
-    def __init__(self, phase: str, facts: Facts) -> None:
+    def __init__(self, phase: str, facts: Facts, entries: _EntryCache) -> None:
         self.phase = phase
         self.facts = facts
+        self._entries = entries
         self._screened: dict[str, Any] = {}
         self._activation: Any = None
         self._names: set[str] = set()  # the variables the tried rules read (digested)
@@ -420,7 +457,11 @@ class _Inputs:
         missing = program.names - self._screened.keys()
         if missing or self._activation is None:
             for name in sorted(missing):
-                self._screened[name] = cel.screen(self.facts.variable(name), name)
+                value = self.facts.variable(name)
+                if name == "calls" and isinstance(value, list):
+                    self._screened[name] = self._entries.screened(value)
+                else:
+                    self._screened[name] = cel.screen(value, name)
             self._activation = cel.activation(self.phase, self._screened)
         return self._activation
 
@@ -433,7 +474,13 @@ class _Inputs:
         return tuple(self._opaque)
 
     def digest(self) -> str:
-        seen = {name: self.facts.variable(name) for name in sorted(self._names)}
+        """The digest of what the tried rules read. ``calls`` enters as the list of its
+        entries' digests (each computed once per run), so the digest of a judgement late
+        in a long run costs no more than an early one."""
+        seen: dict[str, Any] = {}
+        for name in sorted(self._names):
+            value = self.facts.variable(name)
+            seen[name] = self._entries.digests(value) if name == "calls" else value
         return digest({"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen})
 
 
@@ -483,6 +530,23 @@ def _schema_failures(validator: Draft202012Validator, answer: str | None) -> str
         + "; ".join(shown)
         + (f" (and {more} more)" if more else "")
     )
+
+
+#: What makes an object schema take fields it does not list (as ``tools/registry.py``
+#: reads them: a schema silent about extra fields is closed when a tool is registered).
+_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def _declared_arguments(schema: Any) -> set[str] | None:
+    """The argument names a tool's schema allows, or ``None`` if it allows any name."""
+    if not isinstance(schema, Mapping):
+        return None
+    if any(k in schema and schema[k] is not False for k in _OPEN_KEYWORDS):
+        return None
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping):
+        return set(properties)
+    return set() if schema.get("type") == "object" else None
 
 
 def _refuse_constant(name: str) -> Any:
