@@ -31,7 +31,9 @@ def mistakes(rules: list[Any]) -> list[str]:
         RuleSet(rules, TOOLS)
     lines = str(caught.value).splitlines()
     count = len(lines) - 1
-    assert lines[0] == (f"{count} mistakes in the rules:" if count > 1 else "1 mistake in the rules:")
+    assert lines[0] == (
+        f"{count} mistakes in the rules:" if count > 1 else "1 mistake in the rules:"
+    )
     return [line.removeprefix("  - ") for line in lines[1:]]
 
 
@@ -42,7 +44,9 @@ def test_one_error_lists_every_mistake_of_every_rule() -> None:
             Rule("refunds", on="before_tool", tools=["search"], then="deny"),
             Rule("searches", on="before_tool", tools=["search"], then="limit"),
             Rule("json", on="answer", schema={"type": "objekt"}, then="retry"),
-            Rule("mail", on="before_tool", tools=["send_email"], when="no_such(args.to)", then="deny"),
+            Rule(
+                "mail", on="before_tool", tools=["send_email"], when="no_such(args.to)", then="deny"
+            ),
             Rule("types", on="before_tool", tools=["search"], when="tool > 1", then="deny"),
             Rule("syntax", on="before_tool", when="args.amount_cents >", then="deny"),
             Rule("var", on="before_tool", when="amount > 5", then="deny"),
