@@ -9,7 +9,8 @@ The policy's own words (τ²-bench ``retail/policy.md``) these rules encode:
 * a return's "refund must either go to the original payment method, or an existing gift
   card" — ``refund-to-original-or-gift-card``;
 * "exchange or modify order items can only be done once" per order —
-  ``one-exchange-or-modify``.
+  ``one-exchange-or-modify``, first in the list: a second exchange is also of an order no
+  longer delivered, and the rule that says why is the one that should decide.
 
 The rules read what the agent saw: the latest order record among the run's executed calls
 (``get_order_details``, and the write tools, which return the updated order), and the
@@ -72,6 +73,18 @@ _GIFT_CARD = "args.payment_method_id.startsWith('gift_card_')"
 
 RULES = [
     Rule(
+        "one-exchange-or-modify",
+        on="before_tool",
+        tools=["exchange_delivered_order_items", "modify_pending_order_items"],
+        when=(
+            "calls.exists(c, c.ok && c.tool in"
+            " ['exchange_delivered_order_items', 'modify_pending_order_items']"
+            " && c.args.order_id == args.order_id)"
+        ),
+        then="deny",
+        message="an order's items can be exchanged or modified once",
+    ),
+    Rule(
         "pending-only-cancel-or-modify",
         on="before_tool",
         tools=["cancel_pending_order", "modify_pending_order_*"],
@@ -94,18 +107,6 @@ RULES = [
         when=f"!({_GIFT_CARD}) && {_ORDER_SEEN} && !({_PAID_WITH})",
         then="deny",
         message="a refund goes to the order's original payment method or a gift card",
-    ),
-    Rule(
-        "one-exchange-or-modify",
-        on="before_tool",
-        tools=["exchange_delivered_order_items", "modify_pending_order_items"],
-        when=(
-            "calls.exists(c, c.ok && c.tool in"
-            " ['exchange_delivered_order_items', 'modify_pending_order_items']"
-            " && c.args.order_id == args.order_id)"
-        ),
-        then="deny",
-        message="an order's items can be exchanged or modified once",
     ),
 ]
 
