@@ -10,8 +10,7 @@ import pytest
 
 import fsm_agent
 from fsm_agent import ConfigError
-from fsm_agent.rules import Rule, RuleSet, ToolInfo
-from fsm_agent.rules import ruleset as ruleset_module
+from fsm_agent.rules import Rule, RuleSet, ToolInfo, cel
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -117,7 +116,7 @@ def test_field_mistakes_say_the_fix() -> None:
             Rule("b", on="answer", then="review"),
             Rule("c", on="before_tool", then="retry"),
             Rule("d", on="before_model", tools=["search"], then="deny"),
-            Rule("e", on="before_tool", tools="search", then="deny"),  # type: ignore[arg-type]
+            Rule("e", on="before_tool", tools="search", then="deny"),
             Rule("f", on="before_tool", tools=[], then="deny"),
             Rule("g", on="before_tool", then="limit", limit=-1),
             Rule("h", on="before_tool", then="deny", limit=3),
@@ -168,7 +167,7 @@ def test_an_expression_nested_past_the_engine_limit_is_a_config_error() -> None:
 def test_without_the_cel_engine_a_cel_rule_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ruleset_module.cel, "available", lambda: False)
+    monkeypatch.setattr(cel, "available", lambda: False)
     (found,) = mistakes([Rule("r", on="before_tool", when="tool == 'x'", then="deny")])
     assert "pip install 'fsm-agent[cel]' (Python 3.11+), or give when as a Python callable" in found
     # A callable condition, or none, needs no CEL engine.
@@ -181,12 +180,12 @@ def test_rule_is_a_frozen_value_exported_from_the_package() -> None:
     assert rule.tools == ("search",)  # a list is kept as a tuple
     with pytest.raises(AttributeError):
         rule.id = "other"  # type: ignore[misc]
-    schema = {"type": "object", "required": ["status"]}
+    schema: dict[str, Any] = {"type": "object", "required": ["status"]}
     answer = Rule("a", on="answer", schema=schema, then="retry")
     schema["required"].append("more")  # the rule keeps what it was given
     assert answer.schema == {"type": "object", "required": ["status"]}
     with pytest.raises(TypeError):
-        Rule("positional", "before_tool")  # type: ignore[misc]
+        Rule("positional", "before_tool")  # type: ignore[call-arg]
 
 
 def test_an_unknown_phase_to_judge_is_refused() -> None:

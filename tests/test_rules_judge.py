@@ -273,7 +273,8 @@ def test_an_answer_schema_rule_parses_and_validates_and_says_what_failed() -> No
     )
     assert detail('{"status": "maybe", "n": "two"}') == (
         "answer with a JSON object: the answer does not meet the schema: "
-        "at $.n: 'two' is not of type 'integer'; at $.status: 'maybe' is not one of ['ok', 'failed']"
+        "at $.n: 'two' is not of type 'integer'; "
+        "at $.status: 'maybe' is not one of ['ok', 'failed']"
     )
     assert (
         detail("[" * 100_000)

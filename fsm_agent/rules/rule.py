@@ -101,7 +101,7 @@ class Rule:
     id: str
     _: KW_ONLY
     on: Phase
-    tools: tuple[str, ...] | None = None
+    tools: Sequence[str] | None = None
     when: str | Callable[[Any], Any] | None = None
     then: Verdict
     message: str | None = None
