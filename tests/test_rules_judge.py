@@ -4,6 +4,7 @@ executed calls, schema answers, failing closed, opaque callables, the canonical 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -458,3 +459,59 @@ def test_calls_digest_the_same_whether_cached_or_not() -> None:
         "before_tool", Facts(tool="send_email", calls=json.loads(json.dumps(calls)))
     )
     assert first == again == fresh.inputs_digest
+
+
+def test_one_batch_evaluation_keeps_first_match_and_fail_closed_per_rule() -> None:
+    # The conditions of a tool's rules are evaluated as one CEL list; a rule that cannot
+    # be evaluated must still fail closed only when no earlier rule decided.
+    rules = RuleSet(
+        [
+            Rule(
+                "small",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="args.amount_cents < 10",
+                then="allow",
+            ),
+            Rule(
+                "needs-order",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="args.order_id == 'A'",
+                then="deny",
+            ),
+            Rule(
+                "tier",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="context.tier == 'gold'",
+                then="review",
+            ),
+        ],
+        TOOLS,
+    )
+
+    def judged(args: dict[str, Any], context: dict[str, Any]) -> tuple[str, str | None, bool]:
+        j = rules.judge("before_tool", Facts(tool="issue_refund", args=args, context=context))
+        return j.verdict, j.rule_id, j.error is not None
+
+    gold = {"tier": "gold"}
+    assert judged({"amount_cents": 5}, gold) == ("allow", "small", False)
+    # "needs-order" cannot be evaluated (no order_id) but "small" decided first.
+    assert judged({"amount_cents": 5}, {}) == ("allow", "small", False)
+    assert judged({"amount_cents": 50}, gold) == ("deny", "needs-order", True)
+    assert judged({"amount_cents": 50, "order_id": "B"}, gold) == ("review", "tier", False)
+    assert judged({"amount_cents": 50, "order_id": "B"}, {}) == ("deny", "tier", True)
+    # A context CEL cannot take fails only the rule that reads it.
+    assert judged({"amount_cents": 5}, {"tier": "\ud800"}) == ("allow", "small", False)
+    assert judged({"amount_cents": 50, "order_id": "B"}, {"tier": "\ud800"}) == (
+        "deny",
+        "tier",
+        True,
+    )
+    # The same verdicts as judging the rules one by one (the tool unregistered: no batch).
+    alone = RuleSet([replace(r, tools=None) for r in rules.rules], TOOLS)
+    for args, context in (({"amount_cents": 50}, gold), ({"amount_cents": 5}, {})):
+        one = alone.judge("before_tool", Facts(tool="unregistered", args=args, context=context))
+        both = rules.judge("before_tool", Facts(tool="issue_refund", args=args, context=context))
+        assert (one.verdict, one.rule_id, one.tried) == (both.verdict, both.rule_id, both.tried)

@@ -23,12 +23,14 @@ from typing import Any
 __all__ = [
     "MAX_DEPTH",
     "PHASE_VARIABLES",
+    "CelBatch",
     "CelProblem",
     "CelProgram",
     "Unrepresentable",
     "activation",
     "argument_fields",
     "available",
+    "compile_batch",
     "compile_condition",
     "referenced_names",
     "screen",
@@ -128,12 +130,13 @@ def _env(phase: str) -> Any:
 class CelProgram:
     """A checked condition of one phase; :meth:`evaluate` never raises."""
 
-    __slots__ = ("_expression", "names", "phase", "source")
+    __slots__ = ("_error", "_expression", "names", "phase", "source")
 
     def __init__(self, source: str, phase: str, expression: Any, names: frozenset[str]) -> None:
         self.source = source
         self.phase = phase
         self._expression = expression
+        self._error = _cel().Type.ERROR  # looked up once: evaluate is the hot path
         self.names = names  # the phase variables the source mentions: all it is given
 
     def evaluate(self, activation: Any) -> bool | str:
@@ -142,7 +145,7 @@ class CelProgram:
         ``activation`` comes from :func:`activation` (inputs already screened)."""
         try:
             value = self._expression.eval(activation)
-            if value.type() == _cel().Type.ERROR:
+            if value.type() == self._error:
                 return _one_line(str(value.value()))
             result = value.value()
         except Exception as exc:  # the engine's errors are RuntimeError or ValueError
@@ -150,6 +153,47 @@ class CelProgram:
         if not isinstance(result, bool):
             return f"the condition gave {type(result).__name__} {result!r:.60}, not a bool"
         return result
+
+
+class CelBatch:
+    """Several checked conditions of one phase as one program, ``[c1, c2, ...]``.
+
+    One evaluation instead of one per rule: crossing into C++ and reading the result
+    costs more than a typical condition itself. CEL is side-effect free, so evaluating
+    a condition past the one that decides changes nothing; when any of them fails the
+    whole list fails, and the caller evaluates them one by one (to fail closed on the
+    right rule, and only when an earlier one did not decide)."""
+
+    __slots__ = ("_error", "_expression", "size")
+
+    def __init__(self, expression: Any, size: int) -> None:
+        self._expression = expression
+        self._error = _cel().Type.ERROR
+        self.size = size
+
+    def evaluate(self, activation: Any) -> list[bool] | None:
+        try:
+            value = self._expression.eval(activation)
+            if value.type() == self._error:
+                return None
+            results = value.plain_value()
+        except Exception:  # any failure: the caller evaluates the rules one by one
+            return None
+        if not isinstance(results, list) or len(results) != self.size:
+            return None
+        return results if all(isinstance(r, bool) for r in results) else None
+
+
+def compile_batch(programs: list[CelProgram], phase: str) -> CelBatch | None:
+    """One program for ``programs`` (already checked one by one), or ``None`` when the
+    list does not compile (past the engine's nesting limit, say): then one by one."""
+    if len(programs) < 2:
+        return None
+    try:
+        expression = _env(phase).compile("[" + ", ".join(f"({p.source})" for p in programs) + "]")
+    except Exception:
+        return None
+    return CelBatch(expression, len(programs))
 
 
 def activation(phase: str, variables: Mapping[str, Any]) -> Any:

@@ -60,7 +60,7 @@ class ToolInfo:
 Condition = cel.CelProgram | OpaqueCondition | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: keys of the reads cache
 class _Compiled:
     rule: Rule
     index: int
@@ -117,8 +117,17 @@ class RuleSet:
             phase: tuple(c for c in compiled if c.rule.on == phase)
             for phase in ("before_tool", "after_tool", "before_model", "answer")
         }
-        # The rules of a tool phase that can match a tool, worked out once per tool name.
-        self._for_tool: dict[tuple[str, str | None], tuple[_Compiled, ...]] = {}
+        # The rules of a phase that can match a tool, worked out once per tool name (for
+        # every registered tool here, with their conditions compiled into one batch).
+        self._for_tool: dict[tuple[str, str | None], _Candidates] = {}
+        for phase, rules in self._by_phase.items():
+            if phase in TOOL_PHASES:
+                for tool in self._tools:
+                    self._for_tool[(phase, tool)] = _Candidates.of(
+                        phase, tuple(c for c in rules if c.matches_tool(tool))
+                    )
+            else:
+                self._for_tool[(phase, None)] = _Candidates.of(phase, rules)
         self._entries = _EntryCache()
         self.hash = digest(self.to_json())
 
@@ -305,7 +314,8 @@ class RuleSet:
                 calls=calls[:position],
                 call_id=None,
             )
-            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries))
+            reads = _reads((compiled,))
+            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, reads))
             total += holds is not False  # True, or an error: counted (fails closed)
         return total
 
@@ -313,30 +323,29 @@ class RuleSet:
         info = self._tools.get(tool) if tool is not None else None
         return info.effect if info is not None else None
 
-    def _candidates(self, phase: str, tool: str | None) -> tuple[_Compiled, ...]:
-        rules = self._by_phase.get(phase)
-        if rules is None:
+    def _candidates(self, phase: str, tool: str | None) -> _Candidates:
+        if phase not in self._by_phase:
             raise ValueError(f"{phase!r} is not a phase")
-        if phase not in TOOL_PHASES:
-            return rules
-        key = (phase, tool)
+        key = (phase, tool if phase in TOOL_PHASES else None)
         found = self._for_tool.get(key)
-        if found is None:
-            found = tuple(c for c in rules if c.matches_tool(tool))
+        if found is None:  # a tool that is not registered: no batch compiled for it
+            rules = tuple(c for c in self._by_phase[phase] if c.matches_tool(tool))
+            found = _Candidates(rules, _reads(rules), None)
             if len(self._for_tool) < 10_000:  # a bounded cache: tool names come from a model
                 self._for_tool[key] = found
         return found
 
     def _judge(self, phase: str, facts: Facts, ahead: Sequence[Mapping[str, Any]]) -> Judgement:
-        candidates = self._candidates(phase, facts.tool)
+        found = self._candidates(phase, facts.tool)
         if phase in TOOL_PHASES and facts.effect is None and facts.tool is not None:
             facts = replace(facts, effect=self._effect(facts.tool))
-        inputs = _Inputs(phase, facts, self._entries)
+        inputs = _Inputs(phase, facts, self._entries, found.reads)
+        known = inputs.evaluate_batch(found) if found.batch is not None else None
         tried: list[str] = []
-        for compiled in candidates:
+        for compiled in found.rules:
             rule = compiled.rule
             tried.append(rule.id)
-            holds = _evaluate(compiled, facts, inputs)
+            holds = _evaluate(compiled, facts, inputs, known)
             if isinstance(holds, str):
                 closed = "stop" if phase == "answer" else "deny"
                 return self._verdict(
@@ -439,30 +448,75 @@ class _EntryCache:
 class _Inputs:
     """The inputs of one judgement: screened once, on first use, for all its rules."""
 
-    __slots__ = ("_activation", "_entries", "_names", "_opaque", "_screened", "facts", "phase")
+    __slots__ = (
+        "_activation",
+        "_entries",
+        "_names",
+        "_opaque",
+        "_refused",
+        "_screened",
+        "_wanted",
+        "facts",
+        "phase",
+    )
 
-    def __init__(self, phase: str, facts: Facts, entries: _EntryCache) -> None:
+    def __init__(
+        self, phase: str, facts: Facts, entries: _EntryCache, wanted: frozenset[str]
+    ) -> None:
         self.phase = phase
         self.facts = facts
         self._entries = entries
+        self._wanted = wanted  # what the candidate rules read
         self._screened: dict[str, Any] = {}
+        self._refused: dict[str, cel.Unrepresentable] = {}
         self._activation: Any = None
         self._names: set[str] = set()  # the variables the tried rules read (digested)
         self._opaque: list[str] = []
 
     def activation_for(self, program: cel.CelProgram) -> Any:
-        """An activation holding (at least) ``program``'s variables; raises
-        :class:`~fsm_agent.rules.cel.Unrepresentable` for an input CEL cannot take."""
+        """An activation for ``program``; raises
+        :class:`~fsm_agent.rules.cel.Unrepresentable` for an input of it CEL cannot take.
+
+        Built once per judgement with every variable the candidate rules read, so one
+        activation serves them all; a variable CEL cannot take is left out of it and
+        fails only the rules that read it."""
         self._names |= program.names
-        missing = program.names - self._screened.keys()
-        if missing or self._activation is None:
-            for name in sorted(missing):
+        try:
+            return self._activation_of_all()
+        except cel.Unrepresentable:
+            for name in program.names & self._refused.keys():
+                raise self._refused[name] from None
+            return self._activation
+
+    def note(self, program: cel.CelProgram) -> None:
+        """``program`` was tried (its result came from the batch): digest what it reads."""
+        self._names |= program.names
+
+    def evaluate_batch(self, found: _Candidates) -> dict[int, bool] | None:
+        """The batch's results by condition id, or ``None`` (then one by one)."""
+        assert found.batch is not None
+        batch, ids = found.batch
+        try:
+            activation = self._activation_of_all()
+        except cel.Unrepresentable:
+            return None
+        results = batch.evaluate(activation)
+        return dict(zip(ids, results, strict=True)) if results is not None else None
+
+    def _activation_of_all(self) -> Any:
+        if self._activation is None:
+            for name in sorted(self._wanted):
                 value = self.facts.variable(name)
-                if name == "calls" and isinstance(value, list):
-                    self._screened[name] = self._entries.screened(value)
-                else:
-                    self._screened[name] = cel.screen(value, name)
+                try:
+                    if name == "calls" and isinstance(value, list):
+                        self._screened[name] = self._entries.screened(value)
+                    else:
+                        self._screened[name] = cel.screen(value, name)
+                except cel.Unrepresentable as exc:
+                    self._refused[name] = exc
             self._activation = cel.activation(self.phase, self._screened)
+        if self._refused:
+            raise next(iter(self._refused.values()))
         return self._activation
 
     def read_everything(self, rule_id: str) -> None:
@@ -484,11 +538,52 @@ class _Inputs:
         return digest({"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen})
 
 
-def _evaluate(compiled: _Compiled, facts: Facts, inputs: _Inputs) -> bool | str:
-    """Whether the rule's condition holds, or why it cannot be said (then: fail closed)."""
+@dataclass(frozen=True)
+class _Candidates:
+    """The rules one judgement tries, what their CEL conditions read, and their batch."""
+
+    rules: tuple[_Compiled, ...]
+    reads: frozenset[str]
+    batch: tuple[cel.CelBatch, tuple[int, ...]] | None  # and the ids of its conditions
+
+    @classmethod
+    def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
+        programs = [c.condition for c in rules if isinstance(c.condition, cel.CelProgram)]
+        batch = cel.compile_batch(programs, phase)
+        ids = tuple(id(p) for p in programs)
+        return cls(rules, _reads(rules), (batch, ids) if batch is not None else None)
+
+
+def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
+    """The variables the CEL conditions of ``rules`` read."""
+    found = _READS.get(rules)
+    if found is None:
+        found = frozenset().union(
+            *(c.condition.names for c in rules if isinstance(c.condition, cel.CelProgram))
+        )
+        if len(_READS) < 10_000:
+            _READS[rules] = found
+    return found
+
+
+_READS: dict[tuple[_Compiled, ...], frozenset[str]] = {}
+
+
+def _evaluate(
+    compiled: _Compiled,
+    facts: Facts,
+    inputs: _Inputs,
+    known: Mapping[int, bool] | None = None,
+) -> bool | str:
+    """Whether the rule's condition holds, or why it cannot be said (then: fail closed).
+
+    ``known`` holds the batch's results (by the condition's id) where it evaluated."""
     condition = compiled.condition
     if condition is None:
         return True
+    if known is not None and isinstance(condition, cel.CelProgram):
+        inputs.note(condition)
+        return known[id(condition)]
     if isinstance(condition, OpaqueCondition):
         inputs.read_everything(compiled.rule.id)
         try:
