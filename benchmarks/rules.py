@@ -25,7 +25,7 @@ from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from tau2_policy import policy, steps_with_facts, tasks  # noqa: E402
+from tau2_policy import policy, steps_with_facts, tasks
 
 ROUNDS = 100
 REPEATS = 7

@@ -13,6 +13,9 @@ from fsm_agent import ConfigError
 from fsm_agent.rules import Facts, Judgement, OpaqueCondition, Rule, RuleSet, ToolInfo
 from fsm_agent.rules.canonical import canonical_text, digest
 
+# CEL conditions need the `cel` extra (CPython 3.11+); without it these tests cannot run.
+pytest.importorskip("cel_expr_python")
+
 OBJ = "object"
 TOOLS = {
     "issue_refund": ToolInfo(

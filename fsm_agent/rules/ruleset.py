@@ -88,6 +88,8 @@ class RuleSet:
     def __init__(self, rules: Iterable[Rule], tools: Mapping[str, ToolFacts | ToolInfo]) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules)
         self._tools = dict(tools)
+        # Each tool's argument names, once (not once per rule that matches it).
+        self._arguments = {name: _declared_arguments(t.schema) for name, t in self._tools.items()}
         problems: list[str] = []
         compiled: list[_Compiled] = []
         seen: dict[str, int] = {}
@@ -119,15 +121,15 @@ class RuleSet:
         }
         # The rules of a phase that can match a tool, worked out once per tool name (for
         # every registered tool here, with their conditions compiled into one batch).
+        # Tools that match the same rules share one batch (compiled once, not per tool).
         self._for_tool: dict[tuple[str, str | None], _Candidates] = {}
-        for phase, rules in self._by_phase.items():
-            if phase in TOOL_PHASES:
-                for tool in self._tools:
-                    self._for_tool[(phase, tool)] = _Candidates.of(
-                        phase, tuple(c for c in rules if c.matches_tool(tool))
-                    )
-            else:
-                self._for_tool[(phase, None)] = _Candidates.of(phase, rules)
+        shared: dict[tuple[_Compiled, ...], _Candidates] = {}
+        for phase, of_phase in self._by_phase.items():
+            for tool in self._tools if phase in TOOL_PHASES else (None,):
+                matching = tuple(c for c in of_phase if tool is None or c.matches_tool(tool))
+                if matching not in shared:
+                    shared[matching] = _Candidates.of(phase, matching)
+                self._for_tool[(phase, tool)] = shared[matching]
         self._entries = _EntryCache()
         self.hash = digest(self.to_json())
 
@@ -167,13 +169,12 @@ class RuleSet:
         if rule.on not in TOOL_PHASES:
             return []
         matched = [
-            t
-            for n, t in self._tools.items()
+            self._arguments[n]
+            for n in self._tools
             if rule.tools is None or any(fnmatchcase(n, g) for g in rule.tools)
         ]
         declared: set[str] = set()
-        for tool in matched:
-            names = _declared_arguments(tool.schema)
+        for names in matched:
             if names is None:
                 return []  # a tool that takes any argument: nothing to hold a name against
             declared |= names
