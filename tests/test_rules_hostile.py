@@ -128,3 +128,16 @@ def test_the_canonical_text_of_any_value_exists_and_is_injective_on_hard_cases()
     assert canonical_text({"b": 1, "a": [1.5, None]}) == '{"a":[1.5,null],"b":1}'
     assert canonical_text(deep(50_000)).startswith("!")
     assert digest(deep(50_000)) != digest(deep(50_001))
+
+
+@given(tool=JSONISH, calls=JSONISH, counters=JSONISH, context=JSONISH, args=JSONISH)
+@example(tool=["unhashable"], calls=None, counters=None, context=None, args=None)
+@example(tool=7, calls=[1, "x", None], counters=[], context="ctx", args=[1])
+def test_facts_of_the_wrong_shape_never_raise_either(
+    tool: Any, calls: Any, counters: Any, context: Any, args: Any
+) -> None:
+    facts = Facts(tool=tool, args=args, calls=calls, counters=counters, context=context)
+    for phase in ("before_tool", "after_tool", "before_model", "answer"):
+        judged = RULES.judge(phase, facts)
+        assert judged.inputs_digest.startswith("sha256:")
+    RULES.judge_batch([facts, facts])

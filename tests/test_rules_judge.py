@@ -518,3 +518,34 @@ def test_one_batch_evaluation_keeps_first_match_and_fail_closed_per_rule() -> No
         one = alone.judge("before_tool", Facts(tool="unregistered", args=args, context=context))
         both = rules.judge("before_tool", Facts(tool="issue_refund", args=args, context=context))
         assert (one.verdict, one.rule_id, one.tried) == (both.verdict, both.rule_id, both.tried)
+
+
+def test_a_real_registry_gives_the_tools_facts() -> None:
+    from fsm_agent import ToolRegistry
+
+    registry = ToolRegistry()
+
+    @registry.tool(
+        schema={"type": "object", "properties": {"amount_cents": {"type": "integer"}}},
+        effect="write",
+    )
+    def issue_refund(amount_cents: int) -> dict[str, Any]:
+        return {"refunded": amount_cents}
+
+    tools = {tool.name: tool for tool in registry}
+    rules = RuleSet(
+        [
+            Rule(
+                "writes-over-50",
+                on="before_tool",
+                tools=["issue_*"],
+                when="effect == 'write' && args.amount_cents > 5000",
+                then="review",
+            )
+        ],
+        tools,
+    )
+    judged = rules.judge("before_tool", Facts(tool="issue_refund", args={"amount_cents": 6000}))
+    assert (judged.verdict, judged.rule_id) == ("review", "writes-over-50")  # effect filled in
+    with pytest.raises(ConfigError, match="args.amount is an argument of no tool"):
+        RuleSet([Rule("typo", on="before_tool", when="args.amount > 1", then="deny")], tools)

@@ -40,7 +40,7 @@ class Facts:
         value = getattr(self, name)
         if value is None and name == "args":
             return {}
-        if name == "calls":
+        if name == "calls" and isinstance(value, list | tuple):
             return list(value)
         return value
 

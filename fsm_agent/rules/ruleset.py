@@ -15,6 +15,7 @@ for answers) with the error in the judgement.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
@@ -73,7 +74,7 @@ class _Compiled:
 
     def matches_tool(self, tool: str | None) -> bool:
         globs = self.rule.tools
-        return globs is None or (tool is not None and any(fnmatchcase(tool, g) for g in globs))
+        return globs is None or (isinstance(tool, str) and any(fnmatchcase(tool, g) for g in globs))
 
 
 class RuleSet:
@@ -297,6 +298,8 @@ class RuleSet:
                 facts.counters.get("model_calls", 0) if isinstance(facts.counters, Mapping) else 0
             )
             return count if isinstance(count, int) else 0
+        if not isinstance(facts.calls, list | tuple):
+            return sys.maxsize  # executions that cannot be counted: the limit fails closed
         calls = [*facts.calls, *ahead]
         total = 0
         for position, call in enumerate(calls):
@@ -321,13 +324,14 @@ class RuleSet:
         return total
 
     def _effect(self, tool: str | None) -> str | None:
-        info = self._tools.get(tool) if tool is not None else None
+        info = self._tools.get(tool) if isinstance(tool, str) else None
         return info.effect if info is not None else None
 
     def _candidates(self, phase: str, tool: str | None) -> _Candidates:
         if phase not in self._by_phase:
             raise ValueError(f"{phase!r} is not a phase")
-        key = (phase, tool if phase in TOOL_PHASES else None)
+        # A tool name that is not a string (never one a model may call) matches no glob.
+        key = (phase, tool if phase in TOOL_PHASES and isinstance(tool, str) else None)
         found = self._for_tool.get(key)
         if found is None:  # a tool that is not registered: no batch compiled for it
             rules = tuple(c for c in self._by_phase[phase] if c.matches_tool(tool))
@@ -338,7 +342,7 @@ class RuleSet:
 
     def _judge(self, phase: str, facts: Facts, ahead: Sequence[Mapping[str, Any]]) -> Judgement:
         found = self._candidates(phase, facts.tool)
-        if phase in TOOL_PHASES and facts.effect is None and facts.tool is not None:
+        if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
             facts = replace(facts, effect=self._effect(facts.tool))
         inputs = _Inputs(phase, facts, self._entries, found.reads)
         known = inputs.evaluate_batch(found) if found.batch is not None else None
@@ -535,7 +539,8 @@ class _Inputs:
         seen: dict[str, Any] = {}
         for name in sorted(self._names):
             value = self.facts.variable(name)
-            seen[name] = self._entries.digests(value) if name == "calls" else value
+            listed = name == "calls" and isinstance(value, list)
+            seen[name] = self._entries.digests(value) if listed else value
         return digest({"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen})
 
 
