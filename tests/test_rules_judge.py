@@ -547,5 +547,19 @@ def test_a_real_registry_gives_the_tools_facts() -> None:
     )
     judged = rules.judge("before_tool", Facts(tool="issue_refund", args={"amount_cents": 6000}))
     assert (judged.verdict, judged.rule_id) == ("review", "writes-over-50")  # effect filled in
-    with pytest.raises(ConfigError, match="args.amount is an argument of no tool"):
+    with pytest.raises(ConfigError, match=r"args\.amount is an argument of no tool"):
         RuleSet([Rule("typo", on="before_tool", when="args.amount > 1", then="deny")], tools)
+
+
+def test_the_canonical_text_is_fixed_across_versions() -> None:
+    # Runs record this text and its hash in their header; a change here is a new format
+    # (FORMAT), never a silent one: a run begun under these rules must resume under them.
+    rules = RuleSet(
+        [Rule("three-searches", on="before_tool", tools=["search"], then="limit", limit=3)],
+        TOOLS,
+    )
+    assert rules.canonical == (
+        '{"format":1,"rules":[{"id":"three-searches","limit":3,"message":null,'
+        '"on":"before_tool","schema":null,"then":"limit","tools":["search"],"when":null}]}'
+    )
+    assert rules.hash == "sha256:44c30c76549bd1df6cc646fd408aa8935aa15d69e8645d9eca47e6c1351dc89d"

@@ -301,6 +301,7 @@ class RuleSet:
         if not isinstance(facts.calls, list | tuple):
             return sys.maxsize  # executions that cannot be counted: the limit fails closed
         calls = [*facts.calls, *ahead]
+        reads = _reads((compiled,))
         total = 0
         for position, call in enumerate(calls):
             tool = call.get("tool") if isinstance(call, Mapping) else None
@@ -318,7 +319,6 @@ class RuleSet:
                 calls=calls[:position],
                 call_id=None,
             )
-            reads = _reads((compiled,))
             holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, reads))
             total += holds is not False  # True, or an error: counted (fails closed)
         return total
@@ -562,17 +562,9 @@ class _Candidates:
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
     """The variables the CEL conditions of ``rules`` read."""
-    found = _READS.get(rules)
-    if found is None:
-        found = frozenset().union(
-            *(c.condition.names for c in rules if isinstance(c.condition, cel.CelProgram))
-        )
-        if len(_READS) < 10_000:
-            _READS[rules] = found
-    return found
-
-
-_READS: dict[tuple[_Compiled, ...], frozenset[str]] = {}
+    return frozenset().union(
+        *(c.condition.names for c in rules if isinstance(c.condition, cel.CelProgram))
+    )
 
 
 def _evaluate(
