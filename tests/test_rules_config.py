@@ -195,3 +195,23 @@ def test_an_unknown_phase_to_judge_is_refused() -> None:
     rules = RuleSet([], TOOLS)
     with pytest.raises(ValueError, match=re.escape("'on_tool' is not a phase")):
         rules.judge("on_tool", fsm_agent.rules.Facts())
+
+
+def test_tools_that_are_not_tools_are_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        RuleSet([], {"search": "read", 3: TOOLS["search"]})  # type: ignore[dict-item]
+    assert str(caught.value).splitlines() == [
+        "the rule set's tools cannot be read:",
+        "  - tools['search'] is a str, not a tool: give an fsm_agent.Tool or "
+        "ToolInfo(effect, schema)",
+        "  - a tool name must be a string, got 3",
+    ]
+    with pytest.raises(ConfigError, match=r"\{tool.name: tool for tool in registry\}"):
+        RuleSet([], ["search"])  # type: ignore[arg-type]
+
+
+def test_an_id_that_is_not_a_string_is_a_mistake_not_a_crash() -> None:
+    (found,) = mistakes([Rule(["x"], on="before_tool", then="deny")])  # type: ignore[arg-type]
+    assert found == "rule ['x'] (rules[0]): id must be a non-empty string, got ['x']"
+    (found,) = mistakes([Rule("s", on="answer", schema=[1], then="retry")])  # type: ignore[arg-type]
+    assert found == "rule 's' (rules[0]): schema must be a JSON Schema object, got [1]"

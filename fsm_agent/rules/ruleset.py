@@ -28,7 +28,7 @@ from fsm_agent.errors import ConfigError
 from fsm_agent.rules import cel
 from fsm_agent.rules.canonical import canonical_text, digest
 from fsm_agent.rules.facts import PASS, Facts, Judgement
-from fsm_agent.rules.rule import TOOL_PHASES, OpaqueCondition, Rule
+from fsm_agent.rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
 
 __all__ = ["FORMAT", "RuleSet", "ToolFacts", "ToolInfo"]
 
@@ -88,10 +88,14 @@ class RuleSet:
 
     def __init__(self, rules: Iterable[Rule], tools: Mapping[str, ToolFacts | ToolInfo]) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules)
+        problems = _tools_problems(tools)
+        if problems:  # nothing about the rules can be checked against tools like these
+            raise ConfigError(
+                "the rule set's tools cannot be read:\n" + "\n".join(f"  - {p}" for p in problems)
+            )
         self._tools = dict(tools)
         # Each tool's argument names, once (not once per rule that matches it).
         self._arguments = {name: _declared_arguments(t.schema) for name, t in self._tools.items()}
-        problems: list[str] = []
         compiled: list[_Compiled] = []
         seen: dict[str, int] = {}
         for index, rule in enumerate(self.rules):
@@ -102,7 +106,8 @@ class RuleSet:
             mistakes = rule.field_problems()
             if isinstance(rule.id, str) and rule.id in seen:
                 mistakes.append(f"the id is also rules[{seen[rule.id]}]'s; ids must be unique")
-            seen.setdefault(rule.id, index)
+            if isinstance(rule.id, str):
+                seen.setdefault(rule.id, index)
             if not any(m.startswith("on=") for m in mistakes):
                 mistakes += self._glob_problems(rule)
                 condition, more = self._condition(rule)
@@ -117,8 +122,7 @@ class RuleSet:
             raise ConfigError(f"{count} in the rules:\n" + "\n".join(f"  - {p}" for p in problems))
         self._compiled = tuple(compiled)
         self._by_phase: dict[str, tuple[_Compiled, ...]] = {
-            phase: tuple(c for c in compiled if c.rule.on == phase)
-            for phase in ("before_tool", "after_tool", "before_model", "answer")
+            phase: tuple(c for c in compiled if c.rule.on == phase) for phase in PHASES
         }
         # The rules of a phase that can match a tool, worked out once per tool name (for
         # every registered tool here, with their conditions compiled into one batch).
@@ -190,8 +194,8 @@ class RuleSet:
 
     @staticmethod
     def _validator(rule: Rule) -> tuple[Draft202012Validator | None, list[str]]:
-        if rule.schema is None or rule.on != "answer":
-            return None, []
+        if not isinstance(rule.schema, Mapping) or rule.on != "answer":
+            return None, []  # no schema, or one the field checks already refused
         try:
             Draft202012Validator.check_schema(rule.schema)
         except SchemaError as exc:
@@ -205,10 +209,7 @@ class RuleSet:
 
     def to_json(self) -> dict[str, Any]:
         """The rules in order, in canonical form: what a run's header records."""
-        return {"format": FORMAT, "rules": [_rule_json(c) for c in self._compiled_or_rules()]}
-
-    def _compiled_or_rules(self) -> Sequence[_Compiled]:
-        return self._compiled
+        return {"format": FORMAT, "rules": [_rule_json(c) for c in self._compiled]}
 
     @property
     def canonical(self) -> str:
@@ -628,6 +629,24 @@ def _schema_failures(validator: Draft202012Validator, answer: str | None) -> str
 #: What makes an object schema take fields it does not list (as ``tools/registry.py``
 #: reads them: a schema silent about extra fields is closed when a tool is registered).
 _OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def _tools_problems(tools: Any) -> list[str]:
+    """What makes ``tools`` unusable: it must map names to objects with an ``effect``
+    and a ``schema`` (``fsm_agent.Tool``, or :class:`ToolInfo`)."""
+    if not isinstance(tools, Mapping):
+        hint = " (for a ToolRegistry: {tool.name: tool for tool in registry})"
+        return [f"tools must be a mapping of name to tool, got {type(tools).__name__}{hint}"]
+    problems = []
+    for name, tool in tools.items():
+        if not isinstance(name, str):
+            problems.append(f"a tool name must be a string, got {name!r:.40}")
+        elif not hasattr(tool, "effect") or not hasattr(tool, "schema"):
+            problems.append(
+                f"tools[{name!r}] is a {type(tool).__name__}, not a tool: give an "
+                "fsm_agent.Tool or ToolInfo(effect, schema)"
+            )
+    return problems
 
 
 def _declared_arguments(schema: Any) -> set[str] | None:
