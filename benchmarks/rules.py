@@ -72,7 +72,7 @@ def judge_us(history: int) -> float:
             tool="lookup",
             args={"order_id": f"B{n}"},
             calls=calls,
-            counters={"model_calls": n},
+            counters={"model_calls": n % 100},
             context={"tier": "gold"},
             call_id=f"call-{n}",
         )

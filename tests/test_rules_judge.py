@@ -518,6 +518,7 @@ def test_one_batch_evaluation_keeps_first_match_and_fail_closed_per_rule() -> No
         one = alone.judge("before_tool", Facts(tool="unregistered", args=args, context=context))
         both = rules.judge("before_tool", Facts(tool="issue_refund", args=args, context=context))
         assert (one.verdict, one.rule_id, one.tried) == (both.verdict, both.rule_id, both.tried)
+        assert one.inputs_digest == both.inputs_digest  # the same inputs read, either way
 
 
 def test_a_real_registry_gives_the_tools_facts() -> None:

@@ -276,44 +276,69 @@ def _one_line(text: str) -> str:
 def screen(value: Any, where: str) -> Any:  # noqa: C901 - one branch per kind of JSON value
     """``value`` as CEL may take it (tuples become lists), or :class:`Unrepresentable`.
 
-    Iterative, so a hostile nesting depth costs no Python recursion either."""
+    Iterative, so a hostile nesting depth costs no Python recursion either. A value's
+    path is kept as a chain of (parent, key) and spelled out only for the error: building
+    it for every element would cost more than the screen itself."""
+    kind = type(value)
+    if kind is str or kind is float or kind is bool or value is None:  # the common case
+        if kind is str:
+            _utf8(value, (None, where))
+        return value
     root: list[Any] = [None]
-    # (value, its path, its depth, the container to store into, the slot)
-    stack: list[tuple[Any, str, int, Any, Any]] = [(value, where, 0, root, 0)]
+    # (value, its depth, the container to store it into, the slot, its path)
+    stack: list[tuple[Any, int, Any, Any, _Trail]] = [(value, 0, root, 0, (None, where))]
     while stack:
-        item, path, depth, into, slot = stack.pop()
+        item, depth, into, slot, trail = stack.pop()
         if depth > MAX_DEPTH:
-            raise Unrepresentable(f"{path}: nested deeper than {MAX_DEPTH} levels")
+            raise Unrepresentable(f"{_spell(trail)}: nested deeper than {MAX_DEPTH} levels")
         if item is None or isinstance(item, bool):
             into[slot] = item
         elif isinstance(item, int):
             if not _INT_MIN <= item <= _INT_MAX:
-                raise Unrepresentable(f"{path}: an integer outside CEL's 64-bit range")
+                raise Unrepresentable(f"{_spell(trail)}: an integer outside CEL's 64-bit range")
             into[slot] = int(item)
         elif isinstance(item, float):
             into[slot] = float(item)  # NaN and infinities are CEL doubles: compared, not refused
         elif isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise Unrepresentable(f"{path}: a string with a lone surrogate") from None
+            _utf8(item, trail)
             into[slot] = str(item)
         elif isinstance(item, Mapping):
             copy: dict[str, Any] = {}
             into[slot] = copy
             for key, element in item.items():
                 if not isinstance(key, str):
-                    raise Unrepresentable(f"{path}: a key that is not a string ({key!r:.40})")
-                try:
-                    key.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise Unrepresentable(f"{path}: a key with a lone surrogate") from None
-                stack.append((element, f"{path}.{key}", depth + 1, copy, key))
+                    raise Unrepresentable(
+                        f"{_spell(trail)}: a key that is not a string ({key!r:.40})"
+                    )
+                _utf8(key, trail, "a key")
+                stack.append((element, depth + 1, copy, key, (trail, key)))
         elif isinstance(item, list | tuple):
             elements: list[Any] = [None] * len(item)
             into[slot] = elements
             for index, element in enumerate(item):
-                stack.append((element, f"{path}[{index}]", depth + 1, elements, index))
+                stack.append((element, depth + 1, elements, index, (trail, index)))
         else:
-            raise Unrepresentable(f"{path}: a {type(item).__name__}, not a JSON value")
+            raise Unrepresentable(f"{_spell(trail)}: a {type(item).__name__}, not a JSON value")
     return root[0]
+
+
+#: Where a screened value is: (the parent's trail, the key or index), the root's parent
+#: being ``None`` and its key the variable's name.
+_Trail = tuple[Any, "str | int"]
+
+
+def _utf8(text: str, trail: _Trail, what: str = "a string") -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unrepresentable(f"{_spell(trail)}: {what} with a lone surrogate") from None
+
+
+def _spell(trail: _Trail) -> str:
+    keys: list[str | int] = []
+    node: Any = trail
+    while node is not None:
+        node, key = node
+        keys.append(key)
+    keys.reverse()
+    return str(keys[0]) + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys[1:])

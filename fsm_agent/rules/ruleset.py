@@ -348,9 +348,11 @@ class RuleSet:
         inputs = _Inputs(phase, facts, self._entries, found.reads)
         known = inputs.evaluate_batch(found) if found.batch is not None else None
         tried: list[str] = []
-        for compiled in found.rules:
+        for position, compiled in enumerate(found.rules):
             rule = compiled.rule
             tried.append(rule.id)
+            if known is not None:
+                inputs.upto = found.upto[position]
             holds = _evaluate(compiled, facts, inputs, known)
             if isinstance(holds, str):
                 closed = "stop" if phase == "answer" else "deny"
@@ -464,6 +466,7 @@ class _Inputs:
         "_wanted",
         "facts",
         "phase",
+        "upto",
     )
 
     def __init__(
@@ -475,6 +478,7 @@ class _Inputs:
         self._wanted = wanted  # what the candidate rules read
         self._screened: dict[str, Any] = {}
         self._refused: dict[str, cel.Unrepresentable] = {}
+        self.upto: frozenset[str] = frozenset()  # what the batch-evaluated rules tried read
         self._activation: Any = None
         self._names: set[str] = set()  # the variables the tried rules read (digested)
         self._opaque: list[str] = []
@@ -493,10 +497,6 @@ class _Inputs:
             for name in program.names & self._refused.keys():
                 raise self._refused[name] from None
             return self._activation
-
-    def note(self, program: cel.CelProgram) -> None:
-        """``program`` was tried (its result came from the batch): digest what it reads."""
-        self._names |= program.names
 
     def evaluate_batch(self, found: _Candidates) -> dict[int, bool] | None:
         """The batch's results by condition id, or ``None`` (then one by one)."""
@@ -538,7 +538,7 @@ class _Inputs:
         entries' digests (each computed once per run), so the digest of a judgement late
         in a long run costs no more than an early one."""
         seen: dict[str, Any] = {}
-        for name in sorted(self._names):
+        for name in sorted(self._names | self.upto):
             value = self.facts.variable(name)
             listed = name == "calls" and isinstance(value, list)
             seen[name] = self._entries.digests(value) if listed else value
@@ -552,13 +552,17 @@ class _Candidates:
     rules: tuple[_Compiled, ...]
     reads: frozenset[str]
     batch: tuple[cel.CelBatch, tuple[int, ...]] | None  # and the ids of its conditions
+    #: What the CEL conditions of ``rules[: i + 1]`` read: a judgement that stops at rule
+    #: ``i`` digests this, with no set union per rule tried.
+    upto: tuple[frozenset[str], ...] = ()
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
         programs = [c.condition for c in rules if isinstance(c.condition, cel.CelProgram)]
         batch = cel.compile_batch(programs, phase)
         ids = tuple(id(p) for p in programs)
-        return cls(rules, _reads(rules), (batch, ids) if batch is not None else None)
+        upto = tuple(_reads(rules[: i + 1]) for i in range(len(rules)))
+        return cls(rules, _reads(rules), (batch, ids) if batch is not None else None, upto)
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
@@ -581,8 +585,7 @@ def _evaluate(
     if condition is None:
         return True
     if known is not None and isinstance(condition, cel.CelProgram):
-        inputs.note(condition)
-        return known[id(condition)]
+        return known[id(condition)]  # what it reads is digested through inputs.upto
     if isinstance(condition, OpaqueCondition):
         inputs.read_everything(compiled.rule.id)
         try:
