@@ -346,6 +346,10 @@ class RuleSet:
         if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
             facts = replace(facts, effect=self._effect(facts.tool))
         inputs = _Inputs(phase, facts, self._entries, found.reads)
+        if found.plain:
+            results = inputs.batch_results(found)
+            if results is not None:
+                return self._plain(inputs, found, results)
         known = inputs.evaluate_batch(found) if found.batch is not None else None
         tried: list[str] = []
         for position, compiled in enumerate(found.rules):
@@ -390,6 +394,27 @@ class RuleSet:
             tried=tuple(tried),
             opaque=inputs.opaque_ids(),
         )
+
+    def _plain(self, inputs: _Inputs, found: _Candidates, results: list[bool]) -> Judgement:
+        """The common case without the loop: every rule a CEL condition with a plain
+        verdict, all evaluated at once, and the first that holds decides."""
+        if True not in results:
+            inputs.upto = found.reads
+            return Judgement(
+                phase=inputs.phase,
+                verdict=PASS,
+                rule_id=None,
+                inputs_digest=inputs.digest(),
+                call_id=inputs.facts.call_id,
+                tried=found.ids,
+            )
+        position = results.index(True)
+        inputs.upto = found.upto[position]
+        compiled = found.rules[position]
+        rule = compiled.rule
+        detail = rule.message or f"rule {rule.id!r}: {rule.condition_text()}"
+        tried = list(found.ids[: position + 1])
+        return self._verdict(inputs, tried, compiled, rule.then, detail, None)
 
     @staticmethod
     def _verdict(
@@ -501,13 +526,17 @@ class _Inputs:
     def evaluate_batch(self, found: _Candidates) -> dict[int, bool] | None:
         """The batch's results by condition id, or ``None`` (then one by one)."""
         assert found.batch is not None
-        batch, ids = found.batch
+        results = self.batch_results(found)
+        return dict(zip(found.batch[1], results, strict=True)) if results is not None else None
+
+    def batch_results(self, found: _Candidates) -> list[bool] | None:
+        """The batch's results in the order of its conditions, or ``None``."""
+        assert found.batch is not None
         try:
             activation = self._activation_of_all()
         except cel.Unrepresentable:
             return None
-        results = batch.evaluate(activation)
-        return dict(zip(ids, results, strict=True)) if results is not None else None
+        return found.batch[0].evaluate(activation)
 
     def _activation_of_all(self) -> Any:
         if self._activation is None:
@@ -555,6 +584,10 @@ class _Candidates:
     #: What the CEL conditions of ``rules[: i + 1]`` read: a judgement that stops at rule
     #: ``i`` digests this, with no set union per rule tried.
     upto: tuple[frozenset[str], ...] = ()
+    ids: tuple[str, ...] = ()  # the rules' ids
+    #: Every rule a CEL condition deciding as it holds (no limit, no schema): the batch's
+    #: first true result is the verdict.
+    plain: bool = False
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
@@ -562,7 +595,20 @@ class _Candidates:
         batch = cel.compile_batch(programs, phase)
         ids = tuple(id(p) for p in programs)
         upto = tuple(_reads(rules[: i + 1]) for i in range(len(rules)))
-        return cls(rules, _reads(rules), (batch, ids) if batch is not None else None, upto)
+        plain = batch is not None and all(
+            isinstance(c.condition, cel.CelProgram)
+            and c.rule.then != "limit"
+            and c.validator is None
+            for c in rules
+        )
+        return cls(
+            rules,
+            _reads(rules),
+            (batch, ids) if batch is not None else None,
+            upto,
+            tuple(c.rule.id for c in rules),
+            plain,
+        )
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
