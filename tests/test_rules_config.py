@@ -215,3 +215,18 @@ def test_an_id_that_is_not_a_string_is_a_mistake_not_a_crash() -> None:
     assert found == "rule ['x'] (rules[0]): id must be a non-empty string, got ['x']"
     (found,) = mistakes([Rule("s", on="answer", schema=[1], then="retry")])  # type: ignore[arg-type]
     assert found == "rule 's' (rules[0]): schema must be a JSON Schema object, got [1]"
+
+
+def test_importing_the_package_does_not_load_the_cel_engine() -> None:
+    # `import fsm_agent` must work, and stay cheap, without the `cel` extra: the engine
+    # is loaded by the first rule set that has a CEL condition.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fsm_agent; from fsm_agent.rules import RuleSet, Rule\n"
+        "assert 'cel_expr_python' not in sys.modules\n"
+        "RuleSet([Rule('r', on='before_model', when=lambda f: True, then='deny')], {})\n"
+        "assert 'cel_expr_python' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
