@@ -111,7 +111,7 @@ def _approved_run() -> tuple[list[dict[str, Any]], Any]:
     rt = make_runtime([calls(call("w1", "write", **TICKET)), say("ok")], store=store, approval=True)
     paused = rt.run("go", run_id="r1")
     assert paused.reason == "approval_required"
-    done = rt.approve("r1", "w1")
+    done = rt.approve("r1", "w1", resume=True)
     assert done.status == "done"
     return done.events, rt
 

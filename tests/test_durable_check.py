@@ -21,7 +21,7 @@ def reviewed(backend: Backend) -> list[dict[str, Any]]:
         approval=True,
     )
     rt.run("file it", run_id="r1")
-    return rt.approve("r1", "c1").events
+    return rt.approve("r1", "c1", resume=True).events
 
 
 def renumber(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -53,5 +53,5 @@ def test_a_reconciled_result_needs_no_attempt(backend: Backend) -> None:
     assert first.run("file it").reason == "outcome_unknown"  # R-1 is left pending
     rt = make_runtime([calls(call("k1", "write", **WRITE)), say("Filed.")], backend, store=store)
     assert rt.run("file it", run_id="r2").reason == "outcome_unknown"  # never attempted
-    done = rt.reconcile("r2", "k1", {"ticket": "T-1"})
+    done = rt.reconcile("r2", "k1", {"ticket": "T-1"}, resume=True)
     assert done.status == "done" and check_events(done.events) == []

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sqlite3
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,28 @@ def test_approve_records_and_the_application_resumes(
     assert (done.status, done.answer) == ("done", "Filed.") and backend.writes == [WRITE]
 
 
+def test_a_review_records_who_decided_when_and_why(
+    db: Path, backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = runs(
+        capsys, "approve", "--db", str(db), "r1", "c1", "--by", "ana", "--note", "R-1 checked"
+    )
+    assert code == 0 and "recorded approve of c1 in run r1 by ana" in out
+    with SqliteStore(db) as store:
+        events = store.load_run("r1").events
+    transition, review = events[-2:]
+    assert (transition["trigger"], transition["source"], transition["dest"]) == (
+        "review", "review_required", "review_required",
+    )  # fmt: skip
+    assert transition["guards"] == {"review_fits": True}
+    assert (review["type"], review["reviewer"], review["note"]) == ("review", "ana", "R-1 checked")
+    stamped = datetime.fromisoformat(review["at"].replace("Z", "+00:00"))
+    assert stamped.utcoffset() == timedelta(0)
+    assert abs((datetime.now(timezone.utc) - stamped).total_seconds()) < 60
+    code, _, err = runs(capsys, "deny", "--db", str(db), "r1", "c2", "--reason", "x", "--by", " ")
+    assert code == 2 and "the review's reviewer must be a non-empty string" in err
+
+
 def test_deny_and_reconcile_record_their_payload(
     db: Path, backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -110,8 +133,9 @@ def test_deny_and_reconcile_record_their_payload(
             store=store,
         ).run("again", run_id="r3")
     code, out, _ = runs(
-        capsys, "reconcile", "--db", str(db), "r3", "c1", "--result", '{"ticket": "T-9"}'
-    )
+        capsys, "reconcile", "--db", str(db), "r3", "c1", "--result", '{"ticket": "T-9"}',
+        "--by", "bo",
+    )  # fmt: skip
     assert code == 0, out
     code, out, _ = runs(capsys, "export", "--db", str(db), "r3")
     events = [json.loads(line) for line in out.splitlines()]
@@ -123,6 +147,8 @@ def test_deny_and_reconcile_record_their_payload(
         "call_id": "c1",
         "tool": "write",
         "result": {"ticket": "T-9"},
+        "reviewer": "bo",
+        "at": events[-1]["at"],
         "seq": len(events) - 1,
         "run": "r3",
     }

@@ -103,7 +103,7 @@ def test_a_write_that_was_running_when_the_process_died_stops_for_review(
     check(paused)
     assert rt.resume("r1").events == paused.events  # nothing to do until a reviewer acts
 
-    done = rt.reconcile("r1", "c1", {"ticket": "T-1"})
+    done = rt.reconcile("r1", "c1", {"ticket": "T-1"}, resume=True)
     assert (done.status, done.reason, done.answer) == ("done", "final_answer", "Filed.")
     assert ("resume", "review_required", "observing") in edges(done)
     assert len(backend.writes) == 1 and backend.lookups == ["A17"]  # skipped call ran afresh
@@ -219,7 +219,10 @@ def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
     assert (paused.status, paused.reason) == ("review_required", "approval_required")
     assert paused.counters["tool_rounds"] == 0 and backend.lookups == []
 
-    done = rt.approve("r1", "c2")
+    recorded = rt.approve("r1", "c2", by="ana", at="2026-01-31T12:00:00Z")
+    assert (recorded.status, recorded.reason) == ("review_required", "approval_required")
+    assert backend.lookups == [] and not backend.writes  # recorded only: nothing ran
+    done = rt.resume("r1")
     assert (done.status, done.reason) == ("done", "final_answer")
     assert backend.lookups == ["A17", "B2"] and len(backend.writes) == 1
     assert done.counters["tool_rounds"] == 1 and done.counters["tool_calls"] == 3
@@ -231,9 +234,13 @@ def test_approve_binds_the_exact_arguments_and_runs_the_paused_batch(
             "call_id": "c2",
             "tool": "write",
             "digest": digest("write", WRITE),
+            "reviewer": "ana",
+            "at": "2026-01-31T12:00:00Z",
             "seq": review[0]["seq"],
         }
     ]
+    before = done.events[review[0]["seq"] - 1]
+    assert (before["trigger"], before["dest"]) == ("review", "review_required")
     (attempt,) = [
         e
         for e in done.events
@@ -253,10 +260,10 @@ def test_a_run_waits_until_every_call_needing_approval_is_settled(
     script = [calls(call("c1", "write", **WRITE), call("c2", "write", **other)), say("Done.")]
     rt = make_runtime(script, backend, store=store, approval=True)
     rt.run("file both", run_id="r1")
-    half = rt.approve("r1", "c1")
+    half = rt.approve("r1", "c1", resume=True)
     assert (half.status, half.reason) == ("review_required", "approval_required")
     assert not any(t == "resume" for t, _, _ in edges(half)) and backend.writes == []
-    done = rt.deny("r1", "c2", "R-2 is a duplicate")
+    done = rt.deny("r1", "c2", "R-2 is a duplicate", resume=True)
     assert done.status == "done"
     assert backend.writes == [WRITE]
     assert content(done, "c2") == {"ok": False, "error": "denied", "detail": "R-2 is a duplicate"}
@@ -272,7 +279,7 @@ def test_deny_settles_an_idempotency_conflict(store: Any, backend: Backend) -> N
     )
     paused = rt2.run("file it again", run_id="r2")
     assert (paused.status, paused.reason) == ("review_required", "idempotency_conflict")
-    done = rt2.deny("r2", "c1", "R-1 was filed with another title")
+    done = rt2.deny("r2", "c1", "R-1 was filed with another title", resume=True)
     assert (done.status, done.answer) == ("done", "Not filed.")
     assert len(backend.writes) == 1
     check(done)
@@ -283,7 +290,7 @@ def test_a_reconciled_result_is_replayed_by_later_runs(store: Any, backend: Back
     rt = make_runtime([calls(call("c1", "write", **WRITE)), say("Filed.")], backend, store=store)
     paused = rt.run("file it", run_id="r1")
     assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
-    done = rt.reconcile("r1", "c1", {"ticket": "T-9"})
+    done = rt.reconcile("r1", "c1", {"ticket": "T-9"}, resume=True)
     assert done.status == "done" and len(backend.writes) == 1
     check(done)
     later = make_runtime(
@@ -336,7 +343,9 @@ def test_a_write_left_pending_by_a_dead_run_is_settled_once_for_both_runs(
     assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
     assert "never reported" in paused.detail and len(backend.writes) == 1
 
-    done = second.reconcile("r2", "k1", {"ticket": "T-1"})  # a reviewer found the ticket
+    done = second.reconcile(
+        "r2", "k1", {"ticket": "T-1"}, resume=True
+    )  # a reviewer found the ticket
     assert done.status == "done" and len(backend.writes) == 1
     resumed = first.resume("r1")  # the dead run's own call is answered with that fact
     assert (resumed.status, resumed.answer) == ("done", "Filed.")

@@ -146,13 +146,15 @@ def test_a_locked_file_times_out_with_nothing_changed(tmp_path: Path, backend: B
         try:
             started = time.monotonic()
             with pytest.raises(StoreError, match=r"locked by another process \(waited 0.2s\)"):
-                rt.approve("r1", "c1")
+                rt.approve("r1", "c1", resume=True)
             assert time.monotonic() - started < 5
         finally:
             other.execute("ROLLBACK")
             other.close()
         assert snapshot(store) == before
-        assert rt.approve("r1", "c1").status == "done"  # and works once the lock is gone
+        assert (
+            rt.approve("r1", "c1", resume=True).status == "done"
+        )  # and works once the lock is gone
 
 
 # ── runs and claims ───────────────────────────────────────────────────────────────
@@ -162,8 +164,8 @@ def test_unknown_run_ids(store: Any, backend: Backend) -> None:
     rt = make_runtime([say("hi")], backend, store=store)
     for attempt in (
         lambda: rt.resume("nope"),
-        lambda: rt.approve("nope", "c1"),
-        lambda: rt.deny("nope", "c1", "no"),
+        lambda: rt.approve("nope", "c1", resume=True),
+        lambda: rt.deny("nope", "c1", "no", resume=True),
         lambda: store.load_run("nope"),
     ):
         with pytest.raises(RunNotFound, match="no run 'nope'"):
@@ -219,13 +221,13 @@ def test_an_unknown_outcome_takes_reconcile_or_deny_not_approve(
     rt = paused_run(store, backend, fail=True)
     before = snapshot(store)
     with pytest.raises(ReviewError, match="use deny or reconcile"):
-        rt.approve("r1", "c1")
+        rt.approve("r1", "c1", resume=True)
     with pytest.raises(ReviewError, match="must be JSON data"):
-        rt.reconcile("r1", "c1", {"when": object()})
+        rt.reconcile("r1", "c1", {"when": object()}, resume=True)
     assert snapshot(store) == before
-    rt.reconcile("r1", "c1", {"ticket": "T-1"})
+    rt.reconcile("r1", "c1", {"ticket": "T-1"}, resume=True)
     with pytest.raises(ReviewError, match="is done/final_answer, not waiting for review"):
-        rt.reconcile("r1", "c1", {"ticket": "T-1"})
+        rt.reconcile("r1", "c1", {"ticket": "T-1"}, resume=True)
 
 
 def test_a_decision_is_recorded_once(store: Any, backend: Backend) -> None:
@@ -237,10 +239,10 @@ def test_a_decision_is_recorded_once(store: Any, backend: Backend) -> None:
         approval=True,
     )
     rt.run("file both", run_id="r1")
-    rt.approve("r1", "c1")
+    rt.approve("r1", "c1", resume=True)
     before = snapshot(store)
     with pytest.raises(ReviewError, match="was already approved"):
-        rt.deny("r1", "c1", "changed my mind")
+        rt.deny("r1", "c1", "changed my mind", resume=True)
     assert snapshot(store) == before
 
 
@@ -257,7 +259,7 @@ def test_a_run_driven_by_a_live_process_is_busy(tmp_path: Path, backend: Backend
         store.claim("r1", alive)
         before = snapshot(store)
         with pytest.raises(RunBusy, match=f"being driven by {alive}"):
-            rt.approve("r1", "c1")
+            rt.approve("r1", "c1", resume=True)
         assert snapshot(store) == before
 
 
@@ -345,8 +347,9 @@ def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path, backen
         with pytest.raises(CorruptRecord, match=r"unreadable checkpoint .* no edge of this table"):
             rt.resume("r1")
         assert snapshot(store) == before
-        snap["body"]["machine_hash"] = "sha256:0000000000000000"
+        snap["body"]["taken"] = "validate/validating->executing"
         snap["checksum"] = _resum(snap["body"])
+        snap["machine_hash"] = "sha256:0000000000000000"  # layout 3: on the envelope
         _write_ctx(path, snap)
         with pytest.raises(MachineMismatch, match="checkpointed by machine sha256:0000"):
             rt.resume("r1")

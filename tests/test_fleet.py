@@ -257,7 +257,7 @@ def test_a_run_resumes_on_postgres_after_the_server_restarts(
         )
         assert rt.run("file it", run_id="r1").status == "review_required"
         pg_server.restart()  # every pooled connection is cut
-        done = rt.approve("r1", "c1")  # the first operation meets a dead connection...
+        done = rt.approve("r1", "c1", resume=True)  # the first operation meets a dead connection...
         assert (done.status, backend.writes) == ("done", [{"request_id": "R-1", "title": "x"}])
 
 

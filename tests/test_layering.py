@@ -127,9 +127,8 @@ def test_core_does_no_io() -> None:
             for n in ast.walk(tree)
             if isinstance(n, ast.ImportFrom) and not n.level
         }
-        # approvals.py holds a lock for its use counts: in-memory state, not I/O.
-        allowed = {"threading"} if name == "fsm_agent.core.approvals" else set()
-        assert not (used & io_modules) - allowed, f"{name} imports {used & io_modules}"
+        # (No exemption: approval uses are spent by the store, through a request.)
+        assert not used & io_modules, f"{name} imports {used & io_modules}"
 
 
 def test_there_is_no_import_cycle() -> None:

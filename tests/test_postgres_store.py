@@ -150,12 +150,14 @@ def test_a_statement_timeout_is_one_line_with_nothing_stored(
             with pytest.raises(
                 StoreError, match=r"ran past the statement timeout \(0.2s\)"
             ) as info:
-                rt.approve("r1", "c1")
+                rt.approve("r1", "c1", resume=True)
             one_line(info.value)
             other.rollback()
         after = store.load_run("r1")
         assert (after.snapshot, after.events) == (before.snapshot, before.events)
-        assert rt.approve("r1", "c1").status == "done"  # and works once the lock is gone
+        assert (
+            rt.approve("r1", "c1", resume=True).status == "done"
+        )  # and works once the lock is gone
 
 
 def test_a_connection_cut_mid_statement_is_one_line_and_the_next_call_works(
@@ -178,7 +180,7 @@ def test_a_connection_cut_mid_statement_is_one_line_and_the_next_call_works(
             killer = threading.Thread(target=cut)
             killer.start()
             with pytest.raises(StoreError, match="closed the connection") as info:
-                rt.approve("r1", "c1")
+                rt.approve("r1", "c1", resume=True)
             killer.join()
             one_line(info.value)
             other.rollback()
@@ -188,7 +190,7 @@ def test_a_connection_cut_mid_statement_is_one_line_and_the_next_call_works(
             before.events,
             [],
         )
-        assert rt.approve("r1", "c1").status == "done" and backend.writes == [WRITE]
+        assert rt.approve("r1", "c1", resume=True).status == "done" and backend.writes == [WRITE]
 
 
 def test_a_damaged_row_is_an_error_never_a_silent_change(
@@ -219,7 +221,7 @@ def test_sink_and_store_hold_identical_bytes_and_a_review_continues_the_chain(
         assert rt.run("file it", run_id="r1", trace=trace).status == "review_required"
         rows = sql(pg_server, f'SELECT e.body FROM "{pg_schema}".events e ORDER BY e.num, e.seq')
         assert [r[0] for r in rows] == trace.read_text("utf-8").splitlines()
-        done = rt.approve("r1", "c1")
+        done = rt.approve("r1", "c1", resume=True)
         assert done.status == "done" and backend.writes == [WRITE]
         stored = store.load_run("r1").events
         assert strip_links(stored) == done.events

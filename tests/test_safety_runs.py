@@ -311,7 +311,7 @@ def test_a_reviewers_approval_covers_that_call_once() -> None:
     rt = make_runtime(script, b, approval=True, keyed=False)
     paused = rt.run("x", run_id="r1")
     assert (paused.status, paused.reason) == ("review_required", "approval_required")
-    after = rt.approve("r1", "c1")
+    after = rt.approve("r1", "c1", resume=True)
     assert (after.status, after.reason) == ("review_required", "approval_required")
     assert len(b.writes) == 1  # c1 ran; c2, same payload, needs its own approval
     (consumed,) = [e["approval"] for e in after.events if e.get("approval")]

@@ -100,7 +100,7 @@ def test_a_lock_held_by_another_process_is_a_store_error(tmp_path: Path) -> None
             before = store.load_run("r1").snapshot  # reading works while it is held
             rt = make_runtime([say("ok")], store=store, approval=True)
             with pytest.raises(StoreError, match=r"locked by another process \(waited 0.2s\)"):
-                rt.approve("r1", "w1")
+                rt.approve("r1", "w1", resume=True)
             assert store.load_run("r1").snapshot == before
     finally:
         holder.kill()

@@ -53,8 +53,20 @@ def test_no_dead_guard_and_no_state_without_edges() -> None:
 
 def test_terminal_states_carry_a_reason_and_are_left_only_by_resume() -> None:
     for t in TRANSITIONS:
+        if t.source in TERMINAL_STATES and t.dest == t.source:
+            # A review: the run stays paused and keeps its stop reason.
+            assert t.trigger == "review" and t.reason is None, t
+            continue
         assert (t.dest in TERMINAL_STATES) == (t.reason is not None), t
         assert t.source not in TERMINAL_STATES or t.trigger == "resume", t
+
+
+def test_a_self_loop_on_a_terminal_state_may_not_set_a_reason() -> None:
+    bad = Transition("review", "review_required", "review_required", (), "cancelled")
+    assert (
+        "review (review_required->review_required): a self-loop on a terminal state keeps "
+        "the stop reason" in check_table((bad,), GUARDS)
+    )
 
 
 def test_the_machine_is_shared_and_never_attached() -> None:

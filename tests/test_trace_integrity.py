@@ -109,7 +109,9 @@ def test_sink_and_sqlite_store_hold_identical_bytes_and_a_resume_continues_the_c
         ]
         # The trace file and the store hold the very same chained lines.
         assert rows == lines_of(tmp_path / "r1.jsonl")
-        done = rt.approve("r1", "w1")  # review event and resumed run chained on, signed
+        done = rt.approve(
+            "r1", "w1", resume=True
+        )  # review event and resumed run chained on, signed
         assert done.status == "done" and backend.writes
         stored = store.load_run("r1").events
         assert strip_links(stored) == done.events

@@ -36,7 +36,7 @@ def real_traces(tmp_path: Path) -> list[list[dict[str, Any]]]:
         approval=True,
     )
     rt.run("go", run_id="r1")
-    traces.append(rt.approve("r1", "w1").events)
+    traces.append(rt.approve("r1", "w1", resume=True).events)
     return traces
 
 

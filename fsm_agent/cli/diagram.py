@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.errors import TraceError, UsageError
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
+from fsm_agent.errors import ConfigError, TraceError, UsageError
 from fsm_agent.render.dot import DETAILS, Overlay, machine_dot
 from fsm_agent.render.engine import RENDERERS, RenderError, render
 from fsm_agent.render.mermaid import machine_mermaid
 from fsm_agent.render.replay import Replay, StepError, aggregate_overlay
 from fsm_agent.render.svg import add_titles, titles
 
-__all__ = ["register"]
+__all__ = ["load_machine", "register"]
 
 _FORMATS = ("svg", "png", "dot", "mermaid")
 _SUFFIXES = {
@@ -38,6 +40,7 @@ def register(subparsers: Any) -> None:
         "pip-installed WebAssembly Graphviz (SVG only).",
     )
     d.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    _machine_flag(d, "draw the application's machine")
     d.add_argument(
         "--format", choices=_FORMATS, help="output format (default: from the -o suffix, else svg)"
     )
@@ -71,8 +74,19 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="draw one heat map of edge counts over all TRACEs (needs -o)",
     )
+    _machine_flag(r, "replay traces of the application's machine")
     _renderer_flags(r)
     r.set_defaults(handler=run_replay)
+
+
+def _machine_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--machine",
+        metavar="MODULE:NAME",
+        help=f"{what} instead of the built-in one: NAME is a Machine "
+        "(fsm_agent.core.engine.compile_machine builds one), a function returning one, or "
+        "a function returning a Runtime (its runtime.machine)",
+    )
 
 
 def _renderer_flags(p: argparse.ArgumentParser) -> None:
@@ -108,9 +122,46 @@ def _format(args: argparse.Namespace, allowed: tuple[str, ...]) -> str:
     return "svg"
 
 
-def _emit(args: argparse.Namespace, overlay: Overlay | None, fmt: str) -> None:
-    """Write the machine (with ``overlay``) as ``fmt`` to ``args.output`` (or stdout)."""
-    dot_source = machine_dot(overlay, args.detail)
+def load_machine(spec: str | None) -> Machine:
+    """The machine ``--machine MODULE:NAME`` names (the default one without it)."""
+    if spec is None:
+        return DEFAULT_MACHINE
+    from fsm_agent.runtime.runtime import Runtime
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--machine must be MODULE:NAME, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # an application module next to where it runs
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load --machine {spec}: {exc}") from None
+    except ConfigError as exc:  # compile_machine refused the module's table
+        raise UsageError(f"--machine {spec}: {exc}") from None
+    if callable(found) and not isinstance(found, Machine):
+        try:
+            found = found()
+        except Exception as exc:  # the application's own error: one line, exit 2
+            raise UsageError(f"--machine {spec} failed: {type(exc).__name__}: {exc}") from None
+    if isinstance(found, Runtime):
+        found = found.machine
+    if not isinstance(found, Machine):
+        raise UsageError(
+            f"--machine {spec} is {type(found).__name__}, not a Machine (or a function "
+            "returning a Machine or a Runtime)"
+        )
+    return found
+
+
+def _emit(
+    args: argparse.Namespace,
+    overlay: Overlay | None,
+    fmt: str,
+    machine: Machine = DEFAULT_MACHINE,
+) -> None:
+    """Write ``machine`` (with ``overlay``) as ``fmt`` to ``args.output`` (or stdout)."""
+    dot_source = machine_dot(overlay, args.detail, machine)
     if fmt == "dot":
         data = dot_source.encode("utf-8")
     else:
@@ -119,7 +170,7 @@ def _emit(args: argparse.Namespace, overlay: Overlay | None, fmt: str) -> None:
             print(f"rendered with {rendered.renderer}", file=sys.stderr)
         data = bytes(rendered)
         if fmt == "svg":
-            data = add_titles(data, titles(args.detail))
+            data = add_titles(data, titles(args.detail, machine))
     _write(args.output, data, binary=fmt == "png")
 
 
@@ -153,10 +204,11 @@ def _guard(run: Any) -> int:
 def run_diagram(args: argparse.Namespace) -> int:
     def go() -> int:
         fmt = _format(args, _FORMATS)
+        machine = load_machine(args.machine)
         if fmt == "mermaid":
-            _write(args.output, machine_mermaid(args.detail).encode("utf-8"))
+            _write(args.output, machine_mermaid(args.detail, machine).encode("utf-8"))
         else:
-            _emit(args, None, fmt)
+            _emit(args, None, fmt, machine)
         return 0
 
     return _guard(go)
@@ -169,19 +221,20 @@ def run_replay(args: argparse.Namespace) -> int:
                 raise UsageError("--aggregate draws a picture: give -o FILE")
             if args.step is not None or args.html:
                 raise UsageError("--aggregate takes no --step or --html")
-            overlay = aggregate_overlay(Replay(p) for p in args.traces)
-            _emit(args, overlay, _format(args, ("svg", "png", "dot")))
+            machine = load_machine(args.machine)
+            overlay = aggregate_overlay(Replay(p, machine=machine) for p in args.traces)
+            _emit(args, overlay, _format(args, ("svg", "png", "dot")), machine)
             return 0
         if len(args.traces) != 1:
             raise UsageError(
                 f"replay takes one trace ({len(args.traces)} given); use "
                 "--aggregate for a heat map over several"
             )
-        replay = Replay(args.traces[0])
+        replay = Replay(args.traces[0], machine=load_machine(args.machine))
         step = replay.step(args.step).index if args.step is not None else None
         if args.output:
             frame: Overlay = replay.overlay(step)
-            _emit(args, frame, _format(args, ("svg", "png", "dot")))
+            _emit(args, frame, _format(args, ("svg", "png", "dot")), replay.machine)
         if args.html:
             from fsm_agent.render.html import viewer_html
 

@@ -1,9 +1,10 @@
 """``fsm-agent runs``: list, inspect, review and export stored runs.
 
-``approve``, ``deny`` and ``reconcile`` only *record* the reviewer's decision (as a
-``review`` event in the run's trace, and an approval bound to the call's exact
-arguments): this process has neither the run's model nor its tools. The application
-continues the run with ``Runtime.resume(run_id)`` once every blocking call is settled.
+``approve``, ``deny`` and ``reconcile`` only *record* the reviewer's decision (the
+table's ``review`` transition and a ``review`` event in the run's trace, with ``--by`` who
+decided and ``--note`` why, and an approval bound to the call's exact arguments): this
+process has neither the run's model nor its tools. A worker, or the application's
+``Runtime.resume(run_id)``, continues the run once every blocking call is settled.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
             help="environment variable holding the runtime's trace_key (runs with a signed "
             "trace: the review event is chained onto it)",
         )
+        p.add_argument(
+            "--by",
+            metavar="NAME",
+            help="who decides, recorded in the review event (default: this OS user)",
+        )
+        p.add_argument("--note", metavar="TEXT", help="why, recorded in the review event")
         return p
 
     p = review("approve", "approve a call waiting for approval (bound to its exact arguments)")
@@ -301,11 +308,21 @@ def _describe(e: dict[str, Any]) -> str:
         result = result if len(result) <= 100 else result[:97] + "..."
         return f"{seq:>4} observation {e.get('call_id')}: {result}"
     if kind == "review":
-        extra = {k: v for k, v in e.items() if k in ("reason", "result")}
+        extra = {k: v for k, v in e.items() if k in ("reason", "result", "reviewer", "at", "note")}
         return f"{seq:>4} review {e.get('action')} {e.get('call_id')} {json.dumps(extra)}"
     if kind == "run_end":
         return f"{seq:>4} run_end {e.get('status')}/{e.get('reason')}"
     return f"{seq:>4} {kind}"
+
+
+def _os_user() -> str | None:
+    """The name of the user running the CLI, if the system knows one."""
+    import getpass
+
+    try:
+        return getpass.getuser() or None
+    except Exception:  # no name for this uid (a container), no LOGNAME/USER set
+        return None
 
 
 @_guarded
@@ -318,7 +335,7 @@ def _review(args: argparse.Namespace) -> int:
         if not key:
             return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
     with _open(args, write=True) as store:
-        record_review(
+        event = record_review(
             store,
             args.run_id,
             args.call_id,
@@ -326,13 +343,16 @@ def _review(args: argparse.Namespace) -> int:
             reason=getattr(args, "reason", None),
             result=getattr(args, "result", None),
             key=key,
+            reviewer=args.by if args.by is not None else _os_user(),
+            note=args.note,
         )
         waiting = [
             p["call_id"]
             for p in pending_calls(store.load_run(args.run_id))
             if p["waiting_for"] in BLOCKING and not p["review"]
         ]
-    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}")
+    by = f" by {event['reviewer']}" if event.get("reviewer") else ""
+    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}{by}")
     if waiting:
         print(f"still waiting for: {', '.join(waiting)}")
     elif hasattr(store, "claim_next"):

@@ -24,7 +24,7 @@ from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.core.reasons import stop_detail
 from fsm_agent.core.state import RunState
 
-__all__ = ["ACTIONS", "BLOCKING", "answer"]
+__all__ = ["ACTIONS", "BLOCKING", "FITS", "answer"]
 
 Payloads = list[dict[str, Any]]
 ActionFn = Callable[[RunState, Payloads], None]
@@ -32,6 +32,15 @@ ActionFn = Callable[[RunState, Payloads], None]
 #: Placeholder errors a reviewer must settle before a paused run can go on
 #: (``skipped_pending_review`` calls simply run afresh).
 BLOCKING = frozenset({"approval_required", "outcome_unknown", "idempotency_conflict"})
+
+#: Which review action settles which placeholder error (the ``review_fits`` guard).
+FITS: dict[str, frozenset[str]] = {
+    "approve": frozenset({"approval_required"}),
+    "reconcile": frozenset({"outcome_unknown"}),
+    "deny": BLOCKING | {"skipped_pending_review"},
+}
+#: What a paused run's checkpoint keeps of a review (``s.reviews``), besides its action.
+_KEPT = ("digest", "reason", "result", "reviewer", "at", "note")
 
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 
@@ -207,7 +216,9 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
     """Settle the paused batch with the reviewers' decisions: a denied call is answered
     as denied, a reconciled one with the observed result; approved and skipped calls keep
     their placeholder until they run afresh."""
-    if s.reason == "approval_required":  # the pause came before the batch started
+    if s.reason == "approval_required" and s.call.index < 0:
+        # The pause came at validate, before the batch started (a use refused at
+        # dispatch pauses a started batch: it is counted already).
         s.counters.tool_rounds += 1
         s.counters.tool_calls += len(s.decision.calls)
     for call in s.decision.calls:
@@ -240,6 +251,18 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
     s.detail = ""
 
 
+def record_review(s: RunState, payloads: Payloads) -> None:
+    """Record the reviewer's decision (``s.review_request``, which ``review_fits`` found
+    fitting) on its paused call, and write it as the ``review`` event."""
+    request = s.review_request
+    assert request is not None
+    s.reviews[request["call_id"]] = {
+        "action": request["action"],
+        **{k: request[k] for k in _KEPT if k in request},
+    }
+    payloads.append({"type": "review", **request})
+
+
 #: action name (the table's ``action`` column) -> function.
 ACTIONS: dict[str, ActionFn] = {
     fn.__name__: fn
@@ -257,5 +280,6 @@ ACTIONS: dict[str, ActionFn] = {
         finish,
         stop,
         apply_review,
+        record_review,
     )
 }

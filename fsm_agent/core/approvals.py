@@ -4,17 +4,26 @@ Two kinds of approval let a ``requires_approval`` write run (R8):
 
 * a configured :class:`Approval` (``Runtime(approvals=[...])``) covers every call, in every
   run of that runtime, whose tool and canonical arguments match exactly — at most
-  ``max_uses`` calls in all if that is set (counted by this runtime, in this process);
+  ``max_uses`` calls in all if that is set, counted by the store (so across runs,
+  processes and a fleet sharing it);
 * a reviewer's approval of a paused call (``Runtime.approve(run_id, call_id)``) covers
   that call id of that run once, nothing else — not a later call with the same payload.
 
 Every write that consumed an approval records which one in its trace (``approval`` on the
 ``start_attempt`` transition): ``config:<digest>`` or ``review:<call id>``.
+
+Admission only *identifies* the approval that covers a call (:meth:`ApprovalBook.find`,
+pure). A use of a limited one is spent as an effect: the loop yields
+:class:`~fsm_agent.core.requests.ConsumeApproval` once the call is about to start (its
+batch passed validation, nothing else stops its dispatch), and the store answers it
+atomically, keyed by ``(approval id, run id, call id)`` so a retry or a resume of the same
+call never spends twice. The answer is recorded on the ``dispatch`` transition
+(``approval_use``: ``granted`` | ``refused``); a refused use stops the run
+``review_required/approval_required`` before the call runs.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,35 +73,34 @@ class Approval:
 
 
 class ApprovalBook:
-    """The configured approvals of one runtime, with their remaining uses (thread-safe)."""
+    """The configured approvals of one runtime: which covers a call, and how many uses it
+    has in all. Immutable once built; the uses spent live in the store."""
 
     def __init__(self, approvals: Iterable[Approval] = ()) -> None:
         self._by_digest: dict[str, list[Approval]] = {}
-        self._left: dict[str, int] = {}
-        self._lock = threading.Lock()
         for a in approvals:
             self._by_digest.setdefault(a.digest, []).append(a)
-            if a.max_uses is not None:
-                self._left[a.id] = self._left.get(a.id, 0) + a.max_uses
-        self.unlimited = frozenset(
-            d for d, group in self._by_digest.items() if any(a.max_uses is None for a in group)
-        )
+        #: approval id -> its uses in all (approvals with the same binding share one id,
+        #: so their uses add up); an id absent here is unlimited.
+        self._limits: dict[str, int] = {}
+        for group in self._by_digest.values():
+            if all(a.max_uses is not None for a in group):
+                self._limits[group[0].id] = sum(a.max_uses or 0 for a in group)
 
-    def take(self, args_digest: str) -> str | None:
-        """The id of an approval covering ``args_digest``, consuming one use of a limited
-        one; ``None`` if none covers it (or all are used up)."""
+    def find(self, args_digest: str) -> str | None:
+        """The id of the approval covering ``args_digest``, or ``None``; spends nothing."""
         group = self._by_digest.get(args_digest)
-        if not group:
-            return None
-        if args_digest in self.unlimited:
-            return group[0].id
-        approval_id = group[0].id
-        with self._lock:
-            left = self._left.get(approval_id, 0)
-            if left <= 0:
-                return None
-            self._left[approval_id] = left - 1
-        return approval_id
+        return group[0].id if group else None
+
+    def limit(self, approval_id: str) -> int | None:
+        """How many calls ``approval_id`` covers in all (``None``: any number, or not a
+        configured approval: a reviewer's covers its one call)."""
+        return self._limits.get(approval_id)
+
+    @property
+    def limited(self) -> bool:
+        """Some approval has ``max_uses``: its uses need a store that counts them."""
+        return bool(self._limits)
 
     def header(self) -> list[dict[str, Any]]:
         """What a trace header records of the configured approvals (digests, not payloads)."""

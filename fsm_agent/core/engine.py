@@ -1,32 +1,56 @@
-"""The table fired through ``transitions``: one shared machine, runs fired as models.
+"""Machines fired through ``transitions``: one shared machine per table, runs as models.
 
-One ``transitions.Machine(model=None, auto_transitions=False)`` is built from the table
-at import; a run (its :class:`~fsm_agent.core.state.RunState`) is fired through
-``RUN_MACHINE.events[trigger]`` and never attached with ``add_model`` (a list scan that
-slows past ~10k runs). Each trigger's ``transitions`` event picks its edge with the one
-selector (:func:`~fsm_agent.core.select.select`) and sets the run's ``state`` as
-``Machine.set_state`` would; an invalid source raises the stock ``MachineError``.
+A run fires the machine of its config (``RunConfig.machine``, a
+:class:`~fsm_agent.core.table.Machine` value). One ``transitions.Machine(model=None,
+auto_transitions=False)`` is built per machine value, on first use, and cached by its hash;
+a run (its :class:`~fsm_agent.core.state.RunState`) is fired through its
+``events[trigger]`` and never attached with ``add_model`` (a list scan that slows past ~10k
+runs). Each trigger's ``transitions`` event picks its edge with the one selector
+(:func:`~fsm_agent.core.select.select`) over that machine's edges and sets the run's
+``state`` as ``Machine.set_state`` would; an invalid source raises the stock
+``MachineError``.
 
-Importing this module checks the table (:func:`~fsm_agent.core.table.check_table`), so a
-table that names an unknown guard, state or action fails at once.
+Importing this module checks the default table (:func:`~fsm_agent.core.table.check_table`),
+so a table that names an unknown guard, state or action fails at once; an application's
+machine is checked the same way by :func:`compile_machine`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 from transitions import Machine
 from transitions.core import Event as TransitionsEvent
 
+from fsm_agent.core.actions import ACTIONS
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.select import select
-from fsm_agent.core.table import INITIAL_STATE, STATES, TRANSITIONS, Transition, check_table
+from fsm_agent.core.select import choose
+from fsm_agent.core.table import (
+    DEFAULT_MACHINE,
+    INITIAL_STATE,
+    STATES,
+    TERMINAL_STATES,
+    Reason,
+    Transition,
+    Trigger,
+    check_table,
+)
+from fsm_agent.core.table import Machine as MachineValue
+from fsm_agent.errors import ConfigError
 
 if TYPE_CHECKING:
     from fsm_agent.core.state import RunState
 
-__all__ = ["RUN_MACHINE", "TRANSITION_LISTENERS", "build_machine", "fire"]
+__all__ = [
+    "RUN_MACHINE",
+    "TRANSITION_LISTENERS",
+    "build_machine",
+    "check_machine",
+    "compile_machine",
+    "engine_of",
+    "fire",
+]
 
 #: Functions called with ``(state, transition)`` after every transition of every run in
 #: the process, once it is recorded and before it is saved (``core/loop.py``; the pytest
@@ -35,15 +59,20 @@ TRANSITION_LISTENERS: list[Callable[[Any, Transition], None]] = []
 
 
 class _Trigger(TransitionsEvent):
-    """A trigger of this machine: its edge is chosen by :func:`select` from the guard
-    function passed with the model (``trigger(model, guard)``), not by the stock
+    """A trigger of this machine: its edge is chosen by the one selector's walk
+    (:func:`~fsm_agent.core.select.choose`) over the group of the model's state, from the
+    guard function passed with the model (``trigger(model, guard)``), not by the stock
     per-edge ``execute`` (whose empty callback lists and debug logging cost more than
     the choice itself on the hot path)."""
 
+    #: source state -> the edges of this trigger there, in priority order.
+    groups: dict[str, tuple[Transition, ...]]
+
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        if model.state not in self.transitions:  # no edge from here: stock MachineError
+        edges = self.groups.get(model.state)
+        if edges is None:  # no edge from here: stock MachineError
             return super().trigger(model, *args, **kwargs)
-        edge = select(model.state, self.name, args[0])
+        edge = choose(edges, args[0])
         assert edge is not None, "every group ends with an unguarded edge"
         # What ``Machine.set_state`` does, minus its name lookup and list handling: the
         # destination is a state of this machine (``check_table`` verified every one).
@@ -53,14 +82,16 @@ class _Trigger(TransitionsEvent):
 
 class _RunMachine(Machine):
     event_cls = _Trigger
+    #: The machine value whose edges this one fires.
+    table: MachineValue
 
 
-def build_machine() -> Machine:
-    """The machine of :data:`TRANSITIONS` (tests compare it with a stock one)."""
+def build_machine(table: MachineValue = DEFAULT_MACHINE) -> Machine:
+    """The ``transitions`` machine of ``table`` (tests compare it with a stock one)."""
     machine = _RunMachine(
         model=None,
-        states=list(STATES),
-        initial=INITIAL_STATE,
+        states=list(table.states),
+        initial=table.initial,
         auto_transitions=False,
         send_event=False,
         ignore_invalid_triggers=False,
@@ -69,22 +100,103 @@ def build_machine() -> Machine:
     assert not (
         machine.has_queue or machine.prepare_event or machine.finalize_event or machine.on_exception
     )
-    for t in TRANSITIONS:
+    machine.table = table
+    for t in table.transitions:
         # Guards are listed for ``transitions`` (and its diagrams) by name; the choice is
         # made by ``select`` from the run's guard function.
         conditions: list[Any] = list(t.conditions)
         unless: list[Any] = list(t.unless)
         machine.add_transition(t.trigger, t.source, t.dest, conditions=conditions, unless=unless)
+    for name, event in machine.events.items():
+        cast(_Trigger, event).groups = {
+            source: table.edges_from(source, name) for source in event.transitions
+        }
     return machine
 
 
-_problems = check_table(TRANSITIONS, GUARDS)
+def compile_machine(
+    rows: Iterable[Transition],
+    *,
+    extends: MachineValue | None = None,
+    name: str | None = None,
+) -> MachineValue:
+    """A checked machine value: ``rows`` as the whole table, or, with ``extends``, that
+    machine plus ``rows`` (each tried after its group's guarded edges, before its
+    fallback: :meth:`~fsm_agent.core.table.Machine.extended`). Raises
+    :class:`~fsm_agent.errors.ConfigError` listing every problem ``check_table`` finds,
+    and every trigger or reason the loop does not know."""
+    rows = tuple(rows)
+    bad = [r for r in rows if not isinstance(r, Transition)]
+    if bad:
+        raise ConfigError(f"a machine's rows must be Transition objects, got {bad[0]!r}")
+    if extends is not None:
+        table = extends.extended(rows, name=name)
+    else:
+        table = MachineValue.of(rows, name=name or "run machine")
+    check_machine(table)
+    return table
+
+
+def check_machine(table: MachineValue) -> None:
+    """Raise :class:`~fsm_agent.errors.ConfigError` listing every problem of ``table``:
+    what ``check_table`` finds, and triggers, reasons or states the loop does not know.
+    A table once found sound is not checked again."""
+    if table.hash in _SOUND:
+        return
+    problems = check_table(table.transitions, GUARDS, tuple(ACTIONS))
+    if (table.states, table.terminal, table.initial) != (STATES, TERMINAL_STATES, INITIAL_STATE):
+        problems.append(
+            "the loop has one step per working state and ends at the terminal ones: a "
+            f"machine keeps states {', '.join(STATES)} (terminal: "
+            f"{', '.join(TERMINAL_STATES)}; initial {INITIAL_STATE}); add edges, not states"
+        )
+    keys: set[str] = set()
+    for t in table.transitions:
+        where = f"{t.label} ({t.source}->{t.dest})"
+        if t.key in keys:  # a checkpoint names its last edge by key: it must be one edge
+            problems.append(f"{where}: a second row with key {t.key!r}")
+        keys.add(t.key)
+        if t.trigger not in _TRIGGERS:
+            problems.append(f"{where}: unknown trigger {t.trigger!r} (the loop fires "
+                            f"{', '.join(_TRIGGERS)})")  # fmt: skip
+        if t.reason is not None and t.reason not in _REASONS:
+            problems.append(f"{where}: unknown reason {t.reason!r}")
+    if problems:
+        raise ConfigError(
+            f"invalid machine {table.name!r}:\n  " + "\n  ".join(problems)
+            + "\n(guards are the names of fsm_agent.core.guards.GUARDS, actions those of "
+            "fsm_agent.core.actions.ACTIONS)"
+        )  # fmt: skip
+    _SOUND.add(table.hash)
+
+
+_TRIGGERS: tuple[str, ...] = get_args(Trigger)
+_REASONS: frozenset[str] = frozenset(get_args(Reason))
+#: Hashes of the machines :func:`check_machine` passed.
+_SOUND: set[str] = set()
+
+_problems = check_table(DEFAULT_MACHINE.transitions, GUARDS)
 if _problems:
     raise RuntimeError("invalid run machine table:\n  " + "\n  ".join(_problems))
+_SOUND.add(DEFAULT_MACHINE.hash)
 
-#: The one shared ``transitions`` machine; runs are fired through ``RUN_MACHINE.events``.
+#: The shared ``transitions`` machine of the default table.
 RUN_MACHINE: Machine = build_machine()
-_EVENTS = RUN_MACHINE.events
+#: machine hash -> its shared ``transitions`` machine, and that machine's events (what
+#: :func:`fire` looks up per transition).
+_ENGINES: dict[str, Machine] = {DEFAULT_MACHINE.hash: RUN_MACHINE}
+_EVENTS: dict[str, dict[str, Any]] = {DEFAULT_MACHINE.hash: RUN_MACHINE.events}
+
+
+def engine_of(table: MachineValue) -> Machine:
+    """The one shared ``transitions`` machine of ``table`` (built on first use; machines
+    with one hash have one definition, so they share it)."""
+    engine = _ENGINES.get(table.hash)
+    if engine is None:
+        engine = build_machine(table)
+        _EVENTS[table.hash] = engine.events
+        _ENGINES[table.hash] = engine
+    return engine
 
 
 def fire(state: RunState, trigger: str) -> Transition:
@@ -100,6 +212,10 @@ def fire(state: RunState, trigger: str) -> Transition:
         value = log[name] = GUARDS[name](state)
         return value
 
-    edge = cast(Transition, _EVENTS[trigger].trigger(state, guard))
+    table = state.config.machine
+    events = _EVENTS.get(table.hash)
+    if events is None:
+        events = engine_of(table).events
+    edge = cast(Transition, events[trigger].trigger(state, guard))
     state.taken = edge
     return edge

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fsm_agent.core.actions import FITS
 from fsm_agent.core.state import RunState
 
 __all__ = ["GUARDS", "Guard"]
@@ -168,6 +169,29 @@ def idempotent_replay(run: RunState) -> bool:
     """The call's key and arguments match a committed write: replay its result."""
     record = run.call.record
     return record is not None and record.status == "committed"
+
+
+@guard
+def approval_refused(run: RunState) -> bool:
+    """The store refused the call a use of its limited approval: every ``max_uses`` went
+    to other calls (the ``ConsumeApproval`` answer, recorded as ``approval_use``)."""
+    return run.call.needs_approval
+
+
+@guard
+def review_fits(run: RunState) -> bool:
+    """The reviewer's decision (``review_request``) names a paused call not decided yet,
+    with an action that settles what it waits for (``core/actions.py``'s ``FITS``)."""
+    request = run.review_request
+    if request is None:
+        return False
+    call_id = request.get("call_id")
+    paused = run.placeholders.get(call_id) if isinstance(call_id, str) else None
+    return (
+        paused is not None
+        and call_id not in run.reviews
+        and paused[1] in FITS.get(str(request.get("action")), frozenset())
+    )
 
 
 @guard

@@ -11,8 +11,9 @@ One step per working state::
 
     deciding    AskModel -> ReadClock? -> fire model_replied | model_failed
     validating  admit the batch (pure) -> fire validate
-    executing   [BeginIntent] -> ReadClock -> fire dispatch -> [AbortIntent]
-                -> CallTool -> [CommitIntent | AbortIntent] -> fire tool_returned
+    executing   [BeginIntent] -> [ConsumeApproval] -> fire dispatch -> [AbortIntent]
+                -> CallTool -> [CommitIntent | AbortIntent] -> ReadClock
+                -> fire tool_returned
     retry_wait  Sleep -> fire retry
     observing   ReadClock -> fire observe
 
@@ -35,8 +36,9 @@ from typing import Any
 from fsm_agent.core.actions import ACTIONS, BLOCKING
 from fsm_agent.core.budget import metered
 from fsm_agent.core.canonical import parse_arguments
-from fsm_agent.core.decision import Decision, admit_calls, parse_decision
+from fsm_agent.core.decision import Decision, PreparedCall, admit_calls, parse_decision
 from fsm_agent.core.engine import TRANSITION_LISTENERS, fire
+from fsm_agent.core.guards import GUARDS
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -45,6 +47,7 @@ from fsm_agent.core.requests import (
     BeginIntent,
     CallTool,
     CommitIntent,
+    ConsumeApproval,
     EmitEvents,
     IdempotencyRecord,
     IntentClaim,
@@ -54,10 +57,11 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
+from fsm_agent.core.select import select
 from fsm_agent.core.state import RunState
-from fsm_agent.core.table import TERMINAL_STATES, TRANSITIONS
+from fsm_agent.core.table import TERMINAL_STATES, Transition
 
-__all__ = ["SCHEMA", "Cancelled", "Steps", "settled", "start", "steps"]
+__all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
 SCHEMA = "fsm-agent.trace/2"
@@ -65,16 +69,6 @@ SCHEMA = "fsm-agent.trace/2"
 Steps = Generator[Request, Any, None]
 
 _TERMINAL = frozenset(TERMINAL_STATES)
-#: Edges after which a checkpoint is saved in every save mode but ``never``.
-_SAVE_ALWAYS = frozenset(
-    t.index for t in TRANSITIONS if t.dest in _TERMINAL or t.trigger == "resume"
-)
-#: ... in ``replies`` mode also when a batch is accepted (its reply cost tokens).
-_BATCH_ACCEPTED = next(t.index for t in TRANSITIONS if t.action == "start_batch")
-#: ... around a write: when its attempt starts and when its tool returned.
-_SAVE_WRITES = frozenset(
-    t.index for t in TRANSITIONS if t.action == "start_attempt" or t.trigger == "tool_returned"
-)
 
 
 class Cancelled(BaseException):
@@ -123,6 +117,23 @@ def settled(s: RunState) -> bool:
     return all(
         call_id in s.reviews for call_id, (_, error) in s.placeholders.items() if error in BLOCKING
     )
+
+
+def review(s: RunState, request: dict[str, Any]) -> bool:
+    """Fire the ``review`` trigger of a paused run with a reviewer's decision: whether the
+    table recorded it (``review_fits``). ``request`` is the ``review`` event to write:
+    ``action``, ``call_id``, ``tool``, the decision's ``digest``/``reason``/``result``,
+    ``reviewer``, ``at`` (ISO-8601 UTC, from the caller: the core reads no clock) and
+    ``note``. Pure: the events it adds are in ``s.events``, for the caller to store."""
+    s.review_request = request
+    try:
+        edge = fire(s, "review")
+        _after(s, edge)
+        for listener in TRANSITION_LISTENERS:
+            listener(s, edge)
+    finally:
+        s.review_request = None
+    return edge.action == "record_review"
 
 
 def steps(s: RunState, *, resumed: bool = False) -> Steps:
@@ -297,6 +308,8 @@ def _execute(s: RunState) -> Steps:
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
+    if call.approval is not None and call.approval != s.approvals.get(call.id):
+        yield from _consume(s, call)
     # (``s.now`` is the reading after the last I/O: only pure steps came since.)
     save = _fire(s, "dispatch")
     if save is not None:
@@ -338,6 +351,28 @@ def _execute(s: RunState) -> Steps:
         yield save
 
 
+def _consume(s: RunState, call: PreparedCall) -> Steps:
+    """Spend a use of the call's limited approval, only if the call is about to start:
+    a use is spent on a call that runs, never on one a budget, a deadline or an
+    idempotency record stops (their guards come first in the table). The store's answer
+    is recorded on the ``dispatch`` transition; a refusal takes ``approval_refused``."""
+    approval = call.approval
+    assert approval is not None
+    limit = s.config.approvals.limit(approval)
+    if limit is None:  # unlimited, or a reviewer's approval of this very call
+        return
+    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s))
+    if edge is None or edge.action != "start_attempt":
+        return
+    granted = yield ConsumeApproval(approval, limit, s.run_id, call.id)
+    if granted is True:
+        s.approvals[call.id] = approval
+        s.approval_use = "granted"
+    else:
+        call.approval, call.needs_approval = None, True
+        s.approval_use = "refused"
+
+
 # ── firing, saving, emitting ──────────────────────────────────────────────────────
 
 
@@ -349,13 +384,13 @@ def _fire(s: RunState, trigger: str) -> SaveCheckpoint | None:
     _after(s, edge)
     for listener in TRANSITION_LISTENERS:
         listener(s, edge)
-    if s.config.save != "never" and _wants_save(s, edge.index):
+    if s.config.save != "never" and _wants_save(s, edge):
         return _save(s)
     return None
 
 
-def _wants_save(s: RunState, index: int) -> bool:
-    """Whether to save a checkpoint after edge ``index``: where losing the transitions
+def _wants_save(s: RunState, edge: Transition) -> bool:
+    """Whether to save a checkpoint after ``edge``: where losing the transitions
     since the last save would matter, before anything outside the machine happens that
     it would hide (D1).
 
@@ -370,12 +405,13 @@ def _wants_save(s: RunState, index: int) -> bool:
     Everything in between is pure or a read: a crash there resumes from the last save
     and takes the same edges again, re-running at most a read or a model call.
     """
-    if index in _SAVE_ALWAYS:
+    # (Read off the edge, not its index: the run's machine may be any table.)
+    if edge.dest in _TERMINAL or edge.trigger == "resume":
         return True
-    if index in _SAVE_WRITES:
+    if edge.action == "start_attempt" or edge.trigger == "tool_returned":
         call = s.call
         return call.effect == "write" and call.idempotency_key is None
-    if index == _BATCH_ACCEPTED and s.config.save == "replies":
+    if edge.action == "start_batch" and s.config.save == "replies":
         first = s.decision.calls[0]
         return first.idempotency_key is None or first.refusal is not None
     return False
@@ -402,6 +438,8 @@ def _after(s: RunState, edge: Any) -> None:
             edge.action == "start_attempt" or (edge.trigger == "resume" and s.attempt_resumed)
         ):
             event["approval"] = call.approval
+        if s.approval_use is not None:  # the store's answer to ConsumeApproval, replayable
+            event["approval_use"], s.approval_use = s.approval_use, None
         if edge.trigger == "tool_returned":
             # What the tool did (the call_* and is_retryable guards read it), and why it
             # failed (and so why a retry follows): the checker recomputes from these.
@@ -417,7 +455,7 @@ def _after(s: RunState, edge: Any) -> None:
         s.seq += 1
         payload["seq"] = s.seq
         _record(s, payload)
-    if edge.dest in _TERMINAL:
+    if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
         s.seq += 1
         _record(
             s,
@@ -464,17 +502,19 @@ def _admit(s: RunState) -> None:
     )
 
     def approval(call_id: str, args_digest: str) -> str | None:
-        """The approval this call consumes: one it already holds, a reviewer's approval
-        of this very call, or a configured one (using one of its uses)."""
+        """The approval that covers this call: one it holds already (a use it spent, a
+        reviewer's approval it was admitted with), a reviewer's approval of this very
+        call, or a configured one. Nothing outside the run changes: a limited approval's
+        use is spent only when the call is about to start (:func:`_consume`)."""
         got = s.approvals.get(call_id)
         if got is None:
             review = s.reviews.get(call_id) or {}
             if review.get("action") == "approve" and review.get("digest") == args_digest:
-                got = f"review:{call_id}"
+                # Kept with the run: the reviews go once applied, and a later resume
+                # (this driver died) must still find the call approved.
+                got = s.approvals[call_id] = f"review:{call_id}"
             else:
-                got = cfg.approvals.take(args_digest)
-            if got is not None:
-                s.approvals[call_id] = got
+                got = cfg.approvals.find(args_digest)
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)

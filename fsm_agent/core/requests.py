@@ -19,6 +19,9 @@ request             the driver                             sends back
 ``CommitIntent``    stores the write's result              ``None``
 ``AbortIntent``     forgets an intent of this call         ``None``
 ``LoadIntent``      reads an idempotency record            the record or ``None``
+``ConsumeApproval`` spends one use of a limited approval   ``True`` (granted) or ``False``
+                    (atomic, once per (approval, run,      (refused: no use left)
+                    call))
 ==================  =====================================  ================================
 """
 
@@ -39,6 +42,7 @@ __all__ = [
     "BeginIntent",
     "CallTool",
     "CommitIntent",
+    "ConsumeApproval",
     "EmitEvents",
     "IdempotencyRecord",
     "IntentClaim",
@@ -142,6 +146,20 @@ class LoadIntent:
     key: str
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumeApproval:
+    """Spend one use of configured approval ``approval_id`` (``max_uses`` in all) on call
+    ``call_id`` of run ``run_id``, which is about to start. The store answers atomically:
+    ``True`` if this (approval, run, call) already holds a use or one is left (then it is
+    recorded), ``False`` if all ``max_uses`` went to other calls. Asking again for the
+    same call (a retry, a resume) never spends a second use."""
+
+    approval_id: str
+    max_uses: int
+    run_id: str
+    call_id: str
+
+
 Request = (
     AskModel
     | CallTool
@@ -153,4 +171,5 @@ Request = (
     | CommitIntent
     | AbortIntent
     | LoadIntent
+    | ConsumeApproval
 )

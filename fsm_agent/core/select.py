@@ -11,10 +11,14 @@ that decided the choice but was not recorded raises :class:`GuardNotRecorded`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from fsm_agent.core.table import Transition, edges_from
 
-__all__ = ["GuardNotRecorded", "select", "select_recorded"]
+if TYPE_CHECKING:
+    from fsm_agent.core.table import Machine
+
+__all__ = ["GuardNotRecorded", "choose", "select", "select_recorded"]
 
 
 class GuardNotRecorded(LookupError):
@@ -29,14 +33,24 @@ class GuardNotRecorded(LookupError):
         self.edge = edge
 
 
-def select(state: str, trigger: str, guard: Callable[[str], bool]) -> Transition | None:
-    """The edge ``trigger`` takes from ``state``: the first in priority order whose guards
-    all hold. ``None`` when the table has no edge of ``trigger`` out of ``state``.
+def select(
+    state: str, trigger: str, guard: Callable[[str], bool], machine: Machine | None = None
+) -> Transition | None:
+    """The edge ``trigger`` takes from ``state`` in ``machine`` (default: the default
+    table): the first in priority order whose guards all hold. ``None`` when the table has
+    no edge of ``trigger`` out of ``state``.
 
     ``guard(name)`` gives a guard's outcome; it is asked in table order and only as far as
     the choice needs, so the names asked are exactly the outcomes a trace records.
     """
-    for edge in edges_from(state, trigger):
+    edges = edges_from(state, trigger) if machine is None else machine.edges_from(state, trigger)
+    return choose(edges, guard)
+
+
+def choose(edges: tuple[Transition, ...], guard: Callable[[str], bool]) -> Transition | None:
+    """The walk :func:`select` makes over one group of edges (the engine, which has looked
+    the group up already, calls it directly)."""
+    for edge in edges:
         for name, want in edge.checks:
             if guard(name) is not want:
                 break
@@ -46,7 +60,12 @@ def select(state: str, trigger: str, guard: Callable[[str], bool]) -> Transition
 
 
 def select_recorded(
-    state: str, trigger: str, outcomes: Mapping[str, object], *, legacy: bool = False
+    state: str,
+    trigger: str,
+    outcomes: Mapping[str, object],
+    *,
+    legacy: bool = False,
+    machine: Machine | None = None,
 ) -> Transition | None:
     """:func:`select` over recorded outcomes; :class:`GuardNotRecorded` if one it needs is
     missing. Outcomes that are not booleans count as not holding.
@@ -55,7 +74,8 @@ def select_recorded(
     evaluated an edge's positive guards before its negated ones; the same order is used
     to decide which outcomes must be there.
     """
-    for edge in edges_from(state, trigger):
+    edges = edges_from(state, trigger) if machine is None else machine.edges_from(state, trigger)
+    for edge in edges:
         checks = edge.checks
         if legacy:
             checks = tuple(c for c in checks if c[1]) + tuple(c for c in checks if not c[1])

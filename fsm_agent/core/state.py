@@ -2,32 +2,56 @@
 
 :class:`RunState` is the model ``transitions`` fires (its ``state`` attribute is the
 machine state). It is plain data plus a reference to the run's :class:`RunConfig` (what
-the trusted caller configured: budget, retry, policy, allow-list, tools, approvals), and
-it serialises itself: :meth:`RunState.snapshot` gives a small versioned, checksummed
-dict (the checkpoint) and :meth:`RunState.restore` reads one back, so durable code never
-knows its fields. The history (``messages``) and the trace (``events``) are kept apart
-from the snapshot: stores append them row by row.
+the trusted caller configured: budget, retry, policy, allow-list, tools, approvals, the
+machine), and it serialises itself: :meth:`RunState.snapshot` gives a small versioned,
+checksummed dict (the checkpoint) and :meth:`RunState.restore` reads one back, so durable
+code never knows its fields.
+
+Every field declares whether it is persisted (in attrs' style: the declaration is the
+format). :func:`persisted` marks a field the checkpoint carries, with its key and, where
+its value is not plain JSON, how it is written and read back; :func:`apart` marks one
+that is not, and why: stored by other means (the history and the trace, which stores
+append row by row), the loop's cursors over what left it, or scratch of one transition.
+One serialiser walks ``fields()``, so a field cannot be added and silently forgotten: a
+field that declares neither fails at import.
 """
+
+# persisted()/apart() are field specifiers (they return dataclasses.field), which RUF009
+# cannot tell from a call whose result would be shared between instances.
+# ruff: noqa: RUF009
 
 from __future__ import annotations
 
 import json
 import zlib
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Literal
 
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, ToolLike, parse_decision
 from fsm_agent.core.requests import ToolOutcome
-from fsm_agent.core.table import INITIAL_STATE, MACHINE_HASH, TRANSITIONS, Transition, edge_by_key
+from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, TRANSITIONS, Machine, Transition
 from fsm_agent.errors import CorruptRecord, MachineMismatch
 
-__all__ = ["SNAPSHOT_VERSION", "Counters", "RunConfig", "RunState", "SaveMode"]
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "Counters",
+    "RunConfig",
+    "RunState",
+    "SaveMode",
+    "apart",
+    "declarations",
+    "persisted",
+    "snapshot_machine",
+]
 
 #: Version of :meth:`RunState.snapshot`'s layout (bump with a reader for the old one).
-SNAPSHOT_VERSION = 2
+#: 3: the machine hash is on the envelope, next to the version (the machine is the frame
+#: the body is read in, not a field of it); the body holds exactly the persisted fields.
+#: 2: the same body with ``machine_hash`` inside it (read by :func:`_verified`).
+SNAPSHOT_VERSION = 3
 
 #: When the loop saves a checkpoint: never (no store keeps runs), around writes and at
 #: ends (a store that dies with the process), or also after every model reply (SQLite,
@@ -95,11 +119,14 @@ class RunConfig:
     header: dict[str, Any] = field(default_factory=dict)
     #: Rewrites each event before it is recorded (``Runtime(redact=...)``).
     redact: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    #: The machine the run fires (``Runtime(machine=...)``; a resumed run's is the one
+    #: its checkpoint names).
+    machine: Machine = DEFAULT_MACHINE
 
     def header_fields(self) -> dict[str, Any]:
         """The caller's settings as the trace header and the store record them."""
         return {
-            "machine_hash": MACHINE_HASH,
+            "machine_hash": self.machine.hash,
             "policy": self.policy,
             "budget": self.budget.to_dict(),
             "retry": self.retry.to_dict(),
@@ -109,52 +136,174 @@ class RunConfig:
         }
 
 
+# ── field declarations ────────────────────────────────────────────────────────────
+
+#: ``dump(state) -> JSON value`` and ``load(state, value)``: how a persisted field that is
+#: not plain JSON is written and read back (``load`` runs in declaration order, so it may
+#: read fields declared before its own).
+Dump = Callable[["RunState"], Any]
+Load = Callable[["RunState", Any], None]
+
+
+def persisted(
+    default: Any = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    key: str | None = None,
+    dump: Dump | None = None,
+    load: Load | None = None,
+) -> Any:
+    """A field the checkpoint carries, under ``key`` (default: its name); a plain JSON
+    value unless ``dump``/``load`` say otherwise."""
+    meta = {"persist": True, "key": key, "dump": dump, "load": load}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def apart(why: str, default: Any = None, *, factory: Callable[[], Any] | None = None) -> Any:
+    """A field the checkpoint does not carry, and ``why`` (``stored`` elsewhere, a loop
+    ``cursor``, transition ``scratch``)."""
+    meta = {"persist": False, "why": why}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _required(why: str) -> Any:
+    """A constructor argument the checkpoint does not carry (it is stored apart)."""
+    return field(metadata={"persist": False, "why": why})
+
+
+def _dump_call(s: RunState) -> dict[str, Any] | None:
+    call = s.call
+    if call.index < 0:
+        return None
+    return {
+        "index": call.index,
+        "effect": call.effect,
+        "dedup": call.dedup,
+        "key": call.idempotency_key,
+        "digest": call.args_digest,
+        "claimed": call.claimed,
+    }
+
+
+def _load_call(s: RunState, stored: dict[str, Any] | None) -> None:
+    if stored is None:
+        return
+    # The current call keeps the facts it was checkpointed with (admission may differ
+    # under today's registry).
+    call = s.decision.calls[stored["index"]]
+    call.effect, call.dedup = stored["effect"], stored["dedup"]
+    call.idempotency_key, call.args_digest = stored["key"], stored["digest"]
+    call.claimed = stored["claimed"]
+    s.call = call
+
+
+def _load_decision(s: RunState, message: dict[str, Any] | None) -> None:
+    if message is not None:
+        s.decision = parse_decision(message)  # parsed again, not admitted: see restore()
+
+
+def _load_taken(s: RunState, key: str) -> None:
+    taken = s.config.machine.edge_by_key(key)
+    if taken is None:  # guessing here could mean running a write twice: refuse
+        raise ValueError(f"its last transition {key!r} is no edge of this table")
+    s.taken = taken
+
+
+def _load_started(s: RunState, elapsed: float) -> None:
+    # The loop re-bases ``started`` on its clock: wall-clock budgets count the time the
+    # run was alive, not the time it lay stored.
+    s.started, s.now = -float(elapsed), 0.0
+
+
+def _set(name: str, convert: Callable[[Any], Any]) -> Load:
+    def load(s: RunState, value: Any) -> None:
+        setattr(s, name, convert(value))
+
+    return load
+
+
 @dataclass(eq=False)
 class RunState:
     """The state of one run (see the module docstring). Mutated only by the loop."""
 
-    run_id: str
-    config: RunConfig
-    messages: list[dict[str, Any]]
-    state: str = INITIAL_STATE  # the attribute ``transitions`` reads and writes
-    seq: int = 0
-    counters: Counters = field(default_factory=Counters)
-    started: float = 0.0
-    now: float = 0.0
-    decision: Decision = NO_DECISION
-    batch_appended: bool = False
-    index: int = 0
-    call: PreparedCall = _NO_CALL
-    attempt: int = 0
-    outcome: ToolOutcome = field(default_factory=lambda: ToolOutcome("ok"))
-    in_flight: bool = False
-    #: This driving's resume counted the attempt of a keyed call whose intent the dead
-    #: process had begun (its ``dispatch`` transition died with it). Not saved.
-    attempt_resumed: bool = False
+    run_id: str = _required("stored: the store's key")
+    config: RunConfig = _required("stored: rebuilt from the trace header")
+    messages: list[dict[str, Any]] = _required("stored: history rows")
+    state: str = persisted(INITIAL_STATE)  # the attribute ``transitions`` reads and writes
+    seq: int = persisted(0)
+    counters: Counters = persisted(
+        factory=Counters,
+        dump=lambda s: s.counters.as_dict(),
+        load=_set("counters", Counters.from_dict),
+    )
+    started: float = persisted(
+        0.0, key="elapsed", dump=lambda s: s.now - s.started, load=_load_started
+    )
+    #: The clock reading of the last I/O (``started`` is re-based on it).
+    now: float = apart("scratch: the loop's last clock reading", 0.0)
+    decision: Decision = persisted(
+        NO_DECISION,
+        dump=lambda s: None if s.decision is NO_DECISION else s.decision.message,
+        load=_load_decision,
+    )
+    batch_appended: bool = persisted(False)
+    index: int = persisted(0)
+    call: PreparedCall = persisted(_NO_CALL, dump=_dump_call, load=_load_call)
+    attempt: int = persisted(0)
+    outcome: ToolOutcome = persisted(
+        factory=lambda: ToolOutcome("ok"),
+        dump=lambda s: [s.outcome.kind, s.outcome.error],
+        load=_set("outcome", lambda v: ToolOutcome(v[0], error=v[1])),
+    )
     #: A reply reported no usable token count / cost (it then counts as over a set limit).
-    tokens_unknown: bool = False
-    cost_unknown: bool = False
-    guard_log: dict[str, bool] = field(default_factory=dict)
-    taken: Transition = TRANSITIONS[0]
-    answered: set[str] = field(default_factory=set)
+    tokens_unknown: bool = persisted(False)
+    cost_unknown: bool = persisted(False)
+    answered: set[str] = persisted(
+        factory=set, dump=lambda s: sorted(s.answered), load=_set("answered", set)
+    )
     #: call id -> (index in ``messages``, error) of a synthetic answer a reviewer may replace.
-    placeholders: dict[str, tuple[int, str]] = field(default_factory=dict)
+    placeholders: dict[str, tuple[int, str]] = persisted(
+        factory=dict,
+        dump=lambda s: {k: list(v) for k, v in s.placeholders.items()},
+        load=_set("placeholders", lambda v: {k: (int(i), str(e)) for k, (i, e) in v.items()}),
+    )
     #: call id -> a reviewer's decision on a paused call of the current batch.
-    reviews: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: call id -> the approval a call of the current batch consumes.
-    approvals: dict[str, str] = field(default_factory=dict)
-    status: str | None = None
-    reason: str | None = None
-    detail: str = ""
-    answer: str | None = None
-    model_error: str = ""
-    events: list[dict[str, Any]] = field(default_factory=list)
-    # Bookkeeping of what left the loop: events emitted / saved, messages saved, and
-    # history rows replaced in place since the last save.
-    emitted: int = 0
-    saved_events: int = 0
-    saved_messages: int = 0
-    rewritten: list[int] = field(default_factory=list)
+    reviews: dict[str, dict[str, Any]] = persisted(factory=dict, load=_set("reviews", dict))
+    #: call id -> the limited approval a call of the current batch spent a use of (the
+    #: store granted it: a retry or a resume does not ask again).
+    approvals: dict[str, str] = persisted(factory=dict, load=_set("approvals", dict))
+    status: str | None = persisted(None)
+    reason: str | None = persisted(None)
+    detail: str = persisted("")
+    answer: str | None = persisted(None)
+    model_error: str = persisted("")
+    #: The edge of the last transition (a resume reads whether an attempt had started).
+    taken: Transition = persisted(TRANSITIONS[0], dump=lambda s: s.taken.key, load=_load_taken)
+    events: list[dict[str, Any]] = apart("stored: trace rows", factory=list)
+    #: A reviewer's decision being recorded (the ``review`` trigger).
+    review_request: dict[str, Any] | None = apart("scratch: the review being fired", None)
+    #: The store's answer to this dispatch's ``ConsumeApproval`` (granted | refused), until
+    #: the ``dispatch`` transition records it.
+    approval_use: str | None = apart("scratch: this dispatch's approval use", None)
+    # Transition scratch: set by one firing or one step, meaningless after a restart.
+    guard_log: dict[str, bool] = apart("scratch: the guards of the last firing", factory=dict)
+    #: From the call until ``tool_returned`` is taken (a cancel then may not say the
+    #: write did not happen); a process that died there resumes through its intent.
+    in_flight: bool = apart("scratch: a tool call is running now", False)
+    #: This driving's resume counted the attempt of a keyed call whose intent the dead
+    #: process had begun (its ``dispatch`` transition died with it).
+    attempt_resumed: bool = apart("scratch: this driving's resume", False)
+    # The loop's cursors over what left it: events emitted / saved, messages saved, and
+    # history rows replaced in place since the last save (a restore starts them at what
+    # the store holds).
+    emitted: int = apart("cursor", 0)
+    saved_events: int = apart("cursor", 0)
+    saved_messages: int = apart("cursor", 0)
+    rewritten: list[int] = apart("cursor", factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -171,44 +320,15 @@ class RunState:
     # ── serialisation ─────────────────────────────────────────────────────────────
 
     def snapshot(self) -> dict[str, Any]:
-        """The checkpoint: this state without its history and events, versioned and
-        covered by a checksum (:meth:`restore` verifies it)."""
-        call = self.call
-        body: dict[str, Any] = {
-            "state": self.state,
-            "seq": self.seq,
-            "status": self.status,
-            "reason": self.reason,
-            "detail": self.detail,
-            "answer": self.answer,
-            "model_error": self.model_error,
-            "counters": self.counters.as_dict(),
-            "elapsed": self.now - self.started,
-            "decision": None if self.decision is NO_DECISION else self.decision.message,
-            "batch_appended": self.batch_appended,
-            "index": self.index,
-            "call": None
-            if call.index < 0
-            else {
-                "index": call.index,
-                "effect": call.effect,
-                "dedup": call.dedup,
-                "key": call.idempotency_key,
-                "digest": call.args_digest,
-                "claimed": call.claimed,
-            },
-            "attempt": self.attempt,
-            "outcome": [self.outcome.kind, self.outcome.error],
-            "tokens_unknown": self.tokens_unknown,
-            "cost_unknown": self.cost_unknown,
-            "answered": sorted(self.answered),
-            "placeholders": {k: list(v) for k, v in self.placeholders.items()},
-            "reviews": self.reviews,
-            "approvals": self.approvals,
-            "taken": self.taken.key,
-            "machine_hash": MACHINE_HASH,
+        """The checkpoint: the persisted fields, versioned, naming the machine they were
+        written under, and covered by a checksum (:meth:`restore` verifies it)."""
+        body = {key: dump(self) for key, dump, _ in _PERSISTED}
+        return {
+            "version": SNAPSHOT_VERSION,
+            "machine_hash": self.config.machine.hash,
+            "checksum": _checksum(body),
+            "body": body,
         }
-        return {"version": SNAPSHOT_VERSION, "checksum": _checksum(body), "body": body}
 
     @classmethod
     def restore(
@@ -220,69 +340,52 @@ class RunState:
         messages: list[dict[str, Any]],
         events: list[dict[str, Any]],
     ) -> RunState:
-        """The state a :meth:`snapshot` recorded. Calls are parsed again but not admitted
-        (the loop admits what it still has to run, with the current registry); the current
-        call keeps the facts it was checkpointed with. Raises :class:`CorruptRecord` for a
+        """The state a :meth:`snapshot` recorded, under ``config`` (whose machine must be
+        the one the snapshot names). Calls are parsed again but not admitted (the loop
+        admits what it still has to run, with the current registry); the current call
+        keeps the facts it was checkpointed with. Raises :class:`CorruptRecord` for a
         snapshot that fails its checksum or cannot be read, :class:`MachineMismatch` for
         one recorded under another transition table."""
-        body = _verified(snapshot, run_id)
-        if body.get("machine_hash") != MACHINE_HASH:
+        recorded, body = _verified(snapshot, run_id)
+        if recorded != config.machine.hash:
             raise MachineMismatch(
-                f"run {run_id!r} was checkpointed by machine {body.get('machine_hash')}; this "
-                f"fsm-agent runs machine {MACHINE_HASH}. Finish or export it with the version "
-                "that started it (no migration is registered between these tables)."
+                f"run {run_id!r} was checkpointed by machine {recorded}; this runtime runs "
+                f"machine {config.machine.hash}. Resume it with a runtime that knows the "
+                "machine that started it (Runtime(machines=[...]))."
             )
         try:
-            return cls._from_body(body, run_id, config, messages, events)
+            s = cls(run_id=run_id, config=config, messages=messages, events=events)
+            for key, _, load in _PERSISTED:
+                load(s, body[key])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise CorruptRecord(
                 f"run {run_id!r}: unreadable checkpoint ({type(exc).__name__}: {exc})"
             ) from None
-
-    @classmethod
-    def _from_body(
-        cls,
-        body: dict[str, Any],
-        run_id: str,
-        config: RunConfig,
-        messages: list[dict[str, Any]],
-        events: list[dict[str, Any]],
-    ) -> RunState:
-        taken = edge_by_key(body["taken"])
-        if taken is None:  # guessing here could mean running a write twice: refuse
-            raise ValueError(f"its last transition {body['taken']!r} is no edge of this table")
-        s = cls(run_id=run_id, config=config, messages=messages, events=events)
-        s.state, s.seq, s.taken = body["state"], body["seq"], taken
-        s.status, s.reason, s.detail = body["status"], body["reason"], body["detail"]
-        s.answer, s.model_error = body["answer"], body["model_error"]
-        s.counters = Counters.from_dict(body["counters"])
-        # The loop re-bases ``started`` on its clock: wall-clock budgets count the time
-        # the run was alive, not the time it lay stored.
-        s.started, s.now = -float(body["elapsed"]), 0.0
-        if body["decision"] is not None:
-            s.decision = parse_decision(body["decision"])
-        s.batch_appended, s.index, s.attempt = (
-            body["batch_appended"],
-            body["index"],
-            body["attempt"],
-        )
-        stored_call = body["call"]
-        if stored_call is not None:
-            call = s.decision.calls[stored_call["index"]]
-            call.effect, call.dedup = stored_call["effect"], stored_call["dedup"]
-            call.idempotency_key, call.args_digest = stored_call["key"], stored_call["digest"]
-            call.claimed = stored_call["claimed"]
-            s.call = call
-        kind, error = body["outcome"]
-        s.outcome = ToolOutcome(kind, error=error)
-        s.tokens_unknown, s.cost_unknown = body["tokens_unknown"], body["cost_unknown"]
-        s.answered = set(body["answered"])
-        s.placeholders = {k: (int(v[0]), str(v[1])) for k, v in body["placeholders"].items()}
-        s.reviews = dict(body["reviews"])
-        s.approvals = dict(body["approvals"])
         s.emitted = s.saved_events = len(events)
         s.saved_messages = len(messages)
         return s
+
+
+def _codec(f: Field[Any]) -> tuple[str, Dump, Load]:
+    name, meta = f.name, f.metadata
+    dump: Dump = meta["dump"] or (lambda s: getattr(s, name))
+    load: Load = meta["load"] or (lambda s, value: setattr(s, name, value))
+    return meta["key"] or name, dump, load
+
+
+def declarations(cls: type[RunState]) -> tuple[tuple[str, Dump, Load], ...]:
+    """``(key, dump, load)`` of every persisted field of ``cls``, in declaration order;
+    ``TypeError`` naming each field that declares neither :func:`persisted` nor
+    :func:`apart` (one nobody decided about would silently not survive a restart)."""
+    undeclared = [f.name for f in fields(cls) if "persist" not in f.metadata]
+    if undeclared:
+        raise TypeError(
+            f"{cls.__name__} fields {undeclared} declare neither persisted(...) nor apart(...)"
+        )
+    return tuple(_codec(f) for f in fields(cls) if f.metadata["persist"])
+
+
+_PERSISTED = declarations(RunState)
 
 
 def _checksum(body: dict[str, Any]) -> str:
@@ -293,13 +396,28 @@ def _checksum(body: dict[str, Any]) -> str:
     return f"crc32:{zlib.crc32(text.encode('utf-8')):08x}"
 
 
-def _verified(snapshot: Any, run_id: str) -> dict[str, Any]:
+def snapshot_machine(snapshot: Any) -> str | None:
+    """The hash of the machine a snapshot was written under (``None`` if it names none):
+    what a runtime picks the run's machine by, before reading the body."""
+    if not isinstance(snapshot, dict):
+        return None
+    if snapshot.get("version") == 2:
+        body = snapshot.get("body")
+        found = body.get("machine_hash") if isinstance(body, dict) else None
+    else:
+        found = snapshot.get("machine_hash")
+    return found if isinstance(found, str) else None
+
+
+def _verified(snapshot: Any, run_id: str) -> tuple[str | None, dict[str, Any]]:
+    """The machine hash and the body of a snapshot whose checksum holds; a layout 2
+    body is read as layout 3 (its ``machine_hash`` moved out of it)."""
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("body"), dict):
         raise CorruptRecord(f"run {run_id!r}: the checkpoint is not a state snapshot")
     version = snapshot.get("version")
-    if version != SNAPSHOT_VERSION:
+    if version not in (2, SNAPSHOT_VERSION):
         raise CorruptRecord(
-            f"run {run_id!r}: checkpoint layout {version!r} is not {SNAPSHOT_VERSION} "
+            f"run {run_id!r}: checkpoint layout {version!r} is not {SNAPSHOT_VERSION} or 2 "
             "(written by another version of fsm-agent)"
         )
     body: dict[str, Any] = snapshot["body"]
@@ -312,7 +430,9 @@ def _verified(snapshot: Any, run_id: str) -> dict[str, Any]:
             f"run {run_id!r}: the checkpoint fails its checksum (the stored row was changed "
             "or damaged); refusing to resume from it"
         )
-    return body
+    if version == 2:
+        body = {k: v for k, v in body.items() if k != "machine_hash"}
+    return snapshot_machine(snapshot), body
 
 
 def allowed_tools(header: dict[str, Any], narrowed_by: Collection[str]) -> frozenset[str]:

@@ -1,8 +1,11 @@
-"""The run machine: one transition table, declared as data.
+"""The run machine: a transition table, declared as data, and held as a value.
 
-This table is the single source of truth. The loop fires it (through ``transitions``, see
-``engine.py``), the diagram draws it, the trace checker verifies traces against it and the
-coverage report counts its edges. Nothing else in the package declares an edge.
+:data:`DEFAULT_MACHINE` (the table below) is the single source of truth of the built-in
+rules; an application may run another :class:`Machine` (built and checked by
+``engine.compile_machine``, usually this table plus rows of its own). The loop fires a
+run's machine (through ``transitions``, see ``engine.py``), the diagram draws it, the
+coverage report counts its edges and the trace checker verifies traces against the default
+one. Nothing else in the package declares an edge.
 
 Reading the table
 -----------------
@@ -29,22 +32,27 @@ Triggers are fired by the loop when it has news:
                                       any other exit)
 ``resume``                            a stored run is picked up again: its process died,
                                       or reviewers settled it
+``review``                            a reviewer decides on a paused call (approve, deny,
+                                      reconcile); the run stays paused
 
-Identity: an edge's ``index`` is its position here; its ``key`` (``trigger/source->dest
-[guards]``) names it independently of position. :data:`MACHINE_HASH` covers every column
-the runtime uses (states, and per edge trigger, source, dest, guards, reason, action);
-every trace and every stored checkpoint records it.
+Identity: an edge's ``index`` is its position in its machine; its ``key``
+(``trigger/source->dest[guards]``) names it independently of position. A machine's
+:attr:`Machine.hash` covers every column the runtime uses (states, and per edge trigger,
+source, dest, guards, reason, action); every trace and every stored checkpoint records
+it, and :data:`MACHINE_HASH` is the default machine's (the same definition, so the same
+hash, as before machines were values).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 __all__ = [
+    "DEFAULT_MACHINE",
     "INITIAL_STATE",
     "LEGACY_MACHINE_HASHES",
     "MACHINE_HASH",
@@ -53,6 +61,7 @@ __all__ = [
     "TRANSITIONS",
     "WORKING_STATES",
     "Action",
+    "Machine",
     "Reason",
     "State",
     "Transition",
@@ -70,7 +79,7 @@ State = Literal[
 ]  # fmt: skip
 Trigger = Literal[
     "model_replied", "model_failed", "validate", "dispatch", "tool_returned", "retry",
-    "observe", "cancel", "resume",
+    "observe", "cancel", "resume", "review",
 ]  # fmt: skip
 Reason = Literal[
     "final_answer", "model_error", "malformed_decision", "empty_answer",
@@ -82,7 +91,7 @@ Reason = Literal[
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
     "schedule_retry", "answer_refusal", "answer_replay", "answer_result", "answer_failure",
-    "answer_stored", "apply_review",
+    "answer_stored", "apply_review", "record_review",
 ]  # fmt: skip
 
 
@@ -97,8 +106,11 @@ class Transition:
     reason: Reason | None = None
     action: Action | None = None
     rule: str = ""
-    #: Position in :data:`TRANSITIONS` (-1 for an edge built outside the table).
+    #: Position in its machine's table (-1 for an edge built outside a machine).
     index: int = field(default=-1, compare=False)
+    #: ``(rank, size)``: tried ``rank``-th (1-based) of the ``size`` edges of its trigger
+    #: in its source (``(0, 0)`` outside a machine).
+    rank: tuple[int, int] = field(default=(0, 0), compare=False, repr=False)
     #: ``(guard name, required outcome)`` in evaluation order.
     checks: tuple[tuple[str, bool], ...] = field(init=False, repr=False, compare=False)
 
@@ -197,6 +209,9 @@ _ROWS: tuple[Transition, ...] = (
       "run again"),
     T("dispatch", "executing", "observing", ("idempotent_replay",), None, "answer_replay",
       "R7: the same key and arguments return the stored result, executing nothing"),
+    T("dispatch", "executing", "review_required", ("approval_refused",), "approval_required",
+      "stop", "R8: a write whose limited approval has no use left (max_uses, counted by the "
+      "store across runs and workers) runs nothing"),
     T("dispatch", "executing", "executing", (), None, "start_attempt",
       "the call is admitted and its tool runs now"),
 
@@ -215,6 +230,14 @@ _ROWS: tuple[Transition, ...] = (
       "R6: a write that failed in an unknown way may have happened; stop for review"),
     T("tool_returned", "executing", "observing", (), None, "answer_failure",
       "R5: a read that failed for good is answered as an error"),
+
+    # ── review: a reviewer decides on a paused call ─────────────────────────────────
+    T("review", "review_required", "review_required", ("review_fits",), None, "record_review",
+      "D2: a decision that fits what the paused call waits for (approve: approval_required, "
+      "reconcile: outcome_unknown, deny: any paused call) is recorded, once per call, with "
+      "who decided, when and why; the run stays paused until every blocking call is settled"),
+    T("review", "review_required", "review_required", (), None, None,
+      "D2: a decision that does not fit the paused call is refused and records nothing"),
 
     # ── resume: a stored run is picked up again ─────────────────────────────────────
     T("resume", "executing", "review_required", ("write_outcome_lost",), "outcome_unknown",
@@ -255,41 +278,106 @@ _ROWS: tuple[Transition, ...] = (
 
 del T
 
-#: The table, each edge carrying its ``index``.
-TRANSITIONS: tuple[Transition, ...] = tuple(replace(t, index=i) for i, t in enumerate(_ROWS))
 
-_BY_SOURCE_TRIGGER: dict[tuple[str, str], tuple[Transition, ...]] = {}
-for _t in TRANSITIONS:
-    _BY_SOURCE_TRIGGER[(_t.source, _t.trigger)] = (
-        *_BY_SOURCE_TRIGGER.get((_t.source, _t.trigger), ()),
-        _t,
-    )
-del _t
-_BY_KEY: dict[str, Transition] = {t.key: t for t in TRANSITIONS}
+@dataclass(frozen=True, eq=False)
+class Machine:
+    """A run machine as a value: its states, its edges in priority order, and the hash
+    of their definition (what every trace header and checkpoint records).
+
+    Build one with :meth:`of` (no name checks: ``core/engine.py``'s
+    :func:`~fsm_agent.core.engine.compile_machine` checks guard and action names, which
+    this module cannot see). Two machines are equal when their hashes are.
+    """
+
+    #: Every edge, carrying its ``index`` (position here) and ``rank`` (within its group).
+    transitions: tuple[Transition, ...]
+    hash: str
+    name: str = "run machine"
+    initial: str = INITIAL_STATE
+    states: tuple[str, ...] = STATES
+    terminal: tuple[str, ...] = TERMINAL_STATES
+    #: ``(source, trigger)`` -> its edges in priority order (what :func:`select` walks).
+    groups: dict[tuple[str, str], tuple[Transition, ...]] = field(repr=False, default_factory=dict)
+    by_key: dict[str, Transition] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        rows: Iterable[Transition],
+        *,
+        name: str = "run machine",
+        initial: str = INITIAL_STATE,
+        states: tuple[str, ...] = STATES,
+        terminal: tuple[str, ...] = TERMINAL_STATES,
+    ) -> Machine:
+        """The machine of ``rows`` (in priority order), each edge re-indexed for it."""
+        rows = tuple(rows)
+        groups: dict[tuple[str, str], list[Transition]] = {}
+        for t in rows:
+            groups.setdefault((t.source, t.trigger), []).append(t)
+        edges: list[Transition] = []
+        for i, t in enumerate(rows):
+            group = groups[(t.source, t.trigger)]
+            rank = (next(n for n, g in enumerate(group) if g is t) + 1, len(group))
+            edges.append(replace(t, index=i, rank=rank))
+        transitions = tuple(edges)
+        by_group: dict[tuple[str, str], tuple[Transition, ...]] = {}
+        for t in transitions:
+            by_group[(t.source, t.trigger)] = (*by_group.get((t.source, t.trigger), ()), t)
+        definition = _definition(initial, states, terminal, transitions)
+        return cls(
+            transitions=transitions,
+            hash=_digest(definition),
+            name=name,
+            initial=initial,
+            states=tuple(states),
+            terminal=tuple(terminal),
+            groups=by_group,
+            by_key={t.key: t for t in transitions},
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Machine) and other.hash == self.hash
+
+    def __hash__(self) -> int:
+        return hash(self.hash)
+
+    def edges_from(self, source: str, trigger: str) -> tuple[Transition, ...]:
+        """The edges of ``trigger`` fired in ``source``, in priority order."""
+        return self.groups.get((source, trigger), ())
+
+    def edge_by_key(self, key: str) -> Transition | None:
+        """The edge whose :attr:`Transition.key` is ``key``."""
+        return self.by_key.get(key)
+
+    def definition(self) -> dict[str, Any]:
+        """Every column the runtime uses (what :attr:`hash` covers)."""
+        return _definition(self.initial, self.states, self.terminal, self.transitions)
+
+    def extended(self, rows: Iterable[Transition], *, name: str | None = None) -> Machine:
+        """This machine plus ``rows``: each is tried after the guarded edges of its trigger
+        in its state and before that group's unguarded fallback (a row that opens a new
+        group goes last). Not checked: see :func:`~fsm_agent.core.engine.compile_machine`."""
+        table = [replace(t, index=-1) for t in self.transitions]
+        for row in rows:
+            at = len(table)
+            for i, t in enumerate(table):
+                if (t.source, t.trigger) == (row.source, row.trigger) and not t.guards:
+                    at = i
+            table.insert(at, row)
+        return Machine.of(table, name=name or self.name, initial=self.initial,
+                          states=self.states, terminal=self.terminal)  # fmt: skip
 
 
-def edges_from(source: str, trigger: str) -> tuple[Transition, ...]:
-    """The edges of ``trigger`` fired in ``source``, in priority order."""
-    return _BY_SOURCE_TRIGGER.get((source, trigger), ())
-
-
-#: The 0.1 name of :func:`edges_from`.
-transitions_from = edges_from
-
-
-def edge_by_key(key: str) -> Transition | None:
-    """The edge whose :attr:`Transition.key` is ``key``."""
-    return _BY_KEY.get(key)
-
-
-def definition() -> dict[str, Any]:
-    """Every column of the table the runtime uses (what :data:`MACHINE_HASH` covers)."""
+def _definition(
+    initial: str, states: Iterable[str], terminal: Iterable[str], edges: Iterable[Transition]
+) -> dict[str, Any]:
     return {
-        "initial": INITIAL_STATE,
-        "states": list(STATES),
-        "terminal": list(TERMINAL_STATES),
+        "initial": initial,
+        "states": list(states),
+        "terminal": list(terminal),
         "transitions": [
-            [t.trigger, t.source, t.dest, list(t.guards), t.reason, t.action] for t in TRANSITIONS
+            [t.trigger, t.source, t.dest, list(t.guards), t.reason, t.action] for t in edges
         ],
     }
 
@@ -299,7 +387,36 @@ def _digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-MACHINE_HASH: str = _digest(definition())
+#: Today's table: the machine a runtime runs unless given another (``Runtime(machine=)``).
+DEFAULT_MACHINE: Machine = Machine.of(_ROWS)
+
+#: The default machine's edges, each carrying its ``index``.
+TRANSITIONS: tuple[Transition, ...] = DEFAULT_MACHINE.transitions
+
+#: The default machine's hash.
+MACHINE_HASH: str = DEFAULT_MACHINE.hash
+
+
+def edges_from(source: str, trigger: str) -> tuple[Transition, ...]:
+    """The edges of ``trigger`` fired in ``source`` of the default machine, in priority
+    order (:meth:`Machine.edges_from` for another machine)."""
+    return DEFAULT_MACHINE.groups.get((source, trigger), ())
+
+
+#: The 0.1 name of :func:`edges_from`.
+transitions_from = edges_from
+
+
+def edge_by_key(key: str) -> Transition | None:
+    """The default machine's edge whose :attr:`Transition.key` is ``key``."""
+    return DEFAULT_MACHINE.by_key.get(key)
+
+
+def definition() -> dict[str, Any]:
+    """Every column of the default table the runtime uses (what :data:`MACHINE_HASH`
+    covers)."""
+    return DEFAULT_MACHINE.definition()
+
 
 #: Hashes that fsm-agent 0.1 wrote for tables with the same structure as this one: its
 #: hash left out the ``action`` column, and this table's edges differ from 0.1's only by
@@ -331,9 +448,13 @@ def check_table(
         problems += [f"{where}: unknown state {s!r}" for s in (t.source, t.dest) if s not in states]
         if t.action is not None and t.action not in actions:
             problems.append(f"{where}: unknown action {t.action!r}")
-        if (t.dest in terminal) != (t.reason is not None):
+        # A self-loop on a terminal state (a review) keeps the run's stop reason.
+        stays = t.source == t.dest and t.source in terminal
+        if not stays and (t.dest in terminal) != (t.reason is not None):
             problems.append(f"{where}: reason and terminal disagree")
-        if t.source in terminal and t.trigger != "resume":
+        if stays and t.reason is not None:
+            problems.append(f"{where}: a self-loop on a terminal state keeps the stop reason")
+        if t.source in terminal and t.trigger != "resume" and not stays:
             problems.append(f"{t.label}: only 'resume' may leave a terminal state")
     for (source, trigger), group in groups.items():
         if group[-1].guards:

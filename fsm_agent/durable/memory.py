@@ -104,6 +104,9 @@ class MemoryStore:
         self._runs: dict[str, _Run] = {}
         #: finished, unclaimed runs, oldest first: the ones that may be forgotten.
         self._finished: OrderedDict[str, None] = OrderedDict()
+        #: approval id -> the (run id, call id) that hold one of its uses (at most its
+        #: ``max_uses``, so bounded; never forgotten, or a use could be spent twice).
+        self._approval_uses: dict[str, set[tuple[str, str]]] = {}
 
     # ── idempotency ───────────────────────────────────────────────────────────────
 
@@ -339,3 +342,20 @@ class MemoryStore:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in this store")
         return row
+
+    # ── approval uses ─────────────────────────────────────────────────────────────
+
+    def consume_approval(self, approval_id: str, max_uses: int, run_id: str, call_id: str) -> bool:
+        """See :meth:`~fsm_agent.durable.store.ApprovalStore.consume_approval`."""
+        with self._lock:
+            holders = self._approval_uses.setdefault(approval_id, set())
+            if (run_id, call_id) in holders:
+                return True
+            if len(holders) >= max_uses:
+                return False
+            holders.add((run_id, call_id))
+            return True
+
+    def approval_uses(self, approval_id: str) -> int:
+        with self._lock:
+            return len(self._approval_uses.get(approval_id, ()))

@@ -158,7 +158,42 @@ END
 $$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+#: 2: the uses of limited approvals, one row per (approval, run, call) that holds one.
+#: ``consume_approval`` decides under a transaction-scoped advisory lock per approval id,
+#: so concurrent workers count one at a time and never pass ``max_uses``.
+_V2 = """
+CREATE TABLE {s}.approval_uses (
+    approval_id text NOT NULL,
+    run_id      text NOT NULL,
+    call_id     text NOT NULL,
+    spent       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (approval_id, run_id, call_id)
+);
+CREATE FUNCTION {s}.consume_approval(
+    p_approval text, p_max integer, p_run text, p_call text
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    used integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('fsm-agent approval'), hashtext(p_approval));
+    -- (READ COMMITTED: each statement below sees every use committed before the lock.)
+    PERFORM 1 FROM {s}.approval_uses
+        WHERE approval_id = p_approval AND run_id = p_run AND call_id = p_call;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    SELECT count(*) INTO used FROM {s}.approval_uses WHERE approval_id = p_approval;
+    IF used >= p_max THEN
+        RETURN false;
+    END IF;
+    INSERT INTO {s}.approval_uses (approval_id, run_id, call_id)
+        VALUES (p_approval, p_run, p_call);
+    RETURN true;
+END
+$$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -172,3 +172,9 @@ class Statements:
             "count(*) FILTER (WHERE runnable AND owner IS NOT NULL AND lease_until < now()) "
             "FROM {s}.runs GROUP BY state ORDER BY state"
         )
+        self.consume_approval = q(
+            "SELECT {s}.consume_approval(%(approval)s, %(max)s, %(run)s, %(call)s)"
+        )
+        self.approval_uses = q(
+            "SELECT count(*) FROM {s}.approval_uses WHERE approval_id = %(approval)s"
+        )

@@ -545,6 +545,17 @@ class PostgresStore:
         }
         return {"workers": workers, "runs": runs}
 
+    # ── approval uses ─────────────────────────────────────────────────────────────
+
+    def consume_approval(self, approval_id: str, max_uses: int, run_id: str, call_id: str) -> bool:
+        """See :meth:`~fsm_agent.durable.store.ApprovalStore.consume_approval`: one
+        server-side function, atomic across the fleet (``pg_schema``'s version 2)."""
+        params = {"approval": approval_id, "max": max_uses, "run": run_id, "call": call_id}
+        return bool(self._one(self.sql.consume_approval, params)[0])
+
+    def approval_uses(self, approval_id: str) -> int:
+        return int(self._one(self.sql.approval_uses, {"approval": approval_id})[0])
+
     # ── retention ─────────────────────────────────────────────────────────────────
 
     def prune(self, older_than_s: float, *, intents: bool = True) -> tuple[int, int]:

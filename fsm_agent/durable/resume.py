@@ -3,7 +3,9 @@
 :func:`restore_run` claims the run for a fresh owner (``RunBusy`` if a live one drives
 it), loads it and rebuilds its :class:`~fsm_agent.core.state.RunState` with the settings
 it started with (budget, retry policy, policy, and its allow-list, which the resuming
-caller may narrow but never widen). The loop then takes the ``resume`` edge where one
+caller may narrow but never widen) and the machine its checkpoint names, picked from the
+machines the caller knows by hash (a run paused under a table the application has since
+changed resumes under that table). The loop then takes the ``resume`` edge where one
 applies (``core/loop.py``). On any failure the claim is released and nothing changes.
 
 :class:`Heartbeat` renews the claim's lease while a run is driven, so an owner on another
@@ -13,33 +15,73 @@ host (which cannot be asked whether it lives) holds the run exactly while it wor
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fsm_agent.core.budget import Budget, RetryPolicy
-from fsm_agent.core.state import RunConfig, RunState, allowed_tools
+from fsm_agent.core.state import RunConfig, RunState, allowed_tools, snapshot_machine
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import RunStore, StoredRun
-from fsm_agent.errors import ConfigError, CorruptRecord, RunNotFound, StoreError
+from fsm_agent.errors import ConfigError, CorruptRecord, MachineMismatch, RunNotFound, StoreError
 from fsm_agent.trace.chain import strip_links
 
-__all__ = ["ConfigFactory", "Heartbeat", "restore_run", "restore_state"]
+__all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restore_run",
+           "restore_state"]  # fmt: skip
 
-#: Builds a run's config from the settings it started with (``Runtime.config``).
+#: Builds a run's config from the settings it started with (``Runtime.config``; the
+#: machine is passed by keyword).
 ConfigFactory = Callable[..., RunConfig]
+
+#: What a caller that names no machines knows: the default table.
+_DEFAULT_ONLY: Mapping[str, Machine] = {DEFAULT_MACHINE.hash: DEFAULT_MACHINE}
+
+
+def known_machines(machines: Iterable[Machine]) -> dict[str, Machine]:
+    """``machines`` by hash (the first of equal hashes wins: they are the same table)."""
+    known: dict[str, Machine] = {}
+    for m in machines:
+        known.setdefault(m.hash, m)
+    return known
+
+
+def machine_of(stored: StoredRun, machines: Mapping[str, Machine] | None = None) -> Machine:
+    """The machine a stored run was checkpointed under, from ``machines`` (by hash;
+    default: the default table). :class:`MachineMismatch` names both sides if it is not
+    there."""
+    known = _DEFAULT_ONLY if machines is None else machines
+    recorded = snapshot_machine(stored.snapshot) or stored.header.get("machine_hash")
+    found = known.get(recorded) if isinstance(recorded, str) else None
+    if found is None:
+        raise MachineMismatch(
+            f"run {stored.run_id!r} was checkpointed by machine {recorded}; this runtime "
+            f"knows machine{'s' if len(known) > 1 else ''} {', '.join(known)}. Resume it "
+            "with a runtime that knows the machine that started it: "
+            "Runtime(machine=..., machines=[<that machine>, ...])."
+        )
+    return found
 
 
 def restore_state(
-    stored: StoredRun, config: ConfigFactory, narrowed_by: frozenset[str] | None = None
+    stored: StoredRun,
+    config: ConfigFactory,
+    narrowed_by: frozenset[str] | None = None,
+    machines: Mapping[str, Machine] | None = None,
 ) -> RunState:
-    """The state of a stored run under the settings recorded in its header."""
+    """The state of a stored run under the settings recorded in its header, fired by the
+    machine its checkpoint names (one of ``machines``: see :func:`machine_of`)."""
     header = stored.header
+    machine = machine_of(stored, machines)
     try:
         allowed = frozenset(header["allowed_tools"])
         if narrowed_by is not None:
             allowed = allowed_tools(header, narrowed_by)
         cfg = config(
-            allowed, Budget(**header["budget"]), RetryPolicy(**header["retry"]), header["policy"]
+            allowed,
+            Budget(**header["budget"]),
+            RetryPolicy(**header["retry"]),
+            header["policy"],
+            machine=machine,
         )
     except (KeyError, TypeError, ConfigError) as exc:
         raise CorruptRecord(f"run {stored.run_id!r}: unreadable header ({exc})") from None
@@ -53,13 +95,18 @@ def restore_state(
 
 
 def restore_run(
-    store: RunStore, run_id: str, config: ConfigFactory, *, claimed_by: str | None = None
+    store: RunStore,
+    run_id: str,
+    config: ConfigFactory,
+    *,
+    claimed_by: str | None = None,
+    machines: Mapping[str, Machine] | None = None,
 ) -> tuple[RunState, str, list[dict[str, Any]]]:
     """Claim ``run_id`` and rebuild it; returns its state, the owner token that holds
     the claim (the caller releases it when it stops driving) and the last two events as
     stored (with their chain links, which the resumed run's trace continues).
     ``claimed_by``: the owner token of a claim the caller already holds (a worker's, from
-    its queue)."""
+    its queue). ``machines``: the machines the caller knows, by hash."""
     owner = claimed_by or owners.new_owner()
     owners.hold(owner)
     try:
@@ -71,7 +118,8 @@ def restore_run(
     try:
         stored = store.load_run(run_id)
         narrowed = _allowed_of(config)
-        return restore_state(stored, config, narrowed), owner, stored.events[-2:]
+        state = restore_state(stored, config, narrowed, machines)
+        return state, owner, stored.events[-2:]
     except BaseException:
         owners.let_go(store, run_id, owner)
         raise

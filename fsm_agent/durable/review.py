@@ -1,41 +1,49 @@
 """Review of a paused run (D2): approve, deny or reconcile one call.
 
-A decision is recorded in the store, as a ``review`` event in the run's trace and in its
-checkpoint. Nothing runs here, so the CLI can record decisions without the run's model
-or tools; the next resume applies them once every blocking call of the paused batch is
-settled (``core/loop.py``). An approval authorises exactly that call id, once, for the
-arguments it was paused with (R8).
+A decision is the table's ``review`` trigger (``core/loop.py``'s :func:`review`): its
+``review_fits`` guard checks it against what the paused call waits for, and the
+transition, the ``review`` event (who decided, when, an optional note) and the new
+checkpoint are stored in one save. Nothing runs here, so the CLI can record decisions
+without the run's model or tools; the next resume (a worker's, or ``Runtime.resume``)
+applies them once every blocking call of the paused batch is settled. An approval
+authorises exactly that call id, once, for the arguments it was paused with (R8).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from fsm_agent.core.actions import BLOCKING
+from fsm_agent.core import loop
+from fsm_agent.core.actions import BLOCKING, FITS
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.canonical import digest, parse_arguments
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
 from fsm_agent.errors import ArgumentsError, ConfigError, ReviewError, StoreError
 from fsm_agent.trace.chain import continue_chain, trace_key
 
-__all__ = ["BLOCKING", "pending_calls", "record_review"]
+__all__ = ["BLOCKING", "pending_calls", "record", "record_review"]
 
-#: Which review action fits which placeholder.
-_FITS: dict[str, frozenset[str]] = {
-    "approve": frozenset({"approval_required"}),
-    "reconcile": frozenset({"outcome_unknown"}),
-    "deny": BLOCKING | {"skipped_pending_review"},
-}
 _DONE = {"approve": "approved", "deny": "denied", "reconcile": "reconciled"}
 
 
-def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any) -> RunConfig:
+def _review_config(
+    allowed: frozenset[str],
+    budget: Any,
+    retry: Any,
+    policy: Any,
+    *,
+    machine: Machine = DEFAULT_MACHINE,
+) -> RunConfig:
     """A run's settings without its tools: a review reads the paused batch, runs nothing."""
     return RunConfig(
+        machine=machine,
         budget=budget,
         retry=retry,
         policy=policy,
@@ -46,9 +54,10 @@ def _review_config(allowed: frozenset[str], budget: Any, retry: Any, policy: Any
     )
 
 
-def paused_state(stored: StoredRun) -> RunState:
-    """The stored run's state, read for review (no tools, nothing admitted)."""
-    return restore_state(stored, _review_config)
+def paused_state(stored: StoredRun, machines: Mapping[str, Machine] | None = None) -> RunState:
+    """The stored run's state, read for review (no tools, nothing admitted), under the
+    machine it was paused by (one of ``machines``, by hash; default: the default table)."""
+    return restore_state(stored, _review_config, machines=machines)
 
 
 def pending_calls(stored: StoredRun) -> list[dict[str, Any]]:
@@ -79,15 +88,47 @@ def record_review(
     reason: str | None = None,
     result: Any = None,
     key: bytes | str | None = None,
+    reviewer: str | None = None,
+    note: str | None = None,
+    at: str | None = None,
+    machines: Mapping[str, Machine] | None = None,
 ) -> dict[str, Any]:
     """Record a reviewer's decision on a paused call; returns the ``review`` event.
+    ``machines``: the machines the runtime knows, by hash (see ``paused_state``).
 
-    ``key``: the runtime's ``trace_key``, needed to append to a signed trace (a store
-    that keeps trace lines gets the review event chained onto the run's last link).
-    Anything that does not fit raises :class:`ReviewError` and changes nothing.
+    The run's machine decides: the decision fires the table's ``review`` trigger, whose
+    ``review_fits`` guard checks it against what the call waits for; the transition and
+    the ``review`` event are stored with the new checkpoint in one save, and nothing
+    runs (resuming the run is a worker's or ``Runtime.resume``'s job). ``reviewer`` is
+    who decided, ``note`` why (both recorded as given); ``at`` when, ISO-8601 UTC
+    (default: now, read here, never in the core). ``key``: the runtime's ``trace_key``,
+    needed to append to a signed trace. Anything that does not fit raises
+    :class:`ReviewError` and changes nothing.
     """
-    if action not in _FITS:
+    return record(store, run_id, call_id, action, reason=reason, result=result, key=key,
+                  reviewer=reviewer, note=note, at=at, machines=machines)[0]  # fmt: skip
+
+
+def record(
+    store: Any,
+    run_id: str,
+    call_id: str,
+    action: str,
+    *,
+    reason: str | None = None,
+    result: Any = None,
+    key: bytes | str | None = None,
+    reviewer: str | None = None,
+    note: str | None = None,
+    at: str | None = None,
+    machines: Mapping[str, Machine] | None = None,
+) -> tuple[dict[str, Any], RunState]:
+    """:func:`record_review`, also returning the run's state as now stored."""
+    if action not in FITS:
         raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
+    who = _text_or_none("reviewer", reviewer)
+    why = _text_or_none("note", note)
+    when = _instant(at)
     if not supports_runs(store):
         raise StoreError(f"{type(store).__name__} does not keep runs")
     owner = owners.new_owner()
@@ -95,10 +136,15 @@ def record_review(
     store.claim(run_id, owner)
     try:
         stored = store.load_run(run_id)
-        s = paused_state(stored)
-        event = _decide(s, call_id, action, reason, result)
-        s.seq += 1
-        event["seq"] = s.seq
+        s = paused_state(stored, machines)
+        request = _request(s, call_id, action, reason, result)
+        request.update(reviewer=who, at=when)
+        if why is not None:
+            request["note"] = why
+        before = len(s.events)
+        if not loop.review(s, request):
+            raise ReviewError(_refusal(s, call_id, action))
+        events = s.events[before:]
         lines = None
         if getattr(store, "wants_lines", False) and stored.events:
             try:
@@ -107,57 +153,81 @@ def record_review(
                 )
             except ConfigError as exc:
                 raise ReviewError(str(exc)) from None
-            lines = None if encoder is None else encoder.lines([event])
-        s.events.append(event)
-        store.save(run_id, owner, [event], Checkpoint(s.snapshot(), [], lines))
-        return event
+            lines = None if encoder is None else encoder.lines(events)
+        store.save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
+        return events[-1], s
     finally:
         owners.let_go(store, run_id, owner)
 
 
-def _decide(
+def _text_or_none(what: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ReviewError(f"the review's {what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _instant(at: Any) -> str:
+    """``at`` as ISO-8601 UTC (now if ``None``)."""
+    if at is None:
+        return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(at, str):
+        try:
+            parsed = datetime.fromisoformat(at.replace("Z", "+00:00"))
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.utcoffset() == timedelta(0):
+            return at
+    raise ReviewError(
+        f"the review's time must be ISO-8601 in UTC (e.g. '2026-01-31T12:00:00Z'), got {at!r}"
+    )
+
+
+def _request(
     s: RunState, call_id: str, action: str, reason: str | None, result: Any
 ) -> dict[str, Any]:
-    """Check that ``action`` fits the paused call and record it in ``s.reviews``."""
+    """The ``review`` event a decision would write (the table then decides whether it
+    fits). Raises :class:`ReviewError` for a run not paused and for unusable values."""
     if s.state != "review_required":
         status = s.state + (f"/{s.reason}" if s.reason else "")
         raise ReviewError(f"run {s.run_id!r} is {status}, not waiting for review")
+    call = next((c for c in s.decision.calls if c.id == call_id), None)
+    request: dict[str, Any] = {
+        "type": "review",
+        "action": action,
+        "call_id": call_id,
+        "tool": None if call is None else call.name,
+    }
+    if action == "approve" and call is not None:
+        try:
+            request["digest"] = digest(call.name, parse_arguments(call.raw_arguments))
+        except ArgumentsError as exc:
+            raise ReviewError(f"call {call_id!r} has unusable arguments: {exc}") from None
+    elif action == "deny":
+        request["reason"] = reason or "denied by review"
+    elif action == "reconcile":
+        try:
+            json.dumps(result, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ReviewError(f"the reconciled result must be JSON data: {exc}") from None
+        request["result"] = result
+    return request
+
+
+def _refusal(s: RunState, call_id: str, action: str) -> str:
+    """Why the table refused the decision (``review_fits`` did not hold)."""
     if call_id not in s.placeholders:
-        raise ReviewError(
+        return (
             f"call {call_id!r} is not pending in run {s.run_id!r} (pending: "
             f"{', '.join(s.placeholders) or 'none'})"
         )
     if call_id in s.reviews:
         done = _DONE.get(s.reviews[call_id].get("action", ""), "decided")
-        raise ReviewError(f"call {call_id!r} of run {s.run_id!r} was already {done}")
+        return f"call {call_id!r} of run {s.run_id!r} was already {done}"
     waiting = s.placeholders[call_id][1]
-    if waiting not in _FITS[action]:
-        fits = sorted(a for a, errors in _FITS.items() if waiting in errors)
-        raise ReviewError(
-            f"call {call_id!r} is waiting for {waiting or 'nothing'}: {action} "
-            f"does not apply (use {' or '.join(fits)})"
-        )
-    call = next(c for c in s.decision.calls if c.id == call_id)
-    event: dict[str, Any] = {
-        "type": "review",
-        "action": action,
-        "call_id": call_id,
-        "tool": call.name,
-    }
-    decision: dict[str, Any] = {"action": action}
-    if action == "approve":
-        try:
-            bound = digest(call.name, parse_arguments(call.raw_arguments))
-        except ArgumentsError as exc:
-            raise ReviewError(f"call {call_id!r} has unusable arguments: {exc}") from None
-        event["digest"] = decision["digest"] = bound
-    elif action == "deny":
-        event["reason"] = decision["reason"] = reason or "denied by review"
-    else:
-        try:
-            json.dumps(result, allow_nan=False).encode("utf-8")
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ReviewError(f"the reconciled result must be JSON data: {exc}") from None
-        event["result"] = decision["result"] = result
-    s.reviews[call_id] = decision
-    return event
+    fits = sorted(a for a, errors in FITS.items() if waiting in errors)
+    return (
+        f"call {call_id!r} is waiting for {waiting or 'nothing'}: {action} "
+        f"does not apply (use {' or '.join(fits)})"
+    )

@@ -104,6 +104,17 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE idempotency ADD COLUMN sum INTEGER;
     DROP TABLE approvals;
     """,
+    # 3: the uses of limited approvals, one row per (approval, run, call) that holds one
+    # (counted by a range scan of the key's prefix).
+    """
+    CREATE TABLE approval_uses (
+        approval_id TEXT NOT NULL,
+        run_id      TEXT NOT NULL,
+        call_id     TEXT NOT NULL,
+        spent       REAL NOT NULL,
+        PRIMARY KEY (approval_id, run_id, call_id)
+    ) WITHOUT ROWID;
+    """,
 )
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
@@ -209,6 +220,11 @@ class SqliteStore:
                 self._migrate()
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+        except UnicodeDecodeError as exc:  # a damaged schema row, read as it is opened
+            raise CorruptRecord(
+                f"{self.path}: the schema is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); the file is damaged"
+            ) from None
 
     def _migrate(self) -> None:
         with self._write() as c:
@@ -635,6 +651,36 @@ class SqliteStore:
             )
 
     # ── retention ─────────────────────────────────────────────────────────────────
+
+    # ── approval uses ─────────────────────────────────────────────────────────────
+
+    def consume_approval(self, approval_id: str, max_uses: int, run_id: str, call_id: str) -> bool:
+        """See :meth:`~fsm_agent.durable.store.ApprovalStore.consume_approval`: one
+        ``BEGIN IMMEDIATE`` transaction, so processes sharing the file count together."""
+        with self._write() as c:
+            held = c.execute(
+                "SELECT 1 FROM approval_uses WHERE approval_id = ? AND run_id = ? AND call_id = ?",
+                (approval_id, run_id, call_id),
+            ).fetchone()
+            if held is not None:
+                return True
+            (used,) = c.execute(
+                "SELECT count(*) FROM approval_uses WHERE approval_id = ?", (approval_id,)
+            ).fetchone()
+            if used >= max_uses:
+                return False
+            c.execute(
+                "INSERT INTO approval_uses (approval_id, run_id, call_id, spent) "
+                "VALUES (?, ?, ?, ?)",
+                (approval_id, run_id, call_id, time.time()),
+            )
+            return True
+
+    def approval_uses(self, approval_id: str) -> int:
+        rows = self._read(
+            "SELECT count(*) FROM approval_uses WHERE approval_id = ?", (approval_id,)
+        )
+        return int(rows[0][0])
 
     def prune(self, older_than_s: float, *, intents: bool = True) -> tuple[int, int]:
         """Delete runs that ended (any terminal state but ``review_required``) more than

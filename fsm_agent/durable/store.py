@@ -30,6 +30,7 @@ from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 
 __all__ = [
+    "ApprovalStore",
     "Checkpoint",
     "Fence",
     "IdempotencyRecord",
@@ -39,6 +40,7 @@ __all__ = [
     "RunSummary",
     "Store",
     "StoredRun",
+    "supports_approvals",
     "supports_runs",
 ]
 
@@ -211,6 +213,29 @@ class RunStore(Store, Protocol):
 
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim (no-op if ``owner`` does not hold it)."""
+
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """A store that counts the uses of limited approvals (``Approval(max_uses=...)``),
+    for every runtime, process and host that shares it (R8)."""
+
+    def consume_approval(self, approval_id: str, max_uses: int, run_id: str, call_id: str) -> bool:
+        """Atomically: if call ``call_id`` of run ``run_id`` holds a use of ``approval_id``
+        already, answer ``True`` (a retry or a resume never spends twice); else, if fewer
+        than ``max_uses`` calls hold one, record this call's and answer ``True``; else
+        change nothing and answer ``False``. The count never exceeds ``max_uses``, however
+        many drivers ask at once."""
+        ...
+
+    def approval_uses(self, approval_id: str) -> int:
+        """How many calls hold a use of ``approval_id``."""
+        ...
+
+
+def supports_approvals(store: object) -> TypeGuard[ApprovalStore]:
+    """Whether ``store`` counts approval uses (a limited approval needs one that does)."""
+    return isinstance(store, ApprovalStore)
 
 
 def supports_runs(store: object) -> TypeGuard[RunStore]:

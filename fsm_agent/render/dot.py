@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 import graphviz
 
 from fsm_agent.core.table import (
+    DEFAULT_MACHINE,
     INITIAL_STATE,
-    MACHINE_HASH,
     TERMINAL_STATES,
-    TRANSITIONS,
     WORKING_STATES,
+    Machine,
     Transition,
 )
-from fsm_agent.render.edges import ARROWS, EDGES, WORKING, Arrow, DrawnEdge
+from fsm_agent.render.edges import WORKING, Arrow, DrawnEdge, drawing
 
 __all__ = [
     "DETAILS",
@@ -83,7 +83,8 @@ _HEAT = ("#fee391", "#fec44f", "#fe9929", "#ec7014", "#cc4c02", "#8c2d04")
 class Overlay:
     """What a frame shows on top of the machine.
 
-    ``counts`` maps a transition's index in ``TRANSITIONS`` to how often it was taken.
+    ``counts`` maps a transition's index in the drawn machine's table to how often it
+    was taken.
     ``heat`` colours arrows by count (aggregate view) instead of marking a path.
     """
 
@@ -141,6 +142,7 @@ def _paint(
     overlay: Overlay | None,
     peak: int,
 ) -> dict[str, str]:
+    # (The last edge is matched by index: every transition of one arrow is of one machine.)
     """Colour and thicken an arrow by how often the overlay took its transitions."""
     if overlay is None:
         return attrs
@@ -153,15 +155,23 @@ def _paint(
     if overlay.heat:
         shade = _HEAT[min(len(_HEAT) - 1, int(len(_HEAT) * taken / (peak + 1)))]
         attrs.update(color=shade, fontcolor="#5f370e")
-    elif overlay.last is not None and TRANSITIONS[overlay.last] in transitions:
+    elif overlay.last is not None and any(t.index == overlay.last for t in transitions):
         attrs.update(color=_LAST, fontcolor=_LAST, penwidth=f"{width + 1:.2f}")
     return attrs
 
 
-def machine_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
-    """The machine as a :class:`graphviz.Digraph`, painted with ``overlay`` if given."""
+def _caption(machine: Machine) -> str:
+    # The default keeps its historical caption (the committed diagrams carry it).
+    name = "run machine" if machine.name == "run machine" else f"machine {machine.name!r}"
+    return f"fsm-agent {name}  {machine.hash}".replace("\\", "\\\\")
+
+
+def machine_graph(
+    overlay: Overlay | None = None, machine: Machine = DEFAULT_MACHINE
+) -> graphviz.Digraph:
+    """``machine`` as a :class:`graphviz.Digraph`, painted with ``overlay`` if given."""
     g = graphviz.Digraph("run_machine")
-    caption = f"fsm-agent run machine  {MACHINE_HASH}"
+    caption = _caption(machine)
     if overlay is not None and overlay.caption:
         caption += "\\n" + overlay.caption.replace("\\", "\\\\")
     g.attr(
@@ -206,8 +216,9 @@ def machine_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
         )
         for state in TERMINAL_STATES:
             terminals.node(state, **_node_attrs(state, overlay))
-    peak = _peak(EDGES, overlay)
-    for edge in EDGES:
+    edges = drawing(machine).edges
+    peak = _peak(edges, overlay)
+    for edge in edges:
         g.edge(edge.source, edge.dest, **_edge_attrs(edge, overlay, peak))
     return g
 
@@ -237,10 +248,12 @@ def _arrow_label(arrow: Arrow, overlay: Overlay | None) -> str:
     return "\\n".join(line.replace("\\", "\\\\") for line in lines)
 
 
-def overview_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
-    """The overview (see the module docstring), painted with ``overlay`` if given."""
+def overview_graph(
+    overlay: Overlay | None = None, machine: Machine = DEFAULT_MACHINE
+) -> graphviz.Digraph:
+    """The overview of ``machine`` (see the module docstring), painted with ``overlay``."""
     g = graphviz.Digraph("run_machine")
-    caption = f"fsm-agent run machine  {MACHINE_HASH}"
+    caption = _caption(machine)
     if overlay is not None and overlay.caption:
         caption += "\\n" + overlay.caption.replace("\\", "\\\\")
     else:
@@ -280,8 +293,9 @@ def overview_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
             box.node(state, **_node_attrs(state, overlay))
     for state in TERMINAL_STATES:
         g.node(state, **_node_attrs(state, overlay))
-    peak = _peak(ARROWS, overlay)
-    for arrow in ARROWS:
+    overview = drawing(machine).arrows
+    peak = _peak(overview, overlay)
+    for arrow in overview:
         attrs = {"id": arrow.id, "label": _arrow_label(arrow, overlay)}
         attrs = _paint(attrs, arrow.transitions, overlay, peak)
         if arrow.source == WORKING:
@@ -294,15 +308,20 @@ def overview_graph(overlay: Overlay | None = None) -> graphviz.Digraph:
     return g
 
 
-def arrows(detail: str) -> tuple[DrawnEdge, ...] | tuple[Arrow, ...]:
-    """The arrows of a view: :data:`~fsm_agent.render.edges.ARROWS` or ``EDGES``."""
-    return ARROWS if detail == "overview" else EDGES
+def arrows(
+    detail: str, machine: Machine = DEFAULT_MACHINE
+) -> tuple[DrawnEdge, ...] | tuple[Arrow, ...]:
+    """The arrows of a view of ``machine``: its overview arrows or its full edges."""
+    drawn = drawing(machine)
+    return drawn.arrows if detail == "overview" else drawn.edges
 
 
-def machine_dot(overlay: Overlay | None = None, detail: str = "full") -> str:
-    """DOT source of the machine in ``detail`` view (``"full"`` or ``"overview"``);
+def machine_dot(
+    overlay: Overlay | None = None, detail: str = "full", machine: Machine = DEFAULT_MACHINE
+) -> str:
+    """DOT source of ``machine`` in ``detail`` view (``"full"`` or ``"overview"``);
     deterministic: committed as ``diagrams/run_machine.dot`` and ``run_machine_full.dot``."""
     if detail not in DETAILS:
         raise ValueError(f"unknown detail {detail!r}; choose one of {', '.join(DETAILS)}")
-    graph = overview_graph(overlay) if detail == "overview" else machine_graph(overlay)
-    return str(graph.source)
+    view = overview_graph if detail == "overview" else machine_graph
+    return str(view(overlay, machine).source)

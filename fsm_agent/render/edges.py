@@ -10,23 +10,34 @@ and how many table rows each stands for; a trigger that leads from *every* worki
 to the same state (``cancel`` → ``cancelled``) is one arrow from the working-state box.
 The full guard detail of an overview arrow is its tooltip (:meth:`Arrow.detail`).
 
-Everything here is derived from :data:`fsm_agent.core.table.TRANSITIONS`.
+Everything here is derived from a machine's table (:func:`drawing`; the module-level
+names draw :data:`fsm_agent.core.table.DEFAULT_MACHINE`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
 
-from fsm_agent.core.table import TRANSITIONS, WORKING_STATES, Transition, transitions_from
+from fsm_agent.core.table import (
+    DEFAULT_MACHINE,
+    WORKING_STATES,
+    Machine,
+    Transition,
+    transitions_from,
+)
 
 __all__ = [
     "ARROWS",
     "EDGES",
     "WORKING",
     "Arrow",
+    "Drawing",
     "DrawnEdge",
     "arrow_of",
     "detail_line",
+    "drawing",
     "edge_of",
     "priority",
 ]
@@ -36,7 +47,10 @@ WORKING = "working"
 
 
 def priority(t: Transition) -> tuple[int, int]:
-    """``(rank, size)``: ``t`` is tried ``rank``-th (1-based) of ``size`` edges of its trigger."""
+    """``(rank, size)``: ``t`` is tried ``rank``-th (1-based) of ``size`` edges of its trigger
+    (in its machine; an edge built outside one is ranked in the default table)."""
+    if t.rank != (0, 0):
+        return t.rank
     group = transitions_from(t.source, t.trigger)
     return group.index(t) + 1, len(group)
 
@@ -124,25 +138,25 @@ class Arrow:
         return _detail(self.transitions)
 
 
-def _group() -> tuple[DrawnEdge, ...]:
+def _group(table: Iterable[Transition]) -> tuple[DrawnEdge, ...]:
     keyed: dict[tuple[str, str, str], list[Transition]] = {}
-    for t in TRANSITIONS:
+    for t in table:
         keyed.setdefault((t.source, t.trigger, t.dest), []).append(t)
     return tuple(DrawnEdge(s, trig, d, tuple(ts)) for (s, trig, d), ts in keyed.items())
 
 
-def _everywhere() -> set[tuple[str, str]]:
+def _everywhere(table: tuple[Transition, ...]) -> set[tuple[str, str]]:
     """(trigger, dest) pairs that lead from every working state to the same state."""
     sources: dict[tuple[str, str], set[str]] = {}
-    for t in TRANSITIONS:
+    for t in table:
         sources.setdefault((t.trigger, t.dest), set()).add(t.source)
     return {key for key, found in sources.items() if set(WORKING_STATES) <= found}
 
 
-def _arrows() -> tuple[Arrow, ...]:
-    everywhere = _everywhere()
+def _arrows(table: tuple[Transition, ...]) -> tuple[Arrow, ...]:
+    everywhere = _everywhere(table)
     keyed: dict[tuple[str, str], list[Transition]] = {}
-    for t in TRANSITIONS:
+    for t in table:
         if (t.trigger, t.dest) in everywhere and t.source in WORKING_STATES:
             keyed.setdefault((WORKING, f"{t.trigger}\0{t.dest}"), []).append(t)
         else:
@@ -152,20 +166,55 @@ def _arrows() -> tuple[Arrow, ...]:
     )
 
 
-#: Every drawn edge of the full view, in the order of the first transition each stands for.
-EDGES: tuple[DrawnEdge, ...] = _group()
-_BY_TRANSITION: dict[Transition, DrawnEdge] = {t: e for e in EDGES for t in e.transitions}
+@dataclass(frozen=True, eq=False)
+class Drawing:
+    """A machine's arrows in both views (:func:`drawing` builds and caches one)."""
 
-#: Every arrow of the overview, in the order of the first transition each stands for.
-ARROWS: tuple[Arrow, ...] = _arrows()
-_ARROW_OF: dict[Transition, Arrow] = {t: a for a in ARROWS for t in a.transitions}
+    machine: Machine
+    #: Every drawn edge of the full view, in the order of the first transition each draws.
+    edges: tuple[DrawnEdge, ...] = field(init=False)
+    #: Every arrow of the overview, in the order of the first transition each draws.
+    arrows: tuple[Arrow, ...] = field(init=False)
+    _edge: dict[Transition, DrawnEdge] = field(init=False, repr=False)
+    _arrow: dict[Transition, Arrow] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        table = self.machine.transitions
+        edges, arrows = _group(table), _arrows(table)
+        object.__setattr__(self, "edges", edges)
+        object.__setattr__(self, "arrows", arrows)
+        object.__setattr__(self, "_edge", {t: e for e in edges for t in e.transitions})
+        object.__setattr__(self, "_arrow", {t: a for a in arrows for t in a.transitions})
+
+    def edge_of(self, t: Transition) -> DrawnEdge:
+        """The full view's arrow that draws ``t``."""
+        return self._edge[t]
+
+    def arrow_of(self, t: Transition) -> Arrow:
+        """The overview's arrow that draws ``t``."""
+        return self._arrow[t]
+
+
+@lru_cache(maxsize=32)
+def drawing(machine: Machine = DEFAULT_MACHINE) -> Drawing:
+    """The arrows of ``machine`` (one drawing per machine hash)."""
+    return Drawing(machine)
+
+
+_DEFAULT = drawing()
+
+#: Every drawn edge of the default machine's full view.
+EDGES: tuple[DrawnEdge, ...] = _DEFAULT.edges
+
+#: Every arrow of the default machine's overview.
+ARROWS: tuple[Arrow, ...] = _DEFAULT.arrows
 
 
 def edge_of(t: Transition) -> DrawnEdge:
-    """The full view's arrow that draws ``t``."""
-    return _BY_TRANSITION[t]
+    """The full view's arrow that draws ``t`` (default machine)."""
+    return _DEFAULT.edge_of(t)
 
 
 def arrow_of(t: Transition) -> Arrow:
-    """The overview's arrow that draws ``t``."""
-    return _ARROW_OF[t]
+    """The overview's arrow that draws ``t`` (default machine)."""
+    return _DEFAULT.arrow_of(t)

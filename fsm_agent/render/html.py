@@ -20,8 +20,8 @@ import re
 from importlib.resources import files
 from typing import Any
 
-from fsm_agent.core.table import INITIAL_STATE, MACHINE_HASH
-from fsm_agent.render.edges import arrow_of, edge_of
+from fsm_agent.core.table import INITIAL_STATE
+from fsm_agent.render.edges import drawing
 from fsm_agent.render.replay import Replay, describe_event
 from fsm_agent.render.svg import machine_svg
 
@@ -51,10 +51,12 @@ def _asset(name: str) -> str:
 def viewer_html(
     replay: Replay, renderer: str | None = None, start: int = 0, detail: str = "overview"
 ) -> str:
-    """The viewer page for ``replay``, opened at step ``start``, drawing the machine in
+    """The viewer page for ``replay``, opened at step ``start``, drawing its machine in
     ``detail`` view (``overview`` or ``full``)."""
-    svg = _inline_svg(machine_svg(None, detail, renderer))
-    arrow = arrow_of if detail == "overview" else edge_of
+    machine = replay.machine
+    svg = _inline_svg(machine_svg(None, detail, renderer, machine))
+    drawn = drawing(machine)
+    arrow = drawn.arrow_of if detail == "overview" else drawn.edge_of
     steps = []
     for step in replay.steps:
         t = step.transition
@@ -70,7 +72,7 @@ def viewer_html(
         )
     data = {
         "path": replay.path,
-        "machine_hash": MACHINE_HASH,
+        "machine_hash": machine.hash,
         "initial": INITIAL_STATE,
         "start": replay.step(start).index,
         "steps": steps,

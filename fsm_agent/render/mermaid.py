@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from fsm_agent.core.table import INITIAL_STATE, MACHINE_HASH, TERMINAL_STATES, WORKING_STATES
-from fsm_agent.render.edges import ARROWS, EDGES, WORKING
+from fsm_agent.core.table import (
+    DEFAULT_MACHINE,
+    INITIAL_STATE,
+    TERMINAL_STATES,
+    WORKING_STATES,
+    Machine,
+)
+from fsm_agent.render.edges import WORKING, drawing
 
 __all__ = ["machine_mermaid"]
 
@@ -16,12 +22,15 @@ def _text(line: str) -> str:
     return line.translate(_ESCAPES)
 
 
-def machine_mermaid(detail: str = "full") -> str:
-    """Mermaid source: same states, arrows and labels as the DOT diagram of ``detail``
-    (``"full"`` or ``"overview"``, where the working states are one composite state)."""
+def machine_mermaid(detail: str = "full", machine: Machine = DEFAULT_MACHINE) -> str:
+    """Mermaid source of ``machine``: same states, arrows and labels as the DOT diagram of
+    ``detail`` (``"full"`` or ``"overview"``, where the working states are one composite
+    state)."""
+    name = "run machine" if machine.name == "run machine" else f"machine {machine.name}"
+    drawn = drawing(machine)
     out = [
         "---",
-        f"title: fsm-agent run machine {MACHINE_HASH}",
+        f"title: fsm-agent {_text(name)} {machine.hash}",
         "---",
         "stateDiagram-v2",
         f"    [*] --> {INITIAL_STATE}",
@@ -30,11 +39,11 @@ def machine_mermaid(detail: str = "full") -> str:
         out.append(f'    state "working states" as {WORKING} {{')
         out += [f"        {state}" for state in WORKING_STATES]
         out.append("    }")
-        for arrow in ARROWS:
+        for arrow in drawn.arrows:
             label = "<br/>".join(_text(line) for line in arrow.lines())
             out.append(f"    {arrow.source} --> {arrow.dest} : {label}")
     else:
-        for edge in EDGES:
+        for edge in drawn.edges:
             label = "<br/>".join(_text(line) for line in edge.lines())
             out.append(f"    {edge.source} --> {edge.dest} : {label}")
     for state in TERMINAL_STATES:

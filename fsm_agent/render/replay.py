@@ -4,7 +4,9 @@ Step ``N`` is the event with ``seq`` N (step 0 is the ``run_start`` header, wher
 sits in the initial state). The frame at step N shows the state after that event, the
 path so far, how often each edge was taken and the edge taken last. Edges are found with
 the same selection the checker uses (:func:`fsm_agent.check.select_edge`), so a replay
-and a check never disagree about which edge an event took.
+and a check never disagree about which edge an event took. A trace of an application's
+own machine is replayed over that machine (``Replay(path, machine=...)``): the one
+selector over its edges, with the same fallback to the event's destination and reason.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.core.table import INITIAL_STATE, Transition
+from fsm_agent.core.select import select_recorded
+from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
 from fsm_agent.errors import StepError
 from fsm_agent.render.dot import Overlay
-from fsm_agent.render.edges import edge_of, priority
+from fsm_agent.render.edges import drawing, priority
 from fsm_agent.trace.checker import load_trace, select_edge
 
 __all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
@@ -31,36 +34,60 @@ class Step:
     event: dict[str, Any]
     state: str
     transition: Transition | None
+    #: The machine the transition is an edge of.
+    machine: Machine = field(default=DEFAULT_MACHINE, repr=False, compare=False)
 
     @property
     def edge_id(self) -> str | None:
-        return edge_of(self.transition).id if self.transition is not None else None
+        if self.transition is None:
+            return None
+        return drawing(self.machine).edge_of(self.transition).id
+
+
+def _edge_in(
+    machine: Machine, source: str, trigger: str, dest: Any, reason: Any, guards: Mapping[str, Any]
+) -> Transition | None:
+    """:func:`select_edge` over another machine's edges."""
+    try:
+        found = select_recorded(source, trigger, guards, machine=machine)
+    except LookupError:
+        found = None
+    if found is not None and found.dest == dest and found.reason == reason:
+        return found
+    edges = machine.edges_from(source, trigger)
+    return next((t for t in edges if t.dest == dest and t.reason == reason), found)
 
 
 class Replay:
-    """The steps of one trace file (read with :func:`fsm_agent.check.load_trace`)."""
+    """The steps of one trace file (read with :func:`fsm_agent.check.load_trace`), over
+    ``machine`` (the one the trace was recorded under; default: the built-in one)."""
 
     def __init__(
-        self, path: str | os.PathLike[str], events: list[dict[str, Any]] | None = None
+        self,
+        path: str | os.PathLike[str],
+        events: list[dict[str, Any]] | None = None,
+        *,
+        machine: Machine = DEFAULT_MACHINE,
     ) -> None:
         self.path = str(path)
-        self.events = events if events is not None else load_trace(path)
+        self.machine = machine
+        self.events = events if events is not None else load_trace(path, machine.hash)
         self.steps: list[Step] = []
         state: str = INITIAL_STATE
         for i, event in enumerate(self.events):
             taken = None
             if event.get("type") == "transition":
                 guards = event.get("guards")
-                taken = select_edge(
-                    str(event.get("source")),
-                    str(event.get("trigger")),
-                    event.get("dest"),
-                    event.get("reason"),
-                    guards if isinstance(guards, dict) else {},
-                )
+                where = (str(event.get("source")), str(event.get("trigger")))
+                said = (event.get("dest"), event.get("reason"))
+                outcomes = guards if isinstance(guards, dict) else {}
+                if machine == DEFAULT_MACHINE:
+                    taken = select_edge(*where, *said, outcomes)
+                else:
+                    taken = _edge_in(machine, *where, *said, outcomes)
                 dest = event.get("dest")
                 state = dest if isinstance(dest, str) else state
-            self.steps.append(Step(i, event, state, taken))
+            self.steps.append(Step(i, event, state, taken, machine))
 
     def __len__(self) -> int:
         return len(self.steps)

@@ -13,6 +13,7 @@ import html
 import re
 from collections.abc import Mapping
 
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.render.dot import STATE_HELP, Overlay, arrows, machine_dot
 from fsm_agent.render.engine import Rendered, render
 
@@ -22,9 +23,9 @@ __all__ = ["add_titles", "machine_svg", "titles"]
 _GROUP = re.compile(r'(<g id="([^"]*)" class="(?:node|edge)">\s*<title>)(.*?)(</title>)', re.S)
 
 
-def titles(detail: str) -> dict[str, str]:
-    """Tooltip text by element id for a view: arrows and states."""
-    out = {a.id: a.detail() for a in arrows(detail)}
+def titles(detail: str, machine: Machine = DEFAULT_MACHINE) -> dict[str, str]:
+    """Tooltip text by element id for a view of ``machine``: arrows and states."""
+    out = {a.id: a.detail() for a in arrows(detail, machine)}
     out.update({f"state-{state}": f"{state}: {text}" for state, text in STATE_HELP.items()})
     out["edge-start"] = "the initial state"
     return out
@@ -43,8 +44,11 @@ def add_titles(svg: bytes, by_id: Mapping[str, str]) -> bytes:
 
 
 def machine_svg(
-    overlay: Overlay | None = None, detail: str = "overview", renderer: str | None = None
+    overlay: Overlay | None = None,
+    detail: str = "overview",
+    renderer: str | None = None,
+    machine: Machine = DEFAULT_MACHINE,
 ) -> Rendered:
-    """The machine (and ``overlay``) as SVG in ``detail`` view, with tooltips."""
-    drawn = render(machine_dot(overlay, detail), "svg", renderer)
-    return Rendered(add_titles(bytes(drawn), titles(detail)), drawn.renderer)
+    """``machine`` (and ``overlay``) as SVG in ``detail`` view, with tooltips."""
+    drawn = render(machine_dot(overlay, detail, machine), "svg", renderer)
+    return Rendered(add_titles(bytes(drawn), titles(detail, machine)), drawn.renderer)

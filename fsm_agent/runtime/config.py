@@ -9,8 +9,10 @@ from typing import Any
 
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.engine import check_machine
 from fsm_agent.core.history import check_history
 from fsm_agent.core.jsonsafe import make_safe
+from fsm_agent.core.table import Machine
 from fsm_agent.errors import ConfigError
 from fsm_agent.tools.registry import ToolRegistry
 
@@ -27,6 +29,7 @@ def check_settings(
     approvals: Iterable[Any],
     policy: Any,
     redact: Any,
+    machines: Iterable[Any] = (),
 ) -> None:
     """Raise :class:`ConfigError` for the first setting that cannot work."""
     if not callable(model):
@@ -54,6 +57,17 @@ def check_settings(
         raise ConfigError(f"retry must be a RetryPolicy, got {retry!r}")
     if redact is not None and not callable(redact):
         raise ConfigError("redact must be a function of one event")
+    _check_machines(machines)
+
+
+def _check_machines(machines: Iterable[Any]) -> None:
+    for m in machines:
+        if not isinstance(m, Machine):
+            raise ConfigError(
+                "machine and machines must be Machine values (fsm_agent.core.engine."
+                f"compile_machine builds one), got {m!r}"
+            )
+        check_machine(m)
 
 
 def initial_messages(task: Any) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from fsm_agent.core.requests import (
     BeginIntent,
     CallTool,
     CommitIntent,
+    ConsumeApproval,
     EmitEvents,
     IntentClaim,
     LoadIntent,
@@ -51,7 +52,7 @@ from fsm_agent.core.requests import (
 from fsm_agent.core.state import RunState
 from fsm_agent.durable import owners
 from fsm_agent.durable.resume import Heartbeat
-from fsm_agent.durable.store import Checkpoint, RunSave, RunStore, Store
+from fsm_agent.durable.store import ApprovalStore, Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
 from fsm_agent.trace.chain import Encoder
@@ -169,7 +170,14 @@ def outcome_of(exc: BaseException) -> ToolOutcome:
 #: What models and tools return in the common case: never awaitable, so not inspected.
 _PLAIN = (dict, list, str, int, float, type(None))
 
-_STORE_REQUESTS = (SaveCheckpoint, BeginIntent, CommitIntent, AbortIntent, LoadIntent)
+_STORE_REQUESTS = (
+    SaveCheckpoint,
+    BeginIntent,
+    CommitIntent,
+    AbortIntent,
+    LoadIntent,
+    ConsumeApproval,
+)
 
 
 def _creates_run(request: Request) -> bool:
@@ -210,6 +218,13 @@ class _Driver:
             return store.abort_intent(request.tool, request.key, request.owner, **fence)
         if isinstance(request, LoadIntent):
             return store.get_intent(request.tool, request.key)
+        if isinstance(request, ConsumeApproval):
+            # (Runtime checked at construction that a store with limited approvals counts
+            # them.) Not fenced: a use is keyed by (approval, run, call), so a stalled
+            # driver and the one that took its run over spend the same single use.
+            return cast(ApprovalStore, store).consume_approval(
+                request.approval_id, request.max_uses, request.run_id, request.call_id
+            )
         assert isinstance(request, SaveCheckpoint)
         checkpoint = self.checkpoint(request)
         owner = self.io.owner or ""
@@ -263,6 +278,8 @@ class _Driver:
             return 0.0
         if isinstance(request, BeginIntent):
             return IntentClaim(False, None)
+        if isinstance(request, ConsumeApproval):
+            return False  # not granted: the call does not run
         if isinstance(request, CallTool):
             return ToolOutcome("not_started", error="the run was stopping")
         return None

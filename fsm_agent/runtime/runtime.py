@@ -4,7 +4,7 @@ run's :class:`~fsm_agent.core.state.RunState`, and hands the loop to a driver.
 ``run()``/``resume()`` use the sync driver, ``arun()``/``aresume()`` the async one; both
 drive the same generator (``core/loop.py``), so they obey every rule identically.
 Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
-(``durable/review.py``) and the run is then resumed.
+(``durable/review.py``) and return at once; a worker or ``resume`` drives the run on.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.loop import start, steps
 from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.resume import restore_run
-from fsm_agent.durable.store import Checkpoint, Store, supports_runs
+from fsm_agent.durable.resume import known_machines, restore_run
+from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
@@ -60,6 +61,11 @@ class Runtime:
     ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain
     link becomes an HMAC, so ``fsm-agent check --key-env`` detects any edit
     (``trace/chain.py``); keep it where the runs' writers and auditors can read it.
+    ``machine`` is the transition table new runs fire (default: the built-in one; build
+    another with :func:`~fsm_agent.core.engine.compile_machine`); ``machines`` are older
+    tables this runtime still resumes and reviews runs of: a stored run fires the machine
+    its checkpoint names, so a run paused before the application changed its table
+    finishes under the table it started with.
     """
 
     def __init__(
@@ -79,10 +85,14 @@ class Runtime:
         sleep: Callable[[float], Any] | None = None,
         tool_threads: int = 16,
         trace_key: bytes | str | None = None,
+        machine: Machine = DEFAULT_MACHINE,
+        machines: Iterable[Machine] = (),
     ) -> None:
         approvals = tuple(approvals)
+        machines = tuple(machines)
         check_settings(model=model, tools=tools, allowed_tools=allowed_tools, budget=budget,
-                       retry=retry, approvals=approvals, policy=policy, redact=redact)  # fmt: skip
+                       retry=retry, approvals=approvals, policy=policy, redact=redact,
+                       machines=(machine, *machines))  # fmt: skip
         self.model = model
         self.tools = tools
         self.allowed_tools = frozenset(allowed_tools)
@@ -96,9 +106,18 @@ class Runtime:
         self.clock = clock
         self.sleep = sleep
         self._book = ApprovalBook(approvals)
+        if self._book.limited and not supports_approvals(self.store):
+            raise ConfigError(
+                f"approvals with max_uses need a store that counts their uses; "
+                f"{type(self.store).__name__} has no consume_approval() (use MemoryStore, "
+                "SqliteStore or PostgresStore, or drop max_uses)"
+            )
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
+        self.machine = machine
+        #: Every machine this runtime resumes runs of, by hash (``machine`` first).
+        self.machines: dict[str, Machine] = known_machines((machine, *machines))
 
     # ── public entry points ───────────────────────────────────────────────────────
 
@@ -185,30 +204,71 @@ class Runtime:
         state, owner, encoder = self._restore(run_id, claimed_by)
         return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
 
-    def approve(self, run_id: str, call_id: str) -> RunResult:
-        """Approve a paused call (that call, once, for its exact arguments), then
-        :meth:`resume`. (Async runtimes: ``review.record_review(...)``, then
-        ``await aresume(...)``.)"""
-        self._sync_model(None, "resume")
-        review.record_review(self.store, run_id, call_id, "approve", key=self._trace_key)
-        return self.resume(run_id)
+    def approve(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
+        """Approve a paused call (that call, once, for its exact arguments).
 
-    def deny(self, run_id: str, call_id: str, reason: str) -> RunResult:
-        """Answer a paused call as denied (the model sees ``reason``), then :meth:`resume`."""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "deny", reason=reason, key=self._trace_key
-        )
-        return self.resume(run_id)
+        Records the decision in the store and returns at once with the run as stored
+        (still ``review_required``; ``pending`` shows what waits). A worker then drives
+        it, or :meth:`resume` (``await aresume(...)``); ``resume=True`` does that here.
+        ``by``: who decided; ``note``: why; ``at``: when (ISO-8601 UTC, default now).
+        """
+        return self._review(run_id, call_id, "approve", by, note, at, resume)
 
-    def reconcile(self, run_id: str, call_id: str, result: Any) -> RunResult:
+    def deny(
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
+        """Answer a paused call as denied (the model sees ``reason``); as :meth:`approve`."""
+        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason)
+
+    def reconcile(
+        self,
+        run_id: str,
+        call_id: str,
+        result: Any,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        at: str | None = None,
+        resume: bool = False,
+    ) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
-        ticket exists), then :meth:`resume`; the write is not run again."""
-        self._sync_model(None, "resume")
-        review.record_review(
-            self.store, run_id, call_id, "reconcile", result=result, key=self._trace_key
-        )
-        return self.resume(run_id)
+        ticket exists); the write is not run again. As :meth:`approve`."""
+        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result)
+
+    def _review(
+        self,
+        run_id: str,
+        call_id: str,
+        action: str,
+        by: str | None,
+        note: str | None,
+        at: str | None,
+        resume: bool,
+        **decision: Any,
+    ) -> RunResult:
+        if resume:
+            self._sync_model(None, "resume")  # refused before anything is recorded
+        _, state = review.record(self.store, run_id, call_id, action, key=self._trace_key,
+                                 reviewer=by, note=note, at=at, machines=self.machines,
+                                 **decision)  # fmt: skip
+        return self.resume(run_id) if resume else result_of(state)
 
     # ── set-up ────────────────────────────────────────────────────────────────────
 
@@ -237,9 +297,10 @@ class Runtime:
         policy: Policy | None = None,
         *,
         emit: bool = False,
+        machine: Machine | None = None,
     ) -> RunConfig:
         """The :class:`RunConfig` of a run of this runtime (a resumed run passes the
-        settings it started with)."""
+        settings and the machine it started with)."""
         allowed = self.allowed_tools if allowed is None else allowed
         store = self.store
         return RunConfig(
@@ -254,6 +315,7 @@ class Runtime:
             emit=emit,
             header={"tools": self._tool_facts, "integrity": chain.mode_for(self._trace_key)},
             redact=self.redact,
+            machine=machine or self.machine,
         )
 
     def _new_run(
@@ -288,7 +350,9 @@ class Runtime:
                 f"{type(store).__name__} does not keep runs; "
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
-        state, owner, tail = restore_run(store, run_id, self.config, claimed_by=claimed_by)
+        state, owner, tail = restore_run(
+            store, run_id, self.config, claimed_by=claimed_by, machines=self.machines
+        )
         try:
             return state, owner, self._encoder(state, None, tail)
         except BaseException:

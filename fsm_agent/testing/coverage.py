@@ -1,8 +1,9 @@
 """Transition coverage: count the edges runs take, report them, draw them.
 
 :class:`TransitionCoverage` listens on ``fsm_agent.core.engine.TRANSITION_LISTENERS`` (every
-transition of every run in the process) and counts hits per table entry. The report
-lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
+transition of every run in the process) and counts hits per entry of one machine's table
+(the default one unless given another; runs of other machines are not counted). The
+report lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
 page with the diagram (or the DOT source) and the table.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent.core.engine import TRANSITION_LISTENERS
-from fsm_agent.core.table import INITIAL_STATE, TRANSITIONS, Transition
+from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
 from fsm_agent.render.dot import Overlay, machine_dot
 from fsm_agent.render.engine import RenderError, render
 
@@ -25,13 +26,16 @@ _SHADES = ("#9ecae1", "#4292c6", "#08519c")  # light to dark blue as hits grow
 
 
 class TransitionCoverage:
-    """Hit counts per transition of the table, collected while installed."""
+    """Hit counts per transition of ``machine``'s table, collected while installed."""
 
-    def __init__(self) -> None:
-        self.hits = [0] * len(TRANSITIONS)
+    def __init__(self, machine: Machine = DEFAULT_MACHINE) -> None:
+        self.machine = machine
+        self.hits = [0] * len(machine.transitions)
 
     def __call__(self, run: Any, transition: Transition) -> None:
-        self.hits[transition.index] += 1
+        config = getattr(run, "config", None)
+        if getattr(config, "machine", self.machine).hash == self.machine.hash:
+            self.hits[transition.index] += 1
 
     def install(self) -> None:
         if self not in TRANSITION_LISTENERS:
@@ -53,7 +57,7 @@ class TransitionCoverage:
         """The table with hit counts, then the transitions never taken."""
         rows = [
             (str(i), t.trigger, f"{t.source} -> {t.dest}", ", ".join(t.guards) or "-", str(h))
-            for i, (t, h) in enumerate(zip(TRANSITIONS, self.hits, strict=False))
+            for i, (t, h) in enumerate(zip(self.machine.transitions, self.hits, strict=False))
         ]
         head = ("#", "trigger", "source -> dest", "guards", "hits")
         widths = [max(len(r[c]) for r in [head, *rows]) for c in range(5)]
@@ -66,7 +70,7 @@ class TransitionCoverage:
         taken = len(self.hits) - len(self.never_taken())
         lines.append(f"transition coverage: {taken}/{len(self.hits)} = {self.percent:.1f}%")
         for i in self.never_taken():
-            t = TRANSITIONS[i]
+            t = self.machine.transitions[i]
             lines.append(f"never taken: #{i} {t.label} ({t.source} -> {t.dest})")
         return lines
 
@@ -80,7 +84,8 @@ def _colour(hits: int, top: int) -> str:
 
 def to_dot(coverage: TransitionCoverage) -> str:
     """The machine diagram (the renderer's, from the same table) as a heat map of hits."""
-    taken = [t for t, h in zip(TRANSITIONS, coverage.hits, strict=True) if h]
+    table = coverage.machine.transitions
+    taken = [t for t, h in zip(table, coverage.hits, strict=True) if h]
     visited = frozenset({INITIAL_STATE, *(t.source for t in taken), *(t.dest for t in taken)})
     overlay = Overlay(
         counts=dict(enumerate(coverage.hits)),
@@ -89,7 +94,7 @@ def to_dot(coverage: TransitionCoverage) -> str:
         caption=f"transition coverage {coverage.percent:.1f}% "
         f"({len(coverage.never_taken())} never taken, grey)",
     )
-    return machine_dot(overlay)
+    return machine_dot(overlay, machine=coverage.machine)
 
 
 def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
@@ -111,7 +116,7 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
         f"<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>"
         f"<td>{html.escape(', '.join(t.guards) or '-')}</td>"
         f'<td style="background:{_colour(h, top)};color:white;text-align:right">{h}</td></tr>'
-        for i, (t, h) in enumerate(zip(TRANSITIONS, coverage.hits, strict=False))
+        for i, (t, h) in enumerate(zip(coverage.machine.transitions, coverage.hits, strict=False))
     )
     picture = (
         svg[svg.find("<svg") :]

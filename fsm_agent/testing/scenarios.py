@@ -138,6 +138,7 @@ _STORE_WRITES = (
     "claim",
     "renew",
     "release",
+    "consume_approval",
 )
 
 

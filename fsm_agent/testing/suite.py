@@ -24,6 +24,7 @@ from typing import Any
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.table import TRANSITIONS, Transition
+from fsm_agent.errors import ReviewError
 from fsm_agent.models.scripted import Step
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
@@ -73,7 +74,29 @@ def _resume(runtime: Runtime, run_id: str) -> list[RunResult]:
 
 
 def _approve_c1(runtime: Runtime, run_id: str) -> list[RunResult]:
-    return [runtime.approve(run_id, "c1")]
+    return [runtime.approve(run_id, "c1", resume=True)]
+
+
+def _approve_c1_later(runtime: Runtime, run_id: str) -> list[RunResult]:
+    # Recorded only: the run stays paused until a worker or ``resume`` drives it.
+    return [runtime.approve(run_id, "c1", by="ana", note="checked the ticket",
+                            at="2026-01-31T12:00:00Z")]  # fmt: skip
+
+
+def _misfit_review(runtime: Runtime, run_id: str) -> list[RunResult]:
+    try:  # a call waiting for approval cannot be reconciled: refused, nothing recorded
+        runtime.reconcile(run_id, "c1", {"ticket": "T-1"})
+    except ReviewError as exc:
+        assert "does not apply (use approve or deny)" in str(exc), exc
+        return []
+    raise AssertionError("a reconcile of a call waiting for approval was recorded")
+
+
+def _reviewed_check(o: ScenarioRun) -> None:
+    (event,) = [e for e in o.result.events if e["type"] == "review"]
+    assert event["reviewer"] == "ana" and event["note"] == "checked the ticket", event
+    assert event["at"] == "2026-01-31T12:00:00Z" and event["action"] == "approve"
+    assert list(o.result.pending) == ["c1"] and _effects(o, "create_ticket") == 0
 
 
 def _key(trigger: str, source: str, dest: str, *guards: str) -> str:
@@ -246,6 +269,19 @@ def _replay(kit: FaultyTools) -> list[list[Step]]:
 
 def _replay_check(o: ScenarioRun) -> None:
     assert _effects(o, "create_ticket") == 1 and _answers(o)["c2"]["replayed"] is True
+
+
+def _approval_refused(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit, requires_approval=True)
+    return [[decide(_ticket(), _ticket(id="c2"))]]
+
+
+def _approval_refused_check(o: ScenarioRun) -> None:
+    assert _effects(o, "create_ticket") == 1  # c1 spent the one use; c2 did not run
+    assert _answers(o)["c2"]["error"] == "approval_required"
+    assert set(o.result.pending) == {"c2"}
+    uses = [e.get("approval_use") for e in o.result.events if e.get("trigger") == "dispatch"]
+    assert uses == ["granted", "refused"], uses
 
 
 # ── executing: the tool returned, raised, or never started ─────────────────────────
@@ -483,6 +519,11 @@ SUITE: tuple[Scenario, ...] = (
       _replay, "done", "final_answer",
       {"write_attempts": 2, "replays": 1, "tool_attempts": {"create_ticket": 1}},
       _replay_check),
+    S("approval_refused", _key("dispatch", "executing", "review_required", "approval_refused"),
+      _approval_refused, "review_required", "approval_required",
+      {"write_attempts": 1, "tool_rounds": 1, "tool_calls": 2}, _approval_refused_check,
+      options={"approvals": [Approval("create_ticket", {"key": "R-1", "title": "refund"},
+                                      max_uses=1)]}),
     S("call_runs", _key("dispatch", "executing", "executing"),
       _read_then_answer, "done", "final_answer", {"tool_attempts": {"lookup": 1}}),
 
@@ -509,6 +550,13 @@ SUITE: tuple[Scenario, ...] = (
       lambda o: None if _answers(o)["c1"]["error"] == "tool_failed" else _fail("not failed"),
       options={"retry": RetryPolicy(max_attempts=1)}),
 
+    S("review_recorded", _key("review", "review_required", "review_required", "review_fits"),
+      _approve_then_resume, "review_required", "approval_required", {}, _reviewed_check,
+      review=_approve_c1_later),
+    S("review_refused", _key("review", "review_required", "review_required"),
+      _approve_then_resume, "review_required", "approval_required", {},
+      lambda o: None if not any(e["type"] == "review" for e in o.result.events) else _fail(
+          "a refused review was recorded"), review=_misfit_review),
     S("resume_write_lost", _key("resume", "executing", "review_required",
                                 "write_outcome_lost"),
       _died_mid_write, "review_required", "outcome_unknown", {}, _one_ticket,

@@ -165,7 +165,7 @@ def _loads(raw: bytes | str) -> Any:
 class _Header:
     """The ``run_start`` header: what kind of trace this is, or a :class:`TraceError`."""
 
-    def __init__(self, name: str, event: Any) -> None:
+    def __init__(self, name: str, event: Any, machine_hash: str = MACHINE_HASH) -> None:
         if not isinstance(event, dict):
             raise TraceError(name, 1, "not a trace: the first line is not a JSON object")
         if event.get("type") != "run_start":
@@ -179,13 +179,13 @@ class _Header:
                 "written by another version",
             )
         self.legacy = schema == LEGACY_SCHEMA
-        hashes = {MACHINE_HASH} | (set(LEGACY_MACHINE_HASHES) if self.legacy else set())
+        hashes = {machine_hash} | (set(LEGACY_MACHINE_HASHES) if self.legacy else set())
         if event.get("machine_hash") not in hashes:
             raise TraceError(
                 name,
                 1,
                 f"machine hash {event.get('machine_hash')!r} is not this machine's "
-                f"{MACHINE_HASH} (the trace was recorded with another transition table)",
+                f"{machine_hash} (the trace was recorded with another transition table)",
             )
         run_id = event.get("run_id")
         self.run_id = run_id if isinstance(run_id, str) else None
@@ -414,10 +414,13 @@ def check_paths(
     return out
 
 
-def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def load_trace(
+    path: str | os.PathLike[str], machine_hash: str = MACHINE_HASH
+) -> list[dict[str, Any]]:
     """Every event of a trace file, read leniently for display (replay, the viewer):
-    the header must be readable (else :class:`TraceError`); a later line that is not an
-    event object stands as ``{"type": "unreadable", ...}`` so every step still shows."""
+    the header must be readable and name ``machine_hash`` (else :class:`TraceError`); a
+    later line that is not an event object stands as ``{"type": "unreadable", ...}`` so
+    every step still shows."""
     name = str(path)
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below
@@ -432,7 +435,7 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             parsed = _loads(raw) if not cut else None
         except ValueError as exc:
             raise TraceError(name, 1, f"not JSON: {exc}") from None
-        head = _Header(name, parsed)
+        head = _Header(name, parsed, machine_hash)
         events.append(head.event)
         line_no = 1
         while True:

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from fsm_agent.core.actions import BLOCKING
+from fsm_agent.core.actions import BLOCKING, FITS
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import NO_DECISION, Decision
 from fsm_agent.core.select import GuardNotRecorded, select, select_recorded
@@ -46,12 +46,6 @@ __all__ = ["Walk", "Write"]
 _TERMINAL = _TERMINAL_SET = frozenset(TERMINAL_STATES)
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 _KINDS = frozenset({"ok", "rejected", "transient", "timeout", "error", "not_started"})
-#: Review action -> the placeholder errors it settles (``durable/review.py``).
-_FITS = {
-    "approve": frozenset({"approval_required"}),
-    "reconcile": frozenset({"outcome_unknown"}),
-    "deny": BLOCKING | {"skipped_pending_review"},
-}
 #: Seconds within which a recorded ``t`` (rounded to 1 µs) cannot settle a deadline.
 _CLOCK_SLACK = 2e-6
 
@@ -115,15 +109,25 @@ def _dispatch(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, 
     clock = w.clock(e, 0.0) if w.settings.budget.max_wall_clock_s is not None else False
     if clock is UNSURE:
         clock = _flag(guards.get("wall_clock_spent"))
+    refused = _refused(w, e)
     if not call.idempotent or w.claimed:
-        return (admitted, clock, False, False, False)
+        return (admitted, clock, False, False, False, refused)
     return (
         admitted,
         clock,
         _flag(guards.get("idempotency_conflict")),
         _flag(guards.get("idempotency_pending")),
         _flag(guards.get("idempotent_replay")),
+        refused,
     )
+
+
+def _refused(w: Walk, e: dict[str, Any]) -> Any:
+    """``approval_refused``: the store's recorded answer; after a resume also a call the
+    resuming runtime's approvals no longer cover (admission is not in the trace)."""
+    if e.get("approval_use") == "refused":
+        return True
+    return _flag(e.get("guards", {}).get("approval_refused")) if w.resumed else False
 
 
 def _returned(w: Walk, e: dict[str, Any], guards: dict[str, Any]) -> tuple[Any, ...]:
@@ -275,6 +279,8 @@ class Walk:
                 expect.popleft()
                 if kind == "observation":
                     self.observation(line, e, wanted)
+                elif kind == "review":
+                    self.review(line, e)
                 else:
                     self.run_end(line, e)
                 self.prev_line = line
@@ -284,6 +290,8 @@ class Walk:
         elif kind == "decision":
             self.decision_event(line, e)
         elif kind == "review":
+            if "at" in e:  # (a bare review is an older writer's, which recorded no time)
+                self.fail(line, "a review event that no review transition wrote")
             self.review(line, e)
         elif kind == "observation":
             call_id = e.get("call_id")
@@ -308,6 +316,8 @@ class Walk:
     def missing(self, line: int, wanted: Expected) -> None:
         if wanted.kind == "run_end":
             self.fail(line, f"the run stopped in {self.state} but run_end does not follow")
+        elif wanted.kind == "review":
+            self.fail(line, "the review transition is not followed by its review event")
         else:
             who = wanted.call.id if wanted.call is not None else "?"
             self.fail(
@@ -376,15 +386,11 @@ class Walk:
             # covering its digest (check_approval), so a false "no" is caught there.
             c.needs_approval = UNSURE
             return
-        limit = settings.approvals[c.digest]
-        approval_id = f"config:{c.digest[:16]}"
-        if limit is None:
-            c.needs_approval = False
-            c.approval = approval_id
-        elif self.uses.get(approval_id, 0) >= limit:
-            c.needs_approval = True  # used up in this run already
-        else:
-            c.needs_approval = UNSURE  # another run of the runtime may have used it up
+        # Admission only identifies a configured approval; a limited one's use is spent
+        # at dispatch, and the store's answer is recorded there (``approval_use``).
+        c.needs_approval = False
+        if settings.approvals[c.digest] is None:
+            c.approval = f"config:{c.digest[:16]}"
 
     # ── transitions ───────────────────────────────────────────────────────────────
 
@@ -465,7 +471,7 @@ class Walk:
             self.act(line, edge, e)
         self.last = edge
         self.state = dest
-        if dest in _TERMINAL:
+        if dest in _TERMINAL and state not in _TERMINAL:  # (a review: still paused)
             self.status, self.stop_reason = dest, reason
             self.expect.append(Expected("run_end"))
 
@@ -576,6 +582,7 @@ class Walk:
                 "idempotency_conflict": False if plain else UNSURE,
                 "idempotency_pending": False if plain else UNSURE,
                 "idempotent_replay": False if plain else UNSURE,
+                "approval_refused": _refused(self, e),
             }
         if trigger == "tool_returned":
             kind = e.get("outcome")
@@ -677,6 +684,10 @@ class Walk:
     def act(self, line: int, edge: Transition, e: dict[str, Any]) -> None:  # noqa: C901 - one branch per action of the table
         action = edge.action
         self.order(line, edge, e)
+        if edge.trigger == "dispatch" and "approval_use" in e:
+            self.approval_use(line, edge, e["approval_use"])
+        if edge.trigger == "dispatch" and edge.reason == "approval_required" and self.call:
+            self.call.needs_approval = True  # its placeholder waits for an approval
         if edge.trigger == "resume":
             self.resumed = True
             self.uses = {}
@@ -721,6 +732,8 @@ class Walk:
             self.stop(edge)
         elif action == "apply_review":
             self.apply_review()
+        elif action == "record_review":
+            self.expect.append(Expected("review"))
         if edge.trigger == "tool_returned":
             self.in_flight = False
             if self.outcome in ("rejected", "not_started"):
@@ -779,6 +792,20 @@ class Walk:
         if call.idempotent:
             self.claimed = True
         self.check_approval(line, call, e.get("approval"))
+
+    def approval_use(self, line: int, edge: Transition, answer: Any) -> None:
+        """The store's answer to spending a use of the call's limited approval: asked
+        only for a call about to start, so granted starts it and refused stops the run."""
+        call = self.call
+        limit = None if call is None else self.settings.approvals.get(call.digest or "")
+        if call is None or not call.requires_approval or limit is None:
+            self.fail(line, f"approval_use {answer!r}, but the call has no limited approval")
+        elif answer == "refused":
+            call.needs_approval = True  # its placeholder waits for a reviewer's approval
+        elif answer != "granted":
+            self.fail(line, f"approval_use is {answer!r}, not 'granted' or 'refused'")
+        elif edge.action != "start_attempt":
+            self.fail(line, "approval_use 'granted' on a dispatch that starts no attempt")
 
     def check_approval(self, line: int, call: CallFacts, named: Any) -> None:
         """A write that needs an approval names one covering exactly its arguments."""
@@ -1044,7 +1071,7 @@ class Walk:
             self.fail(line, f"review of {call_id!r}, which is not a paused call of the batch")
             return
         action = e.get("action")
-        if action not in _FITS or waiting not in _FITS[action]:
+        if action not in FITS or waiting not in FITS[action]:
             self.fail(line, f"review {action!r} of call {call_id!r}, which waits for {waiting}")
             return
         if call_id in self.reviews:
@@ -1075,7 +1102,8 @@ class Walk:
                 self.line,
                 f"resumed while {', '.join(map(repr, unsettled))} still wait for a reviewer",
             )
-        if self.stop_reason == "approval_required":
+        if self.stop_reason == "approval_required" and self.call is None:
+            # (paused at validate: a use refused at dispatch paused a started batch)
             self.tool_rounds += 1
             self.tool_calls += len(self.calls)
         approved = dict(self.approved)
@@ -1129,7 +1157,7 @@ def _install() -> None:
             assert _names(*key) == {
                 ("executing", "dispatch"): (
                     "call_admitted", "wall_clock_spent", "idempotency_conflict",
-                    "idempotency_pending", "idempotent_replay",
+                    "idempotency_pending", "idempotent_replay", "approval_refused",
                 ),
                 ("executing", "tool_returned"): _names(*key),
                 ("observing", "observe"): (

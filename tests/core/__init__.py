@@ -1,0 +1,1 @@
+"""Hand-driven tests of the sans-I/O core, under the determinism trap (conftest.py)."""
