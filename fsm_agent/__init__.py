@@ -1,6 +1,6 @@
 """fsm-agent: LLM tool-calling loops run as explicit, guarded finite-state machines.
 
-The names exported here are the public contract (SPEC.md §3); import them from
+The names exported here are the public contract (docs/reference/api.md); import them from
 ``fsm_agent``. The package is layered; each layer imports only the layers above it in
 this list (``tests/test_layering.py`` enforces it)::
 
@@ -26,6 +26,7 @@ from fsm_agent import _compat
 from fsm_agent._version import __version__
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.events import Event
 from fsm_agent.core.history import check_history
 from fsm_agent.core.table import MACHINE_HASH, STATES, TERMINAL_STATES, TRANSITIONS, Transition
 from fsm_agent.durable.memory import MemoryStore
@@ -41,8 +42,9 @@ from fsm_agent.errors import (
     TraceError,
     TransientToolError,
 )
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.rules import Rule
+from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.tools.registry import Tool, ToolRegistry
@@ -72,9 +74,12 @@ __all__ = [
     "Approval",
     "Budget",
     "ConfigError",
+    "Event",
     "FsmAgentError",
     "IdempotencyRecord",
+    "Interceptor",
     "JsonlTrace",
+    "KeyedScriptedModel",
     "MemoryStore",
     "PostgresStore",
     "RetryPolicy",

@@ -18,7 +18,6 @@ from fsm_agent.errors import RunBusy
 
 def main() -> int:
     db, effects, run_id, mode = sys.argv[1:5]
-    scenario.install_transition_crash()
     store = scenario.CrashingStore(db)
     rt = scenario.runtime(store, Path(effects))
     try:

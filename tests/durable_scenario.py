@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsm_agent import Runtime, ToolRegistry
+from fsm_agent import Interceptor, Runtime, ToolRegistry
+from fsm_agent.core.events import Event, Transitioned
 from fsm_agent.durable.sqlite import SqliteStore
 
 TOOLS = {"lookup", "create_ticket", "notify"}
@@ -143,22 +144,25 @@ class CrashingStore(SqliteStore):
         return super().begin_intent(record, **options)
 
 
-def install_transition_crash() -> None:
-    """``FSM_CRASH=transition:N``: die at the N-th transition, before it is saved."""
-    from fsm_agent.core.engine import TRANSITION_LISTENERS
+class TransitionCrash(Interceptor):
+    """``FSM_CRASH=transition:N``: die at the N-th transition, before it is saved (its
+    event reaches the interceptors before its checkpoint is written)."""
 
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Transitioned):
+            self.seen += 1
+            if self.seen == self.n:
+                _die()
+
+
+def crash_interceptors() -> list[Interceptor]:
     kind, n = _crash_point()
-    if kind != "transition":
-        return
-    seen = [0]
-
-    def listener(run: Any, transition: Any) -> None:
-        seen[0] += 1
-        if seen[0] == n:
-            _die()
-
-    TRANSITION_LISTENERS.append(listener)
+    return [TransitionCrash(n)] if kind == "transition" else []
 
 
 def runtime(store: SqliteStore, effects_path: Path) -> Runtime:
-    return Runtime(model=model, tools=make_tools(effects_path), allowed_tools=TOOLS, store=store)
+    return Runtime(model=model, tools=make_tools(effects_path), allowed_tools=TOOLS, store=store,
+                   interceptors=crash_interceptors())  # fmt: skip

@@ -5,9 +5,10 @@ Writes the machine from the table, ``run_machine.{dot,mmd,svg}`` (the overview) 
 ``run_machine_full.{dot,mmd,svg}`` (every guard), one ``replay_<scenario>.svg`` (the last
 step) per ``<scenario>.jsonl`` in TRACE_DIR, and ``heatmap_demo.svg`` over them all. With
 DOCS_DIR it also rewrites the rule-row tables of ``concepts/rules.md``
-(:mod:`fsm_agent.render.docs`) and draws ``assets/layers.{dot,svg}`` from the package's
-imports (:mod:`fsm_agent.render.layers`). ``make diagrams`` runs the demo into a scratch
-folder and then this.
+(:mod:`fsm_agent.render.docs`), draws ``assets/layers.{dot,svg}`` from the package's
+imports (:mod:`fsm_agent.render.layers`) and writes the events' JSON Schema,
+``reference/events.schema.json`` (:func:`fsm_agent.core.events.json_schema`).
+``make diagrams`` runs the demo into a scratch folder and then this.
 
 Committed pictures must not change with the machine that regenerates them, so they are
 always laid out by the WebAssembly Graphviz (the exact version ``pyproject.toml``'s dev
@@ -20,7 +21,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fsm_agent.errors import TraceError
+from fsm_agent.cli._output import write_output
+from fsm_agent.core.events import json_schema_text
+from fsm_agent.errors import TraceError, UsageError
 from fsm_agent.render.docs import update_rule_rows
 from fsm_agent.render.dot import machine_dot
 from fsm_agent.render.engine import RenderError, render
@@ -29,10 +32,19 @@ from fsm_agent.render.mermaid import machine_mermaid
 from fsm_agent.render.replay import Replay, aggregate_overlay
 from fsm_agent.render.svg import machine_svg
 
-__all__ = ["COMMITTED_RENDERER", "RULES_PAGE", "main", "regenerate", "regenerate_docs"]
+__all__ = [
+    "COMMITTED_RENDERER",
+    "EVENTS_SCHEMA",
+    "RULES_PAGE",
+    "main",
+    "regenerate",
+    "regenerate_docs",
+]
 
 #: The page whose rule-row tables are generated, relative to the docs folder.
 RULES_PAGE = Path("concepts") / "rules.md"
+#: The events' JSON Schema, relative to the docs folder.
+EVENTS_SCHEMA = Path("reference") / "events.schema.json"
 
 #: The one renderer that draws committed pictures (see the module docstring).
 COMMITTED_RENDERER = "wasm"
@@ -43,16 +55,19 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
+    traces = sorted(trace_dir.glob("*.jsonl"))
+    inputs = [("TRACE", str(p)) for p in traces]
+
     def write(name: str, data: bytes) -> None:
         path = out_dir / name
-        path.write_bytes(data)
+        write_output("OUT_DIR", str(path), data, inputs)
         written.append(path)
 
     for detail, stem in (("overview", "run_machine"), ("full", "run_machine_full")):
         write(f"{stem}.dot", machine_dot(detail=detail).encode("utf-8"))
         write(f"{stem}.mmd", machine_mermaid(detail).encode("utf-8"))
         write(f"{stem}.svg", machine_svg(None, detail, COMMITTED_RENDERER))
-    replays = [Replay(p) for p in sorted(trace_dir.glob("*.jsonl"))]
+    replays = [Replay(p) for p in traces]
     for replay in replays:
         name = Path(replay.path).stem
         write(f"replay_{name}.svg", machine_svg(replay.overlay(), "overview", COMMITTED_RENDERER))
@@ -65,13 +80,17 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
 def regenerate_docs(docs_dir: Path) -> list[Path]:
     """Rewrite the generated parts of the docs; return the paths written."""
     rules = docs_dir / RULES_PAGE
-    rules.write_text(update_rule_rows(rules.read_text(encoding="utf-8")), encoding="utf-8")
+    page = update_rule_rows(rules.read_text(encoding="utf-8"))
+    write_output("DOCS_DIR", str(rules), page.encode("utf-8"))
     assets = docs_dir / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     dot = layer_dot(Path(__file__).resolve().parents[1])  # the fsm_agent package folder
-    (assets / "layers.dot").write_text(dot, encoding="utf-8")
-    (assets / "layers.svg").write_bytes(render(dot, "svg", COMMITTED_RENDERER))
-    return [rules, assets / "layers.dot", assets / "layers.svg"]
+    write_output("DOCS_DIR", str(assets / "layers.dot"), dot.encode("utf-8"))
+    write_output("DOCS_DIR", str(assets / "layers.svg"), render(dot, "svg", COMMITTED_RENDERER))
+    schema = docs_dir / EVENTS_SCHEMA
+    schema.parent.mkdir(parents=True, exist_ok=True)
+    write_output("DOCS_DIR", str(schema), json_schema_text().encode("utf-8"))
+    return [rules, assets / "layers.dot", assets / "layers.svg", schema]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         written = regenerate(trace_dir, Path(args[1]))
         if len(args) == 3:
             written += regenerate_docs(Path(args[2]))
-    except (TraceError, RenderError, OSError) as exc:
+    except (TraceError, RenderError, UsageError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} file(s) to {' and '.join(args[1:])}")

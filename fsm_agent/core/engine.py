@@ -17,7 +17,7 @@ machine is checked the same way by :func:`compile_machine`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 from transitions import Machine
@@ -44,18 +44,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RUN_MACHINE",
-    "TRANSITION_LISTENERS",
     "build_machine",
     "check_machine",
     "compile_machine",
     "engine_of",
     "fire",
 ]
-
-#: Functions called with ``(state, transition)`` after every transition of every run in
-#: the process, once it is recorded and before it is saved (``core/loop.py``; the pytest
-#: plugin's transition coverage uses this). Keep them cheap.
-TRANSITION_LISTENERS: list[Callable[[Any, Transition], None]] = []
 
 
 class _Trigger(TransitionsEvent):

@@ -18,8 +18,11 @@ One step per working state::
     observing   ReadClock -> fire observe
 
 After each transition a ``SaveCheckpoint`` follows where the run's save mode asks for one
-(:func:`_wants_save`), and before each request that leaves the process the events so far
-are emitted (``EmitEvents``) when the run has a trace sink.
+(:func:`_wants_save`). A run with a consumer of its events (a trace sink, an interceptor:
+``RunConfig.emit``) gets each event the moment it exists: after the ``run_start`` header
+and after every transition (which records every other event) the loop yields
+``EmitEvents`` with the new events, before any other request, so no request is performed
+before its consumers have every event before it. A run without one yields none.
 
 The driver stops a run by throwing :class:`Cancelled` into the generator at the request
 it is performing (Ctrl-C, a cancelled task, a tool raising ``GeneratorExit``...): the loop
@@ -31,14 +34,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
+from functools import partial
 from typing import Any
 
+from fsm_agent.core import events
 from fsm_agent.core.actions import ACTIONS, BLOCKING
-from fsm_agent.core.budget import metered
+from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
-from fsm_agent.core.decision import Decision, PreparedCall, admit_calls, parse_decision
-from fsm_agent.core.engine import TRANSITION_LISTENERS, fire
+from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.core.engine import fire
 from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.intents import claim_json, record_json
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -64,7 +70,7 @@ from fsm_agent.core.table import TERMINAL_STATES, Transition
 __all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
-SCHEMA = "fsm-agent.trace/2"
+SCHEMA = "fsm-agent.trace/3"
 
 Steps = Generator[Request, Any, None]
 
@@ -80,17 +86,7 @@ class Cancelled(BaseException):
 
 def start(s: RunState) -> None:
     """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
-    _record(
-        s,
-        {
-            "type": "run_start",
-            "seq": 0,
-            "schema": SCHEMA,
-            "run_id": s.run_id,
-            **s.config.header_fields(),
-            "messages": make_safe(s.messages),
-        },
-    )
+    _record(s, events.run_start(s.run_id, SCHEMA, s.config.header_fields(), make_safe(s.messages)))
 
 
 def _record(s: RunState, event: dict[str, Any]) -> None:
@@ -102,11 +98,7 @@ def _record(s: RunState, event: dict[str, Any]) -> None:
         try:
             event = redact(event)
         except Exception as exc:
-            event = {
-                "type": event["type"],
-                "seq": event["seq"],
-                "redaction_failed": _describe_error(exc),
-            }
+            event = events.redaction_failed(event, _describe_error(exc))
     s.events.append(event)
 
 
@@ -129,8 +121,6 @@ def review(s: RunState, request: dict[str, Any]) -> bool:
     try:
         edge = fire(s, "review")
         _after(s, edge)
-        for listener in TRANSITION_LISTENERS:
-            listener(s, edge)
     finally:
         s.review_request = None
     return edge.action == "record_review"
@@ -152,10 +142,8 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
                 yield from _execute(s)
             elif state == "retry_wait":
                 yield from _wait(s)
-            else:  # validating, observing: pure steps
-                save = _validate(s) if state == "validating" else _fire(s, "observe")
-                if save is not None:
-                    yield save
+            elif _validate(s) if state == "validating" else _fire(s, "observe"):
+                yield from _flush(s)  # validating, observing: pure steps
     except GeneratorExit:
         raise
     except BaseException as exc:
@@ -171,10 +159,14 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
 
 
 def _begin(s: RunState, resumed: bool) -> Steps:
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)  # the header (a restored run's events were emitted when recorded)
     now = yield READ_CLOCK
     s.started += now  # a new run starts at 0; a restored one stores -elapsed
     s.now = now
     if resumed:
+        # Where this driving took over (the checkpoint's seq): check restores it there.
+        s.inputs.append({"resumed": s.seq})
         yield from _resume(s)
     elif s.config.save != "never":
         yield _save(s, header=True)
@@ -182,11 +174,12 @@ def _begin(s: RunState, resumed: bool) -> Steps:
 
 def _stop(s: RunState) -> Steps:
     """Take the ``cancel`` edge (unless the run already ended) and emit what is left."""
+    if s.config.emit and s.emitted < len(s.events):
+        yield _emit(s)  # an edge that raised half-way through (its events so far)
     if s.state not in _TERMINAL:
         s.now = yield READ_CLOCK
-        save = _fire(s, "cancel")
-        if save is not None:
-            yield save
+        if _fire(s, "cancel"):
+            yield from _flush(s)
     if s.config.emit and s.emitted < len(s.events):
         yield _emit(s)
 
@@ -202,6 +195,7 @@ def _resume(s: RunState) -> Steps:
         # A keyed write's attempt starts without a checkpoint of its own: its pending
         # intent, begun with the checkpoint before dispatch, says it may have started.
         record = yield LoadIntent(call.name, call.idempotency_key)
+        s.inputs.append({"load_intent": record_json(record)})
         call.record = record
         ours = record is not None and record.owner == (s.run_id, call.id)
         # If the intent is gone (aborted after a rejection) it must be begun again.
@@ -212,14 +206,12 @@ def _resume(s: RunState) -> Steps:
             ACTIONS["start_attempt"](s, [])
             in_flight = s.attempt_resumed = True
     if in_flight:
-        save = _fire(s, "resume")
-        if save is not None:
-            yield save
+        if _fire(s, "resume"):
+            yield from _flush(s)
     elif settled(s):
         yield from _commit_reconciled(s)
-        save = _fire(s, "resume")
-        if save is not None:
-            yield save
+        if _fire(s, "resume"):
+            yield from _flush(s)
 
 
 def _commit_reconciled(s: RunState) -> Steps:
@@ -233,8 +225,10 @@ def _commit_reconciled(s: RunState) -> Steps:
             continue
         key, result = call.idempotency_key, review.get("result")
         found = yield LoadIntent(call.name, key)
+        s.inputs.append({"load_intent": record_json(found)})
         if found is None:
             claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=False)
+            s.inputs.append({"begin_intent": claim_json(claim)})
             if claim.owned:
                 yield CommitIntent(call.name, key, (s.run_id, call.id), result)
         elif found.status == "pending" and found.args_digest == call.args_digest:
@@ -245,37 +239,68 @@ def _commit_reconciled(s: RunState) -> Steps:
 
 
 def _decide(s: RunState) -> Steps:
-    if s.config.emit and s.emitted < len(s.events):
-        yield _emit(s)
     reply = yield AskModel(list(s.messages), s.config.tool_specs)
     s.now = yield READ_CLOCK
     s.counters.model_calls += 1
     if isinstance(reply, BaseException):
         s.model_error = _describe_error(reply)
         s.seq += 1
-        _record(s, {"type": "decision", "seq": s.seq, "error": s.model_error})
-        save = _fire(s, "model_failed")
-        if save is not None:
-            yield save
+        _record(s, events.decision_failed(s.seq, s.model_error))
+        if _fire(s, "model_failed"):
+            yield from _flush(s)
+        return
+    s.reply_bytes = len(dumps_safe(reply)[1])
+    if s.reply_bytes > s.config.budget.max_reply_bytes:
+        yield from _oversized_reply(s, reply)
         return
     s.decision = parse_decision(reply)
     s.seq += 1
-    event = {"type": "decision", "seq": s.seq, "message": _recorded_reply(reply, s.decision)}
-    if s.decision.malformed is not None:
-        # Why it was refused: the recorded copy is JSON-safe, so a reply refused for a
-        # non-JSON value may read as well-formed (the checker needs the verdict).
-        event["malformed"] = s.decision.malformed
+    # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
+    # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
+    event = events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed)
+    lossy = {
+        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+        for c in s.decision.calls
+        if clean_text(c.raw_arguments) is not c.raw_arguments
+    }
+    if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
+        event["raw_arguments"] = lossy
     _record(s, event)
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
     s.answered = set()  # ids need only be unique within a batch
-    save = _fire(s, "model_replied")
-    if save is not None:
-        yield save
+    if _fire(s, "model_replied"):
+        yield from _flush(s)
 
 
-def _validate(s: RunState) -> SaveCheckpoint | None:
+#: The fields of a reply's ``usage`` that ``core/budget.py``'s ``metered`` reads.
+_USAGE_KEYS = (
+    "input_tokens", "prompt_tokens", "output_tokens", "completion_tokens", "total_tokens",
+    "cost",
+)  # fmt: skip
+
+
+def _oversized_reply(s: RunState, reply: Any) -> Steps:
+    """A reply over ``max_reply_bytes`` is recorded by its size (and usage, which the
+    counters still take), never whole: the trace keeps lines ``check`` can read, and the
+    run stops ``budget_exhausted/reply_size`` with nothing of it parsed or run."""
+    s.decision = NO_DECISION
+    s.seq += 1
+    event: dict[str, Any] = {"type": "decision", "seq": s.seq, "oversized": s.reply_bytes}
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    if isinstance(usage, dict):  # only what the counters read: the rest may be the bulk
+        usage = {k: make_safe(usage[k]) for k in _USAGE_KEYS if k in usage}
+        event["usage"] = usage
+    _record(s, event)
+    _count_usage(s, usage)
+    s.batch_appended = False
+    s.answered = set()
+    if _fire(s, "model_replied"):
+        yield from _flush(s)
+
+
+def _validate(s: RunState) -> bool:
     d = s.decision
     if d.malformed is None and d.missing_id is None:
         _admit(s)
@@ -283,13 +308,10 @@ def _validate(s: RunState) -> SaveCheckpoint | None:
 
 
 def _wait(s: RunState) -> Steps:
-    if s.config.emit and s.emitted < len(s.events):
-        yield _emit(s)
     yield Sleep(s.config.retry.backoff(s.attempt))
     s.now = yield READ_CLOCK
-    save = _fire(s, "retry")
-    if save is not None:
-        yield save
+    if _fire(s, "retry"):
+        yield from _flush(s)
 
 
 def _execute(s: RunState) -> Steps:
@@ -305,15 +327,15 @@ def _execute(s: RunState) -> Steps:
             claim: IntentClaim = yield BeginIntent(
                 _intent(s, call), take_over=call.dedup, save=pending
             )
+            s.inputs.append({"begin_intent": claim_json(claim)})
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
     if call.approval is not None and call.approval != s.approvals.get(call.id):
         yield from _consume(s, call)
     # (``s.now`` is the reading after the last I/O: only pure steps came since.)
-    save = _fire(s, "dispatch")
-    if save is not None:
-        yield save
+    if _fire(s, "dispatch"):
+        yield from _flush(s)
     edge = s.taken
     if edge.action != "start_attempt":
         if fresh and call.idempotency_key is not None:  # begun for nothing: give it back
@@ -322,15 +344,15 @@ def _execute(s: RunState) -> Steps:
         return
     tool = call.tool
     assert tool is not None and call.arguments is not None  # admitted calls have both
-    if s.config.emit and s.emitted < len(s.events):
-        yield _emit(s)
     # In flight from the call until tool_returned is taken: a cancel in between (even
     # while its result is being stored) may not say the write did not happen.
     s.in_flight = True
     # A tool may mutate its arguments: a retry gets them afresh from the exact text that
     # was validated and digested, never what an earlier attempt left behind.
     arguments = call.arguments if s.attempt == 1 else parse_arguments(call.raw_arguments)
-    outcome: ToolOutcome = yield CallTool(call, arguments, _timeout(s, tool.timeout_s))
+    outcome: ToolOutcome = yield CallTool(
+        call.id, call.name, arguments, _timeout(s, tool.timeout_s)
+    )
     s.outcome = outcome
     key = call.idempotency_key
     if key is not None:
@@ -346,9 +368,8 @@ def _execute(s: RunState) -> Steps:
             call.claimed = False
     s.now = yield READ_CLOCK
     s.in_flight = False
-    save = _fire(s, "tool_returned")
-    if save is not None:
-        yield save
+    if _fire(s, "tool_returned"):
+        yield from _flush(s)
 
 
 def _consume(s: RunState, call: PreparedCall) -> Steps:
@@ -361,7 +382,7 @@ def _consume(s: RunState, call: PreparedCall) -> Steps:
     limit = s.config.approvals.limit(approval)
     if limit is None:  # unlimited, or a reviewer's approval of this very call
         return
-    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s))
+    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s), s.config.machine)
     if edge is None or edge.action != "start_attempt":
         return
     granted = yield ConsumeApproval(approval, limit, s.run_id, call.id)
@@ -376,17 +397,26 @@ def _consume(s: RunState, call: PreparedCall) -> Steps:
 # ── firing, saving, emitting ──────────────────────────────────────────────────────
 
 
-def _fire(s: RunState, trigger: str) -> SaveCheckpoint | None:
-    """Take the edge of ``trigger``, run its action, record it; the checkpoint to save
-    after it, if this run saves one there (a plain function, not a generator: this is
-    the hot path, five times per tool round)."""
+def _fire(s: RunState, trigger: str) -> bool:
+    """Take the edge of ``trigger``, run its action, record it; whether requests follow
+    it (:func:`_flush`: its events to emit, a checkpoint to save). A plain function, not
+    a generator: this is the hot path, five times per tool round, and most edges of a
+    run without consumers are followed by nothing."""
     edge = fire(s, trigger)
     _after(s, edge)
-    for listener in TRANSITION_LISTENERS:
-        listener(s, edge)
-    if s.config.save != "never" and _wants_save(s, edge):
-        return _save(s)
-    return None
+    config = s.config
+    return config.emit or (config.save != "never" and _wants_save(s, edge))
+
+
+def _flush(s: RunState) -> Steps:
+    """What follows the edge just taken: its events to their consumers, then the
+    checkpoint, if this run saves one there. The checkpoint is built only after the
+    emit was performed: a driver that stops the run at the emit loses no saved event."""
+    config = s.config
+    if config.emit and s.emitted < len(s.events):
+        yield _emit(s)
+    if config.save != "never" and _wants_save(s, s.taken):
+        yield _save(s)
 
 
 def _wants_save(s: RunState, edge: Transition) -> bool:
@@ -420,14 +450,9 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
 def _after(s: RunState, edge: Any) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
-    event: dict[str, Any] = {
-        "type": "transition",
-        "trigger": edge.trigger,
-        "source": edge.source,
-        "dest": edge.dest,
-        "guards": s.guard_log,
-        "t": round(s.now - s.started, 6),
-    }
+    event = events.transition(edge.trigger, edge.source, edge.dest, s.guard_log, s.now - s.started)
+    if s.inputs:  # what the world answered since the last transition (replayed by check)
+        event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
     if edge.action is not None:
         ACTIONS[edge.action](s, payloads)
@@ -448,27 +473,19 @@ def _after(s: RunState, edge: Any) -> None:
                 event["error"] = s.outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
+    # Without a redaction hook an event is appended as it is: a list method, not a call
+    # of _record per event (five to seven per tool round).
+    record = s.events.append if s.config.redact is None else partial(_record, s)
     s.seq += 1
     event["seq"] = s.seq
-    _record(s, event)
+    record(event)
     for payload in payloads:
         s.seq += 1
         payload["seq"] = s.seq
-        _record(s, payload)
+        record(payload)
     if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
         s.seq += 1
-        _record(
-            s,
-            {
-                "type": "run_end",
-                "seq": s.seq,
-                "status": s.status,
-                "reason": s.reason,
-                "detail": s.detail,
-                "answer": s.answer,
-                "counters": s.counters.as_dict(),
-            },
-        )
+        record(events.run_end(s.seq, s.status, s.reason, s.detail, s.answer, s.counters.as_dict()))
 
 
 def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
@@ -518,6 +535,11 @@ def _admit(s: RunState) -> None:
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
+        if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
+            key = call.idempotency_key
+            s.inputs.append({"idempotency_key": key} if key is not None else
+                            {"idempotency_key": None, "detail": call.refusal_detail})  # fmt: skip
     if current is not None and facts is not None and facts[0] is not None:
         # A restored call keeps the facts it was checkpointed with (R11).
         current.effect, current.dedup, current.idempotency_key, current.args_digest = facts
@@ -549,7 +571,7 @@ def _describe_error(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # an exception whose __str__ raises
         text = f"{type(exc).__name__}: <unprintable>"
-    return clean_text(text)
+    return clean_text(bounded_text(text))
 
 
 def _recorded_reply(reply: Any, decision: Decision) -> Any:

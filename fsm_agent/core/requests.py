@@ -9,10 +9,12 @@ asynchronously; a test can perform them by hand (``tests/core/``).
 request             the driver                             sends back
 ==================  =====================================  ================================
 ``AskModel``        calls the model                        the reply, or the exception
-``CallTool``        calls the tool (with its timeout)      a :class:`ToolOutcome`
+``CallTool``        calls the tool named (with its         a :class:`ToolOutcome`
+                    timeout), found in its registry
 ``Sleep``           waits                                  ``None``
 ``ReadClock``       reads the run's clock                  seconds (float)
-``EmitEvents``      writes events to the trace sink        ``None``
+``EmitEvents``      hands events to the run's consumers    ``None``
+                    (trace sink, interceptors' on_event)
 ``SaveCheckpoint``  stores events + checkpoint (one txn)   ``None``
 ``BeginIntent``     compare-and-set of a write's intent    an :class:`IntentClaim`
                     (and its checkpoint, one txn)
@@ -23,17 +25,20 @@ request             the driver                             sends back
                     (atomic, once per (approval, run,      (refused: no use left)
                     call))
 ==================  =====================================  ================================
+
+Requests are plain frozen data (names, arguments, numbers: never a live tool or store
+object), so one can be logged, compared, or sent to another process. Each declares the
+type of its answer as :class:`RequestOf` ``[A]``; a driver answers through
+:func:`answers`, so mypy checks every handler against its request's answer type.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
-
-if TYPE_CHECKING:
-    from fsm_agent.core.decision import PreparedCall
 
 __all__ = [
     "READ_CLOCK",
@@ -47,13 +52,57 @@ __all__ = [
     "IdempotencyRecord",
     "IntentClaim",
     "LoadIntent",
+    "ModelAnswer",
     "OutcomeKind",
     "ReadClock",
     "Request",
+    "RequestOf",
     "SaveCheckpoint",
     "Sleep",
     "ToolOutcome",
+    "answers",
+    "answers_async",
 ]
+
+A = TypeVar("A")
+
+
+class RequestOf(Generic[A]):
+    """A request whose answer is an ``A`` (the base of every request class)."""
+
+    __slots__ = ()
+
+
+D = TypeVar("D")
+Q = TypeVar("Q")
+Handler = Callable[[D, Q], A]
+
+
+def answers(kind: type[RequestOf[A]]) -> Callable[[Handler[D, Q, A]], Handler[D, Q, A]]:
+    """Declare a driver method the handler of request ``kind``: mypy checks that it
+    returns ``kind``'s answer type (``A`` is invariant: anything else does not
+    type-check). Applied once, when the class is made: it costs nothing per request."""
+
+    def mark(handler: Handler[D, Q, A]) -> Handler[D, Q, A]:
+        return handler
+
+    return mark
+
+
+def answers_async(
+    kind: type[RequestOf[A]],
+) -> Callable[[Handler[D, Q, Awaitable[A]]], Handler[D, Q, Awaitable[A]]]:
+    """:func:`answers` for an ``async def`` handler (it returns an awaitable of ``A``)."""
+
+    def mark(handler: Handler[D, Q, Awaitable[A]]) -> Handler[D, Q, Awaitable[A]]:
+        return handler
+
+    return mark
+
+
+#: What ``AskModel`` is answered with: the model's reply (any JSON-like value, judged by
+#: the loop), or the exception the model raised (a failed call is an outcome).
+ModelAnswer = Any
 
 OutcomeKind = Literal["ok", "rejected", "transient", "timeout", "error", "not_started"]
 
@@ -69,25 +118,29 @@ class ToolOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class AskModel:
+class AskModel(RequestOf[ModelAnswer]):
     messages: list[dict[str, Any]]
     tool_specs: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
-class CallTool:
-    call: PreparedCall
+class CallTool(RequestOf[ToolOutcome]):
+    """Call the tool named ``tool`` (the driver finds it in its registry) as call
+    ``call_id``, with ``arguments`` and at most ``timeout_s`` seconds."""
+
+    call_id: str
+    tool: str
     arguments: dict[str, Any]  # a fresh deep copy per attempt (a tool may mutate it)
     timeout_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
-class Sleep:
+class Sleep(RequestOf[None]):
     seconds: float
 
 
 @dataclass(frozen=True, slots=True)
-class ReadClock:
+class ReadClock(RequestOf[float]):
     pass
 
 
@@ -96,12 +149,12 @@ READ_CLOCK = ReadClock()
 
 
 @dataclass(frozen=True, slots=True)
-class EmitEvents:
+class EmitEvents(RequestOf[None]):
     events: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
-class SaveCheckpoint:
+class SaveCheckpoint(RequestOf[None]):
     """Store ``events`` (appended) and the checkpoint after them, in one transaction.
 
     ``header`` is set on the run's first save (the store creates the run then).
@@ -115,7 +168,7 @@ class SaveCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class BeginIntent:
+class BeginIntent(RequestOf[IntentClaim]):
     """Begin a write's intent; with ``save``, the run's checkpoint goes in the same
     transaction (the state just before the write is dispatched: a resume that finds this
     run's pending intent knows the write may have started)."""
@@ -126,7 +179,7 @@ class BeginIntent:
 
 
 @dataclass(frozen=True, slots=True)
-class CommitIntent:
+class CommitIntent(RequestOf[None]):
     tool: str
     key: str
     owner: tuple[str, str]
@@ -134,20 +187,20 @@ class CommitIntent:
 
 
 @dataclass(frozen=True, slots=True)
-class AbortIntent:
+class AbortIntent(RequestOf[None]):
     tool: str
     key: str
     owner: tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
-class LoadIntent:
+class LoadIntent(RequestOf[IdempotencyRecord | None]):
     tool: str
     key: str
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumeApproval:
+class ConsumeApproval(RequestOf[bool]):
     """Spend one use of configured approval ``approval_id`` (``max_uses`` in all) on call
     ``call_id`` of run ``run_id``, which is about to start. The store answers atomically:
     ``True`` if this (approval, run, call) already holds a use or one is left (then it is

@@ -12,7 +12,7 @@ authorises exactly that call id, once, for the arguments it was paused with (R8)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -122,8 +122,11 @@ def record(
     note: str | None = None,
     at: str | None = None,
     machines: Mapping[str, Machine] | None = None,
+    observe: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> tuple[dict[str, Any], RunState]:
-    """:func:`record_review`, also returning the run's state as now stored."""
+    """:func:`record_review`, also returning the run's state as now stored. ``observe``
+    is given the events the review's edge recorded, before they are stored (or, for a
+    decision that does not fit, refused): a runtime's interceptors see them."""
     if action not in FITS:
         raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
     who = _text_or_none("reviewer", reviewer)
@@ -138,13 +141,18 @@ def record(
         stored = store.load_run(run_id)
         s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
-        request.update(reviewer=who, at=when)
+        request["at"] = when
+        if who is not None:  # (absent, not null, when nobody was named)
+            request["reviewer"] = who
         if why is not None:
             request["note"] = why
         before = len(s.events)
-        if not loop.review(s, request):
-            raise ReviewError(_refusal(s, call_id, action))
+        fits = loop.review(s, request)
         events = s.events[before:]
+        if observe is not None:
+            observe(events)
+        if not fits:
+            raise ReviewError(_refusal(s, call_id, action))
         lines = None
         if getattr(store, "wants_lines", False) and stored.events:
             try:

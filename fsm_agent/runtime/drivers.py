@@ -19,6 +19,13 @@ Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s
 on a thread of its own, at most ``ToolThreads.limit`` at once per runtime; a call that
 cannot start within its timeout (every thread busy with hung calls) is never started and
 answered ``not_executed``.
+
+Interceptors (``runtime/interceptors.py``) wrap every request a driver performs and get
+every event an ``EmitEvents`` carries; a run without any pays one ``None`` check per
+request. A ``CallTool`` names its tool: the driver finds it in the run's registry
+(``Io.tools``). Each request kind has its own handler, declared with
+:func:`~fsm_agent.core.requests.answers`: mypy checks it returns the answer type its
+request declares.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from fsm_agent.core.budget import bounded_text
 from fsm_agent.core.loop import Cancelled, Steps
 from fsm_agent.core.requests import (
     AbortIntent,
@@ -41,6 +49,7 @@ from fsm_agent.core.requests import (
     CommitIntent,
     ConsumeApproval,
     EmitEvents,
+    IdempotencyRecord,
     IntentClaim,
     LoadIntent,
     ReadClock,
@@ -48,6 +57,8 @@ from fsm_agent.core.requests import (
     SaveCheckpoint,
     Sleep,
     ToolOutcome,
+    answers,
+    answers_async,
 )
 from fsm_agent.core.state import RunState
 from fsm_agent.durable import owners
@@ -55,6 +66,7 @@ from fsm_agent.durable.resume import Heartbeat
 from fsm_agent.durable.store import ApprovalStore, Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.runtime.interceptors import Chain
 from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import TraceSink
 
@@ -119,10 +131,13 @@ class Io:
             return time.monotonic() + max(limit - (now - s.started), 0.0)
 
         # A run its store keeps is fenced: see ``fenced`` below.
-        return cls(run_id=s.run_id, deadline=deadline, fenced=s.config.save != "never", **parts)
+        fenced = s.config.save != "never"
+        return cls(run_id=s.run_id, tools=s.config.tools, deadline=deadline, fenced=fenced, **parts)
 
     run_id: str
     model: Model
+    #: The run's registry lookup: ``CallTool.tool`` (a name) -> the tool to call.
+    tools: Callable[[str], Any]
     clock: Callable[[], float]
     sleep: Callable[[float], Any] | None
     threads: ToolThreads
@@ -136,6 +151,8 @@ class Io:
     #: Encodes each event once as its chained line, for the sink and a store that keeps
     #: JSON text (``None``: neither wants lines, and nothing is encoded).
     encoder: Encoder | None = None
+    #: The interceptors of this driving (``None``: there are none, nothing is called).
+    chain: Chain | None = None
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -150,7 +167,8 @@ def propagates(exc: BaseException) -> bool:
 
 def _text(exc: BaseException) -> str:
     try:
-        return f"{type(exc).__name__}: {exc}"
+        # Bounded: a tool's message is recorded in the trace (core/budget.py).
+        return bounded_text(f"{type(exc).__name__}: {exc}")
     except Exception:  # an exception whose __str__ raises
         return f"{type(exc).__name__}: <unprintable>"
 
@@ -197,43 +215,72 @@ class _Driver:
         self.io = io
 
     def store_op(self, request: Request) -> Any:
+        """Perform a store request (one handler per kind, each checked by mypy)."""
+        if isinstance(request, BeginIntent):
+            return self.begin_intent(request)
+        if isinstance(request, CommitIntent):
+            return self.commit_intent(request)
+        if isinstance(request, AbortIntent):
+            return self.abort_intent(request)
+        if isinstance(request, LoadIntent):
+            return self.load_intent(request)
+        if isinstance(request, ConsumeApproval):
+            return self.consume_approval(request)
+        assert isinstance(request, SaveCheckpoint), request
+        return self.save_checkpoint(request)
+
+    @property
+    def store(self) -> Store:
         store = self.io.store
         if store is None:
-            raise RuntimeError(f"{type(request).__name__} needs a store")  # a loop bug
+            raise RuntimeError("a store request needs a store")  # a loop bug
+        return store
+
+    def _fence(self) -> dict[str, Any]:
         # Only a store that keeps runs is asked to fence (an idempotency-only store may
         # not know the keyword).
-        fence: dict[str, Any] = (
-            {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
+        return {"fence": (self.io.run_id, self.io.owner or "")} if self.io.fenced else {}
+
+    @answers(BeginIntent)
+    def begin_intent(self, request: BeginIntent) -> IntentClaim:
+        fence = self._fence()
+        riding = self.riding(request.save)
+        if riding is not None:  # only a store that keeps runs gets a save
+            fence["save"] = riding
+        return self.store.begin_intent(request.record, take_over=request.take_over, **fence)
+
+    @answers(CommitIntent)
+    def commit_intent(self, request: CommitIntent) -> None:
+        self.store.commit_intent(
+            request.tool, request.key, request.owner, request.result, **self._fence()
         )
-        if isinstance(request, BeginIntent):
-            riding = self.riding(request.save)
-            if riding is not None:  # only a store that keeps runs gets a save
-                fence["save"] = riding
-            return store.begin_intent(request.record, take_over=request.take_over, **fence)
-        if isinstance(request, CommitIntent):
-            return store.commit_intent(
-                request.tool, request.key, request.owner, request.result, **fence
-            )
-        if isinstance(request, AbortIntent):
-            return store.abort_intent(request.tool, request.key, request.owner, **fence)
-        if isinstance(request, LoadIntent):
-            return store.get_intent(request.tool, request.key)
-        if isinstance(request, ConsumeApproval):
-            # (Runtime checked at construction that a store with limited approvals counts
-            # them.) Not fenced: a use is keyed by (approval, run, call), so a stalled
-            # driver and the one that took its run over spend the same single use.
-            return cast(ApprovalStore, store).consume_approval(
-                request.approval_id, request.max_uses, request.run_id, request.call_id
-            )
-        assert isinstance(request, SaveCheckpoint)
+
+    @answers(AbortIntent)
+    def abort_intent(self, request: AbortIntent) -> None:
+        self.store.abort_intent(request.tool, request.key, request.owner, **self._fence())
+
+    @answers(LoadIntent)
+    def load_intent(self, request: LoadIntent) -> IdempotencyRecord | None:
+        return self.store.get_intent(request.tool, request.key)
+
+    @answers(ConsumeApproval)
+    def consume_approval(self, request: ConsumeApproval) -> bool:
+        # (Runtime checked at construction that a store with limited approvals counts
+        # them.) Not fenced: a use is keyed by (approval, run, call), so a stalled
+        # driver and the one that took its run over spend the same single use.
+        return cast(ApprovalStore, self.store).consume_approval(
+            request.approval_id, request.max_uses, request.run_id, request.call_id
+        )
+
+    @answers(SaveCheckpoint)
+    def save_checkpoint(self, request: SaveCheckpoint) -> None:
         checkpoint = self.checkpoint(request)
         owner = self.io.owner or ""
-        runs = cast(RunStore, store)  # the loop saves only when the store keeps runs
+        runs = cast(RunStore, self.store)  # the loop saves only when the store keeps runs
         if request.header is not None:
-            return runs.create_run(
-                self.io.run_id, request.header, owner, request.events, checkpoint
-            )
-        return runs.save(self.io.run_id, owner, request.events, checkpoint)
+            runs.create_run(self.io.run_id, request.header, owner, request.events, checkpoint)
+        else:
+            runs.save(self.io.run_id, owner, request.events, checkpoint)
 
     def riding(self, save: SaveCheckpoint | None) -> RunSave | None:
         """A checkpoint that goes in with an intent operation, as the store takes it."""
@@ -250,25 +297,38 @@ class _Driver:
             lines = encoder.lines(save.events)
         return Checkpoint(save.snapshot, save.messages, lines)
 
+    @answers(EmitEvents)
     def emit(self, request: EmitEvents) -> None:
-        sink = self.io.sink
-        if sink is None:
-            return
-        write_line = getattr(sink, "write_line", None)
-        encoder = self.io.encoder
-        if encoder is not None and write_line is not None:
-            for line in encoder.lines(request.events):
-                write_line(line)
-        else:  # a sink of event dicts
-            for event in request.events:
-                sink.write(event)
+        """The events to the trace sink, then to the interceptors' ``on_event``. A sink
+        that fails is not written again in this driving, and its failure stops the run
+        (after the interceptors had the events: they see the run to its end)."""
+        io = self.io
+        failure: BaseException | None = None
+        sink = io.sink
+        if sink is not None and "sink" not in io.broken:
+            try:
+                write_line = getattr(sink, "write_line", None)
+                encoder = io.encoder
+                if encoder is not None and write_line is not None:
+                    for line in encoder.lines(request.events):
+                        write_line(line)
+                else:  # a sink of event dicts
+                    for event in request.events:
+                        sink.write(event)
+            except BaseException as exc:
+                io.broken.add("sink")
+                failure = exc
+        chain = io.chain
+        if chain is not None and chain.watchers:
+            chain.deliver(io.run_id, request.events)
+        if failure is not None:
+            raise failure
 
     def broke(self, request: Request) -> None:
-        """A store or sink operation failed: that one is not asked again in this driving
-        (a store keeps its last good checkpoint, from which the run can be resumed)."""
-        if isinstance(request, EmitEvents):
-            self.io.broken.add("sink")
-        elif isinstance(request, _STORE_REQUESTS):
+        """A store operation failed: the store is not asked again in this driving (it
+        keeps its last good checkpoint, from which the run can be resumed). A failed
+        sink is marked by :meth:`emit` itself."""
+        if isinstance(request, _STORE_REQUESTS):
             self.io.broken.add("store")
 
     def fallback(self, request: Request, exc: BaseException) -> Any:
@@ -284,11 +344,20 @@ class _Driver:
             return ToolOutcome("not_started", error="the run was stopping")
         return None
 
+    @answers(ReadClock)
+    def read_clock(self, request: ReadClock) -> float:
+        return self.io.clock()
+
     def skipped(self, request: Request) -> bool:
-        broken = self.io.broken
-        if "sink" in broken and isinstance(request, EmitEvents):
-            return True
-        return "store" in broken and isinstance(request, _STORE_REQUESTS)
+        return "store" in self.io.broken and isinstance(request, _STORE_REQUESTS)
+
+
+def _no_tool(request: CallTool) -> ToolOutcome:
+    """The answer when the registry has no tool of that name (it changed since the call
+    was admitted)."""
+    return ToolOutcome(
+        "not_started", error=f"no tool named {request.tool!r} in the runtime's registry"
+    )
 
 
 class SyncDriver(_Driver):
@@ -296,13 +365,17 @@ class SyncDriver(_Driver):
 
     def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
+        # Bound once: the per-request cost of no interceptors is one ``is None``.
+        chain, perform = self.io.chain, self.perform
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
+                elif chain is None:
+                    answer = perform(request)
                 else:
-                    answer = self.perform(request)
+                    answer = chain.perform(request, perform)
             except BaseException as exc:
                 if failure is not None:  # already stopping: keep going, first cause wins
                     answer = self.fallback(request, exc)
@@ -325,9 +398,8 @@ class SyncDriver(_Driver):
             raise failure
 
     def perform(self, request: Request) -> Any:
-        io = self.io
         if isinstance(request, ReadClock):
-            return io.clock()
+            return self.read_clock(request)
         if isinstance(request, AskModel):
             return self.ask(request)
         if isinstance(request, CallTool):
@@ -335,10 +407,14 @@ class SyncDriver(_Driver):
         if isinstance(request, EmitEvents):
             return self.emit(request)
         if isinstance(request, Sleep):
-            (io.sleep or time.sleep)(request.seconds)
-            return None
+            return self.sleep(request)
         return self.store_op(request)
 
+    @answers(Sleep)
+    def sleep(self, request: Sleep) -> None:
+        (self.io.sleep or time.sleep)(request.seconds)
+
+    @answers(AskModel)
     def ask(self, request: AskModel) -> Any:
         token = set_deadline(self.io.deadline(self.io.clock()))
         try:
@@ -354,8 +430,12 @@ class SyncDriver(_Driver):
             return TypeError("the model returned an awaitable; use runtime.arun()")
         return reply
 
+    @answers(CallTool)
     def call_tool(self, request: CallTool) -> ToolOutcome:
-        fn = request.call.tool.fn  # type: ignore[union-attr]
+        tool = self.io.tools(request.tool)  # the run's registry
+        if tool is None:
+            return _no_tool(request)
+        fn: Callable[..., Any] = tool.fn
         timeout = request.timeout_s
         try:
             if timeout is None:
@@ -387,13 +467,16 @@ class AsyncDriver(_Driver):
 
     async def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
+        chain, perform = self.io.chain, self.perform
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
+                elif chain is None:
+                    answer = await perform(request)
                 else:
-                    answer = await self.perform(request)
+                    answer = await chain.aperform(request, perform)
             except BaseException as exc:
                 if failure is not None:
                     answer = self.fallback(request, exc)
@@ -420,7 +503,7 @@ class AsyncDriver(_Driver):
 
         io = self.io
         if isinstance(request, ReadClock):
-            return io.clock()
+            return self.read_clock(request)
         if isinstance(request, AskModel):
             return await self.ask(request)
         if isinstance(request, CallTool):
@@ -428,17 +511,24 @@ class AsyncDriver(_Driver):
         if isinstance(request, EmitEvents):
             return self.emit(request)
         if isinstance(request, Sleep):
-            if io.sleep is None:
-                await asyncio.sleep(request.seconds)
-            else:
-                slept = io.sleep(request.seconds)
-                if inspect.isawaitable(slept):
-                    await slept
-            return None
+            return await self.sleep(request)
         if io.store is not None and io.store.blocking:
             return await asyncio.to_thread(self.store_op, request)
         return self.store_op(request)
 
+    @answers_async(Sleep)
+    async def sleep(self, request: Sleep) -> None:
+        import asyncio
+
+        io = self.io
+        if io.sleep is None:
+            await asyncio.sleep(request.seconds)
+        else:
+            slept = io.sleep(request.seconds)
+            if inspect.isawaitable(slept):
+                await slept
+
+    @answers_async(AskModel)
     async def ask(self, request: AskModel) -> Any:
         token = set_deadline(self.io.deadline(self.io.clock()))
         try:
@@ -453,19 +543,22 @@ class AsyncDriver(_Driver):
             reset_deadline(token)
         return reply
 
+    @answers_async(CallTool)
     async def call_tool(self, request: CallTool) -> ToolOutcome:
         import asyncio
 
-        tool = request.call.tool
-        assert tool is not None
+        tool = self.io.tools(request.tool)  # the run's registry
+        if tool is None:
+            return _no_tool(request)
+        fn: Callable[..., Any] = tool.fn
         timeout = request.timeout_s
         try:
             if getattr(tool, "is_async", False):
-                value = await asyncio.wait_for(tool.fn(**request.arguments), timeout)  # type: ignore[attr-defined]
+                value = await asyncio.wait_for(fn(**request.arguments), timeout)
             elif timeout is None:
-                value = tool.fn(**request.arguments)  # type: ignore[attr-defined]
+                value = fn(**request.arguments)
             else:
-                future = await self._start_thread(tool.fn, request.arguments, timeout)  # type: ignore[attr-defined]
+                future = await self._start_thread(fn, request.arguments, timeout)
                 if future is None:
                     return ToolOutcome(
                         "not_started",

@@ -7,6 +7,7 @@ entry point) adds fixtures and ``--fsm-coverage``. Hypothesis strategies live in
 needs neither pytest nor Hypothesis.
 """
 
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.testing.assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
@@ -16,7 +17,15 @@ from fsm_agent.testing.assertions import (
     duplicate_writes,
 )
 from fsm_agent.testing.decisions import answer, call, decide
-from fsm_agent.testing.faults import BEHAVIOURS, FakeClock, FaultyTool, FaultyTools, SideEffect
+from fsm_agent.testing.faults import (
+    BEHAVIOURS,
+    FakeClock,
+    FaultyTool,
+    FaultyTools,
+    ProcessDied,
+    SideEffect,
+    ToolFaults,
+)
 from fsm_agent.testing.paths import (
     Path,
     is_path,
@@ -37,10 +46,14 @@ __all__ = [
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
+    "KeyedScriptedModel",
     "Path",
+    "ProcessDied",
     "Scenario",
     "ScenarioRun",
+    "ScriptedModel",
     "SideEffect",
+    "ToolFaults",
     "answer",
     "assert_history_valid",
     "assert_no_duplicate_writes",

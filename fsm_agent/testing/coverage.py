@@ -1,8 +1,11 @@
 """Transition coverage: count the edges runs take, report them, draw them.
 
-:class:`TransitionCoverage` listens on ``fsm_agent.core.engine.TRANSITION_LISTENERS`` (every
-transition of every run in the process) and counts hits per entry of one machine's table
-(the default one unless given another; runs of other machines are not counted). The
+:class:`TransitionCoverage` is an interceptor: its ``on_event`` counts the entry of one
+machine's table (the default one unless given another; runs whose header names another
+machine are not counted) that every ``transition`` event took. Installed
+(:meth:`~TransitionCoverage.install`, as the pytest plugin does), it watches every run
+driven in this context, whatever runtime drives it
+(:func:`~fsm_agent.runtime.interceptors.observing`). The
 report lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
 page with the diagram (or the DOT source) and the table.
@@ -10,40 +13,64 @@ page with the diagram (or the DOT source) and the table.
 
 from __future__ import annotations
 
+import contextlib
 import html
 from pathlib import Path
-from typing import Any
 
-from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.core.events import Event, RunStarted, Transitioned
+from fsm_agent.core.select import select_recorded
 from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
 from fsm_agent.render.dot import Overlay, machine_dot
 from fsm_agent.render.engine import RenderError, render
+from fsm_agent.runtime.interceptors import Interceptor, observing
 
-__all__ = ["TransitionCoverage", "to_dot", "write_html"]
+__all__ = ["TransitionCoverage", "edge_of", "to_dot", "write_html"]
+
+
+def edge_of(event: Transitioned, machine: Machine = DEFAULT_MACHINE) -> Transition | None:
+    """The entry of ``machine``'s table a ``transition`` event took: the one its recorded
+    guard outcomes select (``None`` for an event that table cannot have produced)."""
+    try:
+        edge = select_recorded(event.source, event.trigger, event.guards, machine=machine)
+    except LookupError:
+        return None
+    return edge if edge is not None and edge.dest == event.dest else None
+
 
 _NEVER = "#d62728"  # red: an edge no test took
 _SHADES = ("#9ecae1", "#4292c6", "#08519c")  # light to dark blue as hits grow
 
 
-class TransitionCoverage:
-    """Hit counts per transition of ``machine``'s table, collected while installed."""
+class TransitionCoverage(Interceptor):
+    """Hit counts per transition of ``machine``'s table, from the events it sees."""
 
     def __init__(self, machine: Machine = DEFAULT_MACHINE) -> None:
         self.machine = machine
         self.hits = [0] * len(machine.transitions)
+        # run id -> machine hash, from the headers seen (a resumed run shows none).
+        self._machines: dict[str, str] = {}
+        self._installed: contextlib.ExitStack | None = None
 
-    def __call__(self, run: Any, transition: Transition) -> None:
-        config = getattr(run, "config", None)
-        if getattr(config, "machine", self.machine).hash == self.machine.hash:
-            self.hits[transition.index] += 1
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            self._machines[event.run_id] = event.machine_hash
+        elif isinstance(event, Transitioned):
+            if self._machines.get(event.run_id, self.machine.hash) != self.machine.hash:
+                return  # a run of another machine
+            edge = edge_of(event, self.machine)
+            if edge is not None:
+                self.hits[edge.index] += 1
 
     def install(self) -> None:
-        if self not in TRANSITION_LISTENERS:
-            TRANSITION_LISTENERS.append(self)
+        """Watch every run driven from now on in this context (until :meth:`uninstall`)."""
+        if self._installed is None:
+            self._installed = contextlib.ExitStack()
+            self._installed.enter_context(observing(self))
 
     def uninstall(self) -> None:
-        if self in TRANSITION_LISTENERS:
-            TRANSITION_LISTENERS.remove(self)
+        if self._installed is not None:
+            self._installed.close()
+            self._installed = None
 
     @property
     def percent(self) -> float:

@@ -21,19 +21,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.core.engine import TRANSITION_LISTENERS
+from fsm_agent.core.events import Event, Transitioned
 from fsm_agent.core.table import Transition, edge_by_key
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.store import Store
+from fsm_agent.durable.resume import restore_state
+from fsm_agent.durable.store import Store, supports_runs
+from fsm_agent.errors import RunNotFound
 from fsm_agent.models.scripted import ScriptedModel, Step
-from fsm_agent.runtime.result import RunResult
+from fsm_agent.runtime.interceptors import Interceptor, observing
+from fsm_agent.runtime.result import RunResult, result_of
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.testing.assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
     assert_trace_legal,
 )
-from fsm_agent.testing.faults import FaultyTools
+from fsm_agent.testing.coverage import edge_of
+from fsm_agent.testing.faults import FaultyTools, ProcessDied
 
 __all__ = [
     "Mortal",
@@ -43,6 +47,7 @@ __all__ = [
     "record_transitions",
     "run_through_interrupts",
     "scripted_runtime",
+    "stored_result",
 ]
 
 Setup = Callable[[FaultyTools], list[list[Step]]]
@@ -82,51 +87,69 @@ def scripted_runtime(
     )
 
 
+class _Recorder(Interceptor):
+    """Appends the table entry of every transition event it sees to ``taken``."""
+
+    def __init__(self, taken: list[Transition]) -> None:
+        self.taken = taken
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Transitioned):
+            edge = edge_of(event)
+            if edge is not None:
+                self.taken.append(edge)
+
+
+class _OnTransition(Interceptor):
+    """Calls ``act(event)`` for every transition event (to raise a crash or a Ctrl-C
+    at a chosen edge: ``runtime/interceptors.py`` lets a ``BaseException`` through)."""
+
+    def __init__(self, act: Callable[[Transitioned], None]) -> None:
+        self.act = act
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Transitioned):
+            self.act(event)
+
+
 @contextlib.contextmanager
 def record_transitions() -> Iterator[list[Transition]]:
-    """Collect every transition taken (by any run) inside the ``with`` block."""
+    """Collect every transition taken (by any run driven in this context) inside the
+    ``with`` block."""
     taken: list[Transition] = []
-
-    def listener(state: Any, transition: Transition) -> None:
-        taken.append(transition)
-
-    TRANSITION_LISTENERS.append(listener)
-    try:
+    with observing(_Recorder(taken)):
         yield taken
-    finally:
-        TRANSITION_LISTENERS.remove(listener)
 
 
 def run_through_interrupts(
     runtime: Runtime, task: str, *, run_id: str, use_async: bool = False
 ) -> tuple[RunResult, bool]:
     """``runtime.run(task)`` (or ``arun`` in a fresh event loop), and when the run is
-    interrupted (``KeyboardInterrupt``: the run cancels itself, then re-raises) the
-    result it had reached. Returns ``(result, interrupted)``."""
-    runs: dict[str, Any] = {}
-
-    def keep(state: Any, transition: Transition) -> None:
-        runs[state.run_id] = state
-
-    TRANSITION_LISTENERS.append(keep)
+    interrupted (``KeyboardInterrupt``: the run cancels itself, saves its end, then
+    re-raises) the result it reached, read back from the runtime's store. Returns
+    ``(result, interrupted)``."""
     try:
         if use_async:
             return asyncio.run(runtime.arun(task, run_id=run_id)), False
         return runtime.run(task, run_id=run_id), False
     except (KeyboardInterrupt, asyncio.CancelledError):
-        state = runs.get(run_id)
-        if state is None:
+        result = stored_result(runtime, run_id)
+        if result is None:
             raise
-        return Runtime._result(state), True
-    finally:
-        TRANSITION_LISTENERS.remove(keep)
+        return result, True
 
 
-class ProcessDied(BaseException):
-    """The process dying mid-run. Raised from a transition listener it escapes the loop
-    (which closes the run in memory, as it does for any exit); with the store killed
-    first (:class:`Mortal`), nothing the dying process would not have written is
-    written."""
+def stored_result(runtime: Runtime, run_id: str) -> RunResult | None:
+    """The result of run ``run_id`` as the runtime's store last saved it (``None`` if
+    the store keeps no such run)."""
+    store = runtime.store
+    if not supports_runs(store):
+        return None
+    try:
+        stored = store.load_run(run_id)
+    except RunNotFound:
+        return None
+    return result_of(restore_state(stored, runtime.config))
 
 
 _STORE_WRITES = (
@@ -238,44 +261,38 @@ class Scenario:
         died: list[str] = []
         mortal = Mortal(store, before_commit=self.die_before_commit)
 
-        def interrupt(state: Any, transition: Transition) -> None:
-            if transition.dest == self.cancel_on_entering:
-                raise KeyboardInterrupt(f"Ctrl-C on entering {transition.dest}")
+        def interrupt(event: Transitioned) -> None:
+            if event.dest == self.cancel_on_entering:
+                raise KeyboardInterrupt(f"Ctrl-C on entering {event.dest}")
 
-        def faults(state: Any, transition: Transition) -> None:
-            if transition.trigger == self.die_at and not died:
-                died.append(state.run_id)
+        def die(event: Transitioned) -> None:
+            if event.trigger == self.die_at and not died:
+                died.append(event.run_id)
                 mortal.kill()
-                raise ProcessDied(f"the process died at {transition.label}")
+                raise ProcessDied(f"the process died at {event.trigger} ({event.source})")
 
-        with record_transitions() as taken:
-            # First in line: a transition the process died in is never saved, so no
-            # other listener (recorder, coverage) should count it either.
-            TRANSITION_LISTENERS.insert(0, faults)
-            # Last in line: Ctrl-C lands after the transition was recorded everywhere.
-            TRANSITION_LISTENERS.append(interrupt)
-            try:
-                for n, script in enumerate(scripts, 1):
-                    runtime = scripted_runtime(
-                        kit, script, allowed_tools=self.allowed_tools, store=store, **self.options
-                    )
-                    run_id = f"{self.name}-{n}"
-                    try:
-                        result, interrupted = run_through_interrupts(
-                            runtime, self.task, run_id=run_id
-                        )
-                        outcome.results.append(result)
-                        outcome.interrupted.append(interrupted)
-                    except ProcessDied:
-                        # Only what the store saved remains; ``review`` resumes it in a
-                        # new process, which finds the store working.
-                        mortal.restart()
-                    for result in self.review(runtime, run_id) if self.review else ():
-                        outcome.results.append(result)
-                        outcome.interrupted.append(False)
-            finally:
-                TRANSITION_LISTENERS.remove(faults)
-                TRANSITION_LISTENERS.remove(interrupt)
+        # The runtime's own interceptors come first: a transition the process died in
+        # is never saved, so no other observer (recorder, coverage) counts it either.
+        # Ctrl-C, last in line, lands after the transition was seen everywhere.
+        options = dict(self.options)
+        options["interceptors"] = [_OnTransition(die), *options.get("interceptors", ())]
+        with record_transitions() as taken, observing(_OnTransition(interrupt)):
+            for n, script in enumerate(scripts, 1):
+                runtime = scripted_runtime(
+                    kit, script, allowed_tools=self.allowed_tools, store=store, **options
+                )
+                run_id = f"{self.name}-{n}"
+                try:
+                    result, interrupted = run_through_interrupts(runtime, self.task, run_id=run_id)
+                    outcome.results.append(result)
+                    outcome.interrupted.append(interrupted)
+                except ProcessDied:
+                    # Only what the store saved remains; ``review`` resumes it in a
+                    # new process, which finds the store working.
+                    mortal.restart()
+                for result in self.review(runtime, run_id) if self.review else ():
+                    outcome.results.append(result)
+                    outcome.interrupted.append(False)
         outcome.taken = list(taken)
         return outcome
 

@@ -17,7 +17,7 @@ from fsm_agent import ToolRegistry
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
-from fsm_agent.core.loop import SCHEMA, Cancelled, start, steps
+from fsm_agent.core.loop import SCHEMA, Cancelled, Steps, start, steps
 from fsm_agent.core.requests import (
     AbortIntent,
     AskModel,
@@ -117,8 +117,8 @@ def scripted(
         if isinstance(request, CallTool):
             if tool is not None:
                 return tool(request)
-            fn: Any = request.call.tool.fn  # type: ignore[union-attr]
-            return ToolOutcome("ok", fn(**request.arguments))
+            tool_fn: Any = TOOLS[request.tool].fn  # a request names its tool
+            return ToolOutcome("ok", tool_fn(**request.arguments))
         if isinstance(request, BeginIntent):
             return claims(request) if claims else IntentClaim(True, None)
         return None  # Emit, Save, Commit, Abort, Sleep, LoadIntent (no record)
@@ -164,24 +164,81 @@ def test_a_read_then_an_answer_with_nothing_to_save_or_emit() -> None:
     assert s.events[0]["schema"] == SCHEMA and [e["seq"] for e in s.events] == list(range(12))
 
 
-def test_a_run_with_a_sink_emits_before_every_request_that_leaves() -> None:
+def test_a_run_with_a_consumer_emits_each_event_right_after_the_edge_that_recorded_it() -> None:
     s = new_state(emit=True)
     requests = drive(steps(s), scripted([decide(call("c1", "lookup", key="A")), ANSWER]))
-    assert kinds(requests) == [
+    emits = [[e["type"] for e in r.events] if isinstance(r, EmitEvents) else type(r).__name__
+             for r in requests]  # fmt: skip
+    assert emits == [
+        ["run_start"],
         "ReadClock",
-        "EmitEvents",
         "AskModel",
         "ReadClock",
-        "EmitEvents",
+        ["decision", "transition"],  # model_replied
+        ["transition"],  # validate
+        ["transition"],  # dispatch
         "CallTool",
         "ReadClock",
-        "EmitEvents",
+        ["transition", "observation"],  # tool_returned
+        ["transition"],  # observe
         "AskModel",
         "ReadClock",
-        "EmitEvents",
+        ["decision", "transition"],
+        ["transition", "run_end"],
     ]
     emitted = [e for r in requests if isinstance(r, EmitEvents) for e in r.events]
     assert emitted == s.events  # every event exactly once, in order
+
+
+def drive_checking_emits(s: RunState, gen: Steps, answer: Answer) -> list[Request]:
+    """:func:`drive`, asserting at each request but ``EmitEvents`` that every event
+    recorded so far was emitted: a consumer has each event before the next request."""
+
+    def checked(request: Request) -> Any:
+        if not isinstance(request, EmitEvents):
+            late = [e["type"] for e in s.events[s.emitted :]]
+            assert not late, f"{type(request).__name__} before {late} were emitted"
+        return answer(request)
+
+    return drive(gen, checked)
+
+
+@pytest.mark.parametrize("save", ["never", "writes", "replies"])
+def test_no_request_is_made_while_an_event_is_unemitted(save: SaveMode) -> None:
+    # A read that fails once (sleep, retry), a keyed write (intent, commit), an answer.
+    outcomes = iter([ToolOutcome("transient", error="busy")])
+
+    def tool(request: CallTool) -> ToolOutcome:
+        return next(outcomes, ToolOutcome("ok", {"done": request.tool}))
+
+    s = new_state(emit=True, save=save)
+    replies = [decide(call("c1", "lookup", key="A"), call("w1", "ticket", key="K")), ANSWER]
+    requests = drive_checking_emits(s, steps(s), scripted(replies, tool))
+    assert "Sleep" in kinds(requests) and s.state == "done"
+    if save != "never":
+        assert {"SaveCheckpoint", "BeginIntent", "CommitIntent"} <= set(kinds(requests))
+    assert [e for r in requests if isinstance(r, EmitEvents) for e in r.events] == s.events
+
+
+def test_a_cancelled_run_emits_its_end_before_its_last_save() -> None:
+    s = new_state(emit=True, save="writes")
+    gen = steps(s)
+    request = next(gen)
+    while not isinstance(request, AskModel):
+        request = gen.send(None if not isinstance(request, ReadClock) else 1.0)
+    after = drive_checking_emits(s, _thrown(gen), scripted([]))
+    assert kinds(after)[-2:] == ["EmitEvents", "SaveCheckpoint"]
+    assert s.events[-1]["type"] == "run_end" and s.emitted == len(s.events)
+
+
+def _thrown(gen: Steps) -> Steps:
+    """``gen`` with ``Cancelled`` thrown in at the request it is suspended at."""
+    request = gen.throw(Cancelled())
+    while True:
+        try:
+            request = gen.send((yield request))
+        except StopIteration:
+            return
 
 
 def test_a_durable_write_begins_its_intent_with_its_checkpoint_then_runs_then_commits() -> None:
