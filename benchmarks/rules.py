@@ -35,7 +35,7 @@ ROUNDS = 100
 REPEATS = 7
 JUDGEMENTS = 2000
 
-#: Twenty conditions of the kinds the SPEC's examples use, none holding for the calls.
+#: Twenty conditions of the kinds the documented examples use, none holding for the calls.
 CONDITIONS = [
     "args.order_id == 'blocked-{i}'",
     "args.order_id.startsWith('X{i}')",

@@ -27,7 +27,7 @@ TOOLS = {
     "search": ToolInfo("read", {"type": OBJ, "properties": {"q": {}}}),
 }
 
-SPEC_RULES = [
+EXAMPLE_RULES = [
     Rule(
         "big-refunds-need-review",
         on="before_tool",
@@ -57,8 +57,8 @@ def executed(tool: str, ok: bool = True, result: Any = None, **args: Any) -> dic
     return {"tool": tool, "args": args, "ok": ok, "result": result}
 
 
-def test_the_spec_example_judges_as_written() -> None:
-    rules = RuleSet(SPEC_RULES, TOOLS)
+def test_the_documented_example_judges_as_written() -> None:
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
     big = rules.judge(
         "before_tool", Facts(tool="issue_refund", args={"amount_cents": 7000}, call_id="c1")
     )
@@ -362,7 +362,7 @@ def test_the_canonical_form_round_trips_and_its_hash_is_stable() -> None:
         return bool(facts.context.get("tier") == "gold")
 
     rules = RuleSet(
-        [*SPEC_RULES, Rule("gold", on="before_model", when=tier_is_gold, then="allow")], TOOLS
+        [*EXAMPLE_RULES, Rule("gold", on="before_model", when=tier_is_gold, then="allow")], TOOLS
     )
     recorded = json.loads(json.dumps(rules.to_json()))  # as a header stores it
     assert recorded["format"] == 1 and [r["id"] for r in recorded["rules"]] == [
@@ -389,19 +389,20 @@ def test_the_canonical_form_round_trips_and_its_hash_is_stable() -> None:
     # Built again from the same rules: the same hash (nothing per-process in it).
     assert (
         RuleSet(
-            [*SPEC_RULES, Rule("gold", on="before_model", when=tier_is_gold, then="allow")], TOOLS
+            [*EXAMPLE_RULES, Rule("gold", on="before_model", when=tier_is_gold, then="allow")],
+            TOOLS,
         ).hash
         == rules.hash
     )
 
 
 def test_the_hash_changes_with_order_and_with_any_field() -> None:
-    base = RuleSet(SPEC_RULES, TOOLS).hash
-    assert RuleSet(list(reversed(SPEC_RULES)), TOOLS).hash != base
+    base = RuleSet(EXAMPLE_RULES, TOOLS).hash
+    assert RuleSet(list(reversed(EXAMPLE_RULES)), TOOLS).hash != base
     changed = [
-        *SPEC_RULES[:2],
+        *EXAMPLE_RULES[:2],
         Rule("three-searches", on="before_tool", tools=["search"], then="limit", limit=4),
-        SPEC_RULES[3],
+        EXAMPLE_RULES[3],
     ]
     assert RuleSet(changed, TOOLS).hash != base
     assert (
@@ -427,7 +428,7 @@ def test_a_recorded_opaque_rule_needs_its_callable_to_resume() -> None:
 
 
 def test_the_inputs_digest_covers_what_the_rules_read() -> None:
-    rules = RuleSet(SPEC_RULES, TOOLS)
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
 
     def judged(**facts: Any) -> Judgement:
         return rules.judge("before_tool", Facts(tool="issue_refund", **facts))
@@ -454,11 +455,11 @@ def test_the_inputs_digest_covers_what_the_rules_read() -> None:
 
 
 def test_calls_digest_the_same_whether_cached_or_not() -> None:
-    rules = RuleSet(SPEC_RULES, TOOLS)
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
     calls = [executed("fetch_url", url="u", result={"big": list(range(50))})]
     first = rules.judge("before_tool", Facts(tool="send_email", calls=calls)).inputs_digest
     again = rules.judge("before_tool", Facts(tool="send_email", calls=calls)).inputs_digest
-    fresh = RuleSet(SPEC_RULES, TOOLS).judge(
+    fresh = RuleSet(EXAMPLE_RULES, TOOLS).judge(
         "before_tool", Facts(tool="send_email", calls=json.loads(json.dumps(calls)))
     )
     assert first == again == fresh.inputs_digest

@@ -1,4 +1,4 @@
-"""Your own rules (SPEC §7): :class:`Rule` values, compiled together into a :class:`RuleSet`.
+"""Your own rules: :class:`Rule` values, compiled together into a :class:`RuleSet`.
 
 Pure values and pure functions, no I/O: the engine judges a phase with
 :meth:`RuleSet.judge` (or :meth:`RuleSet.judge_batch` for a batch of calls) and records

@@ -67,7 +67,7 @@ class Judgement:
     opaque: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The payload of the ``rule`` trace event (SPEC §7), empty fields left out."""
+        """The payload of the ``rule`` trace event, empty fields left out."""
         out: dict[str, Any] = {
             "type": "rule",
             "rule": self.rule_id,

@@ -24,7 +24,7 @@ Verdict = Literal["allow", "deny", "review", "limit", "retry", "stop"]
 PHASES: tuple[str, ...] = get_args(Phase)
 VERDICTS: tuple[str, ...] = get_args(Verdict)
 
-#: Which ``then`` each phase takes (SPEC §7): a call can be reviewed only before it runs,
+#: Which ``then`` each phase takes: a call can be reviewed only before it runs,
 #: and an answer can only be accepted, sent back (``retry``) or end the run (``stop``).
 VERDICTS_BY_PHASE: Mapping[str, tuple[str, ...]] = {
     "before_tool": ("allow", "deny", "review", "limit"),
@@ -78,7 +78,7 @@ def _qualname(fn: Callable[[Any], Any]) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of an application (SPEC §7).
+    """One rule of an application (``docs/concepts/own-rules-design.md``).
 
     :param id: unique within the rule set; names the rule in verdicts, the trace and errors.
     :param on: ``before_tool``, ``after_tool``, ``before_model`` or ``answer``.

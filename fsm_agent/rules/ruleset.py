@@ -1,7 +1,7 @@
 """A list of rules, checked together against the registered tools, and judged in order.
 
 Rules are tried in list order; the first whose ``when`` holds decides; none holding is
-``pass`` (SPEC §7). Two kinds of rule decide only past a threshold:
+``pass``. Two kinds of rule decide only past a threshold:
 
 * a ``limit`` rule holds for a matching call, but decides (``limit``) only once the run
   has already executed ``limit`` matching calls; below that, the next rules are tried
