@@ -1,6 +1,6 @@
 """fsm-agent: LLM tool-calling loops run as explicit, guarded finite-state machines.
 
-The names exported here are the public contract (SPEC.md §3); import them from
+The names exported here are the public contract (docs/reference/api.md); import them from
 ``fsm_agent``. The package is layered; each layer imports only the layers above it in
 this list (``tests/test_layering.py`` enforces it)::
 
@@ -40,7 +40,7 @@ from fsm_agent.errors import (
     TraceError,
     TransientToolError,
 )
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
@@ -76,6 +76,7 @@ __all__ = [
     "IdempotencyRecord",
     "Interceptor",
     "JsonlTrace",
+    "KeyedScriptedModel",
     "MemoryStore",
     "PostgresStore",
     "RetryPolicy",

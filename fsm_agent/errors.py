@@ -31,7 +31,7 @@
         └── ModelArgsError (ValueError)   a --model flag combination that cannot work
 
 Catch :class:`FsmAgentError` to catch everything fsm-agent raises on purpose. Bad *model
-output* never raises: it ends the run in a terminal state instead (SPEC rule 12).
+output* never raises: it ends the run in a terminal state instead (R12 of docs/concepts/rules.md).
 """
 
 from __future__ import annotations

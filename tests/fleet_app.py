@@ -12,7 +12,8 @@ Every write appends one line to the side-effect ledger (``FSM_LEDGER``) at the m
 takes effect — before it returns, so a worker killed right after still leaves the line —
 with one ``os.write`` on an ``O_APPEND`` file (atomic between processes). The ledger is
 the independent truth the tests check the store against. ``FSM_TOOL_S`` sets how long a
-tool works, so kills and stalls land inside calls.
+tool works, so kills and stalls land inside calls; ``FSM_TRACE_KEY``, if set, is the
+runtimes' ``trace_key``.
 """
 
 from __future__ import annotations
@@ -155,4 +156,11 @@ def make_runtime(store: Any) -> Runtime:
         store=store,
         budget=Budget(max_tool_rounds=3, max_model_calls=4),
         retry=RetryPolicy(max_attempts=4, backoff_s=0.01),
+        # ``FSM_TRACE_KEY``: the fleet signs every stored line (the chaos run does).
+        trace_key=os.environ.get("FSM_TRACE_KEY") or None,
     )
+
+
+def make_runtime_of_its_own() -> Runtime:
+    """A factory that takes no store (``fsm-agent worker`` must refuse it unseen)."""
+    raise AssertionError("the worker called a factory it should have refused up front")

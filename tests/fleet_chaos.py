@@ -6,7 +6,11 @@ concurrently; meanwhile it SIGKILLs random workers (starting a replacement each 
 SIGSTOPs others for longer than the lease and then SIGCONTs them (so they wake up holding
 runs another worker took over), and restarts the PostgreSQL server once. Then it waits
 until nothing is left to drive, stops the fleet, and audits the store against the
-side-effect ledger the tools wrote. ``python tests/fleet_chaos.py`` runs it alone.
+side-effect ledger the tools wrote, and runs the real CLI on the traces: ``fsm-agent
+check --db`` on every stored run, ``fsm-agent runs export`` then ``fsm-agent check`` on
+the exported files of every run that did not simply end ``done`` and a sample of the
+rest (all signed with the fleet's ``trace_key``). ``python tests/fleet_chaos.py`` runs
+it alone.
 """
 
 from __future__ import annotations
@@ -33,13 +37,17 @@ from fsm_agent.durable.postgres import PostgresStore
 from fsm_agent.durable.review import pending_calls, record_review
 from fsm_agent.errors import ReviewError, StoreError
 from fsm_agent.testing.pgserver import Server
-from fsm_agent.trace.checker import check_events
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = "chaos"
 LEASE_S = 1.5
 FINISHED = {"done", "budget_exhausted", "protocol_error", "cancelled"}
 KEYED_TOOLS = {"create_ticket": "keyed", "refund": "approval"}
+#: Every runtime of the chaos run signs its traces with this key (``fleet_app.py``).
+TRACE_KEY = "chaos-fleet-key"
+#: Of the runs that ended ``done``, every this-many-th is exported and checked from its
+#: file too (each export is a process of its own: all of them would double the run).
+EXPORT_EVERY = 8
 
 
 @dataclass
@@ -55,6 +63,8 @@ class Report:
     phantom: int = 0  # a write recorded as done that never executed
     unsettled: int = 0  # a run neither ended nor waiting for a reviewer
     trace_problems: int = 0  # problems `fsm-agent check` finds in stored traces
+    checked: int = 0  # stored runs `fsm-agent check --db` passed
+    exported: int = 0  # of them, exported with `fsm-agent runs export` and checked again
     stale_accepted: int = 0  # commits of a fenced (older-epoch) driver found in the store
     fenced: int = 0  # commits the store refused to a worker that had lost its run
     stalled_holding: int = 0  # runs the stalled workers held when they were stopped
@@ -70,7 +80,8 @@ class Report:
             f"{self.stalled_holding} runs held by stalled workers, "
             f"{self.writes} writes in the ledger; duplicates {self.duplicates}, lost "
             f"{self.lost}, phantom {self.phantom}, unsettled {self.unsettled}, trace problems "
-            f"{self.trace_problems}, stale commits accepted {self.stale_accepted} (refused "
+            f"{self.trace_problems} ({self.checked} stored traces checked, {self.exported} "
+            f"exported and checked), stale commits accepted {self.stale_accepted} (refused "
             f"{self.fenced}), dedup re-executions {self.dedup_repeats}; ends: {states}; "
             f"{self.seconds:.0f}s"
         )
@@ -92,6 +103,7 @@ class Fleet:
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
             "FSM_LEDGER": str(self.ledger),
             "FSM_TOOL_S": str(self.tool_s),
+            "FSM_TRACE_KEY": TRACE_KEY,
         }
         cmd = [sys.executable, "-m", "fsm_agent", "worker", "--db", self.dsn, "--schema", SCHEMA,
                "--app", "fleet_app:make_runtime", "--concurrency", "4", "--lease", str(LEASE_S),
@@ -171,7 +183,7 @@ def _reviewer(dsn: str, stop: threading.Event, report: Report, lock: threading.L
                     if p["waiting_for"] != "approval_required" or p["review"]:
                         continue
                     try:
-                        record_review(store, summary.run_id, p["call_id"], "approve")
+                        record_review(store, summary.run_id, p["call_id"], "approve", key=TRACE_KEY)
                     except (ReviewError, StoreError):
                         continue  # the other reviewer was first, or the run is busy
                     with lock:
@@ -204,6 +216,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
     ledger = tmp / "ledger.jsonl"
     server = Server.start(own=True)
     fleet = None
+    os.environ["FSM_TRACE_KEY"] = TRACE_KEY  # the submitter's runtime signs too
     try:
         store = PostgresStore(server.dsn, schema=SCHEMA, lease_s=LEASE_S, timeout=10)
         submitter = fleet_app.make_runtime(store)
@@ -287,6 +300,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
             t.join()
         fleet.stop()
         _audit(store, ledger, report)
+        _check_with_the_cli(server.dsn, tmp, store, report)
         # (from the logs: a worker killed later never reported its counts)
         report.fenced = fleet.logs().count(" (fenced, committed nothing more)")
         store.close()
@@ -295,6 +309,7 @@ def chaos(tmp: Path, *, runs: int = 240, seed: int | None = None, tool_s: float 
             print(fleet.logs()[-5000:], file=sys.stderr)
         raise
     finally:
+        os.environ.pop("FSM_TRACE_KEY", None)
         if fleet is not None:
             fleet.stop()
         server.stop()
@@ -323,7 +338,6 @@ def _audit(store: PostgresStore, ledger_path: Path, report: Report) -> None:
         settled_review = state == "review_required" and not _runnable_review(body)
         if state not in FINISHED and not settled_review:
             report.unsettled += 1
-        report.trace_problems += len(check_events(stored.events))
         report.stale_accepted += _stale_commits(store, run_id)
         plan = json.loads(stored.messages[0]["content"])
         for p in pending_calls(stored):
@@ -348,6 +362,52 @@ def _audit(store: PostgresStore, ledger_path: Path, report: Report) -> None:
             continue
         report.lost += 1
     report.phantom = sum(1 for w in recorded if w not in executed)
+
+
+def _check_with_the_cli(dsn: str, tmp: Path, store: PostgresStore, report: Report) -> None:
+    """Problems ``fsm-agent check`` reports on the stored runs (``--db``) and on the
+    files ``fsm-agent runs export`` writes of them; a check that cannot run at all
+    counts as one."""
+    env = {**os.environ, "FSM_TRACE_KEY": TRACE_KEY}
+    db = ["--db", dsn, "--schema", SCHEMA]
+    summaries = sorted(store.list_runs(), key=lambda r: r.run_id)
+    run_ids = [r.run_id for r in summaries]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fsm_agent", *args], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+    def problems(done: subprocess.CompletedProcess[str], expected_ok: int) -> tuple[int, int]:
+        """(violations, traces found ok)"""
+        found = sum(" violation(s)" in line for line in done.stderr.splitlines())
+        ok = sum(line.endswith(": ok") for line in done.stdout.splitlines())
+        if done.returncode not in (0, 1) or ok + found != expected_ok:
+            print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+            return max(found, 1), ok
+        if found:
+            print(done.stdout[-3000:], file=sys.stderr)
+        return found, ok
+
+    found, report.checked = problems(
+        cli("check", "--key-env", "FSM_TRACE_KEY", *db, *run_ids), len(run_ids)
+    )
+    exported = []
+    for n, r in enumerate(summaries):
+        if r.state == "done" and n % EXPORT_EVERY:
+            continue
+        path = tmp / f"export-{r.run_id}.jsonl"
+        done = cli("runs", "export", r.run_id, *db, "-o", str(path))
+        if done.returncode != 0:
+            print(done.stderr, file=sys.stderr)
+            found += 1
+            continue
+        exported.append(str(path))
+    if exported:
+        more, report.exported = problems(
+            cli("check", "--key-env", "FSM_TRACE_KEY", *exported), len(exported)
+        )
+        found += more
+    report.trace_problems = found
 
 
 def _runnable_review(body: dict[str, Any]) -> bool:

@@ -42,16 +42,15 @@ def test_guards_that_contradict_the_header_are_caught() -> None:
         forged = copy.deepcopy(events)
         forged[0][field] = value
         text = found(forged)
-        # (strict_policy true makes the next guard decide, which was never recorded)
+        # (the engine takes another edge, or evaluates the guard otherwise)
         assert (
-            f"guard {guard!r}" in text
-            or "guard outcomes select" in text
-            or ("decides the edge, and it was not recorded" in text)
+            f"(guard {guard} true, recorded false)" in text
+            or f"guard {guard}: the engine gives true; the trace records false" in text
         ), (field, text)
     # The allow-list: a call of a tool the header does not allow cannot be admitted.
     forged = copy.deepcopy(events)
     forged[0]["allowed_tools"] = ["write"]
-    assert "dispatch: guard 'call_admitted' is recorded true, but the trace makes it false" in (
+    assert "dispatch executing -> observing of call 'c1' here (guard call_admitted false, " in (
         found(forged)
     )
     # The tool's effect: a read that fails is retried; a "write" may not be.
@@ -60,17 +59,17 @@ def test_guards_that_contradict_the_header_are_caught() -> None:
     retried = make_runtime([calls(LOOKUP), say("ok")], b).run("go").events
     forged = copy.deepcopy(retried)
     forged[0]["tools"]["lookup"]["effect"] = "write"
-    assert "guard 'is_retryable' is recorded true, but the trace makes it false" in found(forged)
+    assert "guard is_retryable false, recorded true" in found(forged)
     forged = copy.deepcopy(retried)
     forged[0]["retry"] = {**forged[0]["retry"], "max_attempts": 1}
-    assert "guard 'attempts_left' is recorded true, but the trace makes it false" in found(forged)
+    assert "guard attempts_left false, recorded true" in found(forged)
 
 
 def test_a_decision_contradicting_its_guards_is_caught() -> None:
     events = make_runtime([say("   ")]).run("go").events  # whitespace is no answer
     forged = copy.deepcopy(events)
     transition(forged, "validate")["guards"]["has_answer"] = True
-    assert "guard 'has_answer' is recorded true, but the trace makes it false" in found(forged)
+    assert "guard has_answer: the engine gives false; the trace records true" in found(forged)
 
 
 def test_every_single_guard_deletion_is_caught() -> None:
@@ -93,7 +92,8 @@ def test_run_end_counters_are_what_the_events_add_up_to() -> None:
     forged[-1]["counters"]["write_attempts"] = 0
     forged[-1]["counters"]["tool_attempts"] = {}
     text = found(forged)
-    assert "run_end's counters are not what the events add up to: tool_attempts {}" in text
+    assert 'counters.tool_attempts: the engine writes {"lookup": 1}; the trace records {}' in text
+    assert "counters.write_attempts" not in text  # a read: 0 is right
 
 
 def test_a_deleted_decision_or_dispatch_is_caught() -> None:
@@ -125,10 +125,13 @@ def test_a_resumed_write_needs_its_approve_review() -> None:
     forged = copy.deepcopy(events[:review] + events[review + 1 :])
     for n, e in enumerate(forged):
         e["seq"] = n
-    assert "still wait for a reviewer" in found(forged)
+    # Without its review event, the review transition wrote nothing the engine writes.
+    assert "transition review review_required -> review_required" in found(forged)
     forged = copy.deepcopy(events)
     transition(forged, "dispatch")["approval"] = "config:0000000000000000"
-    assert "does not cover its arguments" in found(forged)
+    assert 'approval: the engine writes "review:w1"; the trace records "config:0000' in (
+        found(forged)
+    )
 
 
 def test_a_configured_approval_must_cover_the_write() -> None:
@@ -141,10 +144,10 @@ def test_a_configured_approval_must_cover_the_write() -> None:
     assert found(events) == ""
     forged = copy.deepcopy(events)
     forged[0]["approvals"] = []
-    assert "does not cover its arguments" in found(forged)
+    assert "guard batch_needs_approval true, recorded false" in found(forged)
     forged = copy.deepcopy(events)
     del transition(forged, "dispatch")["approval"]
-    assert "ran without naming its approval" in found(forged)
+    assert 'approval: the engine writes "config:' in found(forged)
 
 
 def test_wall_clock_and_output_budgets_are_recomputed() -> None:
@@ -155,15 +158,12 @@ def test_wall_clock_and_output_budgets_are_recomputed() -> None:
     )
     forged = copy.deepcopy(events)
     forged[0]["budget"]["max_output_bytes"] = 10
-    assert "guard 'output_budget_spent' is recorded false, but the trace makes it true" in (
-        found(forged)
-    )
+    assert "(guard output_budget_spent true, recorded false)" in found(forged)
     forged = copy.deepcopy(events)
     forged[0]["budget"]["max_wall_clock_s"] = 1.0
-    transition(forged, "dispatch")["t"] = 2.5  # past the limit: the call may not start
-    assert "guard 'wall_clock_spent' is recorded false, but the trace makes it true" in (
-        found(forged)
-    )
+    # The clock read after the model replied: past the limit, so the batch may not start.
+    transition(forged, "model_replied")["t"] = 2.5
+    assert "guard wall_clock_spent true, recorded false" in found(forged)
 
 
 # ── never a traceback ────────────────────────────────────────────────────────────

@@ -28,7 +28,7 @@ def test_every_rule_code_in_the_table_resolves_to_a_section_of_the_rules_page() 
 
 
 def test_no_row_points_outside_the_repository() -> None:
-    # "§5" (SPEC.md's section on durable runs, not in the repository) became D1/D2.
+    # "§5" (a section of a document outside the repository) became D1/D2.
     outside = [t.rule for t in TRANSITIONS if "§" in t.rule]
     assert outside == []
 

@@ -56,12 +56,47 @@ def resume(path: Path, backend: Backend) -> Any:
 def test_list_and_filter(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = runs(capsys, "list", "--db", str(db))
     assert code == 0
-    assert "r1  review_required/approval_required" in out and "r2  done/final_answer" in out
+    lines = out.splitlines()
+    assert lines[0].split() == ["RUN", "STATUS", "PENDING", "UPDATED"]
+    assert lines[1].split()[:3] == ["r2", "done/final_answer", "0"]
+    assert lines[2].split()[:3] == ["r1", "review_required/approval_required", "2"]
     code, out, _ = runs(capsys, "list", "--db", str(db), "--status", "review_required", "--json")
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [(r["run_id"], r["pending"]) for r in rows] == [("r1", 2)]
     code, out, _ = runs(capsys, "list", "--db", str(db), "--status", "budget_exhausted")
     assert (code, out) == (0, "no runs in state budget_exhausted\n")
+
+
+def test_list_columns_line_up_whatever_the_cells_hold(
+    tmp_path: Path, backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "runs.db"
+    ids = ["a", "a-much-longer-run-id-than-the-others", "注文-42", "tab\there", "e\u0301t\u00e9"]
+    with SqliteStore(path) as store:
+        for run_id in ids:
+            make_runtime([say("Hello.")], backend, store=store).run("hi", run_id=run_id)
+        make_runtime(
+            [calls(call("c1", "write", **WRITE))], backend, store=store, approval=True
+        ).run("file it", run_id="x")
+    code, out, _ = runs(capsys, "list", "--db", str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 1 + len(ids) + 1  # a header, one line per run, none split
+
+    def starts(line: str) -> list[int]:
+        """Display columns where each cell after the first begins."""
+        from fsm_agent.cli.runs import _width
+
+        cols, col, prev = [], 0, "x"
+        for i, c in enumerate(line):
+            if prev == " " and line[i - 2 : i] == "  " and c != " ":
+                cols.append(col)
+            col += _width(c)
+            prev = c
+        return cols
+
+    assert len({tuple(starts(line)) for line in lines}) == 1, out
+    assert "tab\\there" in out  # escaped, not a tab that breaks the row
 
 
 def test_show_prints_state_pending_calls_and_last_events(
@@ -70,6 +105,7 @@ def test_show_prints_state_pending_calls_and_last_events(
     code, out, _ = runs(capsys, "show", "--db", str(db), "r1", "--events", "2")
     assert code == 0
     assert out.startswith("run r1: review_required/approval_required\n")
+    assert "  detail: c1 (write) needs approval\n" in out
     assert "c1  write  " in out and "waiting for approval_required" in out
     assert "c2  lookup  " in out and "waiting for skipped_pending_review" in out
     assert "last 2 events:" in out and "run_end review_required/approval_required" in out

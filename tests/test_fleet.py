@@ -26,7 +26,7 @@ from fsm_agent.durable import owners
 from fsm_agent.durable.postgres import PostgresStore
 from fsm_agent.durable.review import record_review
 from fsm_agent.durable.store import Checkpoint
-from fsm_agent.errors import RunBusy
+from fsm_agent.errors import RunBusy, StoreError
 from fsm_agent.runtime.worker import Worker
 from fsm_agent.testing import pgserver
 
@@ -235,6 +235,8 @@ def test_chaos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.lost == 0 and report.phantom == 0, report.line()
     assert report.unsettled == 0, report.line()
     assert report.trace_problems == 0, report.line()
+    # ...found by the real CLI: every stored run checked, and exported files too
+    assert report.checked == report.runs and report.exported >= report.runs // 10
     assert report.stale_accepted == 0, report.line()
     if report.stalled_holding:  # a stalled worker woke up to runs taken over: refused
         assert report.fenced > 0, report.line()
@@ -266,9 +268,9 @@ def test_submit_records_without_driving(pg_server: Any, pg_schema: str) -> None:
         rt = fleet_app.make_runtime(store)
         run_id = rt.submit(fleet_app.plan("r1", "read"))
         stored = store.load_run(run_id)
-        assert stored.body["state"] == "deciding" and [e["type"] for e in stored.events] == [
-            "run_start"
-        ]
+        # No trace yet: its first driver writes the run_start, under its own settings.
+        assert (stored.body["state"], stored.events) == ("deciding", [])
+        assert stored.header["allowed_tools"] == sorted(fleet_app.TOOLS)
         assert json.loads(stored.messages[0]["content"])["tag"] == "r1"
         result = asyncio.run(rt.aresume(run_id))  # any driver may take it from here
         assert result.status == "done"
@@ -312,3 +314,224 @@ def test_a_long_call_keeps_its_claim_by_heartbeats(
         assert [e["key"] for e in fleet_app.ledger(str(tmp_path / "ledger.jsonl"))] == [
             "hello from r1"
         ]
+
+
+# ── fleet traces: chained, signed and headed by what governed them (issue 23) ─────
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fsm_agent", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+
+
+def test_a_submitted_run_driven_by_a_worker_passes_check_on_its_export(
+    pg_server: Any, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted by a runtime with no key and no approvals, driven by a worker whose
+    application signs its traces and approves the refund: every stored line is chained
+    under the worker's key, the header names the approval that let the refund run, and
+    both `check` on the export and `check --db <DSN>` pass."""
+    from fsm_agent import Approval, Runtime
+
+    monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("FSM_TOOL_S", "0.001")
+    refund = Approval("refund", {"request_id": "r2", "cents": 500})
+    with _store(pg_server, pg_schema) as store:
+        submitter = fleet_app.make_runtime(store)
+        for i, kind in enumerate(("read", "keyed", "approval")):
+            submitter.submit(fleet_app.plan(f"r{i}", kind), run_id=f"r{i}")
+        app = fleet_app.make_runtime(store)
+        worker_rt = Runtime(
+            model=app.model, tools=app.tools, allowed_tools=app.allowed_tools, store=store,
+            budget=app.budget, retry=app.retry, approvals=[refund], trace_key="fleet-key",
+        )  # fmt: skip
+        worker = Worker(worker_rt, concurrency=3, poll_s=0.2)
+
+        def settled() -> bool:
+            return {r.state for r in store.list_runs()} == {"done"}
+
+        asyncio.run(_drive_until(worker, settled))
+        header = store.load_run("r2").events[0]
+        assert header["integrity"] == "hmac-sha256"
+        assert [a["digest"] for a in header["approvals"]] == [refund.digest]
+    db = ["--db", pg_server.dsn, "--schema", pg_schema]
+    key = {"FLEET_KEY": "fleet-key"}
+    for run_id in ("r0", "r1", "r2"):
+        out = tmp_path / f"{run_id}.jsonl"
+        done = _cli("runs", "export", run_id, *db, "-o", str(out))
+        assert done.returncode == 0, done.stderr
+        lines = out.read_text().splitlines()
+        assert all(json.loads(line)["run"] == run_id for line in lines)
+        checked = _cli("check", "--key-env", "FLEET_KEY", str(out), env=key)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    stored = _cli("check", "--key-env", "FLEET_KEY", *db, "r0", "r1", "r2", env=key)
+    assert stored.returncode == 0, stored.stdout + stored.stderr
+    assert stored.stdout.count(": ok") == 3 and "password" not in stored.stdout
+    wrong = _cli("check", "--key-env", "FLEET_KEY", *db, "r2", env={"FLEET_KEY": "other"})
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+
+
+# ── a store outage shorter than the lease (issue 23) ──────────────────────────────
+
+
+def _state_of(store: PostgresStore, run_id: str) -> str | None:
+    try:
+        return str(store.load_run(run_id).body["state"])
+    except StoreError:  # the pool is still reconnecting
+        return None
+
+
+def _slow_write_runtime(store: PostgresStore, started: Any, write_s: float) -> Any:
+    """One write (``ship``) that takes ``write_s`` seconds, then a final answer."""
+    from fsm_agent import Runtime, ToolRegistry
+
+    registry = ToolRegistry()
+    text = {"type": "string", "minLength": 1}
+
+    @registry.tool(
+        schema={"type": "object", "required": ["order_id"], "properties": {"order_id": text}},
+        effect="write",
+        idempotency_key=lambda a: a["order_id"],
+    )
+    async def ship(order_id: str) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(write_s)
+        return {"shipped": order_id}
+
+    async def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
+        if any(m.get("role") == "tool" for m in messages):
+            return {"role": "assistant", "content": "Shipped."}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "ship", "arguments": '{"order_id": "o1"}'}}]}  # fmt: skip
+
+    return Runtime(model=model, tools=registry, allowed_tools={"ship"}, store=store)
+
+
+@pytest.mark.parametrize(
+    ("lease", "down_s", "write_s"),
+    [(6.0, 3.0, 10.0), (1.5, 3.0, 7.0)],
+    ids=["shorter-than-the-lease", "longer-than-the-lease"],
+)
+def test_a_store_outage_costs_a_live_worker_nothing(
+    pg_server: Any, pg_schema: str, lease: float, down_s: float, write_s: float
+) -> None:
+    """The server is stopped while the worker's write runs, then started again: the
+    heartbeat retries until the store is back and keeps the claim (the lease is out
+    after the longer outage, but no other driver took the run), the worker does not
+    re-claim its own run as orphaned, and the write's result is committed (``done``),
+    not lost to ``review_required/outcome_unknown``."""
+    import threading
+
+    if not pg_server.throwaway:
+        pytest.skip(f"{pgserver.ENV} names a server this test cannot stop")
+    started = threading.Event()
+    # The pool waits ``timeout`` for a connection: the outage must outlast it to fail
+    # a renewal at all.
+    with _store(pg_server, pg_schema, lease_s=lease, timeout=1) as store:
+        rt = _slow_write_runtime(store, started, write_s=write_s)
+        rt.submit("ship o1", run_id="r1")
+        worker = Worker(rt, concurrency=2, poll_s=0.2)
+
+        async def scenario() -> float:
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop))
+            assert await asyncio.to_thread(started.wait, 20)
+            await asyncio.sleep(0.5)  # past the checkpoint taken before the write
+            down = time.monotonic()
+            await asyncio.to_thread(pg_server.stop_server)
+            await asyncio.sleep(down_s)  # renewals fail meanwhile
+            await asyncio.to_thread(pg_server.start_again)
+            outage = time.monotonic() - down
+            deadline = time.monotonic() + 30
+            while await asyncio.to_thread(_state_of, store, "r1") not in (
+                "done",
+                "review_required",
+            ):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            stop.set()
+            await task
+            return outage
+
+        outage = asyncio.run(scenario())
+        assert (outage < lease) == (lease > down_s), f"outage {outage:.1f}s, lease {lease}s"
+        stored = store.load_run("r1")
+        assert (stored.body["state"], stored.body["reason"]) == ("done", "final_answer")
+        assert (worker.counts.claimed, worker.counts.fenced, worker.counts.failed) == (1, 0, 0)
+        assert store.get_intent("ship", "o1").status == "committed"  # type: ignore[union-attr]
+
+
+def test_a_live_driver_in_another_pid_namespace_keeps_its_run_on_postgres(
+    pg_server: Any, pg_schema: str, tmp_path: Path
+) -> None:
+    """Same host name, same boot id, PID 1 of its own namespace: this process cannot see
+    it, so it does not declare it dead — ``claim`` (what ``resume`` does) is refused
+    while the lease holds."""
+    from test_safety_runs import live_in_another_pid_namespace
+
+    with _store(pg_server, pg_schema) as store:
+        child = live_in_another_pid_namespace(tmp_path, pg_server.dsn, pg_schema)
+        try:
+            with pytest.raises(RunBusy, match="is being driven by"):
+                store.claim("r1", owners.new_owner())
+            assert child.poll() is None
+        finally:
+            child.kill()
+            child.wait()
+
+
+def test_a_run_this_process_still_drives_is_not_taken_when_its_lease_lapses(
+    pg_server: Any, pg_schema: str
+) -> None:
+    """Its lease ran out (the store was unreachable longer than the lease) but this
+    process still drives it: ``claim`` here refuses; once that driving ends it is free."""
+    with _store(pg_server, pg_schema, lease_s=0.3) as store:
+        fleet_app.make_runtime(store).submit(fleet_app.plan("r1", "read"), run_id="r1")
+        driving = owners.new_owner()
+        owners.hold(driving)
+        assert store.claim_next(driving) is not None
+        time.sleep(0.5)
+        with pytest.raises(RunBusy, match=driving):
+            store.claim("r1", owners.new_owner())
+        owners.drop(driving)
+        store.claim("r1", owners.new_owner())
+
+
+def test_a_sigkilled_worker_lets_go_at_once_and_is_listed_as_lost(
+    pg_server: Any, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker process with a 30 s lease is killed (SIGKILL) mid-run: a worker on the
+    same host takes its run over at once (its process is certainly gone), not 30 s
+    later; and ``fleet()`` lists the killed worker as ``lost``, not ``running``."""
+    monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("FSM_TOOL_S", "0.001")
+    with _store(pg_server, pg_schema, lease_s=30.0) as store:
+        fleet_app.make_runtime(store).submit(fleet_app.plan("r1", "unkeyed"), run_id="r1")
+        doomed = _worker_process(pg_server, pg_schema, tmp_path, 5.0, "--lease", "30")
+        try:
+            deadline = time.monotonic() + 30
+            while not any(w["active"] for w in store.fleet()["workers"]):
+                assert time.monotonic() < deadline and doomed.poll() is None
+                time.sleep(0.1)
+        finally:
+            doomed.kill()
+            doomed.communicate()
+        killed = time.monotonic()
+        worker = Worker(fleet_app.make_runtime(store), concurrency=1, poll_s=0.2)
+
+        def settled() -> bool:
+            return store.load_run("r1").body["state"] in ("done", "review_required")
+
+        asyncio.run(_drive_until(worker, settled, timeout=20))
+        assert time.monotonic() - killed < 10, "the dead worker's lease was waited out"
+        assert worker.counts.claimed == 1
+        time.sleep(max(5.5 - (time.monotonic() - killed), 0))
+        with _store(pg_server, pg_schema, lease_s=1.0) as status:
+            states = sorted(w["state"] for w in status.fleet()["workers"])
+        assert states == ["lost", "stopped"], states

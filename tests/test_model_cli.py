@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fake_provider import FakeProvider
-from provider_shapes import APIS
+from provider_shapes import APIS, ChatApi
 
 from fsm_agent.cli import main
 
@@ -112,6 +112,11 @@ def test_demo_reports_an_unreachable_server_as_a_failed_scenario(
             ["--model", "openai-compatible", "--base-url", "http://x", "--request-timeout", "0"],
             "--request-timeout must be > 0",
         ),
+        (["--synthesize-missing-ids"], "--synthesize-missing-ids needs --model"),
+        (
+            ["--model", "anthropic", "--base-url", "http://x", "--synthesize-missing-ids"],
+            "--synthesize-missing-ids is for --model openai-compatible",
+        ),
     ],
 )
 def test_bad_model_flags_exit_2(
@@ -128,3 +133,27 @@ def test_missing_default_key_without_base_url(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert main(["demo", "--model", "openai-responses"]) == 2
     assert "set OPENAI_API_KEY" in capsys.readouterr().err
+
+
+def test_empty_call_ids_are_handled_as_documented_from_the_command_line(
+    server: FakeProvider, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that sends empty ids (Gemini's OpenAI endpoint): the run stops naming the
+    fix a command-line user can apply, and with that flag it runs."""
+    chat = ChatApi()
+    argv = ["demo", "--model", "openai-compatible", "--base-url", server.url + "/v1"]
+    server.queue(chat.calls([("", "search", {"query": "order A17"})]))
+    assert main([*argv, "--json"]) == 1
+    out = capsys.readouterr().out
+    end = summary(out)
+    assert (end["status"], end["reason"]) == ("protocol_error", "missing_tool_call_id")
+    stop = next(e for e in map(json.loads, out.splitlines()) if e.get("type") == "run_end")
+    assert "or --synthesize-missing-ids to fsm-agent" in stop["detail"]
+    server.queue(
+        chat.calls([("", "search", {"query": "order A17"})]),
+        chat.text("Order A17 is in transit."),
+    )
+    assert main([*argv, "--synthesize-missing-ids", "--quiet", "--json"]) == 0
+    end = summary(capsys.readouterr().out)
+    assert (end["status"], end["ok"]) == ("done", True)
+    assert server.received[-1].body["messages"][2]["tool_call_id"] == ""  # its own id back

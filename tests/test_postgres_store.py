@@ -8,6 +8,7 @@ the parametrised suite in ``test_durable_store.py`` and ``test_durable_resume.py
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -251,7 +252,8 @@ def test_runs_commands_on_postgres(
         paused(store, backend, "r2")
         make_runtime([say("Hello.")], backend, store=store).run("hi", run_id="r3")
     code, out, _ = cli(capsys, "runs", "list", *db, "--status", "review_required")
-    assert code == 0 and "r1  review_required/approval_required" in out and "r3" not in out
+    assert code == 0 and re.search(r"^r1\s+review_required/approval_required", out, re.M)
+    assert "r3" not in out
     code, out, _ = cli(capsys, "runs", "show", *db, "r1")
     assert code == 0 and "c1  write" in out and "waiting for approval_required" in out
     code, out, _ = cli(capsys, "runs", "approve", *db, "r1", "c1")
@@ -312,6 +314,18 @@ def test_a_bad_app_exits_2(
         assert expect in err or app.endswith(":plan"), err
     code, _, err = cli(capsys, "worker", *db)
     assert code == 2 and "--app MODULE:FUNCTION is required" in err
+
+
+def test_a_factory_that_takes_no_store_is_refused_up_front(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused with the signature it needs before any store is opened (the DSN names no
+    server: a refusal after connecting would be a connection error) or it is called."""
+    db = ["--db", "postgresql://nobody@/db?host=/nonexistent"]
+    code, _, err = cli(capsys, "worker", *db, "--app", "fleet_app:make_runtime_of_its_own")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "has the signature make_runtime_of_its_own() -> " in err
+    assert "def make_runtime_of_its_own(store): return Runtime(..., store=store)" in err
 
 
 def test_store_objects_racing_on_one_key_run_it_once(pg_server: Any, pg_schema: str) -> None:

@@ -59,18 +59,20 @@ import os, sys
 sys.path.insert(0, {tests!r})
 import durable_scenario as scenario
 scenario._die = lambda: os._exit(137)  # PID 1 of a namespace ignores its own SIGKILL
-store = scenario.CrashingStore({db!r})
+store = scenario.CrashingStore({db!r}, lease_s=float(os.environ.get("FSM_LEASE", "300")))
 rt = scenario.runtime(store, scenario.Path({effects!r}))
 result = rt.run("go", run_id="r1") if sys.argv[1] == "start" else rt.resume("r1")
 print(os.getpid(), result.status, result.reason)
 """
 
 
-def _as_pid_1(tmp: Path, mode: str, crash: str) -> subprocess.CompletedProcess[str]:
+def _as_pid_1(
+    tmp: Path, mode: str, crash: str, lease_s: float = 300.0
+) -> subprocess.CompletedProcess[str]:
     code = CHILD.format(tests=str(HERE), db=str(tmp / "runs.db"), effects=str(tmp / "fx.db"))
     return subprocess.run(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, mode],
-        env={**os.environ, "FSM_CRASH": crash},
+        env={**os.environ, "FSM_CRASH": crash, "FSM_LEASE": str(lease_s)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -82,20 +84,92 @@ def _as_pid_1(tmp: Path, mode: str, crash: str) -> subprocess.CompletedProcess[s
     reason="a new PID namespace needs root and util-linux's unshare",
 )
 def test_a_container_that_died_as_pid_1_resumes_after_its_restart(tmp_path: Path) -> None:
-    died = _as_pid_1(tmp_path, "start", "transition:6")
+    """The restarted container is PID 1 of another PID namespace: it cannot see whether
+    the old one lives, so it waits for the lease — and then takes the run over."""
+    lease = 6.0
+    died = _as_pid_1(tmp_path, "start", "transition:6", lease)
     if died.returncode != 137 and "unshare" in died.stderr:
         pytest.skip(f"unshare refused here: {died.stderr.strip()}")
     assert died.returncode == 137, died.stderr
+    crashed = time.monotonic()
     with SqliteStore(tmp_path / "runs.db", readonly=True) as store:
         owner = store._read("SELECT owner FROM runs WHERE run_id = 'r1'")[0][0]
     assert owner.split("|")[2] == "1"  # the dead driver was PID 1, on this very host
-    again = _as_pid_1(tmp_path, "resume", "")  # the restarted container: PID 1 again
-    assert again.returncode == 0, again.stderr  # not RunBusy: the dead claim is taken over
+    early = _as_pid_1(tmp_path, "resume", "", lease)  # the restarted container: PID 1 again
+    if time.monotonic() - crashed < lease - 0.5:  # (a slow machine may be past the lease)
+        assert early.returncode != 0 and "RunBusy" in early.stderr, early.stderr
+    time.sleep(max(lease - (time.monotonic() - crashed), 0.0) + 0.2)
+    again = _as_pid_1(tmp_path, "resume", "", lease)
+    assert again.returncode == 0, again.stderr  # not RunBusy: the lapsed claim is taken over
     pid, *status = again.stdout.split()
     assert pid == "1" and status in (
         ["done", "final_answer"],
         ["review_required", "outcome_unknown"],
     )
+
+
+LIVE_CHILD = """
+import os, sys, time
+from pathlib import Path
+from fsm_agent import Runtime, ToolRegistry
+where, ready = sys.argv[1], Path(sys.argv[2])
+if where.startswith("postgresql"):
+    from fsm_agent.durable.postgres import PostgresStore
+    store = PostgresStore(where, schema=sys.argv[3], lease_s=300)
+else:
+    from fsm_agent.durable.sqlite import SqliteStore
+    store = SqliteStore(where)
+tools = ToolRegistry()
+@tools.tool(schema={"type": "object", "properties": {}}, effect="read")
+def hold():
+    ready.write_text(str(os.getpid()))
+    time.sleep(120)
+    return {}
+replies = iter([
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "hold", "arguments": "{}"}}]},
+    {"role": "assistant", "content": "held"}])
+rt = Runtime(model=lambda m, s: next(replies), tools=tools, allowed_tools={"hold"}, store=store)
+rt.run("hold it", run_id="r1")
+"""
+
+
+def live_in_another_pid_namespace(tmp: Path, *where: str) -> subprocess.Popen[str]:
+    """A healthy driver in a PID namespace of its own on this host (a container with
+    host networking: same host name, same boot id), holding run ``r1`` until killed."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a new PID namespace needs root and util-linux's unshare")
+    ready = tmp / "ready"
+    child = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
+         "-c", LIVE_CHILD, where[0], str(ready), *where[1:]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if child.poll() is not None:
+            err = child.stderr.read() if child.stderr else ""
+            if "unshare" in err:
+                pytest.skip(f"unshare refused here: {err.strip()}")
+            raise AssertionError(err)
+        assert time.monotonic() < deadline, "the driver in the namespace did not start"
+        time.sleep(0.05)
+    assert ready.read_text() == "1"  # PID 1 there; on this side, PID 1 is init
+    return child
+
+
+def test_a_live_driver_in_another_pid_namespace_keeps_its_run(tmp_path: Path) -> None:
+    from fsm_agent.durable import owners
+    from fsm_agent.errors import RunBusy
+
+    child = live_in_another_pid_namespace(tmp_path, str(tmp_path / "runs.db"))
+    try:
+        with SqliteStore(tmp_path / "runs.db") as store, pytest.raises(RunBusy, match="driven by"):
+            store.claim("r1", owners.new_owner())
+        assert child.poll() is None  # still driving, untouched
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_store_error_mid_run_leaves_the_run_resumable_here(tmp_path: Path) -> None:

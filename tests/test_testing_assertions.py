@@ -125,7 +125,11 @@ def test_assert_trace_legal_catches_broken_traces(read_then_answer: Any) -> None
     first = next(e for e in illegal if e["type"] == "transition" and e["dest"] == "executing")
     first["dest"] = "done"
     problems = _problems(illegal)
-    assert any("but the event went to 'done'" in p for p in problems), problems
+    assert any(
+        "the engine writes transition validate validating -> executing of call 'c1' here; the "
+        "trace records transition validate validating -> done" in p
+        for p in problems
+    ), problems
     after_end = [*copy.deepcopy(events), {"type": "observation", "seq": len(events)}]
     assert any("after the run ended" in p for p in _problems(after_end))
     no_end = copy.deepcopy(events[:-1])
@@ -141,7 +145,7 @@ def test_the_checker_spots_a_shadowed_edge(read_then_answer: Any) -> None:
     validate["guards"]["tool_rounds_spent"] = True
     problems = _problems(events)
     # The checker recomputes the guard from the budget and the rounds so far.
-    assert "validate: guard 'tool_rounds_spent' is recorded true, but the trace makes it false" in (
+    assert "seq 3: guard tool_rounds_spent: the engine gives false; the trace records true" in (
         problems
     ), problems
 

@@ -1,4 +1,5 @@
-"""Fault tools behave as scripted, and the runtime classifies each behaviour as SPEC says."""
+"""Fault tools behave as scripted, and the runtime classifies each behaviour as the rules say
+(docs/concepts/rules.md)."""
 
 from __future__ import annotations
 

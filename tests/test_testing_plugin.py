@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.core.table import TRANSITIONS
+from fsm_agent.core.table import TRANSITIONS, edge_by_key
 from fsm_agent.testing.coverage import TransitionCoverage, to_dot
 
 pytest_plugins = ["pytester"]
@@ -24,6 +24,17 @@ def test_answer(fsm_runtime):
 """
 
 
+#: The two edges a one-answer run takes, found by key (rows may be added before them).
+def _index(key: str) -> int:
+    edge = edge_by_key(key)
+    assert edge is not None, key
+    return edge.index
+
+
+REPLIED = _index("model_replied/deciding->validating")
+DONE = _index("validate/validating->done[!has_tool_calls,has_answer]")
+
+
 def test_coverage_report_lists_every_transition(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(ONE_RUN)
     result = pytester.runpytest_inprocess("--fsm-coverage", "-p", "no:cacheprovider")
@@ -33,9 +44,9 @@ def test_coverage_report_lists_every_transition(pytester: pytest.Pytester) -> No
     assert f"transition coverage: 2/{len(TRANSITIONS)} = " in out
     result.stdout.fnmatch_lines(
         [
-            "2 *model_replied*deciding -> validating*-*1",
-            "5 *validate*validating -> done*!has_tool_calls, has_answer*1",
-            "never taken: #0 model_replied [tokens_spent] (deciding -> budget_exhausted)",
+            f"{REPLIED} *model_replied*deciding -> validating*-*1",
+            f"{DONE} *validate*validating -> done*!has_tool_calls, has_answer*1",
+            "never taken: #0 model_replied [reply_too_large] (deciding -> budget_exhausted)",
         ]
     )
 
@@ -112,8 +123,8 @@ def test_html_dir_that_is_a_file_is_a_usage_error(
 
 def test_dot_is_a_heat_map_of_hits() -> None:
     cov = TransitionCoverage()
-    cov.hits[2] = 20
-    cov.hits[5] = 1
+    cov.hits[REPLIED] = 20
+    cov.hits[DONE] = 1
     lines = {
         line.split(" [")[0].strip(): line for line in to_dot(cov).splitlines() if " -> " in line
     }
@@ -141,7 +152,7 @@ def test_coverage_counts_only_while_installed() -> None:
         scripted_runtime(FaultyTools(), [answer("a")]).run("?")
     finally:
         cov.uninstall()
-    assert cov.hits[2] == 1 and cov.hits[5] == 1 and sum(cov.hits) == 2
+    assert cov.hits[REPLIED] == 1 and cov.hits[DONE] == 1 and sum(cov.hits) == 2
 
 
 def test_importing_the_package_and_toolkit_needs_neither_pytest_nor_hypothesis() -> None:

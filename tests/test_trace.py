@@ -47,6 +47,16 @@ def test_the_header_and_the_summary(tmp_path: Path) -> None:
         "idempotent": True,
         "dedup": False,
         "timeout_s": None,
+        # the final schema admission validates with (objects closed): check replays it
+        "schema": {
+            "type": "object",
+            "required": ["request_id", "title"],
+            "properties": {
+                "request_id": {"type": "string"},
+                "title": {"type": "string", "maxLength": 50},
+            },
+            "additionalProperties": False,
+        },
     }
     assert head["messages"] == [{"role": "user", "content": "go"}]
     assert end["type"] == "run_end" and end["status"] == "review_required"

@@ -325,3 +325,48 @@ def test_make_screenshots_takes_the_three_pictures_of_the_docs(tmp_path: Path) -
     assert _png_size(tmp_path / "demo.png")[0] == 900
     for name in ("readme-picture.png", "viewer.png", "demo.png"):
         assert (root / "docs" / "assets" / name).is_file(), f"make screenshots: {name}"
+
+
+def test_every_failed_attempt_shows_its_outcome_and_error(browser: Any, tmp_path: Path) -> None:
+    """Why a retry happened is on the page, not only in the raw JSON (issue 23, item 12)."""
+    from conftest import TransientToolError
+
+    from fsm_agent import RetryPolicy
+
+    backend = Backend()
+    backend.fail_reads = [TransientToolError("CRM returned 503"), TimeoutError("slow CRM")]
+    result = make_runtime(
+        [calls(call("c1", "lookup", order_id="A17")), say("In transit.")],
+        backend,
+        retry=RetryPolicy(max_attempts=3, backoff_s=0),
+    ).run("Where is A17?")
+    assert result.status == "done"
+    trace = tmp_path / "retries.jsonl"
+    trace.write_text("".join(json.dumps(e) + "\n" for e in result.events), encoding="utf-8")
+    replay = Replay(trace)
+    out = tmp_path / "view.html"
+    out.write_text(viewer_html(replay), encoding="utf-8")
+    observation = next(i for i, e in enumerate(replay.events) if e["type"] == "observation")
+    page = browser.new_page()
+    try:
+        page.goto(out.as_uri())
+        page.fill("#slider", str(observation))
+        page.dispatch_event("#slider", "input")
+        shown = page.inner_text("#event-view")
+        assert "failed attempts" in shown
+        assert "#1 transient: TransientToolError: CRM returned 503" in shown
+        assert "#2 " in shown and "slow CRM" in shown
+        # the retry step itself names its outcome and error beside the guards
+        first_failure = next(
+            i
+            for i, e in enumerate(replay.events)
+            if e.get("trigger") == "tool_returned" and e.get("outcome") != "ok"
+        )
+        page.fill("#slider", str(first_failure))
+        page.dispatch_event("#slider", "input")
+        shown = page.inner_text("#event-view")
+        assert "outcome\ttransient" in shown or "outcome transient" in shown.replace("\t", " ")
+        assert "TransientToolError: CRM returned 503" in shown
+        assert page.locator("#event-view td.failure").count() >= 2  # styled as failures
+    finally:
+        page.close()

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from fsm_agent.errors import StoreError, TraceError
+from fsm_agent.errors import ConfigError, StoreError, TraceError
 from fsm_agent.trace.checker import Report, check_trace, message_line
 
 __all__ = ["register"]
@@ -17,13 +17,15 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "check",
-        help="verify traces against the transition table, their chain and the invariants",
-        description="Check that every event of each trace is a legal transition of the run "
-        "machine whose guard outcomes are what the trace itself implies, that its chain "
-        "links are unbroken (with --key-env, that it was signed with that key), and that "
-        "the invariants hold. With --db, the arguments are run ids: their stored traces "
-        "are checked and compared with the store's idempotency records. Exit 0: all "
-        "valid; 1: violations found; 2: a trace could not be read at all.",
+        help="verify traces by replaying them through the engine, and their chain",
+        description="Check each trace by replaying it: its recorded inputs (model replies, "
+        "tool outcomes, clock readings, the store's answers, approval uses) are fed to the "
+        "engine's own loop, and every event the engine writes must be the recorded one, "
+        "field by field; also that its chain links are unbroken (with --key-env, that it "
+        "was signed with that key) and that no idempotent write ran twice. With --db, the "
+        "arguments are run ids: their stored traces are checked and compared with the "
+        "store's idempotency records. Exit 0: all valid; 1: violations found; 2: a trace "
+        "could not be read at all.",
     )
     p.add_argument(
         "traces", nargs="+", metavar="TRACE", help="JSON Lines trace file(s), or run ids"
@@ -35,7 +37,16 @@ def register(subparsers: Any) -> None:
         help="environment variable holding the trace key (Runtime(trace_key=...)): verify "
         "that signed traces were signed with it",
     )
-    p.add_argument("--db", metavar="FILE", help="a SQLite store: check these stored runs")
+    p.add_argument(
+        "--db",
+        metavar="STORE",
+        help="a store (a SQLite file or a postgresql:// DSN): check these stored runs",
+    )
+    p.add_argument(
+        "--schema",
+        default="fsm_agent",
+        help="with a PostgreSQL --db: the schema that holds the runs (default fsm_agent)",
+    )
     p.set_defaults(handler=run_check)
 
 
@@ -83,17 +94,28 @@ def _print(report: Report, where: str, quiet: bool) -> int:
 
 def _check_stored(args: argparse.Namespace, key: bytes | None) -> int:
     from fsm_agent.durable.audit import audit_run
+    from fsm_agent.durable.postgres import is_postgres_dsn
     from fsm_agent.durable.sqlite import SqliteStore
 
+    store: Any
     try:
-        store = SqliteStore(args.db, create=False, readonly=True)
-    except StoreError as exc:
+        if is_postgres_dsn(args.db):
+            from fsm_agent.durable.postgres import PostgresStore
+
+            store = PostgresStore(
+                args.db, schema=args.schema, pool_size=1, create=False, readonly=True
+            )
+        else:
+            store = SqliteStore(args.db, create=False, readonly=True)
+    except (StoreError, ConfigError) as exc:
         print(f"error: {message_line(str(exc))}", file=sys.stderr)
         return 2
+    # A DSN may hold a password: a PostgreSQL store is named without it.
+    label = store.name if is_postgres_dsn(args.db) else args.db
     code = 0
     with store:
         for run_id in args.traces:
-            where = f"{args.db}#{run_id}"
+            where = f"{label}#{run_id}"
             try:
                 report = audit_run(store, run_id, key=key, name=where)
             except StoreError as exc:

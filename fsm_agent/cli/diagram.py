@@ -6,15 +6,17 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fsm_agent.cli._output import Input, refuse_clobber, write_output
 from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.errors import ConfigError, TraceError, UsageError
 from fsm_agent.render.dot import DETAILS, Overlay, machine_dot
 from fsm_agent.render.engine import RENDERERS, RenderError, render
 from fsm_agent.render.mermaid import machine_mermaid
-from fsm_agent.render.replay import Replay, StepError, aggregate_overlay
+from fsm_agent.render.replay import MAX_TRACE_BYTES, Replay, StepError, aggregate_overlay
 from fsm_agent.render.svg import add_titles, titles
 
 __all__ = ["load_machine", "register"]
@@ -70,6 +72,14 @@ def register(subparsers: Any) -> None:
     )
     r.add_argument("--html", metavar="FILE", help="write the step-through HTML viewer here")
     r.add_argument(
+        "--max-trace-bytes",
+        type=_byte_count,
+        default=MAX_TRACE_BYTES,
+        metavar="N",
+        help=f"refuse a trace file larger than N bytes (default {MAX_TRACE_BYTES}: a "
+        "replay holds the whole trace in memory, up to about 15 times its size)",
+    )
+    r.add_argument(
         "--aggregate",
         action="store_true",
         help="draw one heat map of edge counts over all TRACEs (needs -o)",
@@ -87,6 +97,12 @@ def _machine_flag(p: argparse.ArgumentParser, what: str) -> None:
         "(fsm_agent.core.engine.compile_machine builds one), a function returning one, or "
         "a function returning a Runtime (its runtime.machine)",
     )
+
+
+def _byte_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of bytes >= 1, got {text!r}")
+    return int(text)
 
 
 def _renderer_flags(p: argparse.ArgumentParser) -> None:
@@ -159,6 +175,7 @@ def _emit(
     overlay: Overlay | None,
     fmt: str,
     machine: Machine = DEFAULT_MACHINE,
+    inputs: Sequence[Input] = (),
 ) -> None:
     """Write ``machine`` (with ``overlay``) as ``fmt`` to ``args.output`` (or stdout)."""
     dot_source = machine_dot(overlay, args.detail, machine)
@@ -171,20 +188,24 @@ def _emit(
         data = bytes(rendered)
         if fmt == "svg":
             data = add_titles(data, titles(args.detail, machine))
-    _write(args.output, data, binary=fmt == "png")
+    _write(args.output, data, binary=fmt == "png", inputs=inputs)
 
 
-def _write(output: str | None, data: bytes, *, binary: bool = False) -> None:
+def _write(
+    output: str | None,
+    data: bytes,
+    *,
+    binary: bool = False,
+    flag: str = "-o",
+    inputs: Sequence[Input] = (),
+) -> None:
     if output is None:
         if binary and sys.stdout.isatty():
             raise UsageError("PNG is binary: write it to a file with -o FILE")
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    try:
-        Path(output).write_bytes(data)
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+    write_output(flag, output, data, inputs)
 
 
 def _guard(run: Any) -> int:
@@ -214,32 +235,49 @@ def run_diagram(args: argparse.Namespace) -> int:
     return _guard(go)
 
 
+def _replay_inputs(args: argparse.Namespace) -> list[Input]:
+    """The traces, and each output for the other: ``-o X --html X`` would keep one."""
+    inputs: list[Input] = [("TRACE", p) for p in args.traces]
+    if args.output:
+        refuse_clobber("-o", args.output, inputs)
+    if args.html:
+        refuse_clobber("--html", args.html, inputs)
+        if args.output:
+            refuse_clobber("--html", args.html, [("-o", args.output)])
+    return inputs
+
+
 def run_replay(args: argparse.Namespace) -> int:
     def go() -> int:
+        # Refused before anything is read or drawn: nothing is written if one is bad.
+        inputs = _replay_inputs(args)
+        limit = args.max_trace_bytes
         if args.aggregate:
             if not args.output:
                 raise UsageError("--aggregate draws a picture: give -o FILE")
             if args.step is not None or args.html:
                 raise UsageError("--aggregate takes no --step or --html")
             machine = load_machine(args.machine)
-            overlay = aggregate_overlay(Replay(p, machine=machine) for p in args.traces)
-            _emit(args, overlay, _format(args, ("svg", "png", "dot")), machine)
+            overlay = aggregate_overlay(
+                Replay(p, machine=machine, max_bytes=limit) for p in args.traces
+            )
+            _emit(args, overlay, _format(args, ("svg", "png", "dot")), machine, inputs)
             return 0
         if len(args.traces) != 1:
             raise UsageError(
                 f"replay takes one trace ({len(args.traces)} given); use "
                 "--aggregate for a heat map over several"
             )
-        replay = Replay(args.traces[0], machine=load_machine(args.machine))
+        replay = Replay(args.traces[0], machine=load_machine(args.machine), max_bytes=limit)
         step = replay.step(args.step).index if args.step is not None else None
         if args.output:
             frame: Overlay = replay.overlay(step)
-            _emit(args, frame, _format(args, ("svg", "png", "dot")), replay.machine)
+            _emit(args, frame, _format(args, ("svg", "png", "dot")), replay.machine, inputs)
         if args.html:
             from fsm_agent.render.html import viewer_html
 
             page = viewer_html(replay, args.renderer, step or 0, detail=args.detail)
-            _write(args.html, page.encode("utf-8"))
+            _write(args.html, page.encode("utf-8"), flag="--html", inputs=inputs)
             if args.verbose:
                 print(f"wrote {args.html} ({len(replay)} steps)", file=sys.stderr)
         if args.output or args.html:

@@ -55,6 +55,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "OPENAI_API_KEY / ANTHROPIC_API_KEY; optional with --base-url)",
     )
     group.add_argument(
+        "--synthesize-missing-ids",
+        action="store_true",
+        help="openai-compatible only: mint stable ids for tool calls the server sends "
+        "without one (Gemini's OpenAI endpoint sends empty ids); without it such a reply "
+        "stops the run protocol_error/missing_tool_call_id",
+    )
+    group.add_argument(
         "--request-timeout",
         metavar="SECONDS",
         type=float,
@@ -92,6 +99,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
                 ("--base-url", args.base_url),
                 ("--model-name", args.model_name),
                 ("--api-key-env", args.api_key_env),
+                ("--synthesize-missing-ids", getattr(args, "synthesize_missing_ids", False)),
             )
             if value
         ]
@@ -99,6 +107,12 @@ def model_from_args(args: argparse.Namespace) -> Any:
             raise ModelArgsError(f"{', '.join(given)} needs --model {'|'.join(MODEL_KINDS[1:])}")
         return None
     sdk, extra, default_name, default_var = _KINDS[kind]
+    synthesize = bool(getattr(args, "synthesize_missing_ids", False))
+    if synthesize and kind != "openai-compatible":
+        raise ModelArgsError(
+            f"--synthesize-missing-ids is for --model openai-compatible (Chat Completions "
+            f"servers), not --model {kind}"
+        )
     if args.base_url is not None:
         parts = urlsplit(args.base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -123,4 +137,10 @@ def model_from_args(args: argparse.Namespace) -> Any:
         return OpenAIResponsesModel(name, base_url=args.base_url, api_key=key, retry=retry)
     from fsm_agent.models.openai_chat import OpenAIChatModel
 
-    return OpenAIChatModel(name, base_url=args.base_url, api_key=key, retry=retry)
+    return OpenAIChatModel(
+        name,
+        base_url=args.base_url,
+        api_key=key,
+        retry=retry,
+        synthesize_missing_ids=synthesize,
+    )

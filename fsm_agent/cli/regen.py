@@ -21,8 +21,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from fsm_agent.cli._output import write_output
 from fsm_agent.core.events import json_schema_text
-from fsm_agent.errors import TraceError
+from fsm_agent.errors import TraceError, UsageError
 from fsm_agent.render.docs import update_rule_rows
 from fsm_agent.render.dot import machine_dot
 from fsm_agent.render.engine import RenderError, render
@@ -54,16 +55,19 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
+    traces = sorted(trace_dir.glob("*.jsonl"))
+    inputs = [("TRACE", str(p)) for p in traces]
+
     def write(name: str, data: bytes) -> None:
         path = out_dir / name
-        path.write_bytes(data)
+        write_output("OUT_DIR", str(path), data, inputs)
         written.append(path)
 
     for detail, stem in (("overview", "run_machine"), ("full", "run_machine_full")):
         write(f"{stem}.dot", machine_dot(detail=detail).encode("utf-8"))
         write(f"{stem}.mmd", machine_mermaid(detail).encode("utf-8"))
         write(f"{stem}.svg", machine_svg(None, detail, COMMITTED_RENDERER))
-    replays = [Replay(p) for p in sorted(trace_dir.glob("*.jsonl"))]
+    replays = [Replay(p) for p in traces]
     for replay in replays:
         name = Path(replay.path).stem
         write(f"replay_{name}.svg", machine_svg(replay.overlay(), "overview", COMMITTED_RENDERER))
@@ -76,15 +80,16 @@ def regenerate(trace_dir: Path, out_dir: Path) -> list[Path]:
 def regenerate_docs(docs_dir: Path) -> list[Path]:
     """Rewrite the generated parts of the docs; return the paths written."""
     rules = docs_dir / RULES_PAGE
-    rules.write_text(update_rule_rows(rules.read_text(encoding="utf-8")), encoding="utf-8")
+    page = update_rule_rows(rules.read_text(encoding="utf-8"))
+    write_output("DOCS_DIR", str(rules), page.encode("utf-8"))
     assets = docs_dir / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     dot = layer_dot(Path(__file__).resolve().parents[1])  # the fsm_agent package folder
-    (assets / "layers.dot").write_text(dot, encoding="utf-8")
-    (assets / "layers.svg").write_bytes(render(dot, "svg", COMMITTED_RENDERER))
+    write_output("DOCS_DIR", str(assets / "layers.dot"), dot.encode("utf-8"))
+    write_output("DOCS_DIR", str(assets / "layers.svg"), render(dot, "svg", COMMITTED_RENDERER))
     schema = docs_dir / EVENTS_SCHEMA
     schema.parent.mkdir(parents=True, exist_ok=True)
-    schema.write_text(json_schema_text(), encoding="utf-8")
+    write_output("DOCS_DIR", str(schema), json_schema_text().encode("utf-8"))
     return [rules, assets / "layers.dot", assets / "layers.svg", schema]
 
 
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         written = regenerate(trace_dir, Path(args[1]))
         if len(args) == 3:
             written += regenerate_docs(Path(args[2]))
-    except (TraceError, RenderError, OSError) as exc:
+    except (TraceError, RenderError, UsageError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} file(s) to {' and '.join(args[1:])}")

@@ -174,13 +174,13 @@ def _guarded(fn: Any) -> Any:
     """Store problems become one line on stderr and an exit code, never a traceback."""
 
     def wrapper(args: argparse.Namespace) -> int:
-        from fsm_agent.errors import ReviewError, RunBusy, StoreError
+        from fsm_agent.errors import ReviewError, RunBusy, StoreError, UsageError
 
         try:
             return int(fn(args))
         except RunBusy as exc:  # a fine request at a bad moment: try again later
             return _fail(str(exc), 1)
-        except (ReviewError, StoreError) as exc:
+        except (ReviewError, StoreError, UsageError) as exc:
             return _fail(str(exc))
         except BrokenPipeError:
             raise  # `runs show --json | head`: the reader left; main() ends quietly
@@ -218,8 +218,8 @@ def _when(stamp: float) -> str:
 def _list(args: argparse.Namespace) -> int:
     with _open(args) as store:
         runs = store.list_runs(args.status)
-    for r in runs:
-        if args.json:
+    if args.json:
+        for r in runs:
             print(
                 json.dumps(
                     {
@@ -232,12 +232,51 @@ def _list(args: argparse.Namespace) -> int:
                     }
                 )
             )
-        else:
-            status = f"{r.state}/{r.reason}" if r.reason else r.state
-            print(f"{r.run_id}  {status:<36} pending {r.pending:<3} updated {_when(r.updated)}")
-    if not runs and not args.json:
+        return 0
+    if not runs:
         print("no runs" + (f" in state {args.status}" if args.status else ""))
+        return 0
+    rows = [
+        [
+            r.run_id,
+            f"{r.state}/{r.reason}" if r.reason else r.state,
+            str(r.pending),
+            _when(r.updated),
+        ]
+        for r in runs
+    ]
+    for line in _columns(["RUN", "STATUS", "PENDING", "UPDATED"], rows):
+        print(line)
     return 0
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Lines of a table whose columns line up on a terminal whatever the cells hold:
+    each cell is made printable on one line, then padded to its column's display width
+    (wide characters take two cells, combining marks none)."""
+    cells = [[_printable(c) for c in row] for row in [header, *rows]]
+    widths = [max(_width(row[i]) for row in cells) for i in range(len(header))]
+    return [
+        "  ".join(c + " " * (w - _width(c)) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    ]
+
+
+def _printable(text: str) -> str:
+    """``text`` with control and other unprintable characters escaped (a run id may
+    hold a newline or a tab and would break the row)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def _width(text: str) -> int:
+    import unicodedata
+
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+        for c in text
+    )
 
 
 @_guarded
@@ -364,6 +403,20 @@ def _review(args: argparse.Namespace) -> int:
 
 @_guarded
 def _export(args: argparse.Namespace) -> int:
+    from fsm_agent.cli._output import (
+        refuse_clobber,
+        refuse_stdout_clobber,
+        sqlite_inputs,
+        write_output,
+    )
+    from fsm_agent.durable.postgres import is_postgres_dsn
+
+    inputs = [] if is_postgres_dsn(args.db) else sqlite_inputs(args.db)
+    # Before the store is opened: nothing is read for a refused output.
+    if args.output:
+        refuse_clobber("-o", args.output, inputs)
+    else:
+        refuse_stdout_clobber(inputs)
     with _open(args) as store:
         events = store.load_run(args.run_id).events
     from fsm_agent.trace.chain import dumps_event
@@ -372,8 +425,7 @@ def _export(args: argparse.Namespace) -> int:
     # compact JSON of it is that line again (so `fsm-agent check` verifies its links).
     lines = "".join(dumps_event(e) + "\n" for e in events)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(lines)
+        write_output("-o", args.output, lines.encode("utf-8"), inputs)
         print(f"wrote {len(events)} events to {args.output}")
     else:
         sys.stdout.write(lines)

@@ -98,18 +98,25 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
-def _store(args: argparse.Namespace, **options: Any) -> Any:
-    from fsm_agent.durable.postgres import PostgresStore, is_postgres_dsn
+def _check_dsn(args: argparse.Namespace) -> None:
+    from fsm_agent.durable.postgres import is_postgres_dsn
     from fsm_agent.errors import UsageError
 
     if not is_postgres_dsn(args.db):
         raise UsageError(f"--db must be a postgresql:// DSN, got {args.db!r}")
+
+
+def _store(args: argparse.Namespace, **options: Any) -> Any:
+    from fsm_agent.durable.postgres import PostgresStore
+
+    _check_dsn(args)
     return PostgresStore(args.db, schema=args.schema, lease_s=args.lease, **options)
 
 
-def _load_app(spec: str, store: Any) -> Any:
+def _load_factory(spec: str) -> Any:
+    """The ``--app`` function, refused before any store is opened unless it can be
+    called as ``make_runtime(store)``."""
     from fsm_agent.errors import UsageError
-    from fsm_agent.runtime.runtime import Runtime
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -123,13 +130,35 @@ def _load_app(spec: str, store: Any) -> Any:
     if not callable(factory):
         raise UsageError(f"--app {spec} is not a function")
     try:
-        runtime = factory(store) if inspect.signature(factory).parameters else factory()
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: try it as given
+        return factory
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise UsageError(
+            f"--app {spec} has the signature {attr}{signature}; it must take the store: "
+            f"def {attr}(store): return Runtime(..., store=store) (the worker opens the "
+            "store from --db and every run it drives must be kept there)"
+        ) from None
+    return factory
+
+
+def _load_app(spec: str, factory: Any, store: Any) -> Any:
+    from fsm_agent.errors import UsageError
+    from fsm_agent.runtime.runtime import Runtime
+
+    try:
+        runtime = factory(store)
     except Exception as exc:  # the application's own error: one line, exit 2
         raise UsageError(f"--app {spec} failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(runtime, Runtime):
         raise UsageError(f"--app {spec} returned {type(runtime).__name__}, not a Runtime")
     if runtime.store is not store:
-        raise UsageError(f"--app {spec} must build its Runtime on the store it is given")
+        raise UsageError(
+            f"--app {spec} must build its Runtime on the store it is given "
+            "(Runtime(..., store=store)), not on a store of its own"
+        )
     return runtime
 
 
@@ -147,11 +176,13 @@ def _work(args: argparse.Namespace) -> int:
     )
     # The pool's own reconnection warnings span lines; the worker logs its own one-liners.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    _check_dsn(args)
+    factory = _load_factory(args.app)
     # Each run in progress may hold a connection (a store operation, its heartbeat).
     store = _store(args, pool_size=args.concurrency + 4)
     with store:
         worker = Worker(
-            _load_app(args.app, store),
+            _load_app(args.app, factory, store),
             concurrency=args.concurrency,
             grace_s=args.grace,
             poll_s=args.poll,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fsm_agent.core import events
+from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
 from fsm_agent.core.jsonsafe import dumps_safe
@@ -60,10 +61,21 @@ def answer(
     call = call or s.call
     text, data, plain = _encode(result)
     media: list[Any] = []
+    media_bytes = 0
+    budget = s.config.budget
     if not plain:  # not plain JSON data: it may hold images or files (core/content.py)
-        value, media = split_media(result)
-        if media:
+        value, media = split_media(result, budget.max_media_bytes)
+        if value is not result:
             text, data, _ = dumps_safe(value)
+            media_bytes = sum(len(m.data) for m in media)
+    size = len(data) + media_bytes
+    oversized = not synthetic and size > _record_limit(budget.max_output_bytes)
+    if oversized:
+        # Alone past the whole output budget (or what one record may hold): the run
+        # stops on it anyway, so it is kept by its size, not whole, in the history, the
+        # store and the trace, and the model is never handed it.
+        text = json.dumps({"ok": False, "error": "output_too_large", "bytes": size})
+        media = []
     message = tool_message(call.id, text, media)
     at_error = s.placeholders.pop(call.id, None)
     if at_error is None:
@@ -75,9 +87,22 @@ def answer(
         s.rewritten.append(at)
     s.answered.add(call.id)
     if not synthetic:
-        s.counters.output_bytes += len(data)
-    payloads.append(events.observation(call.id, call.name, json.loads(text), synthetic))
+        s.counters.output_bytes += size
+    event = events.observation(call.id, call.name, json.loads(text), synthetic)
+    # What the checker cannot measure from the recorded result (trace/walk.py adds it).
+    if oversized:
+        event["oversized"] = size
+    elif media_bytes:
+        event["media_bytes"] = media_bytes
+    payloads.append(event)
     return at
+
+
+def _record_limit(max_output_bytes: int | None) -> int:
+    """The most bytes one result may keep: the output budget, never past a record."""
+    if max_output_bytes is None:
+        return MAX_RECORD_BYTES
+    return min(max_output_bytes, MAX_RECORD_BYTES)
 
 
 def _encode(result: dict[str, Any]) -> tuple[str, bytes, bool]:

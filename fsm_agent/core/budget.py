@@ -7,7 +7,34 @@ from typing import Any, NamedTuple
 
 from fsm_agent.errors import ConfigError
 
-__all__ = ["Budget", "Metered", "RetryPolicy", "metered"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "MAX_RECORD_BYTES",
+    "Budget",
+    "Metered",
+    "RetryPolicy",
+    "bounded_text",
+    "metered",
+]
+
+#: The most bytes of JSON text one model reply or one tool result may keep in a run's
+#: history and trace, whatever the budget says. A quarter of the line limit of
+#: ``fsm-agent check`` (``trace/io.py``'s ``MAX_LINE``), so that every line the runtime
+#: writes under any budget is one the checker reads: a line holds at most one reply or
+#: result, plus its envelope, or a stop's detail quoting parts of them.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
+#: The most characters of an error message (a tool's or a model's exception) a run
+#: records: they are read by people, and one could otherwise fill a trace line.
+MAX_ERROR_CHARS = 16_384
+
+
+def bounded_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def _positive_int(owner: str, name: str, value: object, *, optional: bool) -> None:
@@ -33,10 +60,18 @@ def _positive_number(owner: str, name: str, value: object, *, allow_zero: bool =
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits checked before every new external operation (SPEC §2 rule 9).
+    """Limits checked before every new external operation (R9 of docs/concepts/rules.md).
 
     ``None`` means "no limit" for the dimensions that allow it. Counts are whole numbers
     >= 1; the model may still answer after the last permitted tool round.
+
+    ``max_output_bytes`` counts every tool result the model is handed: its JSON text and
+    the raw bytes of the images and files in it. ``max_media_bytes`` caps the media of one
+    result: media past it are left out (their placeholder says so) and not counted.
+    ``max_reply_bytes`` bounds one model reply (its JSON text): a larger one stops the run
+    ``budget_exhausted/reply_size`` before anything in it is read or run. Both byte
+    bounds on one record are at most :data:`MAX_RECORD_BYTES`, so every trace a run
+    writes can be checked.
     """
 
     max_tool_rounds: int = 8
@@ -47,6 +82,8 @@ class Budget:
     max_cost: float | None = None
     max_wall_clock_s: float | None = None
     max_output_bytes: int | None = 1_000_000
+    max_media_bytes: int = 10_000_000
+    max_reply_bytes: int = 4_000_000
 
     def __post_init__(self) -> None:
         for name in (
@@ -58,6 +95,14 @@ class Budget:
             _positive_int("Budget", name, getattr(self, name), optional=False)
         for name in ("max_tokens", "max_output_bytes"):
             _positive_int("Budget", name, getattr(self, name), optional=True)
+        for name in ("max_media_bytes", "max_reply_bytes"):
+            value = getattr(self, name)
+            _positive_int("Budget", name, value, optional=False)
+            if value > MAX_RECORD_BYTES:
+                raise ConfigError(
+                    f"Budget.{name} must be at most {MAX_RECORD_BYTES} (16 MiB), got {value!r}: "
+                    "larger records would make trace lines fsm-agent check cannot read"
+                )
         _positive_number("Budget", "max_cost", self.max_cost, allow_zero=True)
         _positive_number("Budget", "max_wall_clock_s", self.max_wall_clock_s)
 
@@ -67,7 +112,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries for read tools (and writes that declare downstream dedup), SPEC rule 5.
+    """Retries for read tools (and writes that declare downstream dedup): R5 of
+    docs/concepts/rules.md.
 
     ``max_attempts`` counts the first attempt. The n-th retry waits
     ``min(backoff_s * multiplier**(n-1), max_backoff_s)`` seconds, and only if that wait

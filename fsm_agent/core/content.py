@@ -6,8 +6,10 @@ inside JSON, so the tool message is built in two parts:
 
 * the JSON text of the result, where each image or file is replaced by a small
   placeholder ``{"type": "image", "media_type": "image/png", "bytes": 1234, "part": 1}``
-  (``part`` is its index in the content list below). This text is what the trace records,
-  what ``max_output_bytes`` counts, and what a text-only provider sees;
+  (``part`` is its index in the content list below). This text is what the trace records
+  and what a text-only provider sees; ``max_output_bytes`` counts it plus the raw bytes
+  of the media. Media past ``Budget.max_media_bytes`` in one result are left out: their
+  placeholder has no ``part`` and says ``"omitted"`` why;
 * when there is media, ``content`` becomes a list of Chat Completions content parts: the
   text first, then one ``image_url`` part (a ``data:`` URL) per image and one ``file``
   part (``file_data`` as a ``data:`` URL, plus ``filename``) per file, in order.
@@ -94,29 +96,39 @@ class File:
 Media = Image | File
 
 
-def _placeholder(item: Media, part: int) -> dict[str, Any]:
+def _placeholder(item: Media, part: int | None, limit: int | None) -> dict[str, Any]:
     kind = "image" if isinstance(item, Image) else "file"
     out: dict[str, Any] = {"type": kind, "media_type": item.media_type, "bytes": len(item.data)}
     if isinstance(item, File) and item.name:
         out["name"] = item.name
-    out["part"] = part
+    if part is None:
+        out["omitted"] = f"the result's media would exceed max_media_bytes ({limit})"
+    else:
+        out["part"] = part
     return out
 
 
-def split_media(value: Any) -> tuple[Any, list[Media]]:
+def split_media(value: Any, max_bytes: int | None = None) -> tuple[Any, list[Media]]:
     """``value`` with every :class:`Image`/:class:`File` replaced by its placeholder, and
     the media in the order their placeholders number them (parts 1, 2, ...).
 
+    With ``max_bytes``, media are kept in order while their bytes add up to at most that;
+    the placeholders of the others say they were omitted, and they are not returned.
     Values without media come back as the very same object, so the common case costs one
     walk and no copy.
     """
     media: list[Media] = []
     seen: set[int] = set()
+    kept = 0
 
     def walk(v: Any, depth: int) -> Any:
+        nonlocal kept
         if isinstance(v, (Image, File)):
+            if max_bytes is not None and kept + len(v.data) > max_bytes:
+                return _placeholder(v, None, max_bytes)
+            kept += len(v.data)
             media.append(v)
-            return _placeholder(v, len(media))
+            return _placeholder(v, len(media), max_bytes)
         if depth >= _MAX_DEPTH or id(v) in seen:
             return v
         if isinstance(v, Mapping):

@@ -22,7 +22,14 @@ from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.intents import IdempotencyRecord
 from fsm_agent.core.jsonsafe import clean_text, make_safe
 
-__all__ = ["Decision", "PreparedCall", "ToolLike", "admit_calls", "parse_decision"]
+__all__ = [
+    "Decision",
+    "PreparedCall",
+    "Refused",
+    "ToolLike",
+    "admit_calls",
+    "parse_decision",
+]
 
 _MAX_ERRORS = 5
 _CORE_KEYS = frozenset({"role", "content", "tool_calls"})
@@ -95,8 +102,20 @@ class Decision:
 NO_DECISION = Decision()
 
 
+class Refused(dict[str, Any]):
+    """A reply replayed from a trace that recorded it as refused (``malformed``): its
+    recorded JSON-safe copy, which may read as well-formed when the reply was refused for
+    a value the copy no longer shows (R12), with the verdict the run reached."""
+
+    def __init__(self, message: dict[str, Any], reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def parse_decision(raw: Any) -> Decision:
     """Check a reply's structure and batch ids; never raises."""
+    if type(raw) is Refused:
+        return Decision(malformed=raw.reason)
     try:
         return _parse(raw)
     except Exception as exc:  # a Mapping subclass whose methods raise, and the like

@@ -291,6 +291,9 @@ class Decided(Event):
     message: Any = _opt("any")
     error: str | None = _opt("str")
     malformed: str | None = _opt("str")
+    #: call id -> its arguments' UTF-8 bytes in hex, for arguments holding lone
+    #: surrogates (the message shows them as U+FFFD): what ``check`` replays admission on.
+    raw_arguments: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,6 +320,9 @@ class Transitioned(Event):
     error: str | None = _opt("str")
     reason: str | None = _opt("str")
     detail: str | None = _opt("str")
+    #: What the world answered since the previous transition, in order (``check``
+    #: replays them): ``idempotency_key``, ``begin_intent``, ``load_intent``, ``resumed``.
+    inputs: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,12 @@ def guard(fn: Guard) -> Guard:
 
 
 @guard
+def reply_too_large(run: RunState) -> bool:
+    """The reply just received is larger than ``max_reply_bytes`` (its JSON text)."""
+    return run.reply_bytes > run.config.budget.max_reply_bytes
+
+
+@guard
 def tokens_spent(run: RunState) -> bool:
     """The replies so far used more tokens than ``max_tokens``, or one reported no token
     count while that limit is set (an unmetered reply is never counted as free)."""

@@ -1,4 +1,4 @@
-"""Provider validity of a Chat Completions history (SPEC rule 2).
+"""Provider validity of a Chat Completions history (R2 of docs/concepts/rules.md).
 
 Every assistant ``tool_calls`` id must be answered by exactly one ``tool`` message
 before the next non-tool message, and no ``tool`` message may answer an id that the

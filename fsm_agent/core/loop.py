@@ -39,11 +39,12 @@ from typing import Any
 
 from fsm_agent.core import events
 from fsm_agent.core.actions import ACTIONS, BLOCKING
-from fsm_agent.core.budget import metered
+from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
-from fsm_agent.core.decision import Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, admit_calls, parse_decision
 from fsm_agent.core.engine import fire
 from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.intents import claim_json, record_json
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -69,7 +70,7 @@ from fsm_agent.core.table import TERMINAL_STATES, Transition
 __all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
-SCHEMA = "fsm-agent.trace/2"
+SCHEMA = "fsm-agent.trace/3"
 
 Steps = Generator[Request, Any, None]
 
@@ -164,6 +165,8 @@ def _begin(s: RunState, resumed: bool) -> Steps:
     s.started += now  # a new run starts at 0; a restored one stores -elapsed
     s.now = now
     if resumed:
+        # Where this driving took over (the checkpoint's seq): check restores it there.
+        s.inputs.append({"resumed": s.seq})
         yield from _resume(s)
     elif s.config.save != "never":
         yield _save(s, header=True)
@@ -192,6 +195,7 @@ def _resume(s: RunState) -> Steps:
         # A keyed write's attempt starts without a checkpoint of its own: its pending
         # intent, begun with the checkpoint before dispatch, says it may have started.
         record = yield LoadIntent(call.name, call.idempotency_key)
+        s.inputs.append({"load_intent": record_json(record)})
         call.record = record
         ours = record is not None and record.owner == (s.run_id, call.id)
         # If the intent is gone (aborted after a rejection) it must be begun again.
@@ -221,8 +225,10 @@ def _commit_reconciled(s: RunState) -> Steps:
             continue
         key, result = call.idempotency_key, review.get("result")
         found = yield LoadIntent(call.name, key)
+        s.inputs.append({"load_intent": record_json(found)})
         if found is None:
             claim: IntentClaim = yield BeginIntent(_intent(s, call), take_over=False)
+            s.inputs.append({"begin_intent": claim_json(claim)})
             if claim.owned:
                 yield CommitIntent(call.name, key, (s.run_id, call.id), result)
         elif found.status == "pending" and found.args_digest == call.args_digest:
@@ -243,15 +249,53 @@ def _decide(s: RunState) -> Steps:
         if _fire(s, "model_failed"):
             yield from _flush(s)
         return
+    s.reply_bytes = len(dumps_safe(reply)[1])
+    if s.reply_bytes > s.config.budget.max_reply_bytes:
+        yield from _oversized_reply(s, reply)
+        return
     s.decision = parse_decision(reply)
     s.seq += 1
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
     # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
-    _record(s, events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed))
+    event = events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed)
+    lossy = {
+        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+        for c in s.decision.calls
+        if clean_text(c.raw_arguments) is not c.raw_arguments
+    }
+    if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
+        event["raw_arguments"] = lossy
+    _record(s, event)
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
     s.batch_appended = False
     s.answered = set()  # ids need only be unique within a batch
+    if _fire(s, "model_replied"):
+        yield from _flush(s)
+
+
+#: The fields of a reply's ``usage`` that ``core/budget.py``'s ``metered`` reads.
+_USAGE_KEYS = (
+    "input_tokens", "prompt_tokens", "output_tokens", "completion_tokens", "total_tokens",
+    "cost",
+)  # fmt: skip
+
+
+def _oversized_reply(s: RunState, reply: Any) -> Steps:
+    """A reply over ``max_reply_bytes`` is recorded by its size (and usage, which the
+    counters still take), never whole: the trace keeps lines ``check`` can read, and the
+    run stops ``budget_exhausted/reply_size`` with nothing of it parsed or run."""
+    s.decision = NO_DECISION
+    s.seq += 1
+    event: dict[str, Any] = {"type": "decision", "seq": s.seq, "oversized": s.reply_bytes}
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    if isinstance(usage, dict):  # only what the counters read: the rest may be the bulk
+        usage = {k: make_safe(usage[k]) for k in _USAGE_KEYS if k in usage}
+        event["usage"] = usage
+    _record(s, event)
+    _count_usage(s, usage)
+    s.batch_appended = False
+    s.answered = set()
     if _fire(s, "model_replied"):
         yield from _flush(s)
 
@@ -283,6 +327,7 @@ def _execute(s: RunState) -> Steps:
             claim: IntentClaim = yield BeginIntent(
                 _intent(s, call), take_over=call.dedup, save=pending
             )
+            s.inputs.append({"begin_intent": claim_json(claim)})
             call.claimed = claim.owned
             fresh = claim.owned and claim.found is None
             call.record = None if claim.owned else claim.found
@@ -337,7 +382,7 @@ def _consume(s: RunState, call: PreparedCall) -> Steps:
     limit = s.config.approvals.limit(approval)
     if limit is None:  # unlimited, or a reviewer's approval of this very call
         return
-    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s))
+    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s), s.config.machine)
     if edge is None or edge.action != "start_attempt":
         return
     granted = yield ConsumeApproval(approval, limit, s.run_id, call.id)
@@ -405,9 +450,9 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
 def _after(s: RunState, edge: Any) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
-    event = events.transition(
-        edge.trigger, edge.source, edge.dest, s.guard_log, round(s.now - s.started, 6)
-    )
+    event = events.transition(edge.trigger, edge.source, edge.dest, s.guard_log, s.now - s.started)
+    if s.inputs:  # what the world answered since the last transition (replayed by check)
+        event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
     if edge.action is not None:
         ACTIONS[edge.action](s, payloads)
@@ -490,6 +535,11 @@ def _admit(s: RunState) -> None:
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
+        if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
+            key = call.idempotency_key
+            s.inputs.append({"idempotency_key": key} if key is not None else
+                            {"idempotency_key": None, "detail": call.refusal_detail})  # fmt: skip
     if current is not None and facts is not None and facts[0] is not None:
         # A restored call keeps the facts it was checkpointed with (R11).
         current.effect, current.dedup, current.idempotency_key, current.args_digest = facts
@@ -521,7 +571,7 @@ def _describe_error(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # an exception whose __str__ raises
         text = f"{type(exc).__name__}: <unprintable>"
-    return clean_text(text)
+    return clean_text(bounded_text(text))
 
 
 def _recorded_reply(reply: Any, decision: Decision) -> Any:

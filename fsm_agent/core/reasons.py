@@ -28,6 +28,10 @@ def _tokens(s: RunState) -> str:
     return f"{s.counters.tokens} tokens used; the limit is {limit}"
 
 
+def _approval_required(calls: list[str]) -> str:
+    return ", ".join(calls) + (" needs approval" if len(calls) == 1 else " need approval")
+
+
 def _cost(s: RunState) -> str:
     limit = s.config.budget.max_cost
     if s.cost_unknown:
@@ -71,13 +75,15 @@ _DETAILS: dict[str, Callable[[RunState], str]] = {
     "wall_clock": lambda s: (
         f"{s.now - s.started:.3f}s elapsed; the limit is {s.config.budget.max_wall_clock_s}s"
     ),
+    "reply_size": lambda s: (
+        f"a reply of {s.reply_bytes} bytes; the limit is {s.config.budget.max_reply_bytes}"
+    ),
     "tool_output": lambda s: (
         f"{s.counters.output_bytes} bytes of tool output; the limit is "
         f"{s.config.budget.max_output_bytes}"
     ),
-    "approval_required": lambda s: (
-        ", ".join(f"{c.id} ({c.name})" for c in s.decision.calls if c.needs_approval)
-        + " need approval"
+    "approval_required": lambda s: _approval_required(
+        [f"{c.id} ({c.name})" for c in s.decision.calls if c.needs_approval]
     ),
     "idempotency_conflict": lambda s: (
         f"key {s.call.idempotency_key!r} of {s.call.name!r} was used with other arguments"

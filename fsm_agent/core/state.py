@@ -262,6 +262,9 @@ class RunState:
     #: A reply reported no usable token count / cost (it then counts as over a set limit).
     tokens_unknown: bool = persisted(False)
     cost_unknown: bool = persisted(False)
+    #: Bytes of the JSON text of the last reply (``max_reply_bytes``): read only by the
+    #: ``model_replied`` that follows the reply, so a checkpoint never needs it.
+    reply_bytes: int = apart("scratch: the size of the reply just received", 0)
     answered: set[str] = persisted(
         factory=set, dump=lambda s: sorted(s.answered), load=_set("answered", set)
     )
@@ -304,6 +307,10 @@ class RunState:
     saved_events: int = apart("cursor", 0)
     saved_messages: int = apart("cursor", 0)
     rewritten: list[int] = apart("cursor", factory=list)
+    #: What the world answered since the last transition (intent claims, loaded records,
+    #: approval uses, keys): recorded on the next transition event (``inputs``), so
+    #: ``check`` replays them.
+    inputs: list[dict[str, Any]] = apart("scratch: inputs for the next transition", factory=list)
 
     @property
     def terminal(self) -> bool:

@@ -17,8 +17,8 @@ records exactly the guards that decided). That order is the priority: the first 
 whose guards all hold wins, so every such group ends with an unguarded fallback (checked
 at import). ``reason`` is the stop reason recorded when the edge enters a terminal state;
 ``action`` names the function of ``core/actions.py`` run after the edge is taken; ``rule``
-cites the rules of ``docs/rules.md`` the edge encodes (R1–R12: SPEC.md §2; D1–D3: durable
-runs).
+cites the rules of ``docs/concepts/rules.md`` the edge encodes (R1–R12, and D1–D3 for
+durable runs).
 
 Triggers are fired by the loop when it has news:
 
@@ -86,7 +86,7 @@ Reason = Literal[
     "missing_tool_call_id", "duplicate_tool_call_id", "unknown_tool", "permission_denied",
     "invalid_arguments", "tool_rounds", "calls_per_round", "total_calls", "model_calls",
     "tokens", "cost", "wall_clock", "tool_output", "outcome_unknown", "approval_required",
-    "idempotency_conflict", "cancelled",
+    "idempotency_conflict", "cancelled", "reply_size",
 ]  # fmt: skip
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
@@ -154,6 +154,8 @@ T = Transition
 # fmt: off
 _ROWS: tuple[Transition, ...] = (
     # ── deciding: the model has been asked ──────────────────────────────────────────
+    T("model_replied", "deciding", "budget_exhausted", ("reply_too_large",), "reply_size",
+      "stop", "R9/R12: a reply larger than its size budget is neither read nor run"),
     T("model_replied", "deciding", "budget_exhausted", ("tokens_spent",), "tokens", "stop",
       "R9: a reply that takes tokens past the budget (or reports none) executes nothing new"),
     T("model_replied", "deciding", "budget_exhausted", ("cost_spent",), "cost", "stop",

@@ -30,7 +30,16 @@ def audit_run(store: Any, run_id: str, *, key: bytes | None = None, name: str = 
     """Check run ``run_id`` of ``store`` (its trace, then the cross-check). Store errors
     (``RunNotFound``, ``CorruptRecord``...) propagate."""
     stored = store.load_run(run_id)
-    report = check_report(stored.events, key=key, name=name or f"run {run_id}", collect_writes=True)
+    body = stored.body
+    if not stored.events and (body.get("state"), body.get("seq")) == ("deciding", 0):
+        # Submitted and never driven: its trace starts with its first driver. Nothing
+        # can have run, so no record of it may exist either (checked below).
+        report = Report(name or f"run {run_id}", run_id=run_id, writes=[])
+        report.notes.append("submitted and not driven yet: no trace to check")
+    else:
+        report = check_report(
+            stored.events, key=key, name=name or f"run {run_id}", collect_writes=True
+        )
     find = getattr(store, "find_intents", None)
     if find is None:
         report.notes.append(

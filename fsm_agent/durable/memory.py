@@ -303,6 +303,18 @@ class MemoryStore:
             json.loads(events),
         )
 
+    def adopt_run(self, run_id: str, owner: str, header: dict[str, Any]) -> bool:
+        """As :meth:`PostgresStore.adopt_run`."""
+        header_text = _text(header)
+        with self._lock:
+            row = self._row(run_id)
+            if row.owner != owner:
+                raise RunBusy(f"run {run_id!r} was taken over by {row.owner or 'nobody'}")
+            if row.events:
+                return False
+            row.header = header_text
+        return True
+
     def list_runs(self, state: str | None = None) -> list[RunSummary]:
         with self._lock:
             out = [

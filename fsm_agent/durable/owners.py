@@ -1,16 +1,22 @@
 """Who drives a run: owner identities that a restart cannot impersonate (R11).
 
-An owner token is ``host|boot|pid|start|token``: the host name, the kernel's boot id,
-the process id, the process's start time (clock ticks since boot, from ``/proc``) and a
-random token per driving. A claim is *live* when:
+An owner token is ``host|space|pid|start|token``: the host name; the PID space, which is
+the kernel's boot id and the inode of the process's PID namespace
+(``/proc/self/ns/pid``), as ``boot:inode``; the process id, the process's start time
+(clock ticks since boot, from ``/proc``) and a random token per driving. A claim is
+*live* when:
 
 * it was made by this process: its token is one this process is still driving with
   (so a claim left behind by a run that failed here is reclaimable at once);
-* it was made on this host in this boot: that pid still runs *and* started at the
-  recorded time — so a container's PID 1 after a restart, or a recycled pid, is not
-  mistaken for the dead owner;
-* otherwise (another host, another boot, no ``/proc``): its lease has not expired. The
-  driver renews the lease while it drives (heartbeats).
+* it was made in this PID space (this host, this boot, this PID namespace): that pid
+  still runs *and* started at the recorded time — so a recycled pid is not mistaken
+  for the dead owner;
+* otherwise its lease has not expired. The driver renews the lease while it drives
+  (heartbeats). That covers another host or boot, and a process whose PIDs this one
+  cannot see: another PID namespace on this host (a container with host networking
+  shares the host name and the boot id, and its PID 1 is not ours), or a ``/proc``
+  that is not this namespace's (``/proc/self`` is not our pid). A PID it cannot see
+  is never trusted, alive or dead: the space is ``-`` then, and only the lease counts.
 """
 
 from __future__ import annotations
@@ -21,7 +27,17 @@ import threading
 from functools import cache
 from typing import Protocol
 
-__all__ = ["drop", "hold", "is_dead", "is_live", "let_go", "new_owner"]
+__all__ = [
+    "drives_here",
+    "drop",
+    "here_prefix",
+    "hold",
+    "is_dead",
+    "is_live",
+    "let_go",
+    "new_owner",
+    "process_gone",
+]
 
 _SEP = "|"
 _LIVE: set[str] = set()
@@ -49,10 +65,25 @@ def _start_time(pid: int) -> str:
     return fields[19] if len(fields) > 19 else "-"
 
 
+def _pid_space(pid: int) -> str:
+    """``boot:inode`` of this process's PID namespace, or ``"-"`` when this process
+    cannot tell which PIDs it sees (no ``/proc``, or one mounted for another namespace:
+    its ``self`` is not our pid)."""
+    boot = _boot_id()
+    try:
+        if os.readlink("/proc/self") != str(pid):
+            return "-"
+        inode = os.stat("/proc/self/ns/pid").st_ino
+    except (OSError, ValueError):
+        return "-"
+    return "-" if boot == "-" else f"{boot}:{inode}"
+
+
 @cache
 def _this_process() -> tuple[str, str, str, str]:
     pid = os.getpid()
-    return socket.gethostname(), _boot_id(), str(pid), _start_time(pid)
+    space = _pid_space(pid)
+    return socket.gethostname(), space, str(pid), _start_time(pid) if space != "-" else "-"
 
 
 def _reset_after_fork() -> None:
@@ -95,10 +126,40 @@ def let_go(store: _Releases, run_id: str, owner: str) -> None:
         drop(owner)
 
 
+def here_prefix() -> str | None:
+    """What every owner token made in this PID space starts with (``host|space|``), so a
+    store can find the claims whose processes this one can ask about; ``None`` where
+    it cannot tell which PIDs it sees."""
+    host, space, _, _ = _this_process()
+    return None if space == "-" else f"{host}{_SEP}{space}{_SEP}"
+
+
+def process_gone(owner: str | None) -> bool:
+    """Whether ``owner`` was made by another process of this PID space that is gone (a
+    worker SIGKILLed or OOM-killed): its claims can be taken at once. Never true of this
+    process's own tokens (whose claims this process settles itself)."""
+    if not owner:
+        return False
+    parts = owner.split(_SEP)
+    if len(parts) != 5 or tuple(parts[2:4]) == _this_process()[2:]:
+        return False
+    return is_dead(owner)
+
+
+def drives_here(owner: str | None) -> bool:
+    """Whether ``owner`` is a token this process is still driving with: its claim holds
+    whatever its lease says (a store outage longer than the lease lets it lapse while
+    the driver works on)."""
+    with _LOCK:
+        return owner in _LIVE
+
+
 def is_live(owner: str | None, lease_until: float, now: float) -> bool:
     """Whether a claim by ``owner`` still holds (see the module docstring)."""
     if not owner:
         return False
+    if drives_here(owner):
+        return True
     parts = owner.split(_SEP)
     if len(parts) != 5:
         return lease_until > now  # a token of another version: trust only its lease
@@ -115,11 +176,11 @@ def is_live(owner: str | None, lease_until: float, now: float) -> bool:
 
 
 def is_dead(owner: str | None) -> bool:
-    """Whether ``owner`` certainly drives nothing any more: it was made on this host in
-    this boot and its process is gone (or is this process, which no longer drives with
-    it). A store whose claims are judged by lease alone (a fleet sharing PostgreSQL, where
-    a stalled process is alive yet must lose its runs) may still take such a claim at
-    once instead of waiting for the lease."""
+    """Whether ``owner`` certainly drives nothing any more: it was made in this PID space
+    (this host, boot and PID namespace) and its process is gone (or is this process,
+    which no longer drives with it). A store whose claims are judged by lease alone (a
+    fleet sharing PostgreSQL, where a stalled process is alive yet must lose its runs)
+    may still take such a claim at once instead of waiting for the lease."""
     if not owner:
         return True
     parts = owner.split(_SEP)

@@ -61,6 +61,13 @@ class Statements:
             "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum, result_sum "
             "FROM {s}.idempotency WHERE tool = %s AND key = %s"
         )
+        self.find_intents = q(
+            "SELECT tool, key, args_digest, status, run_id, call_id, result, effect, dedup, "
+            "sum, result_sum FROM {s}.idempotency WHERE "
+            "(%(run_id)s::text IS NULL OR run_id = %(run_id)s) AND "
+            "(%(tool)s::text IS NULL OR tool = %(tool)s) AND "
+            "(%(digest)s::text IS NULL OR args_digest = %(digest)s) ORDER BY tool, key"
+        )
         self.fence_holds = q(_FENCE)
         # Like SqliteStore: the pending intent under the key is committed whoever owns it
         # (a reviewer's reconcile commits another run's intent); the fence is the driver's.
@@ -87,6 +94,16 @@ class Statements:
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
         self.save = q(f"{_SAVE} SELECT num FROM r")
+        # A submitted run's first driver records its own settings: the header is
+        # replaced only while the run has no event (its run_start is the driver's), fenced.
+        self.adopt_run = q(
+            "WITH r AS (SELECT num FROM {s}.runs WHERE run_id = %(run_id)s "
+            "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch) FOR UPDATE), "
+            "n AS (SELECT count(*) AS c FROM {s}.events e JOIN r USING (num)), "
+            "h AS (UPDATE {s}.headers h SET body = %(header)s, sum = %(hsum)s FROM r, n "
+            "WHERE h.num = r.num AND n.c = 0 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM r), (SELECT c FROM n)"
+        )
         # A keyed write's checkpoint and its intent in one statement (one round trip, no
         # BEGIN/COMMIT): the intent is begun only for the row the fenced UPDATE returned;
         # no row back means the owner lost its claim and nothing was written. That
@@ -129,6 +146,20 @@ class Statements:
             "UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() FROM c "
             "WHERE r.num = c.num RETURNING r.run_id, r.epoch, r.state, c.previous, c.first"
+        )
+        # Claims made in this PID space (``owners.here_prefix``) under a live lease: the
+        # worker asks the kernel whether their processes still run.
+        self.held_here = q(
+            "SELECT run_id, owner FROM {s}.runs WHERE runnable AND owner LIKE %(prefix)s "
+            "AND lease_until >= now() AND run_id <> ALL(%(skip)s::text[]) "
+            "ORDER BY updated LIMIT 32"
+        )
+        # A dead owner's claim, taken only if that owner still holds it (fenced).
+        self.take_from = q(
+            "UPDATE {s}.runs SET owner = %(owner)s, epoch = epoch + 1, "
+            f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
+            "WHERE run_id = %(run_id)s AND owner = %(dead)s AND runnable "
+            "RETURNING run_id, epoch"
         )
         self.renew = q(
             f"UPDATE {{s}}.runs SET lease_until = {_LEASE} WHERE run_id = %(run_id)s "

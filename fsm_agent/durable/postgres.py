@@ -64,6 +64,9 @@ __all__ = ["SCHEMA_VERSION", "Claim", "PostgresStore", "is_postgres_dsn"]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _FINISHED = ("done", "budget_exhausted", "protocol_error", "cancelled")
+#: A running worker reports at least this often (``runtime/worker.py``); one silent for
+#: longer than this and the lease is listed as ``lost``.
+_REPORTS_S = 5.0
 
 
 def _dumps(value: Any) -> str:
@@ -360,6 +363,16 @@ class PostgresStore:
         row = self._one(self.sql.get_intent, [tool, key])
         return None if row is None else self._record(tool, key, row)
 
+    def find_intents(
+        self, *, run_id: str | None = None, tool: str | None = None, args_digest: str | None = None
+    ) -> list[IdempotencyRecord]:
+        """As :meth:`SqliteStore.find_intents`: the records ``fsm-agent check --db``
+        compares a run's trace with (an audit query, not a hot path)."""
+        rows = self._all(
+            self.sql.find_intents, {"run_id": run_id, "tool": tool, "digest": args_digest}
+        )
+        return [self._record(row[0], row[1], row[2:]) for row in rows]
+
     # ── runs ──────────────────────────────────────────────────────────────────────
 
     def _rows(self, events: list[dict[str, Any]], checkpoint: Checkpoint) -> dict[str, Any]:
@@ -423,6 +436,24 @@ class PostgresStore:
             "epoch": self._epoch(owner),
         }
 
+    def adopt_run(self, run_id: str, owner: str, header: dict[str, Any]) -> bool:
+        """Replace the header of a run that has no event yet (submitted, never driven)
+        with its first driver's, whose ``run_start`` comes with its first save; ``False``
+        (nothing changed) once the run has events. ``RunBusy`` unless ``owner`` holds the
+        claim."""
+        header_text = _dumps(header)
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "epoch": self._epoch(owner),
+            "header": header_text,
+            "hsum": _sum(header_text),
+        }
+        owned, events = self._one(self.sql.adopt_run, params)
+        if not owned:
+            self._not_owner(run_id)
+        return bool(events == 0)
+
     def load_run(self, run_id: str) -> StoredRun:
         row = self._one(self.sql.load_run, [run_id])
         if row is None:
@@ -458,7 +489,11 @@ class PostgresStore:
             if row is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.name}")
             holder, expired = row
-            if holder not in (None, owner) and not expired and not owners.is_dead(holder):
+            # A claim this process still drives holds even past its lease (a store
+            # outage); one that is certainly dead here is taken at once.
+            if holder not in (None, owner) and (
+                owners.drives_here(holder) or (not expired and not owners.is_dead(holder))
+            ):
                 raise RunBusy(
                     f"run {run_id!r} is being driven by {holder}; try again when it stops"
                 )
@@ -473,6 +508,9 @@ class PostgresStore:
         orphaned by an expired lease — skipping rows other workers are claiming
         (``FOR UPDATE SKIP LOCKED``) and the run ids in ``skip``; ``None`` if there is
         none."""
+        dead = self._claim_from_the_dead(owner, skip)
+        if dead is not None:
+            return dead
         row = self._one(
             self.sql.claim_next, {"owner": owner, "lease": self.lease_s, "skip": list(skip)}
         )
@@ -491,6 +529,30 @@ class PostgresStore:
             else "released"
         )
         return Claim(run_id, owner, epoch, why)
+
+    def _claim_from_the_dead(self, owner: str, skip: tuple[str, ...]) -> Claim | None:
+        """A run claimed in this PID space by another process that is gone (SIGKILL,
+        OOM, a crash): taken at once, not at the end of its lease — as ``claim`` does. A
+        live owner, stalled or not, keeps its claim until its lease runs out; so does
+        this process's own (the worker settles those itself)."""
+        prefix = owners.here_prefix()
+        if prefix is None:
+            return None
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for run_id, holder in self._all(
+            self.sql.held_here, {"prefix": pattern, "skip": list(skip)}
+        ):
+            if not owners.process_gone(holder):
+                continue
+            row = self._one(
+                self.sql.take_from,
+                {"owner": owner, "run_id": run_id, "dead": holder, "lease": self.lease_s},
+            )
+            if row is not None:
+                with self._lock:
+                    self._epochs[owner] = row[1]
+                return Claim(run_id, owner, row[1], "orphaned")
+        return None
 
     def renew(self, run_id: str, owner: str) -> None:
         params = {
@@ -539,6 +601,11 @@ class PostgresStore:
         names = ("worker", "state", "concurrency", "active", "claimed", "finished",
                  "released", "failed", "fenced", "seen_s", "started")  # fmt: skip
         workers = [dict(zip(names, row, strict=True)) for row in self._all(self.sql.workers)]
+        for w in workers:
+            # A worker killed outright never reports "stopped": silent for longer than
+            # the lease, it holds no claim any more (its leases lapsed) and is listed so.
+            if w["state"] != "stopped" and w["seen_s"] > max(self.lease_s, _REPORTS_S):
+                w["state"] = "lost"
         runs = {
             state: {"runs": n, "queued": q, "claimed": c, "orphaned": o}
             for state, n, q, c, o in self._all(self.sql.queue)

@@ -23,7 +23,7 @@ from fsm_agent.core.state import RunConfig, RunState, allowed_tools, snapshot_ma
 from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
 from fsm_agent.durable.store import RunStore, StoredRun
-from fsm_agent.errors import ConfigError, CorruptRecord, MachineMismatch, RunNotFound, StoreError
+from fsm_agent.errors import ConfigError, CorruptRecord, MachineMismatch, RunBusy, RunNotFound
 from fsm_agent.trace.chain import strip_links
 
 __all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restore_run",
@@ -133,13 +133,24 @@ def _allowed_of(config: ConfigFactory) -> frozenset[str] | None:
 
 class Heartbeat:
     """Renews ``owner``'s lease on ``run_id`` every third of the store's lease, on a
-    daemon thread, until :meth:`stop`. A renewal that finds the claim lost stops the
-    heartbeat; the run's next save is then refused (``RunBusy``): a fenced owner
-    commits nothing."""
+    daemon thread, until :meth:`stop`.
+
+    It stops only when the claim is really lost (``RunBusy``: another driver took the
+    run over); the run's next save is then refused and a fenced owner commits nothing.
+    A renewal that fails otherwise — the server restarting, a connection cut, a
+    statement timeout — is retried with backoff (from ``RETRY_S``, doubling, at most
+    the renewal interval) for as long as the run is driven: a store outage shorter than
+    the lease costs nothing, and after a longer one the claim is kept unless another
+    driver took it meanwhile (a renewal checks the owner and epoch, not the clock).
+    ``lost`` is the last failure (``None`` after a good renewal)."""
+
+    #: The first retry after a failed renewal, in seconds.
+    RETRY_S = 0.1
 
     def __init__(self, store: Any, run_id: str, owner: str) -> None:
         self.store, self.run_id, self.owner = store, run_id, owner
         self.lost: BaseException | None = None
+        self.failures = 0  # renewals that failed and were retried
         self._stop = threading.Event()
         interval = max(float(getattr(store, "lease_s", 300.0)) / 3.0, 0.05)
         self._thread = threading.Thread(
@@ -148,16 +159,23 @@ class Heartbeat:
         self._thread.start()
 
     def _beat(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        wait, retry = interval, min(self.RETRY_S, interval)
+        while not self._stop.wait(wait):
             try:
                 self.store.renew(self.run_id, self.owner)
             except RunNotFound:
-                continue  # a new run's first save has not created it yet
-            except StoreError as exc:
+                wait = interval  # a new run's first save has not created it yet
+                continue
+            except RunBusy as exc:  # taken over: nothing of this driving commits now
                 self.lost = exc
                 return
-            except Exception as exc:  # a store that cannot be reached now: try again later
+            except Exception as exc:  # the store is unreachable now (a StoreError): retry
                 self.lost = exc
+                self.failures += 1
+                wait, retry = retry, min(retry * 2, interval)
+                continue
+            self.lost = None
+            wait, retry = interval, min(self.RETRY_S, interval)
 
     def stop(self) -> None:
         self._stop.set()

@@ -141,7 +141,9 @@ def record(
         stored = store.load_run(run_id)
         s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
-        request.update(reviewer=who, at=when)
+        request["at"] = when
+        if who is not None:  # (absent, not null, when nobody was named)
+            request["reviewer"] = who
         if why is not None:
             request["note"] = why
         before = len(s.events)

@@ -583,6 +583,28 @@ class SqliteStore:
             f"run {run_id!r} was taken over by {row[0] or 'nobody'}; this driver stopped driving it"
         )
 
+    def adopt_run(self, run_id: str, owner: str, header: dict[str, Any]) -> bool:
+        """As :meth:`PostgresStore.adopt_run`: a run with no event yet takes its first
+        driver's header."""
+        header_text = _dumps(header)
+        with self._write() as c:
+            row = c.execute(
+                "SELECT num FROM runs WHERE run_id = ? AND owner = ?", (run_id, owner)
+            ).fetchone()
+            if row is None:
+                self._not_owner(c, run_id)
+            num = int(row[0])
+            if c.execute(
+                "SELECT 1 FROM events WHERE key BETWEEN ? AND ? LIMIT 1",
+                (num << _SHIFT, ((num + 1) << _SHIFT) - 1),
+            ).fetchone():
+                return False
+            c.execute(
+                "UPDATE headers SET body = ?, sum = ? WHERE num = ?",
+                (header_text, _sum(header_text), num),
+            )
+        return True
+
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
             rows = self._read(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from fsm_agent.models._chat_history import to_openai_chat
 from fsm_agent.models._common import (
     HistoryError,
     ModelAuthError,
@@ -19,7 +20,7 @@ from fsm_agent.models._common import (
     ModelUnavailableError,
 )
 from fsm_agent.models.pricing import DEFAULT_PRICES, Price
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.models.validate import (
     check_anthropic_messages,
     check_anthropic_request,
@@ -36,6 +37,7 @@ __all__ = [
     "AsyncOpenAIChatModel",
     "AsyncOpenAIResponsesModel",
     "HistoryError",
+    "KeyedScriptedModel",
     "ModelAuthError",
     "ModelError",
     "ModelRequestError",
@@ -52,6 +54,7 @@ __all__ = [
     "check_openai_chat_request",
     "check_openai_responses",
     "check_openai_responses_request",
+    "to_openai_chat",
 ]
 
 _LAZY = {

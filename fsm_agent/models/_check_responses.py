@@ -10,7 +10,9 @@ Known rules, each seen in a real 400:
   response (``previous_response_id`` or ``conversation``), whose calls are not in
   ``input``;
 * a ``reasoning`` item is followed by the item it produced, sent with that item's ``id``
-  ("... of type 'reasoning' was provided without its required following item");
+  ("... of type 'reasoning' was provided without its required following item") — an
+  OpenAI rule only: compatible servers (DeepSeek's ``/responses``) accept a reasoning item
+  followed by items without ids, so ``reasoning_followers=False`` leaves it out;
 * with ``store: false`` a reasoning item must carry its ``encrypted_content`` (the
   server keeps nothing to look the id up in: "Items are not persisted when ``store`` is
   set to false");
@@ -91,7 +93,7 @@ class _Pairing:
         ]
 
 
-def _check_reasoning(i: int, items: list[Any], store: bool) -> list[str]:
+def _check_reasoning(i: int, items: list[Any], store: bool, followers: bool) -> list[str]:
     item = items[i]
     problems = []
     if not store and not item.get("encrypted_content"):
@@ -99,6 +101,8 @@ def _check_reasoning(i: int, items: list[Any], store: bool) -> list[str]:
             f"item {i}: reasoning item {item.get('id')!r} has no encrypted_content, and with "
             f"store false the server cannot look it up (OpenAI: {_NOT_STORED})"
         )
+    if not followers:
+        return problems
     follower = next(
         (
             x
@@ -125,12 +129,18 @@ def _check_message(i: int, item: Mapping[str, Any]) -> list[str]:
 
 
 def check_openai_responses(
-    items: list[dict[str, Any]], *, store: bool = True, continuing: bool = False
+    items: list[dict[str, Any]],
+    *,
+    store: bool = True,
+    continuing: bool = False,
+    reasoning_followers: bool = True,
 ) -> list[str]:
     """What the OpenAI Responses API would reject in an ``input`` item list.
 
     ``store`` is the request's ``store`` (the API's default is true); ``continuing`` is
-    true when the request names a ``previous_response_id`` or a ``conversation``.
+    true when the request names a ``previous_response_id`` or a ``conversation``;
+    ``reasoning_followers=False`` drops OpenAI's rule that a reasoning item is followed
+    by an item with an id (for compatible servers, which do not have it).
     """
     pairing = _Pairing(continuing)
     problems = pairing.problems
@@ -150,7 +160,7 @@ def check_openai_responses(
         elif kind == "function_call_output":
             pairing.output(i, item)
         elif kind == "reasoning":
-            problems.extend(_check_reasoning(i, items, store))
+            problems.extend(_check_reasoning(i, items, store, reasoning_followers))
         elif kind == "message":
             problems.extend(_check_message(i, item))
         elif isinstance(item.get("call_id"), str) and not str(kind).endswith("_output"):
@@ -159,7 +169,9 @@ def check_openai_responses(
     return problems + pairing.unanswered()
 
 
-def check_openai_responses_request(body: Mapping[str, Any]) -> list[str]:
+def check_openai_responses_request(
+    body: Mapping[str, Any], *, reasoning_followers: bool = True
+) -> list[str]:
     """:func:`check_openai_responses` on a whole request body (``input`` may be a string)."""
     items = body.get("input")
     if isinstance(items, str):
@@ -168,5 +180,8 @@ def check_openai_responses_request(body: Mapping[str, Any]) -> list[str]:
         return ["the request has no input list"]
     continuing = bool(body.get("previous_response_id") or body.get("conversation"))
     return check_openai_responses(
-        items, store=body.get("store") is not False, continuing=continuing
+        items,
+        store=body.get("store") is not False,
+        continuing=continuing,
+        reasoning_followers=reasoning_followers,
     )

@@ -44,8 +44,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from jsonschema import Draft202012Validator
 
-from fsm_agent.core.content import part_media
 from fsm_agent.models._adapter import AsyncCall, Message, ProviderCodec, SyncCall
+from fsm_agent.models._chat_history import REASONING_KEYS, TOOL_MEDIA, to_openai_chat
 from fsm_agent.models._common import (
     ModelResponseError,
     SdkErrors,
@@ -57,18 +57,18 @@ from fsm_agent.models.validate import check_openai_chat
 
 __all__ = ["AsyncOpenAIChatModel", "OpenAIChatModel"]
 
-_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 _FINISHED = ("stop", "tool_calls")
 _TRUNCATED = {
     "length": "the reply was cut at the output token limit, so its answer or arguments "
     "are incomplete",
     "content_filter": "the provider's content filter withheld the reply",
 }
-_REASONING_KEYS = ("reasoning_content", "reasoning", "reasoning_details")
-_TOOL_MEDIA = ("text", "user_message")
+_REASONING_KEYS = REASONING_KEYS
+_TOOL_MEDIA = TOOL_MEDIA
 _MISSING_ID_HINT = (
     "the server sent no tool call id; if it never does (Gemini's OpenAI-compatible "
-    "endpoint sends empty ids), pass OpenAIChatModel(synthesize_missing_ids=True)"
+    "endpoint sends empty ids), pass OpenAIChatModel(synthesize_missing_ids=True), or "
+    "--synthesize-missing-ids to fsm-agent"
 )
 
 
@@ -124,61 +124,10 @@ class _ChatCodec(ProviderCodec):
 
     # ── out ──────────────────────────────────────────────────────────────────────
 
-    def _assistant(self, m: Mapping[str, Any]) -> Message:
-        out = {k: m[k] for k in _KEYS if k in m}
-        out.update((k, m[k]) for k in self.send_reasoning if m.get(k) is not None)
-        extra = m.get("tool_call_extra_content")
-        if isinstance(extra, Mapping) and isinstance(out.get("tool_calls"), list):
-            out["tool_calls"] = [
-                {**c, "extra_content": extra[c.get("id")]}
-                if isinstance(c, Mapping) and c.get("id") in extra
-                else c
-                for c in out["tool_calls"]
-            ]
-        return out
-
-    def _tool(self, m: Mapping[str, Any], media: list[Any]) -> Message:
-        """A tool message whose content may hold media parts: Chat Completions takes
-        text only, so the text (with its placeholders) goes; the parts wait in ``media``
-        for a following user message when ``tool_media="user_message"``."""
-        out = {k: m[k] for k in _KEYS if k in m}
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = [
-                p.get("text", "")
-                for p in content
-                if isinstance(p, Mapping) and p.get("type") == "text"
-            ]
-            out["content"] = "\n".join(texts)
-            media.extend(p for p in content if part_media(p) is not None)
-        return out
-
     def to_messages(self, messages: list[Message]) -> list[Any]:
-        out: list[Any] = []
-        media: list[Any] = []
-        for m in messages:
-            if not isinstance(m, Mapping):
-                out.append(m)
-                continue
-            role = m.get("role")
-            if role != "tool" and media:
-                out.append(self._media_message(media))
-                media = []
-            if role == "assistant":
-                out.append(self._assistant(m))
-            elif role == "tool":
-                out.append(self._tool(m, media))
-            else:
-                out.append({k: m[k] for k in _KEYS if k in m})
-        if media:
-            out.append(self._media_message(media))
-        return [x for x in out if x is not None]
-
-    def _media_message(self, media: list[Any]) -> Message | None:
-        if self.tool_media != "user_message":
-            return None
-        text = "The images and files returned by the tool calls above, in order:"
-        return {"role": "user", "content": [{"type": "text", "text": text}, *media]}
+        return to_openai_chat(
+            messages, tool_media=self.tool_media, send_reasoning=self.send_reasoning
+        )
 
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         out = self.to_messages(messages)

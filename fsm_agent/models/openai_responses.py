@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 try:
     import openai
@@ -174,9 +175,21 @@ def _check_status(body: Message, p: str) -> Any:
     return status
 
 
+def _openai_rules(given: bool | None, model: Any) -> bool:
+    """Whether OpenAI's own rules apply: as given, else when the client's base URL is
+    OpenAI's or Azure OpenAI's (compatible servers such as DeepSeek's accept more)."""
+    if given is not None:
+        return given
+    url = getattr(getattr(model, "client", None), "base_url", None)
+    host = (urlsplit(str(url)).hostname or "") if url is not None else "api.openai.com"
+    return host == "api.openai.com" or host.endswith((".openai.com", ".openai.azure.com"))
+
+
 class _ResponsesCodec(ProviderCodec):
     provider = "openai-responses"
     errors = SdkErrors(openai.APIStatusError, openai.APIConnectionError)
+    #: ``None``: OpenAI's reasoning-item rule applies only on OpenAI's own servers.
+    reasoning_followers: bool | None = None
 
     def build_request(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         request: Message = {"store": False, **self.options, "model": self.model}
@@ -185,7 +198,12 @@ class _ResponsesCodec(ProviderCodec):
         if not store and "reasoning" in self.options and "include" not in self.options:
             request["include"] = [_ENCRYPTED]  # the only way reasoning survives store=false
         continuing = bool(request.get("previous_response_id") or request.get("conversation"))
-        problems = check_openai_responses(items, store=store, continuing=continuing)
+        problems = check_openai_responses(
+            items,
+            store=store,
+            continuing=continuing,
+            reasoning_followers=_openai_rules(self.reasoning_followers, self),
+        )
         request["input"] = self.checked(items, problems)
         if tool_specs:
             request["tools"] = to_tools(tool_specs)
@@ -248,11 +266,24 @@ class _ResponsesCodec(ProviderCodec):
         return reply
 
 
+def _reasoning_option(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(
+            f"openai-responses: reasoning_followers must be True, False or None, got {value!r}"
+        )
+    return value
+
+
 class OpenAIResponsesModel(SyncCall, _ResponsesCodec):
     """A Responses API model: ``OpenAIResponsesModel("gpt-4.1-mini")``; arguments as
     :class:`~fsm_agent.models.OpenAIChatModel`. For a reasoning model pass e.g.
     ``options={"reasoning": {"effort": "low"}}``: its reasoning then travels with the
-    history (encrypted), round after round."""
+    history (encrypted), round after round.
+
+    ``reasoning_followers``: whether each reasoning item sent back must be followed by an
+    item with an id, as OpenAI requires. ``None`` (default): on OpenAI's and Azure's
+    servers only; compatible servers (DeepSeek's ``/responses``) reply with items
+    without ids and accept them back."""
 
     def __init__(
         self,
@@ -261,9 +292,11 @@ class OpenAIResponsesModel(SyncCall, _ResponsesCodec):
         client: openai.OpenAI | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
+        reasoning_followers: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
+        self.reasoning_followers = _reasoning_option(reasoning_followers)
         self.client = (
             client.with_options(max_retries=0)
             if client is not None
@@ -284,9 +317,11 @@ class AsyncOpenAIResponsesModel(AsyncCall, _ResponsesCodec):
         client: openai.AsyncOpenAI | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
+        reasoning_followers: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
+        self.reasoning_followers = _reasoning_option(reasoning_followers)
         self.client = (
             client.with_options(max_retries=0)
             if client is not None

@@ -1,11 +1,16 @@
-"""A model that replays a fixed script: deterministic runs for tests and demos."""
+"""Models that replay a script: deterministic runs for tests and demos.
+
+:class:`ScriptedModel` returns its steps in order; :class:`KeyedScriptedModel` picks them
+by what the history holds, so a run resumed in another process continues where it was."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ScriptedModel"]
+from fsm_agent.errors import ConfigError
+
+__all__ = ["KeyedScriptedModel", "ScriptedModel", "last_result_id"]
 
 Step = dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | BaseException
 
@@ -16,6 +21,8 @@ class ScriptedModel:
     Each step is a decision dict, a callable of the history returning one (so a script
     can react to results), or an exception instance to raise. Running past the end
     raises ``IndexError``, which the runtime reports as ``protocol_error/model_error``.
+    The position lives in this object: a run resumed in a new process with a new
+    ``ScriptedModel`` starts its script again (use :class:`KeyedScriptedModel` there).
     """
 
     def __init__(self, steps: Sequence[Step]) -> None:
@@ -34,3 +41,84 @@ class ScriptedModel:
         if callable(step):
             return step(messages)
         return step
+
+
+#: A decision of a :class:`KeyedScriptedModel`: a decision dict, a final answer's text,
+#: a callable of the history returning a decision, or an exception instance to raise.
+KeyedStep = dict[str, Any] | str | Callable[[list[dict[str, Any]]], Any] | BaseException
+
+
+class KeyedScriptedModel:
+    """Picks each decision by what the history already holds, not by how often it was
+    asked, so a run resumed in a new process continues where it was.
+
+    ``script`` maps the id of the call whose result is the last one in the history to
+    the decision to take then; ``None`` is the decision before any result::
+
+        model = KeyedScriptedModel({
+            None: decide(call("lookup", {"order_id": "A17"}, id="c1")),
+            "c1": decide(call("issue_refund", {"order_id": "A17"}, id="c2")),
+            "c2": "Refunded A17.",       # a string is the final answer
+        })
+
+    After a batch of several calls, the key is the id of the batch's last call (results
+    are in call order). A :class:`ScriptedModel` counts its steps from zero in each new
+    process: resumed after a review, it replays its first decision and asks for the same
+    calls again (the runtime then warns that it repeated calls of an earlier round). A
+    history with no decision in ``script`` raises ``LookupError``, which the runtime reports as
+    ``protocol_error/model_error``; a decision that depends on more than the last result
+    (an answer a rule sent back, say) is a callable of the history.
+    """
+
+    def __init__(self, script: Mapping[str | None, KeyedStep]) -> None:
+        if not isinstance(script, Mapping) or not script:
+            raise ConfigError(
+                "KeyedScriptedModel takes a non-empty mapping {call id or None: decision}"
+            )
+        for key, step in script.items():
+            if key is not None and (not isinstance(key, str) or not key):
+                raise ConfigError(
+                    f"KeyedScriptedModel: key {key!r} is not a call id (a non-empty string) "
+                    "or None (before any result)"
+                )
+            if not isinstance(step, (dict, str, BaseException)) and not callable(step):
+                raise ConfigError(
+                    f"KeyedScriptedModel: the decision after {_name(key)} is {step!r}; give "
+                    "a decision dict, an answer string, a callable of the history or an "
+                    "exception"
+                )
+        self.script = dict(script)
+        self.calls = 0
+        self.seen: list[list[dict[str, Any]]] = []
+
+    def __call__(self, messages: list[dict[str, Any]], tool_specs: list[dict[str, Any]]) -> Any:
+        self.calls += 1
+        self.seen.append(messages)
+        key = last_result_id(messages)
+        if key not in self.script:
+            known = ", ".join(_name(k) for k in self.script)
+            raise LookupError(
+                f"KeyedScriptedModel has no decision after {_name(key)} (it has decisions "
+                f"after: {known})"
+            )
+        step = self.script[key]
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, str):
+            return {"role": "assistant", "content": step}
+        if callable(step):
+            return step(messages)
+        return step
+
+
+def last_result_id(messages: list[dict[str, Any]]) -> str | None:
+    """The call id of the last tool result in ``messages`` (``None``: no result yet)."""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "tool":
+            call_id = message.get("tool_call_id")
+            return call_id if isinstance(call_id, str) else None
+    return None
+
+
+def _name(key: str | None) -> str:
+    return "the start (no result yet)" if key is None else f"a result for {key!r}"

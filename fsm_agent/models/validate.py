@@ -1,4 +1,5 @@
-"""Provider-valid history, checked per provider (SPEC rule 2), on what is actually sent.
+"""Provider-valid history (R2 of docs/concepts/rules.md), checked per provider on what is
+actually sent.
 
 Each check takes the *provider-shaped* payload an adapter is about to send and returns
 the problems the provider would reject, empty when valid. Adapters raise

@@ -53,7 +53,7 @@ __all__ = [
 #: The two views: ``overview`` (one arrow per source → destination) and ``full``.
 DETAILS = ("overview", "full")
 
-#: What each state means (node tooltips; SPEC.md §1).
+#: What each state means (node tooltips; docs/concepts/machine.md).
 STATE_HELP: dict[str, str] = {
     "deciding": "the model is asked for its next decision",
     "validating": "the decision and its whole batch are checked before anything runs",

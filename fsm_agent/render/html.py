@@ -67,6 +67,7 @@ def viewer_html(
                 "label": f"{t.label} -> {t.dest}" if t is not None else None,
                 "rule": t.rule if t is not None else None,
                 "summary": describe_event(step.event),
+                "failed": replay.failed_attempts(step.index),
                 "event": step.event,
             }
         )

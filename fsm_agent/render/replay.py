@@ -11,11 +11,13 @@ selector over its edges, with the same fallback to the event's destination and r
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fsm_agent.core.select import select_recorded
@@ -25,7 +27,11 @@ from fsm_agent.render.dot import Overlay
 from fsm_agent.render.edges import drawing, priority
 from fsm_agent.trace.checker import load_trace, select_edge
 
-__all__ = ["Replay", "Step", "StepError", "aggregate_overlay"]
+__all__ = ["MAX_TRACE_BYTES", "Replay", "Step", "StepError", "aggregate_overlay"]
+
+
+#: Failed attempts listed per call (a run makes at most ``max_attempts`` of them).
+_MAX_FAILURES_SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,20 @@ def _edge_in(
     return next((t for t in edges if t.dest == dest and t.reason == reason), found)
 
 
+#: The largest trace file a replay loads by default. A replay holds every event in memory
+#: (measured: about 6 times the file's size, 14 times while writing the HTML page, which
+#: is about twice the file and takes ~0.9 s per MB): a 1 GB trace would take ~14 GB and
+#: ~15 minutes for a page no browser opens. ``fsm-agent check`` reads any size in
+#: constant memory.
+MAX_TRACE_BYTES = 32 * 1024 * 1024
+
+
 class Replay:
     """The steps of one trace file (read with :func:`fsm_agent.check.load_trace`), over
-    ``machine`` (the one the trace was recorded under; default: the built-in one)."""
+    ``machine`` (the one the trace was recorded under; default: the built-in one).
+
+    A file larger than ``max_bytes`` (default :data:`MAX_TRACE_BYTES`; ``None``: no
+    limit) is refused with a :class:`StepError` before anything is read."""
 
     def __init__(
         self,
@@ -68,13 +85,34 @@ class Replay:
         events: list[dict[str, Any]] | None = None,
         *,
         machine: Machine = DEFAULT_MACHINE,
+        max_bytes: int | None = MAX_TRACE_BYTES,
     ) -> None:
         self.path = str(path)
         self.machine = machine
+        if events is None:
+            _refuse_large(self.path, max_bytes)
         self.events = events if events is not None else load_trace(path, machine.hash)
         self.steps: list[Step] = []
+        # Per step, the failed attempts so far of the call it concerns (computed once:
+        # the viewer asks for every step of traces of any length).
+        self._failed: list[tuple[dict[str, Any], ...]] = []
+        failed: dict[Any, tuple[dict[str, Any], ...]] = {}
         state: str = INITIAL_STATE
         for i, event in enumerate(self.events):
+            call_id = event.get("call_id")
+            if event.get("type") == "decision":
+                failed = {}  # call ids are unique only within a batch
+            elif (
+                event.get("trigger") == "tool_returned"
+                and event.get("outcome") not in (None, "ok")
+                and isinstance(call_id, str)
+            ):
+                attempt = {k: event.get(k) for k in ("attempt", "outcome", "error")}
+                kept = failed.get(call_id, ())
+                # A run makes at most max_attempts; a hostile trace may claim any number.
+                if len(kept) < _MAX_FAILURES_SHOWN:
+                    failed[call_id] = (*kept, attempt)
+            self._failed.append(failed.get(call_id, ()) if isinstance(call_id, str) else ())
             taken = None
             if event.get("type") == "transition":
                 guards = event.get("guards")
@@ -88,6 +126,13 @@ class Replay:
                 dest = event.get("dest")
                 state = dest if isinstance(dest, str) else state
             self.steps.append(Step(i, event, state, taken, machine))
+
+    def failed_attempts(self, n: int) -> list[dict[str, Any]]:
+        """The failed attempts, up to step ``n``, of the call step ``n`` concerns (a
+        ``tool_returned``, a retry, an observation): each ``attempt``, ``outcome`` and
+        ``error``, so a retry or a failure shows why without opening the raw JSON."""
+        self.step(n)  # the range check
+        return list(self._failed[n])
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -124,6 +169,23 @@ class Replay:
         )
 
 
+def _refuse_large(path: str, max_bytes: int | None) -> None:
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return  # load_trace says why it cannot be read
+    if max_bytes is not None and size > max_bytes:
+        raise StepError(
+            f"{path} is {_mib(size)}: replay holds a whole trace in memory (up to about 15 "
+            f"times its size) and stops at {_mib(max_bytes)}. Check it with `fsm-agent check` "
+            "(any size, constant memory), or raise the limit with --max-trace-bytes"
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB ({size} bytes)"
+
+
 def describe_event(event: dict[str, Any]) -> str:
     """A one-line summary of an event (frame captions, the stepper's title)."""
     kind = event.get("type")
@@ -133,6 +195,8 @@ def describe_event(event: dict[str, Any]) -> str:
             text += f" ({event['reason']})"
         if event.get("call_id"):
             text += f"  call {event['call_id']} {event.get('tool', '')}"
+        if event.get("outcome") not in (None, "ok"):
+            text += f"  attempt {event.get('attempt')} {_failure(event)}"
         return text
     if kind == "observation":
         result = event.get("result")
@@ -179,14 +243,51 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
         guards = event.get("guards")
         if isinstance(guards, dict) and guards:
             lines.append("  guards: " + ", ".join(f"{k}={_short(v)}" for k, v in guards.items()))
+        if event.get("outcome") is not None:
+            lines.append(f"  outcome: {_failure(event)}")
         if event.get("detail"):
             lines.append(f"  detail: {event['detail']}")
+    failed = replay.failed_attempts(n)
+    if failed and not (len(failed) == 1 and event.get("outcome") not in (None, "ok")):
+        lines.append(f"  failed attempts of {event.get('call_id')}:")
+        lines += [f"    #{f['attempt']} {_failure(f)}" for f in failed]
+    if n == len(replay) - 1 and event.get("type") == "run_end":
+        lines += [f"  next:   {line}" for line in where_the_rest_is(replay)]
     payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
     if event.get("type") in ("decision", "observation", "run_end", "run_start"):
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
         lines.append("  payload:")
         lines += ["    " + line for line in text.splitlines()]
     return [part for line in lines for part in _wrap(_printable(line), width)]
+
+
+def _failure(attempt: dict[str, Any]) -> str:
+    """``transient: TransientToolError: CRM returned 503`` (an outcome and its error)."""
+    error = attempt.get("error")
+    return f"{attempt.get('outcome')}: {error}" if error else str(attempt.get("outcome"))
+
+
+def where_the_rest_is(replay: Replay) -> list[str]:
+    """For a trace that ends paused for review: where the run went on, if it was resumed
+    (a ``trace_dir`` file is continued; a trace path given to ``run()`` is not)."""
+    end = replay.events[-1] if replay.events else {}
+    if end.get("status") != "review_required":
+        return []
+    path = Path(replay.path)
+    run_id = str(replay.events[0].get("run_id", "RUN"))
+    numbered = {
+        int(p.stem.rsplit(".", 1)[1]): p
+        for p in path.parent.glob(f"{glob.escape(path.stem)}.*.jsonl")
+        if p.stem.rsplit(".", 1)[1].isdigit()
+    }
+    later = [numbered[n] for n in sorted(numbered)]
+    if later:
+        return [f"the run paused for review; the whole run, resumed, is in {later[-1]}"]
+    return [
+        "the run paused for review; once resumed, the rest of it is in its store",
+        f"(fsm-agent runs export {run_id} --db ...), and in this file if it was written",
+        "by Runtime(trace_dir=...) and the run resumed with that trace_dir",
+    ]
 
 
 def _short(value: Any) -> str:

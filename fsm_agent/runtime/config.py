@@ -93,6 +93,8 @@ def tool_facts(tools: ToolRegistry) -> dict[str, dict[str, Any]]:
             "idempotent": t.idempotency_key is not None,
             "dedup": t.dedup,
             "timeout_s": t.timeout_s,
+            # The final schema admission validates with: check replays admission with it.
+            "schema": t.schema,
         }
         for t in tools
     }

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from fsm_agent.core.budget import bounded_text
 from fsm_agent.core.loop import Cancelled, Steps
 from fsm_agent.core.requests import (
     AbortIntent,
@@ -166,7 +167,8 @@ def propagates(exc: BaseException) -> bool:
 
 def _text(exc: BaseException) -> str:
     try:
-        return f"{type(exc).__name__}: {exc}"
+        # Bounded: a tool's message is recorded in the trace (core/budget.py).
+        return bounded_text(f"{type(exc).__name__}: {exc}")
     except Exception:  # an exception whose __str__ raises
         return f"{type(exc).__name__}: <unprintable>"
 

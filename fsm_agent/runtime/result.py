@@ -17,7 +17,9 @@ class RunResult:
 
     ``status`` is the terminal state (``done``, ``budget_exhausted``, ``protocol_error``,
     ``review_required``) and ``reason`` why; ``messages`` is the provider-valid history
-    (every tool call answered exactly once); ``events`` is the trace.
+    (every tool call answered exactly once); ``events`` is the trace. ``warnings`` holds
+    what the runtime warned about while driving it this time (each also a
+    ``RuntimeWarning``): a model that repeated calls of an earlier round.
     """
 
     run_id: str
@@ -29,6 +31,7 @@ class RunResult:
     counters: dict[str, Any]
     detail: str = ""
     pending: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

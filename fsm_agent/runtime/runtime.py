@@ -15,6 +15,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -30,13 +31,15 @@ from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.runtime.call_ids import warn_repeated_calls
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.interceptors import Interceptors
 from fsm_agent.runtime.result import RunResult, result_of
+from fsm_agent.runtime.trace_files import continue_trace_file
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
-from fsm_agent.trace.chain import Encoder
+from fsm_agent.trace.chain import Chain, Encoder
 from fsm_agent.trace.io import JsonlTrace, Redactor, TraceSink
 
 __all__ = ["Model", "Runtime"]
@@ -52,14 +55,15 @@ def _is_async_callable(fn: Any) -> bool:
 
 
 class Runtime:
-    """Runs agent loops under the rules of SPEC §2. Configuration errors raise
+    """Runs agent loops under the rules of docs/concepts/rules.md. Configuration errors raise
     :class:`~fsm_agent.errors.ConfigError` (a ``ValueError``) at construction.
 
     ``allowed_tools`` is the trusted caller's allow-list: nothing a model writes widens it.
     ``approvals`` bind a write tool to exact arguments (``core/approvals.py`` says what
     each covers). ``store`` keeps idempotency records and runs (a fresh
     :class:`MemoryStore` per runtime by default). ``trace_dir`` writes one
-    ``<run_id>.jsonl`` per run; ``redact`` rewrites each event before it leaves the loop.
+    ``<run_id>.jsonl`` per run, continued when the run is resumed
+    (``runtime/trace_files.py``); ``redact`` rewrites each event before it leaves the loop.
     ``clock`` and ``sleep`` exist so tests can run backoffs and deadlines without waiting.
     ``trace_key`` (bytes or str) signs every trace this runtime writes: each line's chain
     link becomes an HMAC, so ``fsm-agent check --key-env`` detects any edit
@@ -173,15 +177,21 @@ class Runtime:
     def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
         """Record a new run in the store without driving it, and return its id: a worker
         (``fsm-agent worker``) claims and drives it, with the settings of this runtime
-        (budget, retry, policy, allow-list) recorded in its header. The time it waits in
-        the queue does not count against its wall-clock budget. Raises ``RunExists`` for
-        a taken id, ``StoreError`` for a store that keeps no runs."""
+        (budget, retry, policy, allow-list) recorded in its header. Its trace starts
+        with its first driver, whose ``run_start`` records what governs the run: that
+        runtime's approvals, tools and ``trace_key`` (every stored line is chained under
+        it), and this allow-list narrowed to that runtime's. The time it waits in the
+        queue does not count against its wall-clock budget. Raises ``RunExists`` for a
+        taken id (of concurrent submits of one id exactly one succeeds), ``StoreError``
+        for a store that keeps no runs."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
         state, _ = self._new_run(task, run_id, None, traced=False)
-        # The loop's own first step writes the run's creation (header, run_start, the
-        # checkpoint at ``deciding``); it is stopped there, before asking the model.
+        # The loop's own first step writes the run's creation (its header and the
+        # checkpoint at ``deciding``); it is stopped there, before asking the model. Its
+        # trace starts with its first driver (``_adopt``): the run_start line records
+        # what governs the run — that driver's approvals, tools and trace key.
         loop = steps(state)
         next(loop)  # ReadClock
         first = loop.send(self.clock())
@@ -192,13 +202,13 @@ class Runtime:
             state.run_id,
             first.header,
             owner,
-            first.events,
+            [],
             Checkpoint(first.snapshot, first.messages),
         )
         store.release(state.run_id, owner)  # announces it to the workers
         return state.run_id
 
-    # ── durable runs: resume and review (SPEC §5) ─────────────────────────────────
+    # ── durable runs: resume and review (docs/concepts/durable-runs.md) ───────────────
 
     def resume(self, run_id: str, *, model: Model | None = None) -> RunResult:
         """Continue a stored run from its last checkpoint with this runtime's model and
@@ -210,8 +220,8 @@ class Runtime:
         live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
         model = self._sync_model(model, "resume")
-        state, owner, encoder = self._restore(run_id)
-        return self._drive(state, model, None, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink = self._restore(run_id)
+        return self._drive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
 
     async def aresume(
         self, run_id: str, *, model: Model | None = None, claimed_by: str | None = None
@@ -219,8 +229,8 @@ class Runtime:
         """:meth:`resume` for async models and tools. ``claimed_by``: the owner token of
         a claim the caller already holds on the run (a worker's: ``runtime/worker.py``)."""
         model = self._model_for(model)
-        state, owner, encoder = self._restore(run_id, claimed_by)
-        return await self._adrive(state, model, None, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink = self._restore(run_id, claimed_by)
+        return await self._adrive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
 
     def approve(
         self,
@@ -365,7 +375,9 @@ class Runtime:
 
     def _restore(
         self, run_id: str, claimed_by: str | None = None
-    ) -> tuple[RunState, str, Encoder | None]:
+    ) -> tuple[RunState, str, Encoder | None, TraceSink | None]:
+        """The claimed, rebuilt run; with a ``trace_dir``, its file continued (it then holds
+        the whole run: ``runtime/trace_files.py``) as the sink of the rest of the run."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(
@@ -375,11 +387,59 @@ class Runtime:
         state, owner, tail = restore_run(
             store, run_id, self.config, claimed_by=claimed_by, machines=self.machines
         )
+        sink: TraceSink | None = None
         try:
-            return state, owner, self._encoder(state, None, tail)
+            adopted = self._adopt(state, owner)
+            if self.trace_dir is not None and adopted:
+                # A submitted run's trace starts with this driver: a new file, as run()'s
+                # (encoded with the store's lines, one chain for both).
+                sink = JsonlTrace(self.trace_dir / f"{run_id}.jsonl")
+                state.config = replace(state.config, emit=True)
+            encoder = self._encoder(state, sink, tail)
+            if self.trace_dir is not None and state.events and not adopted:
+                sink, file_chain = continue_trace_file(
+                    self.trace_dir, run_id, state.events, self._trace_key
+                )
+                state.config = replace(state.config, emit=True)
+                encoder = self._file_encoder(state, encoder, file_chain)
+            return state, owner, encoder, sink
         except BaseException:
+            if sink is not None:
+                sink.close()
             owners.let_go(store, run_id, owner)
             raise
+
+    def _file_encoder(
+        self, s: RunState, store_encoder: Encoder | None, file_chain: Chain | None
+    ) -> Encoder | None:
+        """One encoder for the continued file and a store that keeps lines: each event is
+        encoded once and both get the same line. It continues the file's chain, which is
+        the store's too when the store's lines are chained (the file was checked to be
+        the store's events under the same key); a store whose lines carry no links (a
+        run recorded without them) takes the file's from here on."""
+        if file_chain is None:
+            return store_encoder
+        to_store = s.config.save != "never" and getattr(self.store, "wants_lines", False)
+        return Encoder(file_chain, 1 + int(to_store))
+
+    def _adopt(self, s: RunState, owner: str) -> bool:
+        """A run submitted and never driven has no trace yet: its first driver starts
+        it, recording what governs the run (this runtime's approvals, tools' facts and
+        trace key; the submitter's budget, retry, policy and allow-list, narrowed to
+        this runtime's), in the stored header too. The run_start goes in with the
+        driver's first save, chained under this runtime's key. Whether it did so."""
+        if s.events or s.seq != 0 or s.state != s.config.machine.initial:
+            return False
+        adopt = getattr(self.store, "adopt_run", None)
+        if adopt is not None and not adopt(s.run_id, owner, s.config.header_fields()):
+            # Events appeared under a claim this driver holds: nothing to continue from.
+            raise StoreError(
+                f"run {s.run_id!r}: its trace began while this driver was claiming it; "
+                "resume it again"
+            )
+        start(s)
+        s.emitted = s.saved_events = 0
+        return True
 
     def _encoder(
         self, s: RunState, sink: TraceSink | None, tail: list[dict[str, Any]] | None = None
@@ -427,9 +487,12 @@ class Runtime:
         encoder: Encoder | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
+        since = len(s.messages)
         with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
-        return self._result(s)
+        result = self._result(s)
+        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        return result
 
     async def _adrive(
         self,
@@ -442,6 +505,9 @@ class Runtime:
         encoder: Encoder | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
+        since = len(s.messages)
         with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
-        return self._result(s)
+        result = self._result(s)
+        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        return result

@@ -18,7 +18,12 @@ are refused — and cancelled, and the next worker continues it from its last ch
 write that was in flight goes to review as ``outcome_unknown``, as after a crash).
 
 One log line per claim and per finish (logger ``fsm_agent.worker``); counts go to the
-store's ``workers`` table (``fsm-agent worker --status``).
+store's ``workers`` table every ``report_s`` (``fsm-agent worker --status``, which lists
+a worker silent for longer than the lease as ``lost``: killed without a word).
+
+A run claimed on this host by a worker process that is gone (SIGKILL, OOM) is taken at
+once, not at the end of its lease (``PostgresStore.claim_next``); a live worker keeps
+its claims until their leases run out, stalled or not.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class Worker:
         stop = stop or asyncio.Event()
         wake = asyncio.Event()
         listener = asyncio.create_task(self._listen(wake), name="fsm-agent-listen")
+        reporter = asyncio.create_task(self._keep_reporting(), name="fsm-agent-report")
         self.state = "running"
         log.info(
             "worker %s: started on %s (concurrency %d, lease %gs)",
@@ -113,7 +119,8 @@ class Worker:
                 await self._wait(stop, wake)
         finally:
             listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
+            reporter.cancel()
+            await asyncio.gather(listener, reporter, return_exceptions=True)
             await self._drain()
             self.state = "stopped"
             await self._report(force=True)
@@ -143,8 +150,12 @@ class Worker:
         while len(self._active) < self.concurrency:
             owner = owners.new_owner()
             owners.hold(owner)
+            # Never a run this worker still drives, even if its lease lapsed meanwhile
+            # (the store was unreachable for longer than the lease): that driving keeps
+            # the run, and its heartbeat renews the claim once the store is back.
+            skip = (*self._skip, *(c.run_id for c in self._active.values()))
             try:
-                claim = await asyncio.to_thread(self.store.claim_next, owner, tuple(self._skip))
+                claim = await asyncio.to_thread(self.store.claim_next, owner, skip)
             except StoreError as exc:
                 owners.drop(owner)
                 self._down(exc)
@@ -250,6 +261,13 @@ class Worker:
                     await asyncio.to_thread(self.store.release, claim.run_id, claim.owner)
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
+
+    async def _keep_reporting(self) -> None:
+        """Report every ``report_s`` whatever the loop waits for: a worker silent for
+        long is listed as lost (``PostgresStore.fleet``)."""
+        while True:
+            await asyncio.sleep(self.report_s)
+            await self._report()
 
     async def _report(self, *, force: bool = False) -> None:
         now = time.monotonic()

@@ -7,6 +7,7 @@ entry point) adds fixtures and ``--fsm-coverage``. Hypothesis strategies live in
 needs neither pytest nor Hypothesis.
 """
 
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
 from fsm_agent.testing.assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
@@ -45,10 +46,12 @@ __all__ = [
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
+    "KeyedScriptedModel",
     "Path",
     "ProcessDied",
     "Scenario",
     "ScenarioRun",
+    "ScriptedModel",
     "SideEffect",
     "ToolFaults",
     "answer",

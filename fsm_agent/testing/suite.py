@@ -118,6 +118,18 @@ def _check(*checks: Check) -> Check:
 # ── deciding ────────────────────────────────────────────────────────────────────────
 
 
+def _huge_reply(kit: FaultyTools) -> list[list[Step]]:
+    _kit(kit)
+    return [[decide(_lookup("A" * 3000), usage={"total_tokens": 7})]]
+
+
+def _huge_reply_check(o: ScenarioRun) -> None:
+    assert o.kit["lookup"].attempts == 0  # nothing of it ran
+    assert o.result.messages[-1]["role"] == "user"  # nor joined the history
+    decision = next(e for e in o.result.events if e["type"] == "decision")
+    assert "message" not in decision and decision["oversized"] > 1000  # kept by its size
+
+
 def _tokens(kit: FaultyTools) -> list[list[Step]]:
     _kit(kit)
     return [[decide(_lookup(), usage={"prompt_tokens": 40, "completion_tokens": 9})]]
@@ -444,6 +456,10 @@ def _one_ticket(o: ScenarioRun) -> None:
 # fmt: off
 #: One scenario per edge of the table, in table order.
 SUITE: tuple[Scenario, ...] = (
+    S("reply_too_large", _key("model_replied", "deciding", "budget_exhausted",
+                              "reply_too_large"),
+      _huge_reply, "budget_exhausted", "reply_size", {"model_calls": 1, "tokens": 7},
+      _huge_reply_check, options={"budget": Budget(max_reply_bytes=1000)}),
     S("tokens_spent", _key("model_replied", "deciding", "budget_exhausted", "tokens_spent"),
       _tokens, "budget_exhausted", "tokens", {"model_calls": 1, "tokens": 49, "tool_rounds": 0},
       _tokens_check, options={"budget": Budget(max_tokens=10)}),

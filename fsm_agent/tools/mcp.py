@@ -1,6 +1,6 @@
 """Tools of a Model Context Protocol server, registered into a :class:`ToolRegistry`.
 
-The registering caller stays the authority (SPEC rule 4): it confirms every tool's
+The registering caller stays the authority (R4 of docs/concepts/rules.md): it confirms every tool's
 effect (``read`` or ``write``). A server's ``readOnlyHint`` is the server describing
 itself, so it only *seeds* :func:`suggested_effects`, which the caller reviews and
 passes back. Each tool keeps the server's ``inputSchema``, closed against unknown

@@ -3,7 +3,7 @@
 Whoever registers a tool declares what it is: its JSON Schema, its effect (``read`` or
 ``write``), whether it needs approval, how its idempotency key is derived, whether the
 downstream system deduplicates, and its timeout. None of that can come from a model's
-arguments (SPEC rule 4).
+arguments (R4 of docs/concepts/rules.md).
 """
 
 from __future__ import annotations
@@ -14,52 +14,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from fsm_agent.core.formats import CHECKED_FORMATS, FORMATS
 from fsm_agent.errors import ConfigError
 
 __all__ = ["CHECKED_FORMATS", "Tool", "ToolRegistry", "translate_nullable"]
 
-#: The JSON Schema ``format`` values whose arguments are checked, each by a checker
-#: that refuses only what its standard refuses (date-time and time: RFC 3339; date:
-#: ISO 8601 full-date; uri and uri-reference: RFC 3986; hostname: RFC 1123; email:
-#: lenient, an ``@`` is required; uuid; ipv4; ipv6; json-pointer: RFC 6901; duration:
-#: ISO 8601). Other formats (``regex``, whose dialect differs between Python and
-#: ECMA-262; ``idn-*``; ``uri-template``; custom ones) are annotations only, as the JSON
-#: Schema specification makes every format by default.
-CHECKED_FORMATS = (
-    "date-time",
-    "date",
-    "time",
-    "uri",
-    "uri-reference",
-    "hostname",
-    "email",
-    "uuid",
-    "ipv4",
-    "ipv6",
-    "json-pointer",
-    "duration",
-)
-
-
-def _format_checker() -> FormatChecker:
-    # Draft 2020-12's own checkers: the class-wide registry holds other drafts' meaning of
-    # some names too (draft 3's "time" takes no offset).
-    known = Draft202012Validator.FORMAT_CHECKER.checkers
-    missing = [f for f in CHECKED_FORMATS if f not in known]
-    if missing:  # a checker's package is not installed
-        raise ImportError(
-            f"jsonschema cannot check the {', '.join(missing)} format(s): "
-            "reinstall fsm-agent (it depends on their checker packages)"
-        )
-    checker = FormatChecker(formats=())
-    checker.checkers = {f: known[f] for f in CHECKED_FORMATS}
-    return checker
-
-
-FORMATS = _format_checker()
 
 Effect = Literal["read", "write"]
 F = TypeVar("F", bound=Callable[..., Any])

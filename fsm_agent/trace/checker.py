@@ -2,23 +2,24 @@
 
 The checker reads a trace line by line, in constant memory whatever its size:
 
-1. **Integrity** (``trace/chain.py``): every line of a ``fsm-agent.trace/2`` trace must
-   carry the run's id and a chain link that follows from the previous line's link and
-   its own bytes — SHA-256, or HMAC-SHA256 when the header says the run was signed and
-   the caller gives the key. A deleted, inserted, reordered or spliced line breaks the
-   chain where it happened; with the key, so does any edit.
-2. **Conformance** (``trace/walk.py``): every transition is the edge the one selector
-   picks from the guard outcomes the checker *recomputes* from the trace (header,
-   decisions, running counters), the recorded outcomes are exactly those, every action's
-   payloads follow in order, every call of an accepted batch is answered once by id, no
-   idempotent write runs twice, ``run_end`` adds up, nothing happens after a terminal
-   state but reviews and the ``resume`` they allow.
+1. **Integrity** (``trace/chain.py``): every line of a chained trace must carry the
+   run's id and a chain link that follows from the previous line's link and its own
+   bytes — SHA-256, or HMAC-SHA256 when the header says the run was signed and the
+   caller gives the key. A deleted, inserted, reordered or spliced line breaks the chain
+   where it happened; with the key, so does any edit.
+2. **Conformance by replay** (``trace/replay.py``, ``fsm-agent.trace/3``): the recorded
+   inputs are fed to the engine's own loop, and every event it writes must be the
+   recorded one, field by field; outside the engine, no idempotent write executes twice
+   under one key (and ``check --db`` compares the writes with the store's records).
 
 Nothing a trace holds makes the checker raise: each problem is a :class:`Violation`
 (``FILE:LINE: message``), and a file that cannot be checked at all (missing, empty, no
 ``run_start`` header, another schema or machine) raises
-:class:`~fsm_agent.errors.TraceError`. ``fsm-agent.trace/1`` traces (0.1) still check,
-without integrity (they carry none) and with the guards as recorded.
+:class:`~fsm_agent.errors.TraceError`. Older traces lack the inputs replay needs: a
+``fsm-agent.trace/2`` trace is checked by the v2 walker (``trace/walk.py``, which
+recomputes the guards it knows and takes the others as recorded), a
+``fsm-agent.trace/1`` trace (0.1) too, without integrity (it carries none) and with the
+guards as recorded; the report notes either.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ from fsm_agent.trace.chain import (
     Chain,
     link_bytes,
 )
+from fsm_agent.trace.io import MAX_LINE
+from fsm_agent.trace.replay import Replay
 from fsm_agent.trace.walk import Walk, Write
 
 __all__ = [
     "LEGACY_SCHEMA",
     "MAX_LINE",
     "SCHEMAS",
+    "V2_SCHEMA",
     "Report",
     "Violation",
     "check_bytes",
@@ -66,11 +70,13 @@ __all__ = [
 
 #: The 0.1 trace format: no integrity data, guards recorded positive-first.
 LEGACY_SCHEMA = "fsm-agent.trace/1"
-#: The trace format this fsm-agent writes, and the older one it still reads.
-SCHEMAS = (SCHEMA, LEGACY_SCHEMA)
-#: Longest line the checker parses (memory is bounded by it); a longer one is a
-#: violation and is skipped without being read into memory.
-MAX_LINE = 64 * 1024 * 1024
+#: The engine v2 format: chained, but without the store's answers, the approval uses and
+#: exact clock readings that replay needs.
+V2_SCHEMA = "fsm-agent.trace/2"
+#: The trace format this fsm-agent writes, and the older ones it still reads.
+SCHEMAS = (SCHEMA, V2_SCHEMA, LEGACY_SCHEMA)
+# MAX_LINE (trace/io.py): the longest line the checker parses (memory is bounded by
+# it); a longer one is a violation and is skipped without being read into memory.
 #: Violations kept per trace; past that they are only counted.
 MAX_KEPT = 1000
 
@@ -179,6 +185,7 @@ class _Header:
                 "written by another version",
             )
         self.legacy = schema == LEGACY_SCHEMA
+        self.replayed = schema == SCHEMA
         hashes = {machine_hash} | (set(LEGACY_MACHINE_HASHES) if self.legacy else set())
         if event.get("machine_hash") not in hashes:
             raise TraceError(
@@ -191,6 +198,25 @@ class _Header:
         self.run_id = run_id if isinstance(run_id, str) else None
         self.mode = event.get("integrity")
         self.event = event
+
+
+def _conformance(head: _Header, report: Report, collect_writes: bool) -> Replay | Walk:
+    """What checks the events: replay through the engine (``trace/replay.py``) for the
+    format this fsm-agent writes; the v2 walker (``trace/walk.py``) for older traces,
+    which lack the inputs replay needs."""
+    writes: list[Write] | None = [] if collect_writes else None
+    report.writes = writes
+    if head.replayed:
+        return Replay(head.event, report.fail, writes=writes)
+    if not head.legacy:
+        report.notes.append(
+            f"a {V2_SCHEMA} trace records neither the store's answers nor the approval uses "
+            "nor exact clock readings, so it is not replayed: the v2 walker checked it, "
+            "which recomputes the guards it knows and takes the others as recorded"
+        )
+    walk = Walk(head.event, report.fail, legacy=head.legacy)
+    walk.writes = writes
+    return walk
 
 
 def _integrity(head: _Header, key: bytes | None, report: Report, *, lines: bool) -> Any:
@@ -274,14 +300,12 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     head = _Header(name, parsed)
     report.run_id = head.run_id
     fail = report.fail
-    walk = Walk(head.event, fail, legacy=head.legacy)
-    if collect_writes:
-        walk.writes = report.writes = []
+    walk = _conformance(head, report, collect_writes)
     mac = _integrity(head, key, report, lines=True)
     prev: bytes | None = b""
     run = head.run_id
     loads = parse_line
-    feed = walk.event
+    feed = walk.feed
     readline = handle.readline
     line_no = 0
     raw = first
@@ -317,7 +341,9 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 feed(line_no, event)
             elif event is not None:
                 fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
-                walk.seq += 1
+                walk.skip(line_no, numbered=True)
+            else:
+                walk.skip(line_no, numbered=False)
         raw = readline(MAX_LINE + 1)
         if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
             while True:  # skip the rest of an over-long line without holding it
@@ -375,15 +401,14 @@ def check_report(
         report.fail(1, exc.message)
         return report
     report.run_id = head.run_id
-    walk = Walk(head.event, report.fail, legacy=head.legacy)
-    if collect_writes:
-        walk.writes = report.writes = []
+    walk = _conformance(head, report, collect_writes)
     linked = "chain" in events[0]
     mac = _integrity(head, key, report, lines=False) if linked else None
     chain = Chain(head.run_id or "", key if head.mode == SIGNED else None)
     for line_no, event in enumerate(events, 1):
         if not isinstance(event, Mapping):
             report.fail(line_no, f"not a trace event: {type(event).__name__}")
+            walk.skip(line_no, numbered=False)
             continue
         if mac is not None:
             stored = event.get("chain")
@@ -394,7 +419,7 @@ def check_report(
             if event.get("run") != head.run_id:
                 report.fail(line_no, f"an event of run {event.get('run')!r}")
         if line_no > 1:
-            walk.event(line_no, dict(event))
+            walk.feed(line_no, dict(event))
     walk.finish(len(events))
     report.lines = len(events)
     report.last_link = chain.link if mac is not None else None

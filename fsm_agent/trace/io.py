@@ -1,4 +1,4 @@
-"""Traces: JSON Lines, one event per line (SPEC §4).
+"""Traces: JSON Lines, one event per line (docs/concepts/traces.md).
 
 A trace is ``run_start`` (schema, run id, machine hash, budget, retry, policy, allowed
 tools, the tools' declared facts, the configured approvals' digests, the integrity mode,
@@ -8,18 +8,23 @@ the initial messages), then events in ``seq`` order, then ``run_end``:
                  order, with its outcome), ``t`` (seconds since start) and, where they
                  apply, ``call_id``, ``tool``, ``attempt``, ``approval`` (what a write
                  consumed), ``outcome`` and ``error`` (what the tool did), ``reason``,
-                 ``detail``
+                 ``detail``, ``inputs`` (what the world answered since the previous
+                 transition: keys, approval uses, intent claims, loaded records, and
+                 ``resumed`` where a later driving took over)
 ``decision``     the model's reply as received (``message``; ``malformed``: why it was
-                 refused), or ``error``
+                 refused; ``raw_arguments``: arguments with lone surrogates), or
+                 ``error``
 ``observation``  a result bound to ``call_id``; ``synthetic`` for answers the runtime
                  wrote for calls that did not run
 ``review``       a reviewer's decision on a paused call
 ``run_end``      ``status``, ``reason``, ``detail``, ``answer``, ``counters``
 
 ``seq`` is 0 for the header and then contiguous. Everything the runtime did can be
-rebuilt from these events. Written by the runtime, every line also ends with the run id
-and its chain link (``trace/chain.py``). A ``redact`` hook sees each event before it
-leaves the runtime (file, store, ``RunResult.events``) and returns the event to keep.
+rebuilt from these events: they hold every input the loop took, so ``fsm-agent check``
+replays the run through the engine (``trace/replay.py``). Written by the runtime, every
+line also ends with the run id and its chain link (``trace/chain.py``). A ``redact`` hook
+sees each event before it leaves the runtime (file, store, ``RunResult.events``) and
+returns the event to keep.
 """
 
 from __future__ import annotations
@@ -33,7 +38,23 @@ from typing import IO, Any, Protocol
 from fsm_agent.errors import ConfigError, TraceError
 from fsm_agent.trace.chain import dumps_event
 
-__all__ = ["JsonlTrace", "LineSink", "Redactor", "TraceSink", "iter_trace", "read_trace"]
+__all__ = [
+    "MAX_LINE",
+    "JsonlTrace",
+    "LineSink",
+    "Redactor",
+    "TraceSink",
+    "iter_trace",
+    "read_trace",
+]
+
+#: The longest trace line ``fsm-agent check`` parses (its memory is bounded by it). The
+#: runtime never writes a longer one under any budget: one line holds at most one model
+#: reply or tool result, each at most ``core/budget.py``'s ``MAX_RECORD_BYTES`` (a
+#: quarter of this), and error messages are cut to ``MAX_ERROR_CHARS``. What a caller
+#: hands in itself (the task's messages in the header, a reviewer's reconciled result)
+#: is the caller's to keep under it.
+MAX_LINE = 64 * 1024 * 1024
 
 Redactor = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from fsm_agent.core.actions import BLOCKING, FITS
+from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
 from fsm_agent.core.decision import NO_DECISION, Decision
 from fsm_agent.core.select import GuardNotRecorded, select, select_recorded
@@ -222,6 +223,7 @@ class Walk:
         self.write_attempts = self.replays = self.retries = self.output_bytes = 0
         self.tool_attempts: dict[str, int] = {}
         self.usage = Usage()
+        self.reply_oversized = False
         # the batch
         self.decision: Decision = NO_DECISION
         self.calls: list[CallFacts] = []
@@ -250,6 +252,15 @@ class Walk:
     def fail(self, line: int, message: str) -> None:
         self.count += 1
         self._report(line, message)
+
+    def feed(self, line: int, e: dict[str, Any]) -> None:
+        self.event(line, e)
+
+    def skip(self, line: int, *, numbered: bool) -> None:
+        """A line that holds no event (reported already); ``numbered``: it was JSON, so
+        it counts as an event that used up a seq."""
+        if numbered:
+            self.seq += 1
 
     # ── the events ────────────────────────────────────────────────────────────────
 
@@ -343,6 +354,15 @@ class Walk:
         self.decided = True
         self.model_calls += 1
         self.answered = set()
+        oversized = e.get("oversized")
+        self.reply_oversized = (
+            type(oversized) is int and oversized > self.settings.budget.max_reply_bytes
+        )
+        if oversized is not None:  # recorded by its size: model_replied stops reply_size
+            self.decision = NO_DECISION
+            self.calls, self.by_id, self.accepted = [], {}, False
+            count_usage(self.usage, e.get("usage"))
+            return
         if "message" not in e:
             return  # the model raised: model_failed follows
         message = e.get("message")
@@ -562,6 +582,7 @@ class Walk:
         if trigger == "model_replied":
             u = self.usage
             return {
+                "reply_too_large": self.reply_oversized,
                 "tokens_spent": b.max_tokens is not None
                 and (u.tokens_unknown or u.tokens > b.max_tokens),
                 "cost_spent": b.max_cost is not None and (u.cost_unknown or u.cost > b.max_cost),
@@ -916,6 +937,20 @@ class Walk:
                 errors = ("not_executed",)
             self.expect.append(Expected("observation", c, ("synthetic", errors)))
 
+    def oversized(self, line: int, e: dict[str, Any], result: dict[str, Any]) -> bool:
+        """A result recorded by its size (``oversized``): counted as that many bytes;
+        it must be the stand-in, and too large for what one result may keep."""
+        size = e.get("oversized")
+        if size is None:
+            return False
+        limit = self.settings.budget.max_output_bytes
+        ceiling = MAX_RECORD_BYTES if limit is None else min(limit, MAX_RECORD_BYTES)
+        stand_in = {"ok": False, "error": "output_too_large", "bytes": size}
+        if not _whole(size) or size <= ceiling or result != stand_in:
+            self.fail(line, f"an oversized answer must be {stand_in} over {ceiling} bytes")
+        self.output_bytes += size if _whole(size) else 0
+        return True
+
     def observation(self, line: int, e: dict[str, Any], wanted: Expected) -> None:  # noqa: C901 - one check per field an answer carries
         call = wanted.call
         assert call is not None
@@ -950,8 +985,13 @@ class Walk:
             return
         if synthetic:
             self.fail(line, f"call {call_id!r}: a real result marked synthetic")
+        elif self.oversized(line, e, result):
+            # Kept by its size only (core/actions.py): what it said is not in the trace.
+            self.answered.add(call_id)
+            return
         else:
-            self.output_bytes += result_size(result)
+            media = e.get("media_bytes", 0)
+            self.output_bytes += result_size(result) + (media if _whole(media) else 0)
         self.answered.add(call_id)
         if what == "refused":
             expected = detail
@@ -1173,3 +1213,8 @@ def _install() -> None:
 
 
 _install()
+
+
+def _whole(value: Any) -> bool:
+    """A byte count as the runtime records it: a whole number >= 0."""
+    return type(value) is int and value >= 0

@@ -105,11 +105,23 @@
   }
   function block(value) { return el("pre", pretty(value)); }
 
-  function formatted(event) {
+  // Every failed attempt of the step's call so far: why a retry happened, or why it
+  // ended in failure, without opening the raw JSON.
+  function failures(list) {
+    var ul = el("ul", null, "failed-attempts");
+    list.forEach(function (f) {
+      var text = "#" + f.attempt + " " + f.outcome + (f.error ? ": " + f.error : "");
+      ul.appendChild(el("li", text, "failure"));
+    });
+    return ul;
+  }
+
+  function formatted(event, failed) {
     var box = el("div");
     var table = el("table", null, "kv");
     box.appendChild(table);
     var kind = event.type;
+    if (failed && failed.length) { row(table, "failed attempts", failures(failed)); }
     if (kind === "transition") {
       row(table, "trigger", event.trigger);
       row(table, "move", event.source + " \u2192 " + event.dest);
@@ -117,6 +129,10 @@
       if (event.call_id) { row(table, "call", callLink(event.call_id)); }
       if (event.tool) { row(table, "tool", event.tool); }
       if (event.attempt != null) { row(table, "attempt", event.attempt); }
+      if (event.outcome) {
+        row(table, "outcome", event.outcome, event.outcome === "ok" ? "" : "failure");
+      }
+      if (event.error) { row(table, "error", event.error, "failure"); }
       if (event.detail) { row(table, "detail", event.detail); }
       var guards = event.guards || {};
       Object.keys(guards).forEach(function (g) {
@@ -196,7 +212,7 @@
     text("rule", step.rule || "");
     var shown = byId("event-view");
     shown.textContent = "";
-    shown.appendChild(formatted(step.event));
+    shown.appendChild(formatted(step.event, step.failed));
     text("event", JSON.stringify(step.event, null, 2));
     var list = byId("counts");
     list.textContent = "";

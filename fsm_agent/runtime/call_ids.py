@@ -1,0 +1,68 @@
+"""A model that asks again for calls a run already made, under the same ids.
+
+Call ids pair results with calls (R1), so a reply that repeats a call of an earlier
+round — same id, same tool, same arguments — is a replayed decision the machine cannot
+see: the call is admitted as new (a batch's ids are checked against each other only) and
+runs again (a keyed write replays its stored result, an approval is asked for again). The
+usual cause is a scripted model rebuilt in a new process, which starts its script again
+on a resumed run. The runtime warns once per driving, after it, at the cost of one pass
+over the history.
+
+A reused id with *another* call is not warned about: the testing kit's ``decide()``
+numbers each decision's calls ``c1``, ``c2``, ... on purpose, and the provider validators
+judge what their API accepts (Responses refuses a ``call_id`` used twice; Chat and
+Messages pair turn by turn).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+__all__ = ["repeated_calls", "warn_repeated_calls"]
+
+
+def _call_of(call: Any) -> tuple[str, Any, Any] | None:
+    if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+        return None
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return None
+    return call["id"], function.get("name"), function.get("arguments")
+
+
+def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str, str]]:
+    """``(call id, tool)`` of the calls asked for in ``messages[since:]`` that repeat a
+    call of an earlier assistant message (same id, tool and arguments), in order."""
+    earlier: dict[str, tuple[Any, Any]] = {}
+    repeated: list[tuple[str, str]] = []
+    for index, message in enumerate(messages):
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not isinstance(calls, list):
+            continue
+        found = [c for c in map(_call_of, calls) if c is not None]
+        if index >= since:
+            for call_id, name, arguments in found:
+                if earlier.get(call_id) == (name, arguments) and (call_id, name) not in repeated:
+                    repeated.append((call_id, str(name)))
+        for call_id, name, arguments in found:
+            earlier.setdefault(call_id, (name, arguments))
+    return repeated
+
+
+def warn_repeated_calls(run_id: str, messages: list[dict[str, Any]], since: int) -> list[str]:
+    """Warn if this driving's replies (``messages[since:]``) repeated earlier calls; the
+    warnings given, for ``RunResult.warnings``."""
+    repeated = repeated_calls(messages, since)
+    if not repeated:
+        return []
+    which = ", ".join(f"{call_id!r} ({tool})" for call_id, tool in repeated)
+    message = (
+        f"run {run_id!r}: the model asked again for call(s) {which} with the id, tool "
+        "and arguments of an earlier round of this run; each was handled as a new call. "
+        "A ScriptedModel counts its steps in the process that made it, so one rebuilt "
+        "in a new process starts its script again: script runs that resume with "
+        "KeyedScriptedModel, which picks its decisions from the history"
+    )
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return [message]
