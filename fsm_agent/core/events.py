@@ -52,6 +52,7 @@ __all__ = [
     "UnknownEvent",
     "decision",
     "decision_failed",
+    "decision_oversized",
     "event_from_json",
     "json_schema",
     "json_schema_text",
@@ -291,6 +292,10 @@ class Decided(Event):
     message: Any = _opt("any")
     error: str | None = _opt("str")
     malformed: str | None = _opt("str")
+    #: A reply over ``max_reply_bytes``: its size, recorded instead of the reply, and
+    #: the parts of its ``usage`` the counters read.
+    oversized: int | None = _opt("int")
+    usage: dict[str, Any] | None = _opt("object")
     #: call id -> its arguments' UTF-8 bytes in hex, for arguments holding lone
     #: surrogates (the message shows them as U+FFFD): what ``check`` replays admission on.
     raw_arguments: Any = _opt("any")
@@ -335,6 +340,10 @@ class Observed(Event):
     tool: str = _req("str")
     result: Any = _req("any")
     synthetic: bool = _req("bool")
+    #: The size of a result over the output limit, or of the media it carried (what
+    #: ``check`` cannot measure from the recorded result).
+    oversized: int | None = _opt("int")
+    media_bytes: int | None = _opt("int")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,6 +495,14 @@ def decision(seq: int, message: Any, malformed: str | None) -> dict[str, Any]:
     event = {"type": "decision", "seq": seq, "message": message}
     if malformed is not None:
         event["malformed"] = malformed
+    return event
+
+
+def decision_oversized(seq: int, size: int, usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A reply over ``max_reply_bytes``, recorded by its size (and usage) only."""
+    event: dict[str, Any] = {"type": "decision", "seq": seq, "oversized": size}
+    if usage is not None:
+        event["usage"] = usage
     return event
 
 

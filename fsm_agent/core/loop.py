@@ -287,12 +287,11 @@ def _oversized_reply(s: RunState, reply: Any) -> Steps:
     run stops ``budget_exhausted/reply_size`` with nothing of it parsed or run."""
     s.decision = NO_DECISION
     s.seq += 1
-    event: dict[str, Any] = {"type": "decision", "seq": s.seq, "oversized": s.reply_bytes}
     usage = reply.get("usage") if isinstance(reply, dict) else None
     if isinstance(usage, dict):  # only what the counters read: the rest may be the bulk
         usage = {k: make_safe(usage[k]) for k in _USAGE_KEYS if k in usage}
-        event["usage"] = usage
-    _record(s, event)
+    recorded = usage if isinstance(usage, dict) else None
+    _record(s, events.decision_oversized(s.seq, s.reply_bytes, recorded))
     _count_usage(s, usage)
     s.batch_appended = False
     s.answered = set()
