@@ -292,13 +292,13 @@ class Decided(Event):
     message: Any = _opt("any")
     error: str | None = _opt("str")
     malformed: str | None = _opt("str")
-    #: A reply over ``max_reply_bytes``: its size, recorded instead of the reply, and
-    #: the parts of its ``usage`` the counters read.
-    oversized: int | None = _opt("int")
-    usage: dict[str, Any] | None = _opt("object")
     #: call id -> its arguments' UTF-8 bytes in hex, for arguments holding lone
     #: surrogates (the message shows them as U+FFFD): what ``check`` replays admission on.
     raw_arguments: Any = _opt("any")
+    #: A reply over ``max_reply_bytes``, recorded by its size (bytes of its JSON text)
+    #: and ``usage`` instead of its ``message`` (the run stops ``reply_size``).
+    oversized: int | None = _opt("int")
+    usage: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,9 +340,9 @@ class Observed(Event):
     tool: str = _req("str")
     result: Any = _req("any")
     synthetic: bool = _req("bool")
-    #: The size of a result over the output limit, or of the media it carried (what
-    #: ``check`` cannot measure from the recorded result).
+    #: A result alone past the output budget: its size, ``result`` being the stand-in.
     oversized: int | None = _opt("int")
+    #: Raw bytes of the images and files the tool message carries (``max_output_bytes``).
     media_bytes: int | None = _opt("int")
 
 
@@ -498,8 +498,8 @@ def decision(seq: int, message: Any, malformed: str | None) -> dict[str, Any]:
     return event
 
 
-def decision_oversized(seq: int, size: int, usage: dict[str, Any] | None) -> dict[str, Any]:
-    """A reply over ``max_reply_bytes``, recorded by its size (and usage) only."""
+def decision_oversized(seq: int, size: int, usage: Any) -> dict[str, Any]:
+    """A reply over ``max_reply_bytes``: its size and usage, never its message."""
     event: dict[str, Any] = {"type": "decision", "seq": seq, "oversized": size}
     if usage is not None:
         event["usage"] = usage

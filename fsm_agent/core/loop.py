@@ -41,7 +41,13 @@ from fsm_agent.core import events
 from fsm_agent.core.actions import ACTIONS, BLOCKING
 from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
-from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.core.decision import (
+    NO_DECISION,
+    Decision,
+    PreparedCall,
+    admit_calls,
+    parse_decision,
+)
 from fsm_agent.core.engine import fire
 from fsm_agent.core.guards import GUARDS
 from fsm_agent.core.intents import claim_json, record_json
@@ -290,8 +296,7 @@ def _oversized_reply(s: RunState, reply: Any) -> Steps:
     usage = reply.get("usage") if isinstance(reply, dict) else None
     if isinstance(usage, dict):  # only what the counters read: the rest may be the bulk
         usage = {k: make_safe(usage[k]) for k in _USAGE_KEYS if k in usage}
-    recorded = usage if isinstance(usage, dict) else None
-    _record(s, events.decision_oversized(s.seq, s.reply_bytes, recorded))
+    _record(s, events.decision_oversized(s.seq, s.reply_bytes, usage))
     _count_usage(s, usage)
     s.batch_appended = False
     s.answered = set()

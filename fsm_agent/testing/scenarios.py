@@ -197,7 +197,7 @@ class Mortal:
 
 
 #: What a trusted caller does with a run after it stopped or its process died
-#: (``runtime.resume(run_id)``, ``runtime.approve(run_id, call_id)``, ...).
+#: (``runtime.resume(run_id)``, ``runtime.approve(run_id, call_id, resume=True)``, ...).
 Review = Callable[[Runtime, str], list[RunResult]]
 
 
