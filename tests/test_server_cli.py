@@ -65,7 +65,7 @@ def test_bad_key_input_is_one_line(
     assert code == 2 and "key name 'a b'" in err
     missing = str(tmp_path / "nope.db")
     code, _, err = run(capsys, "keys", "add", "bob", "--scope", "read", "--db", missing)
-    assert code == 2 and "no such database" in err
+    assert code == 2 and "no such database" in err and err.startswith("fsm-agent keys: ")
 
 
 def test_serve_refuses_to_listen_beyond_loopback_with_no_keys(
@@ -75,3 +75,4 @@ def test_serve_refuses_to_listen_beyond_loopback_with_no_keys(
     assert code == 2 and "refusing to listen on 0.0.0.0 with no API keys" in err
     code, _, err = run(capsys, "serve", "--db", db, "--app", "nope", "--port", "1")
     assert code == 2 and "--app must be MODULE:FUNCTION" in err
+    assert err.startswith("fsm-agent serve: ")
