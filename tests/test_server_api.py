@@ -369,3 +369,18 @@ def test_on_postgresql_the_stream_follows_a_review_and_a_resume(pg_store: Any) -
         assert final[-1]["type"] == "run_end" and pg_store.load_run("r1").body["state"] == "done"
     finally:
         live.stop()
+
+
+def test_deny_over_http_records_the_reason_and_the_run_goes_on_without_the_write(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer
+) -> None:
+    backend = Backend()
+    rt = pause(store, backend)
+    with client(server, keys["bob"]) as c:
+        body = {"call_id": "c1", "action": "deny", "reason": "wrong order", "note": "n"}
+        r = c.post("/api/runs/r1/reviews", json=body)
+        assert r.status_code == 201, r.text
+        assert r.json()["review"]["reason"] == "wrong order"
+        assert r.json()["review"]["reviewer"] == "bob"
+    assert rt.resume("r1").status == "done"
+    assert backend.writes == []
