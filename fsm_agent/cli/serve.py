@@ -44,6 +44,18 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_serve)
 
 
+def _store(args: argparse.Namespace) -> Any:
+    """The store, writable (reviews are recorded); on PostgreSQL with a pool for the
+    requests served at once (``runs``' one connection would serialise them)."""
+    from fsm_agent.durable.postgres import PostgresStore, is_postgres_dsn
+
+    if is_postgres_dsn(args.db):
+        return PostgresStore(
+            args.db, schema=args.schema, timeout=args.timeout, pool_size=16, create=False
+        )
+    return _open(args, write=True)
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -70,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     factory = _load_factory(args.app) if args.app else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    with _open(args, write=True) as store:
+    with _store(args) as store:
         active = [k for k in store.list_keys() if k.revoked is None]
         if not active and not _loopback(args.host):
             print(
