@@ -79,3 +79,47 @@ def test_sign_in_approve_and_watch_the_run_finish(tmp_path: Path, browser: Any) 
             assert not [e for e in errors if "Content Security Policy" in e], errors
         finally:
             server.stop()
+
+
+def test_a_stale_page_gets_the_conflict_message_and_deny_records_the_reason(
+    tmp_path: Path, browser: Any
+) -> None:
+    backend = Backend()
+    with SqliteStore(tmp_path / "runs.db") as store:
+        rt = make_runtime(
+            [calls(call("c1", "write", request_id="R-2", title="late")), say("Not filed.")],
+            backend,
+            store=store,
+            approval=True,
+        )
+        assert rt.run("file it", run_id="r2").status == "review_required"
+        key, record = make_key("dana", "review")
+        store.add_key(record)
+        server = LiveServer(store).start()
+        try:
+            context = browser.new_context()
+            first, second = context.new_page(), context.new_page()
+            first.goto(server.url + "/signin")
+            first.fill("input[name=key]", key)
+            with first.expect_navigation():
+                first.click("button >> text=Sign in")
+            for page in (first, second):
+                page.goto(server.url + "/runs/r2")
+                page.wait_for_selector("button.deny")
+            first.fill("input[name=reason]", "wrong request")
+            first.click("button.deny")
+            first.wait_for_selector("text=recorded deny of c1")
+            second.click("button.approve")  # the page still offers what was decided
+            second.wait_for_selector(".flash.error")
+            assert "moved on" in second.inner_text(".flash.error")
+            (review,) = [e for e in store.load_run("r2").events if e["type"] == "review"]
+            assert (review["action"], review["reason"], review["reviewer"]) == (
+                "deny",
+                "wrong request",
+                "dana",
+            )
+            # without --app the decided run waits, and says so
+            assert "decided, waiting to be resumed" in first.inner_text("#live")
+            assert backend.writes == []
+        finally:
+            server.stop()
