@@ -8,6 +8,7 @@ needs neither pytest nor Hypothesis.
 """
 
 from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.testing.agent import AgentUnderTest, Execution, Ledger
 from fsm_agent.testing.assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
@@ -43,10 +44,13 @@ from fsm_agent.testing.suite import SUITE, missing, scenario_for
 __all__ = [
     "BEHAVIOURS",
     "SUITE",
+    "AgentUnderTest",
+    "Execution",
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
     "KeyedScriptedModel",
+    "Ledger",
     "Path",
     "ProcessDied",
     "Scenario",
