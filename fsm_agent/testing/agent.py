@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.core.requests import CallTool, ReadClock, Request, Sleep, ToolOutcome
+from fsm_agent.core.requests import AskModel, CallTool, ReadClock, Request, Sleep, ToolOutcome
 from fsm_agent.runtime.interceptors import AsyncCallNext, CallNext, Interceptor, observing
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.tools.registry import ToolRegistry
@@ -52,9 +52,19 @@ class Execution:
     tool: str
     call_id: str
     arguments: dict[str, Any]
-    #: The tool's idempotency key for these arguments, else the canonical arguments.
-    key: str
+    #: The tool's idempotency key for these arguments, else ``None``.
+    key: str | None
     outcome: str
+    #: How many model calls preceded it: the round of its batch (ids recur across rounds).
+    round: int = 0
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """What must take effect once: a keyed write's key; an unkeyed call itself (a
+        model that asks twice for the same email in two rounds asked for two emails)."""
+        return (self.tool, "key", self.key) if self.key is not None else (
+            self.tool, "call", self.round, self.call_id
+        )  # fmt: skip
 
     @property
     def took_effect(self) -> bool:
@@ -75,6 +85,7 @@ class Ledger(Interceptor):
 
     writes: frozenset[str] | None = None
     executions: list[Execution] = field(default_factory=list)
+    rounds: int = 0
     _registry: ToolRegistry | None = field(default=None, repr=False)
 
     def bind(self, registry: ToolRegistry) -> None:
@@ -87,28 +98,34 @@ class Ledger(Interceptor):
         registered = self._registry.get(tool) if self._registry is not None else None
         return registered is not None and registered.effect == "write"
 
-    def _key(self, request: CallTool) -> str:
+    def _key(self, request: CallTool) -> str | None:
         registered = self._registry.get(request.tool) if self._registry is not None else None
         if registered is not None and registered.idempotency_key is not None:
             try:
                 return _canonical(registered.idempotency_key(dict(request.arguments)))
             except Exception:
                 pass
-        return _canonical(request.arguments)
+        return None
 
     def _record(self, request: CallTool, outcome: Any) -> None:
         kind = outcome.kind if isinstance(outcome, ToolOutcome) else "ok"
         arguments = dict(request.arguments)
         key = self._key(request)
-        self.executions.append(Execution(request.tool, request.call_id, arguments, key, kind))
+        self.executions.append(
+            Execution(request.tool, request.call_id, arguments, key, kind, self.rounds)
+        )
 
     def intercept(self, request: Request, call_next: CallNext) -> Any:
+        if isinstance(request, AskModel):
+            self.rounds += 1
         outcome = call_next(request)
         if isinstance(request, CallTool):
             self._record(request, outcome)
         return outcome
 
     async def aintercept(self, request: Request, call_next: AsyncCallNext) -> Any:
+        if isinstance(request, AskModel):
+            self.rounds += 1
         outcome = await call_next(request)
         if isinstance(request, CallTool):
             self._record(request, outcome)
@@ -119,14 +136,19 @@ class Ledger(Interceptor):
         return [e for e in self.executions if e.took_effect and tool in (None, e.tool)]
 
     def duplicate_writes(self) -> list[str]:
-        """Writes that may have taken effect more than once under one key."""
-        counts = Counter((e.tool, e.key) for e in self.executed() if self.is_write(e.tool))
-        return [
-            f"write {tool!r} ran {n} times with key {key}: calls "
-            + ", ".join(repr(e.call_id) for e in self.executed(tool) if e.key == key)
-            for (tool, key), n in counts.items()
-            if n > 1
-        ]
+        """Writes that may have taken effect more than once: under one idempotency key,
+        or (unkeyed) as one call of one round run again."""
+        writes = [e for e in self.executed() if self.is_write(e.tool)]
+        counts = Counter(e.identity for e in writes)
+        problems = []
+        for identity, n in counts.items():
+            if n < 2:
+                continue
+            same = [e for e in writes if e.identity == identity]
+            what = f"with key {same[0].key}" if same[0].key is not None else "as one call"
+            calls = ", ".join(repr(e.call_id) for e in same)
+            problems.append(f"write {same[0].tool!r} ran {n} times {what}: calls {calls}")
+        return problems
 
 
 class VirtualTime(Interceptor):
@@ -237,3 +259,10 @@ class AgentUnderTest:
             raise RuntimeError("nothing to approve: call run() first (it builds the runtime)")
         with self.injecting():
             return self.runtime.approve(run_id, call_id, **kwargs)
+
+    def deny(self, run_id: str, call_id: str, reason: str, **kwargs: Any) -> Any:
+        """``Runtime.deny`` on the last runtime built, with the faults."""
+        if self.runtime is None:
+            raise RuntimeError("nothing to deny: call run() first (it builds the runtime)")
+        with self.injecting():
+            return self.runtime.deny(run_id, call_id, reason, **kwargs)
