@@ -24,6 +24,7 @@ LAYERS = (
     "tools",
     "runtime",
     "models",
+    "otel",
     "render",
     "testing",
     "cli",
