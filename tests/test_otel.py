@@ -18,15 +18,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fake_provider import FakeProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ga
-from opentelemetry.semconv.attributes import error_attributes
+from opentelemetry.semconv.attributes import error_attributes, server_attributes
 from opentelemetry.trace import SpanKind, StatusCode
+from provider_shapes import APIS
 
+from fsm_agent import Runtime, ToolRegistry
 from fsm_agent.core.events import RuleJudged
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.otel import GUARDRAIL_EVENT, OpenTelemetry
@@ -448,3 +451,132 @@ def test_metrics_token_usage_duration_and_runs_by_status(otel: Otel) -> None:
     assert duration.count == 2 and duration.attributes[ga.GEN_AI_OPERATION_NAME] == "chat"
     (runs,) = found[otel_names.RUNS_METRIC]
     assert runs.value == 1 and runs.attributes[otel_names.A_STATUS] == "done"
+
+
+# ── the wire: OTLP over HTTP to a receiver in the test ────────────────────────────
+
+
+class Receiver:
+    """A tiny OTLP/HTTP trace receiver on loopback, decoding with opentelemetry-proto."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        self.requests: list[Any] = []
+        received = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                received.append((self.path, self.headers["Content-Type"], request))
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def decoded_spans(requests: list[Any]) -> list[Any]:
+    return [span for _, _, r in requests for rs in r.resource_spans
+            for ss in rs.scope_spans for span in ss.spans]  # fmt: skip
+
+
+def tree(spans: list[Any]) -> str:
+    """The decoded spans as an indented tree (what docs/guides/opentelemetry.md shows)."""
+    kinds = {1: "INTERNAL", 3: "CLIENT"}
+    children: dict[bytes, list[Any]] = {}
+    for span in spans:
+        children.setdefault(span.parent_span_id, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: bytes, depth: int) -> None:
+        for span in sorted(children.get(parent, []), key=lambda s: s.start_time_unix_nano):
+            lines.append(f"{'  ' * depth}{span.name} [{kinds.get(span.kind, span.kind)}]")
+            walk(span.span_id, depth + 1)
+
+    walk(b"", 0)
+    return "\n".join(lines)
+
+
+def test_a_run_goes_over_the_real_otlp_http_exporter_to_a_collector() -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    receiver = Receiver()
+    try:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(receiver.endpoint)))
+        kit = FaultyTools()
+        kit.read("lookup", faults=["transient", "ok"])
+        script = [decide(call("lookup", {"q": "A"}), usage=USAGE), answer("ok", usage=USAGE)]
+        rt = scripted_runtime(kit, script, interceptors=[OpenTelemetry(provider)])
+        result = rt.run("go", run_id="wire-1")
+        provider.shutdown()  # flushes the batch
+    finally:
+        receiver.close()
+    assert receiver.requests and all(
+        path == "/v1/traces" and kind == "application/x-protobuf"
+        for path, kind, _ in receiver.requests
+    )
+    spans = decoded_spans(receiver.requests)
+    assert tree(spans) == "\n".join([
+        "invoke_agent fsm-agent [INTERNAL]",
+        "  chat [CLIENT]",
+        "  execute_tool lookup [INTERNAL]",
+        "  execute_tool lookup [INTERNAL]",
+        "  chat [CLIENT]",
+    ])  # fmt: skip
+    run = next(s for s in spans if s.name.startswith("invoke_agent"))
+    values = {a.key: a.value for a in run.attributes}
+    assert values[ga.GEN_AI_CONVERSATION_ID].string_value == "wire-1"
+    assert values[ga.GEN_AI_USAGE_OUTPUT_TOKENS].int_value == result.counters["output_tokens"]
+    assert len([e for e in run.events if e.name == otel_names.TRANSITION_EVENT]) == len(
+        [e for e in result.events if e["type"] == "transition"]
+    )
+
+
+# ── the real adapters, against a loopback provider ────────────────────────────────
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
+def test_the_chat_span_of_a_real_adapter_names_provider_model_server_and_usage(
+    api: Any, otel: Otel
+) -> None:
+    with FakeProvider() as server:
+        server.queue(api.text("Hello.", usage=(1000, 200)))
+        rt = Runtime(model=api.adapter(server.url), tools=ToolRegistry(), allowed_tools=[],
+                     interceptors=[otel.interceptor()])  # fmt: skip
+        result = rt.run("Hi")
+    assert result.status == "done"
+    (chat,) = by_name(otel.spans(), "chat")
+    body = api.text("Hello.")
+    assert chat.name == f"chat {api.model}" and chat.kind == SpanKind.CLIENT
+    assert attr(chat, ga.GEN_AI_REQUEST_MODEL) == api.model
+    assert attr(chat, ga.GEN_AI_RESPONSE_MODEL) == body["model"]
+    assert attr(chat, ga.GEN_AI_RESPONSE_ID) == body["id"]
+    assert attr(chat, ga.GEN_AI_PROVIDER_NAME) == api.name.split("-")[0]
+    assert attr(chat, server_attributes.SERVER_ADDRESS) == "127.0.0.1"
+    assert attr(chat, server_attributes.SERVER_PORT) == int(server.url.rsplit(":", 1)[1])
+    (finish,) = attr(chat, ga.GEN_AI_RESPONSE_FINISH_REASONS)
+    assert isinstance(finish, str) and finish
+    assert attr(chat, ga.GEN_AI_USAGE_OUTPUT_TOKENS) == result.counters["output_tokens"] == 200
+    cached = attr(chat, ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) or 0
+    assert attr(chat, ga.GEN_AI_USAGE_INPUT_TOKENS) - cached == result.counters["input_tokens"]

@@ -38,6 +38,7 @@ from fsm_agent.core.events import (
     Transitioned,
 )
 from fsm_agent.core.requests import AskModel, CallTool, Request, ToolOutcome
+from fsm_agent.runtime.context import collect_call_facts, stop_collecting
 from fsm_agent.runtime.interceptors import AsyncCallNext, CallNext, Interceptor
 
 __all__ = ["GUARDRAIL_EVENT", "OpenTelemetry"]
@@ -87,6 +88,8 @@ _USAGE = (
 #: What an adapter records when the provider reported no usage (``no_usage()``).
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
 
+_FINISH_KEYS = ("finish_reason", "stop_reason", "status")
+
 _PROVIDERS = {
     "openai": ga.GenAiProviderNameValues.OPENAI.value,
     "anthropic": ga.GenAiProviderNameValues.ANTHROPIC.value,
@@ -103,6 +106,8 @@ class _Child:
     ended_ns: int | None = None
     started: float = 0.0
     attrs: dict[str, Any] = field(default_factory=dict)
+    #: What the model adapter reported of the call (``runtime/context.py``).
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,12 +170,14 @@ class OpenTelemetry(Interceptor):
         if child is None:
             return call_next(request)
         token = otel_context.attach(trace.set_span_in_context(child.span))
+        facts = collect_call_facts(child.facts)
         try:
             answer = call_next(request)
         except BaseException as exc:
             self._raised(child, exc)
             raise
         finally:
+            stop_collecting(facts)
             otel_context.detach(token)
         self._returned(child, answer)
         return answer
@@ -180,12 +187,14 @@ class OpenTelemetry(Interceptor):
         if child is None:
             return await call_next(request)
         token = otel_context.attach(trace.set_span_in_context(child.span))
+        facts = collect_call_facts(child.facts)
         try:
             answer = await call_next(request)
         except BaseException as exc:
             self._raised(child, exc)
             raise
         finally:
+            stop_collecting(facts)
             otel_context.detach(token)
         self._returned(child, answer)
         return answer
@@ -248,6 +257,7 @@ class OpenTelemetry(Interceptor):
             metric[error_attributes.ERROR_TYPE] = error
         elif isinstance(answer, Mapping):
             _reply_facts(span, answer, metric, child.attrs)
+        _call_facts(span, child.facts, metric)
         self.duration.record(seconds, metric)
         for token_type, key in (("input", ga.GEN_AI_USAGE_INPUT_TOKENS),
                                 ("output", ga.GEN_AI_USAGE_OUTPUT_TOKENS)):  # fmt: skip
@@ -419,13 +429,12 @@ def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
         if isinstance(api, str):
             name = _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
             facts[ga.GEN_AI_PROVIDER_NAME] = name
-        for key, attr in (("model", ga.GEN_AI_RESPONSE_MODEL), ("id", ga.GEN_AI_RESPONSE_ID),
-                          ("request_model", ga.GEN_AI_REQUEST_MODEL),
-                          ("server_address", server_attributes.SERVER_ADDRESS),
-                          ("server_port", server_attributes.SERVER_PORT)):  # fmt: skip
+        for key, attr in (("model", ga.GEN_AI_RESPONSE_MODEL), ("id", ga.GEN_AI_RESPONSE_ID)):
             if isinstance(provider.get(key), (str, int)) and provider.get(key) != "":
                 facts[attr] = provider[key]
-        finish = provider.get("finish_reason")
+        # Each API names it its own way (Chat: finish_reason, Responses: status,
+        # Messages: stop_reason); the span carries the provider's own value.
+        finish = next((provider[k] for k in _FINISH_KEYS if isinstance(provider.get(k), str)), None)
         if isinstance(finish, str):
             facts[ga.GEN_AI_RESPONSE_FINISH_REASONS] = [finish]
             attrs["finish_reason"] = finish
@@ -447,6 +456,27 @@ def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
         if key in facts:
             metric[key] = facts[key]
     span.set_attributes(facts)
+
+
+#: What an adapter reports of a call -> the conventions' attribute.
+_REPORTED = (
+    ("request_model", ga.GEN_AI_REQUEST_MODEL),
+    ("server_address", server_attributes.SERVER_ADDRESS),
+    ("server_port", server_attributes.SERVER_PORT),
+)
+
+
+def _call_facts(span: Span, facts: Mapping[str, Any], metric: dict[str, Any]) -> None:
+    """The adapter's facts (model asked for, server) on the ``chat`` span and metric;
+    the span is named after the model asked for (the conventions' ``chat {model}``)."""
+    for key, attr in _REPORTED:
+        value = facts.get(key)
+        if isinstance(value, (str, int)) and value != "":
+            span.set_attribute(attr, value)
+            metric[attr] = value
+    model = facts.get("request_model")
+    if isinstance(model, str) and model:
+        span.update_name(f"{_CHAT} {model}")
 
 
 def _count(value: Any) -> bool:

@@ -2,15 +2,17 @@
 
 The model protocol stays ``(messages, tool_specs) -> message``; adapters that retry
 (rate limits, 5xx) read :func:`current_deadline` to keep their backoff inside the run's
-wall-clock budget.
+wall-clock budget, and report what they know of a call (:func:`report_call`: the
+model asked for, the server) to whoever collects it (``fsm_agent.otel``'s ``chat`` span).
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
+from typing import Any
 
-__all__ = ["current_deadline", "time_left"]
+__all__ = ["collect_call_facts", "current_deadline", "report_call", "time_left"]
 
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "fsm_agent_deadline", default=None
@@ -34,3 +36,26 @@ def set_deadline(deadline: float | None) -> contextvars.Token[float | None]:
 
 def reset_deadline(token: contextvars.Token[float | None]) -> None:
     _deadline.reset(token)
+
+
+_call_facts: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "fsm_agent_call_facts", default=None
+)
+
+
+def report_call(**facts: Any) -> None:
+    """An adapter's facts about the model call under way (``request_model``,
+    ``server_address``, ``server_port``); nothing happens unless someone collects them."""
+    found = _call_facts.get()
+    if found is not None:
+        found.update({k: v for k, v in facts.items() if v is not None})
+
+
+def collect_call_facts(into: dict[str, Any]) -> contextvars.Token[dict[str, Any] | None]:
+    """Collect what :func:`report_call` reports in this context into ``into``, until
+    :func:`stop_collecting` with the token returned."""
+    return _call_facts.set(into)
+
+
+def stop_collecting(token: contextvars.Token[dict[str, Any] | None]) -> None:
+    _call_facts.reset(token)
