@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,9 +285,12 @@ def test_a_driving_that_never_recorded_its_end_is_closed_by_the_next_run(otel: O
     script = [answer("a")]
     # A synthetic driving: events of a run whose run_end never comes (a killed process).
     from fsm_agent.core.events import Transitioned
+    from fsm_agent.runtime.context import reset_trace_context, set_trace_context
 
+    token = set_trace_context({})  # as the driver of a run does
     ot.on_event(Transitioned(seq=1, run_id="ghost", trigger="resume", source="deciding",
                              dest="deciding", guards={}, t=0.0))  # fmt: skip
+    reset_trace_context(token)
     scripted_runtime(FaultyTools(), script, interceptors=[ot]).run("go")
     spans = otel.spans()
     ghost = next(s for s in spans if attr(s, ga.GEN_AI_CONVERSATION_ID) == "ghost")
@@ -580,3 +586,81 @@ def test_the_chat_span_of_a_real_adapter_names_provider_model_server_and_usage(
     assert attr(chat, ga.GEN_AI_USAGE_OUTPUT_TOKENS) == result.counters["output_tokens"] == 200
     cached = attr(chat, ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) or 0
     assert attr(chat, ga.GEN_AI_USAGE_INPUT_TOKENS) - cached == result.counters["input_tokens"]
+
+
+# ── durable runs: the trace continues in another process, and from a submitter ────
+
+RESUME_ELSEWHERE = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent.otel import OpenTelemetry
+from fsm_agent.testing import FaultyTools, answer
+from fsm_agent.testing.scenarios import scripted_runtime
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+kit = FaultyTools()
+kit.write("file", requires_approval=True)
+rt = scripted_runtime(kit, [answer("Filed.")], store=SqliteStore(sys.argv[1]),
+                      interceptors=[OpenTelemetry(provider)])
+result = rt.approve("r1", "c1", by="ana", resume=True)
+print(json.dumps({"status": result.status, "spans": [
+    {"name": s.name, "trace": s.context.trace_id, "span": s.context.span_id,
+     "parent": s.parent.span_id if s.parent else None} for s in exporter.get_finished_spans()]}))
+"""
+
+
+def test_a_run_resumed_by_another_process_continues_its_trace(otel: Otel, tmp_path: Path) -> None:
+    from fsm_agent.durable.sqlite import SqliteStore
+
+    db = tmp_path / "runs.db"
+    kit = FaultyTools()
+    kit.write("file", requires_approval=True)
+    script = [decide(call("file", {"title": "refund"}))]
+    rt = scripted_runtime(kit, script, store=SqliteStore(db), interceptors=[otel.interceptor()])
+    assert rt.run("file it", run_id="r1").status == "review_required"
+    first = the_run(otel.spans())
+    stored = SqliteStore(db).load_run("r1").snapshot
+    assert stored["trace_context"]["traceparent"].split("-")[1] == format(
+        first.context.trace_id, "032x"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME_ELSEWHERE, str(db), str(Path(__file__).parent.parent)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["status"] == "done"
+    runs = [s for s in seen["spans"] if s["name"].startswith("invoke_agent")]
+    assert runs and all(r["trace"] == first.context.trace_id for r in runs)
+    resumed = next(r for r in runs if r["parent"] == first.context.span_id)
+    tools = [s for s in seen["spans"] if s["name"] == "execute_tool file"]
+    assert [t["parent"] for t in tools] == [resumed["span"]]
+    assert all(s["trace"] == first.context.trace_id for s in seen["spans"])
+
+
+def test_submit_takes_the_callers_context_and_the_worker_continues_it(otel: Otel) -> None:
+    import fleet_app
+
+    store = MemoryStore()
+    tracer = otel.tracer_provider.get_tracer("caller")
+
+    def fleet(**options: Any) -> Runtime:
+        tools, allowed = fleet_app.tools(), fleet_app.TOOLS
+        return Runtime(model=fleet_app.model, tools=tools, allowed_tools=allowed, store=store,
+                       **options)  # fmt: skip
+
+    submitter = fleet(interceptors=[otel.interceptor()])
+    with tracer.start_as_current_span("POST /refunds") as caller:
+        submitter.submit(fleet_app.plan("r1", "read"), run_id="r1")
+    carried = store.load_run("r1").snapshot["trace_context"]
+    assert carried["traceparent"].split("-")[2] == format(caller.get_span_context().span_id, "016x")
+    driver = fleet(interceptors=[otel.interceptor()])
+    assert asyncio.run(driver.aresume("r1")).status == "done"  # outside the caller's span
+    run = the_run(otel.spans())
+    assert run.context.trace_id == caller.get_span_context().trace_id
+    assert run.parent is not None and run.parent.span_id == caller.get_span_context().span_id

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ga
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as gm
 from opentelemetry.semconv.attributes import error_attributes, server_attributes
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from fsm_agent._version import __version__
 from fsm_agent.core.events import (
@@ -38,7 +40,11 @@ from fsm_agent.core.events import (
     Transitioned,
 )
 from fsm_agent.core.requests import AskModel, CallTool, Request, ToolOutcome
-from fsm_agent.runtime.context import collect_call_facts, stop_collecting
+from fsm_agent.runtime.context import (
+    collect_call_facts,
+    driving_trace_context,
+    stop_collecting,
+)
 from fsm_agent.runtime.interceptors import AsyncCallNext, CallNext, Interceptor
 
 __all__ = ["GUARDRAIL_EVENT", "OpenTelemetry"]
@@ -73,6 +79,13 @@ A_POLICY_ID, A_POLICY_VERSION, A_VERDICT, A_PHASE = (
     "gen_ai.guardrail.decision",
     _NS + "rule.phase",
 )
+#: The W3C propagator: what a run's checkpoint carries is a ``traceparent``/``tracestate``
+#: whatever propagators the application configured globally.
+_W3C = TraceContextTextMapPropagator()
+#: In the carrier: whose context it holds (``submit``: the submitter's; ``run``: the run
+#: span of the run's first driving, which every later driving continues).
+_ORIGIN = "origin"
+
 #: The counter of finished drivings by status and reason.
 RUNS_METRIC = _NS + "runs"
 
@@ -87,6 +100,9 @@ _USAGE = (
 )
 #: What an adapter records when the provider reported no usage (``no_usage()``).
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
+
+#: How many runs' held events are kept (a review never resumed here is dropped).
+_HELD_RUNS = 1024
 
 _FINISH_KEYS = ("finish_reason", "stop_reason", "status")
 
@@ -162,6 +178,16 @@ class OpenTelemetry(Interceptor):
         self.runs = meter.create_counter(RUNS_METRIC, unit="{run}", description="finished drivings")
         self.capture_content = capture_content
         self.agent_name = agent_name
+        self._lock = threading.Lock()
+        #: Events recorded outside a driving, by run, until the run's next driving.
+        self._held: dict[str, list[Event]] = {}
+
+    def inject_context(self, carrier: dict[str, str]) -> None:
+        """The caller's current trace context into ``carrier`` (``Runtime.submit`` stores
+        it with the run, so the worker that drives it continues the caller's trace)."""
+        _W3C.inject(carrier)
+        if "traceparent" in carrier:
+            carrier[_ORIGIN] = "submit"
 
     # ── requests ─────────────────────────────────────────────────────────────────
 
@@ -285,10 +311,25 @@ class OpenTelemetry(Interceptor):
 
     def on_event(self, event: Event) -> None:
         run = _CURRENT.get()
+        if driving_trace_context() is None and not isinstance(event, RunStarted):
+            # Recorded outside any driving (``Runtime.approve``: the review and its edge):
+            # events of the run's next driving here (``resume=True``), not a span.
+            with self._lock:
+                self._held.setdefault(event.run_id, []).append(event)
+                while len(self._held) > _HELD_RUNS:
+                    self._held.pop(next(iter(self._held)))
+            return
         if isinstance(event, RunStarted) or run is None or run.run_id != event.run_id:
             if run is not None:  # a driving that never recorded its end (a crash)
                 self._close(run, None)
             run = self._start(event)
+            with self._lock:
+                held = self._held.pop(event.run_id, [])
+            for earlier in held:
+                self._record(run, earlier)
+        self._record(run, event)
+
+    def _record(self, run: _Run, event: Event) -> None:
         if isinstance(event, Transitioned):
             self._transition(run, event)
         elif isinstance(event, Decided):
@@ -296,9 +337,7 @@ class OpenTelemetry(Interceptor):
         elif isinstance(event, Observed):
             self._observed(run, event)
         elif isinstance(event, Reviewed):
-            run.span.add_event(REVIEW_EVENT, _present({
-                A_ACTION: event.action, A_CALL: event.call_id, A_TOOL: event.tool,
-                A_REVIEWER: event.reviewer or None, A_REASON: event.reason}))  # fmt: skip
+            run.span.add_event(REVIEW_EVENT, _review_attrs(event))
         elif isinstance(event, RuleJudged):
             run.span.add_event(GUARDRAIL_EVENT, _present({
                 A_POLICY_ID: event.rule, A_POLICY_VERSION: run.machine,
@@ -318,8 +357,16 @@ class OpenTelemetry(Interceptor):
         else:
             attrs[A_RESUMED] = True
         name = f"{_INVOKE} {self.agent_name}"
-        span = self.tracer.start_span(name, None, SpanKind.INTERNAL, attrs)
+        carrier = driving_trace_context()
+        # A stored context (the submitter's, or the run's first driving's) is the parent:
+        # a run resumed in another process continues its trace.
+        parent = _W3C.extract(carrier) if carrier and "traceparent" in carrier else None
+        span = self.tracer.start_span(name, parent, SpanKind.INTERNAL, attrs)
         run = _Run(event.run_id, span, trace.set_span_in_context(span))
+        if carrier is not None and carrier.get(_ORIGIN) != "run":
+            carrier.clear()
+            _W3C.inject(carrier, run.ctx)
+            carrier[_ORIGIN] = "run"
         if isinstance(event, RunStarted):
             run.machine = event.machine_hash
             run.tools = dict(event.tools or {})
@@ -402,6 +449,11 @@ class OpenTelemetry(Interceptor):
         self.runs.add(1, {A_STATUS: status, A_REASON: reason})
         span.end(end_time=now)
         _CURRENT.set(None)
+
+
+def _review_attrs(event: Reviewed) -> dict[str, Any]:
+    return _present({A_ACTION: event.action, A_CALL: event.call_id, A_TOOL: event.tool,
+                     A_REVIEWER: event.reviewer or None, A_REASON: event.reason})  # fmt: skip
 
 
 def _present(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,13 @@ import contextvars
 import time
 from typing import Any
 
-__all__ = ["collect_call_facts", "current_deadline", "report_call", "time_left"]
+__all__ = [
+    "collect_call_facts",
+    "current_deadline",
+    "driving_trace_context",
+    "report_call",
+    "time_left",
+]
 
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "fsm_agent_deadline", default=None
@@ -59,3 +65,23 @@ def collect_call_facts(into: dict[str, Any]) -> contextvars.Token[dict[str, Any]
 
 def stop_collecting(token: contextvars.Token[dict[str, Any] | None]) -> None:
     _call_facts.reset(token)
+
+
+_trace_context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "fsm_agent_trace_context", default=None
+)
+
+
+def driving_trace_context() -> dict[str, str] | None:
+    """The run's W3C trace context carrier (``RunState.trace_context``) while a driver
+    drives it, or ``None``: a tracer reads the stored context of a resumed run from it
+    and writes its run span's into it, which the run's next checkpoint stores."""
+    return _trace_context.get()
+
+
+def set_trace_context(carrier: dict[str, str]) -> contextvars.Token[dict[str, str] | None]:
+    return _trace_context.set(carrier)
+
+
+def reset_trace_context(token: contextvars.Token[dict[str, str] | None]) -> None:
+    _trace_context.reset(token)
