@@ -43,8 +43,12 @@ def run(steps: list[dict[str, Any]], interceptors: list[Any]) -> str:
         model=ScriptedModel(steps),
         tools=TOOLS,
         allowed_tools={"lookup"},
-        budget=Budget(max_tool_rounds=ROUNDS, max_model_calls=ROUNDS + 1,
-                      max_total_calls=ROUNDS, max_calls_per_round=1),  # fmt: skip
+        budget=Budget(
+            max_tool_rounds=ROUNDS,
+            max_model_calls=ROUNDS + 1,
+            max_total_calls=ROUNDS,
+            max_calls_per_round=1,
+        ),
         interceptors=interceptors,
     )
     return runtime.run("Where are my orders?").status
