@@ -5,6 +5,8 @@ The names exported here are the public contract (docs/reference/api.md); import 
 this list (``tests/test_layering.py`` enforces it)::
 
     errors      one exception tree under FsmAgentError
+    rules/      your own rules: Rule values, a RuleSet compiled and type-checked once, CEL
+                conditions, judgements as pure functions (below core, so the loop can judge)
     core/       the transition table, guards, edge selection, run state, decisions and the
                 sans-IO loop: no I/O, no clock, no store
     trace/      trace events, JSON Lines reading and writing, the one checker
@@ -42,6 +44,7 @@ from fsm_agent.errors import (
     TransientToolError,
 )
 from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.rules import Rule
 from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
@@ -82,6 +85,7 @@ __all__ = [
     "PostgresStore",
     "RetryPolicy",
     "ReviewError",
+    "Rule",
     "RunBusy",
     "RunNotFound",
     "RunResult",

@@ -18,6 +18,7 @@ LAYERS = (
     "_version",
     "errors",
     "_compat",
+    "rules",
     "core",
     "trace",
     "durable",

@@ -53,6 +53,7 @@ __all__ = [
     "UnknownEvent",
     "decision",
     "decision_failed",
+    "decision_oversized",
     "event_from_json",
     "json_schema",
     "json_schema_text",
@@ -297,6 +298,10 @@ class Decided(Event):
     #: call id -> its arguments' UTF-8 bytes in hex, for arguments holding lone
     #: surrogates (the message shows them as U+FFFD): what ``check`` replays admission on.
     raw_arguments: Any = _opt("any")
+    #: A reply over ``max_reply_bytes``, recorded by its size (bytes of its JSON text)
+    #: and ``usage`` instead of its ``message`` (the run stops ``reply_size``).
+    oversized: int | None = _opt("int")
+    usage: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,6 +343,10 @@ class Observed(Event):
     tool: str = _req("str")
     result: Any = _req("any")
     synthetic: bool = _req("bool")
+    #: A result alone past the output budget: its size, ``result`` being the stand-in.
+    oversized: int | None = _opt("int")
+    #: Raw bytes of the images and files the tool message carries (``max_output_bytes``).
+    media_bytes: int | None = _opt("int")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -489,6 +498,14 @@ def decision(seq: int, message: Any, malformed: str | None) -> dict[str, Any]:
     event = {"type": "decision", "seq": seq, "message": message}
     if malformed is not None:
         event["malformed"] = malformed
+    return event
+
+
+def decision_oversized(seq: int, size: int, usage: Any) -> dict[str, Any]:
+    """A reply over ``max_reply_bytes``: its size and usage, never its message."""
+    event: dict[str, Any] = {"type": "decision", "seq": seq, "oversized": size}
+    if usage is not None:
+        event["usage"] = usage
     return event
 
 

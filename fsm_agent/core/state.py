@@ -113,7 +113,8 @@ class RunConfig:
     tool_specs: list[dict[str, Any]]
     approvals: ApprovalBook = field(default_factory=ApprovalBook)
     save: SaveMode = "never"
-    #: Events go to a trace sink as they happen (``EmitEvents`` requests).
+    #: The run has a consumer of its events (a trace sink, an interceptor's on_event):
+    #: the loop yields ``EmitEvents`` after every edge, before any other request.
     emit: bool = False
     #: Extra fields of the ``run_start`` header (the tools' declared facts, ...).
     header: dict[str, Any] = field(default_factory=dict)

@@ -20,6 +20,7 @@ __all__ = ["LAYERS", "layer_dot", "layer_imports", "reduced"]
 #: The layers, lowest first (as ``fsm_agent/__init__.py`` lists them).
 LAYERS: tuple[str, ...] = (
     "errors",
+    "rules",
     "core",
     "trace",
     "durable",
@@ -34,6 +35,7 @@ LAYERS: tuple[str, ...] = (
 
 _BLURB = {
     "errors": "one exception tree",
+    "rules": "your own rules:\\nRule, RuleSet, CEL",
     "core": "table, guards, select,\\nstate, sans-IO loop",
     "trace": "events, JSONL, checker",
     "durable": "stores, resume, review",

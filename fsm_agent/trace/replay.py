@@ -52,9 +52,11 @@ from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.core.loop import Cancelled, review, steps
 from fsm_agent.core.requests import (
     READ_CLOCK,
+    AbortIntent,
     AskModel,
     BeginIntent,
     CallTool,
+    CommitIntent,
     ConsumeApproval,
     EmitEvents,
     LoadIntent,
@@ -489,7 +491,9 @@ class Replay:
         ahead = self._ahead(final)
         if ahead is _WAIT:
             return _WAIT
-        if ahead is None and isinstance(request, (SaveCheckpoint, EmitEvents)):
+        if ahead is None and isinstance(
+            request, (SaveCheckpoint, EmitEvents, CommitIntent, AbortIntent, Sleep)
+        ):  # answered with nothing: no input to read ahead for
             if isinstance(request, SaveCheckpoint):
                 self._saved(request)
             return None
