@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -197,10 +196,16 @@ class Event:
         return cls(**_parse(cls, data, run_id))
 
 
-@functools.cache
+_BODY_FIELDS: dict[type[Event], tuple[dataclasses.Field[Any], ...]] = {}
+
+
 def _body_fields(cls: type[Event]) -> tuple[dataclasses.Field[Any], ...]:
     # Cached: every event handed to an interceptor is read through it (issue 21's bench).
-    return tuple(f for f in dataclasses.fields(cls) if f.name not in _ENVELOPE)
+    found = _BODY_FIELDS.get(cls)
+    if found is None:
+        found = tuple(f for f in dataclasses.fields(cls) if f.name not in _ENVELOPE)
+        _BODY_FIELDS[cls] = found
+    return found
 
 
 def _parse(cls: type[Event], data: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:
