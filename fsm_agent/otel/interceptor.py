@@ -140,11 +140,6 @@ class _Run:
     attempts: dict[str, int] = field(default_factory=dict)
 
 
-_CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
-    "fsm_agent_otel_run", default=None
-)
-
-
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
 
@@ -178,6 +173,11 @@ class OpenTelemetry(Interceptor):
         self.runs = meter.create_counter(RUNS_METRIC, unit="{run}", description="finished drivings")
         self.capture_content = capture_content
         self.agent_name = agent_name
+        #: The run this context (thread or task) drives, for this interceptor: a
+        #: context variable of its own, so two tracers on one runtime never mix runs.
+        self._current: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+            f"fsm_agent_otel_run_{id(self):x}", default=None
+        )
         self._lock = threading.Lock()
         #: Events recorded outside a driving, by run, until the run's next driving.
         self._held: dict[str, list[Event]] = {}
@@ -227,7 +227,7 @@ class OpenTelemetry(Interceptor):
 
     def _open(self, request: Request) -> _Child | None:
         """The span of a model or tool request of the run being followed, started."""
-        run = _CURRENT.get()
+        run = self._current.get()
         if run is None or not isinstance(request, (AskModel, CallTool)):
             return None
         self._settle(run)
@@ -298,7 +298,7 @@ class OpenTelemetry(Interceptor):
             self._end(child, child.ended_ns)
 
     def _end(self, child: _Child, at: int | None) -> None:
-        run = _CURRENT.get()
+        run = self._current.get()
         if run is not None and child in run.open:
             run.open.remove(child)
             if child.kind == _CHAT:
@@ -310,7 +310,7 @@ class OpenTelemetry(Interceptor):
     # ── events ───────────────────────────────────────────────────────────────────
 
     def on_event(self, event: Event) -> None:
-        run = _CURRENT.get()
+        run = self._current.get()
         if driving_trace_context() is None and not isinstance(event, RunStarted):
             # Recorded outside any driving (``Runtime.approve``: the review and its edge):
             # events of the run's next driving here (``resume=True``), not a span.
@@ -371,13 +371,15 @@ class OpenTelemetry(Interceptor):
             run.machine = event.machine_hash
             run.tools = dict(event.tools or {})
             run.history = list(event.messages)
-        _CURRENT.set(run)
+        self._current.set(run)
         return run
 
     def _transition(self, run: _Run, event: Transitioned) -> None:
         attrs = _present({
             A_TRIGGER: event.trigger, A_SOURCE: event.source, A_DEST: event.dest,
-            A_GUARDS: [f"{name}={'true' if ok else 'false'}" for name, ok in event.guards.items()],
+            # One string, not a list: the SDK checks a list's every item (the bench's cost).
+            A_GUARDS: " ".join(f"{name}={'true' if ok else 'false'}"
+                               for name, ok in event.guards.items()) or None,
             A_CALL: event.call_id, A_TOOL: event.tool, A_ATTEMPT: event.attempt,
             A_APPROVAL: event.approval, A_APPROVAL_USE: event.approval_use,
             A_OUTCOME: event.outcome, A_REASON: event.reason,
@@ -448,7 +450,7 @@ class OpenTelemetry(Interceptor):
             span.add_event(PAUSE_EVENT, {A_REASON: reason})
         self.runs.add(1, {A_STATUS: status, A_REASON: reason})
         span.end(end_time=now)
-        _CURRENT.set(None)
+        self._current.set(None)
 
 
 def _review_attrs(event: Reviewed) -> dict[str, Any]:
