@@ -13,17 +13,12 @@ several runs (the minimum), so that the ratio compares like with like on a busy 
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from orders import SCHEMA, lookup
-from timing import best
+from timing import best, instructions
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
@@ -149,21 +144,6 @@ def round_us() -> float:
 # ── instruction counts: the same ratio, immune to a busy machine ─────────────────────
 
 
-def _instructions(code: str) -> int | None:
-    """Instructions ``python -c code`` executes (valgrind's callgrind), or None."""
-    if shutil.which("valgrind") is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
-             sys.executable, "-c", code],
-            capture_output=True, text=True, check=True, cwd=Path(__file__).parent,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )  # fmt: skip
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    return int(found.group(1)) if found else None
-
-
 def instruction_ratios(counted: int = 100, runs: int = 2) -> dict[int, float] | None:
     """Per history length: (a round + one judgement of 20 rules) / a round, counted in
     instructions, each workload against the same set-up run with no work."""
@@ -176,15 +156,15 @@ def instruction_ratios(counted: int = 100, runs: int = 2) -> dict[int, float] | 
             f"for _ in range({runs}):\n    {work}\n"
         )
 
-    start = _instructions(workload(0, "pass"))
-    engine = _instructions(workload(0, "b.engine_run()"))
+    start = instructions(workload(0, "pass"))
+    engine = instructions(workload(0, "b.engine_run()"))
     if start is None or engine is None:
         return None
     per_round = (engine - start) / (runs * ROUNDS)
     ratios: dict[int, float] = {}
     for history in (0, 10):
-        base = _instructions(workload(history, "pass"))
-        judged = _instructions(workload(history, "b.judge_all(rs, facts)"))
+        base = instructions(workload(history, "pass"))
+        judged = instructions(workload(history, "b.judge_all(rs, facts)"))
         if base is None or judged is None:
             return None
         per_judgement = (judged - base) / (runs * counted)

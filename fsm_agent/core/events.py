@@ -282,6 +282,8 @@ class RunStarted(Event):
     tools: dict[str, Any] | None = _opt("object")
     #: The chain mode: ``sha256`` or ``hmac-sha256`` (``trace/chain.py``).
     integrity: str | None = _opt("str")
+    #: True when a redaction hook (``Runtime(redact=...)``) rewrote the events recorded.
+    redacted: bool | None = _opt("bool")
     messages: list[Any] = _req("array")
 
     def to_json(self) -> dict[str, Any]:

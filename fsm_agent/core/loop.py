@@ -93,6 +93,10 @@ class Cancelled(BaseException):
 def start(s: RunState) -> None:
     """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
     _record(s, events.run_start(s.run_id, SCHEMA, s.config.header_fields(), make_safe(s.messages)))
+    if s.config.redact is not None:
+        # Set after the hook, so no hook can hide that it ran: ``check`` compares the
+        # payloads of a redacted trace loosely (notes), every other trace strictly.
+        s.events[-1] = {**s.events[-1], "redacted": True}
 
 
 def _record(s: RunState, event: dict[str, Any]) -> None:
