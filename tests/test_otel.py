@@ -316,7 +316,9 @@ def test_a_review_pause_and_an_approved_resume_are_two_drivings_of_one_run(otel:
     assert events(paused, otel_names.PAUSE_EVENT) == [{otel_names.A_REASON: "approval_required"}]
     assert paused.status.status_code == StatusCode.UNSET
     otel.exporter.clear()
-    done = rt.approve("r1", "c1", by="ana", note="ok", resume=True)
+    tracer = otel.tracer_provider.get_tracer("review-server")
+    with tracer.start_as_current_span("POST /approve") as request:
+        done = rt.approve("r1", "c1", by="ana", note="ok", resume=True)
     assert done.status == "done"
     spans = otel.spans()
     runs = by_name(spans, "invoke_agent")
@@ -328,6 +330,12 @@ def test_a_review_pause_and_an_approved_resume_are_two_drivings_of_one_run(otel:
                and any(t.parent and t.parent.span_id == r.context.span_id
                        for t in by_name(spans, "execute_tool"))]  # fmt: skip
     assert len(resumed) == 1 and attr(resumed[0], otel_names.A_RESUMED) is True
+    # It continues the run's trace, and links the request that approved it.
+    assert resumed[0].parent is not None
+    assert resumed[0].parent.span_id == paused.context.span_id
+    assert [link.context.span_id for link in resumed[0].links] == [
+        request.get_span_context().span_id
+    ]
     (tool,) = by_name(spans, "execute_tool")
     assert attr(tool, otel_names.A_EFFECT) is None or attr(tool, otel_names.A_EFFECT) == "write"
 

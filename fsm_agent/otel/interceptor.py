@@ -361,7 +361,10 @@ class OpenTelemetry(Interceptor):
         # A stored context (the submitter's, or the run's first driving's) is the parent:
         # a run resumed in another process continues its trace.
         parent = _W3C.extract(carrier) if carrier and "traceparent" in carrier else None
-        span = self.tracer.start_span(name, parent, SpanKind.INTERNAL, attrs)
+        # The caller's own span (the request that approved or resumed it) is linked.
+        caller = trace.get_current_span().get_span_context()
+        links = [trace.Link(caller)] if parent is not None and caller.is_valid else None
+        span = self.tracer.start_span(name, parent, SpanKind.INTERNAL, attrs, links=links)
         run = _Run(event.run_id, span, trace.set_span_in_context(span))
         if carrier is not None and carrier.get(_ORIGIN) != "run":
             carrier.clear()
