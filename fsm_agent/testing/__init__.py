@@ -41,6 +41,7 @@ from fsm_agent.testing.scenarios import (
 )
 from fsm_agent.testing.suite import SUITE, missing, scenario_for
 
+
 def __getattr__(name: str) -> object:
     # ``fuzz_agent`` needs Hypothesis, which the rest of the toolkit does not: imported
     # only when asked for.
