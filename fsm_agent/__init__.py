@@ -15,6 +15,7 @@ this list (``tests/test_layering.py`` enforces it)::
     tools/      the tool registry, MCP servers as tools
     runtime/    configuration, the sync and async drivers (the only I/O), Runtime
     models/     scripted models and provider adapters (OpenAI, Anthropic)
+    otel/       every run as OpenTelemetry GenAI spans (an interceptor; extra ``[otel]``)
     render/     diagrams and replay drawn from the table
     testing/    the pytest toolkit: fault tools, scenarios per edge, assertions, coverage
     server/     the review server: JSON API, live change feed (SSE), keys, web UI

@@ -25,6 +25,7 @@ LAYERS = (
     "tools",
     "runtime",
     "models",
+    "otel",
     "render",
     "testing",
     "server",
