@@ -40,7 +40,7 @@ from fsm_agent.errors import (
     TraceError,
     TransientToolError,
 )
-from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel, StreamingScriptedModel
 from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
@@ -89,6 +89,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreError",
+    "StreamingScriptedModel",
     "Tool",
     "ToolRegistry",
     "ToolRejected",
