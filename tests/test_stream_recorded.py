@@ -210,3 +210,49 @@ def test_there_are_enough_recorded_streams() -> None:
     counts = {api: len(recorded(api)) for api in APIS}
     assert all(n >= 10 for n in counts.values()), counts
     assert sum(counts.values()) >= 30, counts
+
+
+def _text_only(api: str) -> list[dict[str, Any]]:
+    with StreamServer() as s:
+        found = []
+        for entry in recorded(api):
+            s.queue(Play(body_of(entry)))
+            try:
+                reply = _adapter(api, s.url)(list(USER), [])
+            except ModelError:
+                continue
+            if not reply.get("tool_calls") and reply.get("content"):
+                found.append(entry)
+        return found
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_recorded_streams_through_runtime_stream_end_to_end(server: StreamServer, api: str) -> None:
+    from conftest import assert_valid_run
+
+    from fsm_agent import Runtime, ToolRegistry
+    from fsm_agent.core.events import TextDelta
+    from fsm_agent.trace.checker import check_events
+
+    entries = _text_only(api)[:3]
+    assert entries, f"no text-only {api} stream"
+    for entry in entries:
+        runtime = Runtime(model=_adapter(api, server.url), tools=ToolRegistry(), allowed_tools=())
+        server.queue(Play(body_of(entry), splits=range(5, 100_000, 37)))
+        with runtime.stream("hi") as run:
+            events = list(run)
+        result = run.result
+        assert result.status == "done", (result.reason, result.detail)
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == result.answer
+        (decision,) = [e for e in result.events if e["type"] == "decision"]
+        assert decision["message"]["streamed"], "the trace keeps the blocks' digests"
+        assert_valid_run(result)
+        assert check_events(result.events) == []
+        # cut before its terminal event: a failed model call, nothing of it kept
+        body = body_of(entry)
+        server.queue(Play(body[: event_ends(body)[-3]]))
+        with runtime.stream("hi") as cut:
+            list(cut)
+        assert (cut.result.status, cut.result.reason) == ("protocol_error", "model_error")
+        assert not any(m.get("role") == "assistant" for m in cut.result.messages)
+        assert_valid_run(cut.result)
