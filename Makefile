@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/durable.py
 	$(PY) benchmarks/check_speed.py
 	$(PY) benchmarks/replay_frame.py
+	$(PY) benchmarks/otel.py
+	$(PY) benchmarks/rules.py
 	$(PY) -m pip install -q -e '.[bench-langgraph]'
 	$(PY) benchmarks/postgres.py
 	$(PY) benchmarks/pg_network.py

@@ -14,19 +14,15 @@ fsm_agent`` / importing its dependencies alone.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from orders import SCHEMA, lookup
+from timing import instructions
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.core.canonical import parse_arguments
@@ -128,22 +124,6 @@ def import_ms() -> float:
 # ── instruction counts: the same comparison, immune to a busy machine ────────────────
 
 
-def _instructions(code: str) -> int | None:
-    """Instructions ``python -c code`` executes, counted by valgrind's callgrind (the
-    same total on every run, whatever else the machine does); None without valgrind."""
-    if shutil.which("valgrind") is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
-             sys.executable, "-c", code],
-            capture_output=True, text=True, check=True, cwd=Path(__file__).parent,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )  # fmt: skip
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    return int(found.group(1)) if found else None
-
-
 def _workload(fn: str, runs: int) -> str:
     return (
         "import overhead as o\n"
@@ -158,12 +138,12 @@ def instruction_ratios(runs: int = 5) -> tuple[float, float, float] | None:
     """(engine / hand-written per round, import fsm_agent / import of its dependencies,
     engine instructions per round): instruction counts, each against a baseline counted
     the same way."""
-    start = _instructions(_workload("pass", runs))
-    hand = _instructions(_workload("o.hand_written(s)", runs))
-    ours = _instructions(_workload("o.engine(s)", runs))
-    python = _instructions("pass")
-    deps = _instructions("import transitions, jsonschema, dataclasses, json, hashlib")
-    package = _instructions("import fsm_agent")
+    start = instructions(_workload("pass", runs))
+    hand = instructions(_workload("o.hand_written(s)", runs))
+    ours = instructions(_workload("o.engine(s)", runs))
+    python = instructions("pass")
+    deps = instructions("import transitions, jsonschema, dataclasses, json, hashlib")
+    package = instructions("import fsm_agent")
     if None in (start, hand, ours, python, deps, package):
         return None
     assert start and hand and ours and python and deps and package

@@ -5,6 +5,8 @@ The names exported here are the public contract (docs/reference/api.md); import 
 this list (``tests/test_layering.py`` enforces it)::
 
     errors      one exception tree under FsmAgentError
+    rules/      your own rules: Rule values, a RuleSet compiled and type-checked once, CEL
+                conditions, judgements as pure functions (below core, so the loop can judge)
     core/       the transition table, guards, edge selection, run state, decisions and the
                 sans-IO loop: no I/O, no clock, no store
     trace/      trace events, JSON Lines reading and writing, the one checker
@@ -13,6 +15,7 @@ this list (``tests/test_layering.py`` enforces it)::
     tools/      the tool registry, MCP servers as tools
     runtime/    configuration, the sync and async drivers (the only I/O), Runtime
     models/     scripted models and provider adapters (OpenAI, Anthropic)
+    otel/       every run as OpenTelemetry GenAI spans (an interceptor; extra ``[otel]``)
     render/     diagrams and replay drawn from the table
     testing/    the pytest toolkit: fault tools, scenarios per edge, assertions, coverage
     cli/        the ``fsm-agent`` command line
@@ -41,6 +44,7 @@ from fsm_agent.errors import (
     TransientToolError,
 )
 from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel, StreamingScriptedModel
+from fsm_agent.rules import Rule
 from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
@@ -81,6 +85,7 @@ __all__ = [
     "PostgresStore",
     "RetryPolicy",
     "ReviewError",
+    "Rule",
     "RunBusy",
     "RunNotFound",
     "RunResult",

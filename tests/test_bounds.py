@@ -196,3 +196,25 @@ def test_the_largest_records_any_budget_allows_make_a_trace_that_checks(
     assert "oversized" not in observation  # kept whole: it is within the budget
     longest = max(len(line) for line in trace.read_bytes().splitlines())
     assert MAX_RECORD_BYTES * 0.9 < longest < MAX_LINE
+
+
+def test_the_new_event_fields_are_declared(tmp_path: Path) -> None:
+    """``decision.oversized``/``usage`` and ``observation.oversized``/``media_bytes`` are
+    fields of their typed events and of the events' JSON Schema, not ``extra``."""
+    from jsonschema import Draft202012Validator
+
+    from fsm_agent.core.events import event_from_json, json_schema
+
+    validator = Draft202012Validator(json_schema())
+    huge = {"role": "assistant", "content": "x" * 5000, "usage": {"total_tokens": 3}}
+    out, _, _ = _run(tmp_path / "a", {}, Budget(max_reply_bytes=1000), huge)
+    images = {"shots": [Image(PNG + bytes(100))]}
+    out2, _, _ = _run(tmp_path / "b", images, Budget())
+    out3, _, _ = _run(tmp_path / "c", {"blob": "z" * 5000}, Budget(max_output_bytes=1000))
+    for event in [*out.events, *out2.events, *out3.events]:
+        typed = event_from_json(event)
+        assert typed.to_json() == event
+        assert not getattr(typed, "extra", None), event
+        assert list(validator.iter_errors(event)) == [], event
+    decision = next(e for e in out.events if e["type"] == "decision")
+    assert event_from_json(decision).oversized == decision["oversized"]  # type: ignore[attr-defined]

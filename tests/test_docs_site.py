@@ -20,25 +20,13 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from browser import chromium, needs_browser
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-sync_playwright: Any
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the machine
-    sync_playwright = None
-
 needs_mkdocs = pytest.mark.skipif(
     __import__("importlib.util").util.find_spec("mkdocs") is None,
     reason="mkdocs is not installed (pip install -e '.[docs]')",
 )
-needs_browser = pytest.mark.skipif(
-    not Path(CHROMIUM).exists() or sync_playwright is None,
-    reason=f"needs {CHROMIUM} (apt-get install chromium) and playwright (pip)",
-)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update"]  # fmt: skip
 #: A role as mkdocstrings renders it (``:class:`x``` -> ``:class:<code>x</code>``) or as
 #: it would leak in text.
 RAW_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|exc|data|obj|const):(?:<code>|`)")
@@ -61,11 +49,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    assert sync_playwright is not None
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -256,3 +256,30 @@ def test_recorded_streams_through_runtime_stream_end_to_end(server: StreamServer
         assert (cut.result.status, cut.result.reason) == ("protocol_error", "model_error")
         assert not any(m.get("role") == "assistant" for m in cut.result.messages)
         assert_valid_run(cut.result)
+
+
+@pytest.mark.parametrize(
+    ("api", "error"),
+    [
+        (
+            "anthropic",
+            b"event: error\ndata: "
+            b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n',
+        ),
+        (
+            "responses",
+            b'event: error\ndata: {"type":"error","code":"server_error","message":"boom"}\n\n',
+        ),
+        ("chat", b'data: {"error":{"type":"server_error","message":"boom"}}\n\n'),
+    ],
+)
+def test_an_error_event_inside_a_200_stream_is_a_failed_call(
+    server: StreamServer, api: str, error: bytes
+) -> None:
+    entry = recorded(api)[0]
+    body = body_of(entry)
+    at = event_ends(body)[1]  # after the first two events, before the reply is complete
+    model = _adapter(api, server.url)
+    server.queue(Play(body[:at] + error + body[at:]))
+    with pytest.raises(ModelError, match="error event"):
+        model(list(USER), [])

@@ -46,7 +46,9 @@ def test_coverage_report_lists_every_transition(pytester: pytest.Pytester) -> No
         [
             f"{REPLIED} *model_replied*deciding -> validating*-*1",
             f"{DONE} *validate*validating -> done*!has_tool_calls, has_answer*1",
-            "never taken: #0 model_replied [reply_too_large] (deciding -> budget_exhausted)",
+            # An edge never taken is listed with its meaning (its rule text).
+            "never taken: #0 model_replied [reply_too_large] (deciding -> budget_exhausted): "
+            "R9/R12: a reply larger than its size budget is neither read nor run",
         ]
     )
 

@@ -13,17 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import CHROMIUM, chromium, sync_playwright
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent.render.html import viewer_html
 from fsm_agent.render.replay import Replay
-
-CHROMIUM = "/usr/bin/chromium"
-sync_playwright: Any
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the machine
-    sync_playwright = None
 
 pytestmark = [
     pytest.mark.skipif(
@@ -40,16 +34,6 @@ pytestmark = [
     ),
 ]
 
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 HOSTILE = (
     '</script><script>window.__pwned=1;alert("script ran")</script>'
     '<img src=x onerror="window.__pwned=2;alert(2)"><b id="injected">bold?</b>'
@@ -75,11 +59,8 @@ def page_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    assert sync_playwright is not None
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

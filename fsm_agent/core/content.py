@@ -35,6 +35,7 @@ from fsm_agent.errors import ConfigError
 
 __all__ = [
     "IMAGE_TYPES",
+    "MAX_DEPTH",
     "File",
     "Image",
     "Media",
@@ -51,8 +52,9 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 _MEDIA_TYPE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$")
 _DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.S)
 #: Walk no deeper than this for media: deeper values are left as they are (the JSON
-#: encoding of the result has its own policy for deep nesting).
-_MAX_DEPTH = 64
+#: encoding of the result has its own policy for deep nesting). ``check`` walks a
+#: recorded result as deep for the placeholders it replays (``trace/replay.py``).
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True, eq=True)
@@ -129,7 +131,7 @@ def split_media(value: Any, max_bytes: int | None = None) -> tuple[Any, list[Med
             kept += len(v.data)
             media.append(v)
             return _placeholder(v, len(media), max_bytes)
-        if depth >= _MAX_DEPTH or id(v) in seen:
+        if depth >= MAX_DEPTH or id(v) in seen:
             return v
         if isinstance(v, Mapping):
             seen.add(id(v))

@@ -52,6 +52,7 @@ __all__ = [
     "UnknownEvent",
     "decision",
     "decision_failed",
+    "decision_oversized",
     "event_from_json",
     "json_schema",
     "json_schema_text",
@@ -195,8 +196,16 @@ class Event:
         return cls(**_parse(cls, data, run_id))
 
 
-def _body_fields(cls: type[Event]) -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(cls) if f.name not in _ENVELOPE]
+_BODY_FIELDS: dict[type[Event], tuple[dataclasses.Field[Any], ...]] = {}
+
+
+def _body_fields(cls: type[Event]) -> tuple[dataclasses.Field[Any], ...]:
+    # Cached: every event handed to an interceptor is read through it (issue 21's bench).
+    found = _BODY_FIELDS.get(cls)
+    if found is None:
+        found = tuple(f for f in dataclasses.fields(cls) if f.name not in _ENVELOPE)
+        _BODY_FIELDS[cls] = found
+    return found
 
 
 def _parse(cls: type[Event], data: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:
@@ -273,6 +282,8 @@ class RunStarted(Event):
     tools: dict[str, Any] | None = _opt("object")
     #: The chain mode: ``sha256`` or ``hmac-sha256`` (``trace/chain.py``).
     integrity: str | None = _opt("str")
+    #: True when a redaction hook (``Runtime(redact=...)``) rewrote the events recorded.
+    redacted: bool | None = _opt("bool")
     messages: list[Any] = _req("array")
 
     def to_json(self) -> dict[str, Any]:
@@ -294,6 +305,10 @@ class Decided(Event):
     #: call id -> its arguments' UTF-8 bytes in hex, for arguments holding lone
     #: surrogates (the message shows them as U+FFFD): what ``check`` replays admission on.
     raw_arguments: Any = _opt("any")
+    #: A reply over ``max_reply_bytes``, recorded by its size (bytes of its JSON text)
+    #: and ``usage`` instead of its ``message`` (the run stops ``reply_size``).
+    oversized: int | None = _opt("int")
+    usage: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,6 +350,10 @@ class Observed(Event):
     tool: str = _req("str")
     result: Any = _req("any")
     synthetic: bool = _req("bool")
+    #: A result alone past the output budget: its size, ``result`` being the stand-in.
+    oversized: int | None = _opt("int")
+    #: Raw bytes of the images and files the tool message carries (``max_output_bytes``).
+    media_bytes: int | None = _opt("int")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,6 +505,14 @@ def decision(seq: int, message: Any, malformed: str | None) -> dict[str, Any]:
     event = {"type": "decision", "seq": seq, "message": message}
     if malformed is not None:
         event["malformed"] = malformed
+    return event
+
+
+def decision_oversized(seq: int, size: int, usage: Any) -> dict[str, Any]:
+    """A reply over ``max_reply_bytes``: its size and usage, never its message."""
+    event: dict[str, Any] = {"type": "decision", "seq": seq, "oversized": size}
+    if usage is not None:
+        event["usage"] = usage
     return event
 
 

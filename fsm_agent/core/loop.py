@@ -41,7 +41,13 @@ from fsm_agent.core import events
 from fsm_agent.core.actions import ACTIONS, BLOCKING
 from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
-from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, admit_calls, parse_decision
+from fsm_agent.core.decision import (
+    NO_DECISION,
+    Decision,
+    PreparedCall,
+    admit_calls,
+    parse_decision,
+)
 from fsm_agent.core.engine import fire
 from fsm_agent.core.guards import GUARDS
 from fsm_agent.core.intents import claim_json, record_json
@@ -87,6 +93,10 @@ class Cancelled(BaseException):
 def start(s: RunState) -> None:
     """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
     _record(s, events.run_start(s.run_id, SCHEMA, s.config.header_fields(), make_safe(s.messages)))
+    if s.config.redact is not None:
+        # Set after the hook, so no hook can hide that it ran: ``check`` compares the
+        # payloads of a redacted trace loosely (notes), every other trace strictly.
+        s.events[-1] = {**s.events[-1], "redacted": True}
 
 
 def _record(s: RunState, event: dict[str, Any]) -> None:
@@ -287,12 +297,10 @@ def _oversized_reply(s: RunState, reply: Any) -> Steps:
     run stops ``budget_exhausted/reply_size`` with nothing of it parsed or run."""
     s.decision = NO_DECISION
     s.seq += 1
-    event: dict[str, Any] = {"type": "decision", "seq": s.seq, "oversized": s.reply_bytes}
     usage = reply.get("usage") if isinstance(reply, dict) else None
     if isinstance(usage, dict):  # only what the counters read: the rest may be the bulk
         usage = {k: make_safe(usage[k]) for k in _USAGE_KEYS if k in usage}
-        event["usage"] = usage
-    _record(s, event)
+    _record(s, events.decision_oversized(s.seq, s.reply_bytes, usage))
     _count_usage(s, usage)
     s.batch_appended = False
     s.answered = set()

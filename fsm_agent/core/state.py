@@ -113,7 +113,8 @@ class RunConfig:
     tool_specs: list[dict[str, Any]]
     approvals: ApprovalBook = field(default_factory=ApprovalBook)
     save: SaveMode = "never"
-    #: Events go to a trace sink as they happen (``EmitEvents`` requests).
+    #: The run has a consumer of its events (a trace sink, an interceptor's on_event):
+    #: the loop yields ``EmitEvents`` after every edge, before any other request.
     emit: bool = False
     #: Extra fields of the ``run_start`` header (the tools' declared facts, ...).
     header: dict[str, Any] = field(default_factory=dict)
@@ -300,6 +301,10 @@ class RunState:
     #: This driving's resume counted the attempt of a keyed call whose intent the dead
     #: process had begun (its ``dispatch`` transition died with it).
     attempt_resumed: bool = apart("scratch: this driving's resume", False)
+    #: The W3C trace context (``traceparent``/``tracestate``) of the run's first driving
+    #: or its submitter, for tracing (``fsm_agent.otel``): kept on the checkpoint's
+    #: envelope, outside the body and its checksum (it changes nothing the run decides).
+    trace_context: dict[str, str] = apart("stored: on the checkpoint envelope", factory=dict)
     # The loop's cursors over what left it: events emitted / saved, messages saved, and
     # history rows replaced in place since the last save (a restore starts them at what
     # the store holds).
@@ -330,12 +335,15 @@ class RunState:
         """The checkpoint: the persisted fields, versioned, naming the machine they were
         written under, and covered by a checksum (:meth:`restore` verifies it)."""
         body = {key: dump(self) for key, dump, _ in _PERSISTED}
-        return {
+        out = {
             "version": SNAPSHOT_VERSION,
             "machine_hash": self.config.machine.hash,
             "checksum": _checksum(body),
             "body": body,
         }
+        if self.trace_context:
+            out["trace_context"] = dict(self.trace_context)
+        return out
 
     @classmethod
     def restore(
@@ -368,6 +376,9 @@ class RunState:
             raise CorruptRecord(
                 f"run {run_id!r}: unreadable checkpoint ({type(exc).__name__}: {exc})"
             ) from None
+        carried = snapshot.get("trace_context")
+        if isinstance(carried, dict):
+            s.trace_context = {k: v for k, v in carried.items() if isinstance(v, str)}
         s.emitted = s.saved_events = len(events)
         s.saved_messages = len(messages)
         return s

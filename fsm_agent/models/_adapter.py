@@ -28,7 +28,7 @@ from fsm_agent.models._common import (
 )
 from fsm_agent.models._stream import Fold, SseParser, fold_bytes
 from fsm_agent.models.pricing import Price, db_cost, find_price
-from fsm_agent.runtime.context import wait_room
+from fsm_agent.runtime.context import report_call, wait_room
 
 __all__ = ["AsyncCall", "ProviderCodec", "SyncCall"]
 
@@ -144,6 +144,17 @@ class ProviderCodec:
         }
 
 
+def _report(codec: ProviderCodec) -> None:
+    """What this call is, for a collector (``runtime/context.py``): the model asked for
+    and the server (host and port of the SDK client's base URL)."""
+    url = getattr(getattr(codec, "client", None), "base_url", None)
+    host = getattr(url, "host", None)
+    port = getattr(url, "port", None)
+    if port is None and host:
+        port = {"https": 443, "http": 80}.get(str(getattr(url, "scheme", "")))
+    report_call(request_model=codec.model, server_address=host or None, server_port=port)
+
+
 class SyncCall(ProviderCodec):
     """A blocking adapter: ``Runtime.run`` and ``Runtime.arun`` both accept it."""
 
@@ -167,6 +178,7 @@ class SyncCall(ProviderCodec):
 
     def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         request = self.build_request(messages, tool_specs)
+        _report(self)
 
         def send(timeout: float) -> Message:
             if self.stream:
@@ -217,6 +229,7 @@ class AsyncCall(ProviderCodec):
 
     async def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         request = self.build_request(messages, tool_specs)
+        _report(self)
 
         async def send(timeout: float) -> Message:
             if self.stream:

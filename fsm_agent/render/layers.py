@@ -20,12 +20,14 @@ __all__ = ["LAYERS", "layer_dot", "layer_imports", "reduced"]
 #: The layers, lowest first (as ``fsm_agent/__init__.py`` lists them).
 LAYERS: tuple[str, ...] = (
     "errors",
+    "rules",
     "core",
     "trace",
     "durable",
     "tools",
     "runtime",
     "models",
+    "otel",
     "render",
     "testing",
     "cli",
@@ -33,12 +35,14 @@ LAYERS: tuple[str, ...] = (
 
 _BLURB = {
     "errors": "one exception tree",
+    "rules": "your own rules:\\nRule, RuleSet, CEL",
     "core": "table, guards, select,\\nstate, sans-IO loop",
     "trace": "events, JSONL, checker",
     "durable": "stores, resume, review",
     "tools": "registry, MCP",
     "runtime": "drivers (all I/O), Runtime",
     "models": "scripted, providers",
+    "otel": "GenAI spans (interceptor)",
     "render": "diagrams, replay, viewer",
     "testing": "pytest toolkit",
     "cli": "fsm-agent command",

@@ -2,9 +2,11 @@
 
 The model protocol stays ``(messages, tool_specs) -> message``; adapters that retry
 (rate limits, 5xx) read :func:`current_deadline` to keep their backoff inside the run's
-wall-clock budget. A streaming adapter hands each delta of a reply to
-:func:`emit_delta`, which passes it to the delta sink of the current context
-(``Runtime.stream`` sets one; without one a delta costs a lookup).
+wall-clock budget, and report what they know of a call (:func:`report_call`: the
+model asked for, the server) to whoever collects it (``fsm_agent.otel``'s ``chat`` span).
+A streaming adapter hands each delta of a reply to :func:`emit_delta`, which passes it
+to the delta sink of the current context (``Runtime.stream`` sets one; without one a
+delta costs a lookup).
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import Any
 
 __all__ = [
     "DeltaSink",
+    "collect_call_facts",
     "current_deadline",
+    "driving_trace_context",
     "emit_delta",
+    "report_call",
     "set_delta_sink",
     "time_left",
     "wait_room",
@@ -87,3 +92,46 @@ async def wait_room() -> None:
 
 def set_room(room: Callable[[], Awaitable[None]] | None) -> contextvars.Token[Any]:
     return _room.set(room)
+
+
+_call_facts: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "fsm_agent_call_facts", default=None
+)
+
+
+def report_call(**facts: Any) -> None:
+    """An adapter's facts about the model call under way (``request_model``,
+    ``server_address``, ``server_port``); nothing happens unless someone collects them."""
+    found = _call_facts.get()
+    if found is not None:
+        found.update({k: v for k, v in facts.items() if v is not None})
+
+
+def collect_call_facts(into: dict[str, Any]) -> contextvars.Token[dict[str, Any] | None]:
+    """Collect what :func:`report_call` reports in this context into ``into``, until
+    :func:`stop_collecting` with the token returned."""
+    return _call_facts.set(into)
+
+
+def stop_collecting(token: contextvars.Token[dict[str, Any] | None]) -> None:
+    _call_facts.reset(token)
+
+
+_trace_context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "fsm_agent_trace_context", default=None
+)
+
+
+def driving_trace_context() -> dict[str, str] | None:
+    """The run's W3C trace context carrier (``RunState.trace_context``) while a driver
+    drives it, or ``None``: a tracer reads the stored context of a resumed run from it
+    and writes its run span's into it, which the run's next checkpoint stores."""
+    return _trace_context.get()
+
+
+def set_trace_context(carrier: dict[str, str]) -> contextvars.Token[dict[str, str] | None]:
+    return _trace_context.set(carrier)
+
+
+def reset_trace_context(token: contextvars.Token[dict[str, str] | None]) -> None:
+    _trace_context.reset(token)

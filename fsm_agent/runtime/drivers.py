@@ -36,6 +36,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable
+from contextvars import Token
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -65,7 +66,12 @@ from fsm_agent.durable import owners
 from fsm_agent.durable.resume import Heartbeat
 from fsm_agent.durable.store import ApprovalStore, Checkpoint, RunSave, RunStore, Store
 from fsm_agent.errors import ToolRejected, TransientToolError
-from fsm_agent.runtime.context import reset_deadline, set_deadline
+from fsm_agent.runtime.context import (
+    reset_deadline,
+    reset_trace_context,
+    set_deadline,
+    set_trace_context,
+)
 from fsm_agent.runtime.interceptors import Chain
 from fsm_agent.trace.chain import Encoder
 from fsm_agent.trace.io import TraceSink
@@ -599,9 +605,12 @@ class Driving:
     def __init__(self, store: Store, s: RunState, io: Io) -> None:
         self.store, self.s, self.io = store, s, io
         self.heartbeat: Heartbeat | None = None
+        self.traced: Token[dict[str, str] | None] | None = None
 
     def __enter__(self) -> Driving:
         io = self.io
+        if io.chain is not None:  # a tracer among the interceptors reads and writes it
+            self.traced = set_trace_context(self.s.trace_context)
         if io.owner is None:
             io.owner = owners.new_owner()
             owners.hold(io.owner)
@@ -619,6 +628,8 @@ class Driving:
                 with contextlib.suppress(Exception):
                     cast(RunStore, self.store).release(self.s.run_id, io.owner)
         finally:
+            if self.traced is not None:
+                reset_trace_context(self.traced)
             if io.owner is not None:
                 owners.drop(io.owner)
             if io.sink is not None:

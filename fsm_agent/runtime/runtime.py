@@ -251,6 +251,7 @@ class Runtime:
         if not supports_runs(store):
             raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
         state, _ = self._new_run(task, run_id, None, traced=False)
+        self._carry_context(state.trace_context)
         # The loop's own first step writes the run's creation (its header and the
         # checkpoint at ``deciding``); it is stopped there, before asking the model. Its
         # trace starts with its first driver (``_adopt``): the run_start line records
@@ -270,6 +271,19 @@ class Runtime:
         )
         store.release(state.run_id, owner)  # announces it to the workers
         return state.run_id
+
+    def _carry_context(self, carrier: dict[str, str]) -> None:
+        """The caller's trace context into a submitted run's carrier, from each
+        interceptor that propagates one (``inject_context``: ``fsm_agent.otel``), so the
+        worker that drives it continues the caller's trace. One that raises is counted
+        and changes nothing, as any interceptor's failure."""
+        for each in self._interceptors.all:
+            inject = getattr(each, "inject_context", None)
+            if callable(inject):
+                try:
+                    inject(carrier)
+                except Exception as exc:
+                    self._interceptors.failed(each, "inject_context", "submit", exc)
 
     # ── durable runs: resume and review (docs/concepts/durable-runs.md) ───────────────
 

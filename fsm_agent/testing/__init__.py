@@ -8,6 +8,7 @@ needs neither pytest nor Hypothesis.
 """
 
 from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.testing.agent import AgentUnderTest, Execution, Ledger
 from fsm_agent.testing.assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
@@ -40,13 +41,27 @@ from fsm_agent.testing.scenarios import (
 )
 from fsm_agent.testing.suite import SUITE, missing, scenario_for
 
+
+def __getattr__(name: str) -> object:
+    # ``fuzz_agent`` needs Hypothesis, which the rest of the toolkit does not: imported
+    # only when asked for.
+    if name == "fuzz_agent":
+        from fsm_agent.testing.fuzz import fuzz_agent
+
+        return fuzz_agent
+    raise AttributeError(f"module 'fsm_agent.testing' has no attribute {name!r}")
+
+
 __all__ = [
     "BEHAVIOURS",
     "SUITE",
+    "AgentUnderTest",
+    "Execution",
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
     "KeyedScriptedModel",
+    "Ledger",
     "Path",
     "ProcessDied",
     "Scenario",

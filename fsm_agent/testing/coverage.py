@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import html
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from fsm_agent.core.events import Event, RunStarted, Transitioned
@@ -38,14 +40,23 @@ def edge_of(event: Transitioned, machine: Machine = DEFAULT_MACHINE) -> Transiti
 
 
 _NEVER = "#d62728"  # red: an edge no test took
+_UNREACHABLE = "#999999"  # grey: an edge the application cannot take
 _SHADES = ("#9ecae1", "#4292c6", "#08519c")  # light to dark blue as hits grow
 
 
 class TransitionCoverage(Interceptor):
-    """Hit counts per transition of ``machine``'s table, from the events it sees."""
+    """Hit counts per transition of ``machine``'s table, from the events it sees.
 
-    def __init__(self, machine: Machine = DEFAULT_MACHINE) -> None:
+    ``unreachable`` maps edge indexes to why the application cannot take them
+    (:func:`fsm_agent.testing.reachability.unreachable_edges`): they are listed apart and
+    left out of :attr:`percent`, unless a run takes one anyway (then the reason was wrong
+    and the edge counts as reachable)."""
+
+    def __init__(
+        self, machine: Machine = DEFAULT_MACHINE, unreachable: Mapping[int, str] | None = None
+    ) -> None:
         self.machine = machine
+        self.unreachable = dict(unreachable or {})
         self.hits = [0] * len(machine.transitions)
         # run id -> machine hash, from the headers seen (a resumed run shows none).
         self._machines: dict[str, str] = {}
@@ -72,13 +83,23 @@ class TransitionCoverage(Interceptor):
             self._installed.close()
             self._installed = None
 
+    def reachable(self) -> list[int]:
+        """The edges that count: not known unreachable, or taken anyway."""
+        return [i for i, h in enumerate(self.hits) if h or i not in self.unreachable]
+
+    def unreachable_now(self) -> list[int]:
+        """The edges known unreachable (and indeed never taken)."""
+        return [i for i, h in enumerate(self.hits) if not h and i in self.unreachable]
+
     @property
     def percent(self) -> float:
-        taken = sum(1 for h in self.hits if h)
-        return 100.0 * taken / len(self.hits) if self.hits else 100.0
+        counted = self.reachable()
+        taken = sum(1 for i in counted if self.hits[i])
+        return 100.0 * taken / len(counted) if counted else 100.0
 
     def never_taken(self) -> list[int]:
-        return [i for i, h in enumerate(self.hits) if not h]
+        """The reachable edges no run took."""
+        return [i for i in self.reachable() if not self.hits[i]]
 
     def report_lines(self) -> list[str]:
         """The table with hit counts, then the transitions never taken."""
@@ -94,11 +115,20 @@ class TransitionCoverage(Interceptor):
             return "  ".join(cells).rstrip()
 
         lines = [fmt(head), *(fmt(r) for r in rows)]
-        taken = len(self.hits) - len(self.never_taken())
-        lines.append(f"transition coverage: {taken}/{len(self.hits)} = {self.percent:.1f}%")
+        counted = self.reachable()
+        taken = len(counted) - len(self.never_taken())
+        unreachable = self.unreachable_now()
+        apart = f" ({len(unreachable)} unreachable, not counted)" if unreachable else ""
+        lines.append(f"transition coverage: {taken}/{len(counted)} = {self.percent:.1f}%{apart}")
         for i in self.never_taken():
             t = self.machine.transitions[i]
-            lines.append(f"never taken: #{i} {t.label} ({t.source} -> {t.dest})")
+            meaning = f": {t.rule}" if t.rule else ""
+            lines.append(f"never taken: #{i} {t.label} ({t.source} -> {t.dest}){meaning}")
+        for i in unreachable:
+            t = self.machine.transitions[i]
+            lines.append(
+                f"unreachable: #{i} {t.label} ({t.source} -> {t.dest}): {self.unreachable[i]}"
+            )
         return lines
 
 
@@ -138,15 +168,25 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
         svg_path.write_text(svg, encoding="utf-8")
         written.append(svg_path)
     top = max(coverage.hits, default=0)
+    apart = set(coverage.unreachable_now())
+
+    def row(i: int, t: Transition, h: int) -> str:
+        colour = _UNREACHABLE if i in apart else _colour(h, top)
+        meaning = f"unreachable: {coverage.unreachable[i]}" if i in apart else t.rule
+        return (
+            f"<tr><td>{i}</td><td>{html.escape(t.trigger)}</td>"
+            f"<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>"
+            f"<td>{html.escape(', '.join(t.guards) or '-')}</td>"
+            f'<td style="background:{colour};color:white;text-align:right">{h}</td>'
+            f"<td>{html.escape(meaning)}</td></tr>"
+        )
+
     rows = "\n".join(
-        f"<tr><td>{i}</td><td>{html.escape(t.trigger)}</td>"
-        f"<td>{html.escape(t.source)} → {html.escape(t.dest)}</td>"
-        f"<td>{html.escape(', '.join(t.guards) or '-')}</td>"
-        f'<td style="background:{_colour(h, top)};color:white;text-align:right">{h}</td></tr>'
+        row(i, t, h)
         for i, (t, h) in enumerate(zip(coverage.machine.transitions, coverage.hits, strict=False))
     )
     picture = (
-        svg[svg.find("<svg") :]
+        _fit(svg[svg.find("<svg") :])
         if svg is not None
         else "<p>No Graphviz renderer is installed, so no picture was drawn; "
         "render <code>coverage.dot</code> with it:</p><pre>" + html.escape(dot_text) + "</pre>"
@@ -154,12 +194,16 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>fsm-agent transition coverage</title>
 <style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;border-bottom:1px solid #ddd}}
+svg{{max-width:100%;max-height:90vh;height:auto;display:block}}
 </style></head><body>
 <h1>Transition coverage: {coverage.percent:.1f}%</h1>
-<p>{len(coverage.never_taken())} of {len(coverage.hits)} transitions never taken
-(red rows, grey arrows); darker arrows were taken more often.</p>
+<p>Machine: {html.escape(coverage.machine.name)} ({html.escape(coverage.machine.hash[:12])}).
+{len(coverage.never_taken())} of {len(coverage.reachable())} reachable transitions never taken
+(red rows, grey arrows); darker arrows were taken more often.
+{len(apart)} transitions this application cannot take are not counted (grey rows).</p>
 {picture}
-<table><tr><th>#</th><th>trigger</th><th>source → dest</th><th>guards</th><th>hits</th></tr>
+<table><tr><th>#</th><th>trigger</th><th>source → dest</th><th>guards</th><th>hits</th>
+<th>meaning</th></tr>
 {rows}
 </table></body></html>
 """
@@ -167,6 +211,14 @@ def write_html(directory: Path, coverage: TransitionCoverage) -> list[Path]:
     page_path.write_text(page, encoding="utf-8")
     written.append(page_path)
     return written
+
+
+def _fit(svg: str) -> str:
+    """The SVG scaled to the window: Graphviz writes a fixed size in points, which
+    overflows the page; without it (the ``viewBox`` stays) the page's CSS sizes it."""
+    head_end = svg.find(">")
+    head = re.sub(r'\s(width|height)="[^"]*"', "", svg[:head_end])
+    return head + svg[head_end:]
 
 
 def _render_svg(dot_text: str) -> str | None:

@@ -51,11 +51,11 @@ your tool's own.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent.core.requests import CallTool, Request, ToolOutcome
+from fsm_agent.core.requests import CallTool, ReadClock, Request, ToolOutcome
 from fsm_agent.errors import ToolRejected, TransientToolError
 from fsm_agent.runtime.interceptors import AsyncCallNext, CallNext, Interceptor
 from fsm_agent.tools.registry import ToolRegistry
@@ -361,6 +361,12 @@ _INJECTED: dict[str, tuple[str | None, str | None]] = {
     "interrupt_after_effect": (None, "interrupt"),
     "crash": ("crash", None),
     "crash_after_effect": (None, "crash"),
+    # The names the application guide uses: ``raise`` is the tool raising before any
+    # effect; ``lost_response`` is the tool running to completion and its answer never
+    # arriving (a timeout after the effect: the case only idempotency keys make safe).
+    "raise": ("error", None),
+    "lost_response": (None, "lost"),
+    "slow": (None, "slow"),
 }
 
 #: The behaviours :class:`ToolFaults` injects.
@@ -374,11 +380,25 @@ class ToolFaults(Interceptor):
     tool never runs; its outcome says so), ``error_after_effect``,
     ``timeout_after_effect`` (the tool runs, then the call fails), ``interrupt`` /
     ``interrupt_after_effect`` (Ctrl-C: ``KeyboardInterrupt``), ``crash`` /
-    ``crash_after_effect`` (:class:`ProcessDied`). ``calls`` lists each call's
+    ``crash_after_effect`` (:class:`ProcessDied`), ``raise`` (the tool raises before
+    any effect), ``lost_response`` (the tool runs, its answer is lost: a timeout after
+    the effect), ``slow`` (the tool runs and answers, ``slow_s`` seconds of the run's
+    clock later: every ``ReadClock`` after it reads that much later, so budgets and
+    deadlines see the time pass without a test waiting). ``calls`` lists each call's
     ``(tool, behaviour)``."""
 
-    def __init__(self, script: dict[str, Sequence[str]]) -> None:
+    def __init__(self, script: Mapping[str, Sequence[str]], *, slow_s: float = 60.0) -> None:
+        if isinstance(script, (str, bytes)) or not isinstance(script, Mapping):
+            raise ValueError(
+                "ToolFaults: the script maps tool names to lists of behaviours, e.g. "
+                f'{{"issue_refund": ["lost_response", "ok"]}}; got {script!r}'
+            )
         for tool, behaviours in script.items():
+            if isinstance(behaviours, str):
+                raise ValueError(
+                    f"ToolFaults: tool {tool!r}: behaviours must be a list, got the string "
+                    f"{behaviours!r} (write [{behaviours!r}])"
+                )
             unknown = [b for b in behaviours if b not in _INJECTED]
             if unknown:
                 raise ValueError(
@@ -387,6 +407,9 @@ class ToolFaults(Interceptor):
                 )
         self.script = {tool: list(behaviours) for tool, behaviours in script.items()}
         self.calls: list[tuple[str, str]] = []
+        self.slow_s = slow_s
+        #: Seconds the injected ``slow`` calls added to the run's clock so far.
+        self.elapsed = 0.0
 
     def _next(self, request: CallTool) -> str:
         script = self.script.get(request.tool, [])
@@ -395,23 +418,31 @@ class ToolFaults(Interceptor):
         self.calls.append((request.tool, behaviour))
         return behaviour
 
+    def _after(self, after: str | None, request: CallTool, outcome: Any) -> Any:
+        if after == "slow":
+            self.elapsed += self.slow_s
+            return outcome
+        return outcome if after is None else _inject(after, request)
+
     def intercept(self, request: Request, call_next: CallNext) -> Any:
+        if isinstance(request, ReadClock) and self.elapsed:
+            return call_next(request) + self.elapsed
         if not isinstance(request, CallTool) or request.tool not in self.script:
             return call_next(request)
         before, after = _INJECTED[self._next(request)]
         if before is not None:
             return _inject(before, request)
-        outcome = call_next(request)
-        return outcome if after is None else _inject(after, request)
+        return self._after(after, request, call_next(request))
 
     async def aintercept(self, request: Request, call_next: AsyncCallNext) -> Any:
+        if isinstance(request, ReadClock) and self.elapsed:
+            return (await call_next(request)) + self.elapsed
         if not isinstance(request, CallTool) or request.tool not in self.script:
             return await call_next(request)
         before, after = _INJECTED[self._next(request)]
         if before is not None:
             return _inject(before, request)
-        outcome = await call_next(request)
-        return outcome if after is None else _inject(after, request)
+        return self._after(after, request, await call_next(request))
 
 
 def _inject(kind: str, request: CallTool) -> ToolOutcome:
@@ -426,4 +457,6 @@ def _inject(kind: str, request: CallTool) -> ToolOutcome:
         return ToolOutcome("rejected", error=f"ToolRejected: {name}: injected refusal")
     if kind == "timeout":
         return ToolOutcome("timeout", error=f"TimeoutError: {name}: injected timeout")
+    if kind == "lost":
+        return ToolOutcome("timeout", error=f"TimeoutError: {name}: the answer was lost")
     return ToolOutcome("error", error=f"RuntimeError: {name}: injected failure")

@@ -6,17 +6,25 @@ Fixtures
     ``fsm_model``    ``fsm_model([decision, ...])`` -> a :class:`ScriptedModel`
     ``fsm_runtime``  ``fsm_runtime([decision, ...], budget=..., ...)`` -> a ``Runtime``
                      over ``fsm_tools`` and ``fsm_clock``
+    ``fsm_agent``    ``fsm_agent(make_runtime, faults={...}, **factory_options)`` -> an
+                     :class:`AgentUnderTest`: your own runtime factory, faults per tool
+                     and a ledger of what ran
 
 Options
     ``--fsm-coverage``                 count every transition every run takes; print the table
     ``--fsm-coverage-fail-under=PCT``  fail the session below PCT % of transitions taken
     ``--fsm-coverage-html=DIR``        write the diagram coloured by hit count into DIR
+    ``--fsm-app=MODULE:FACTORY``       measure that application's machine (its runtime
+                                       factory's ``runtime.machine``), edges it cannot take
+                                       reported as unreachable and not counted
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
@@ -26,8 +34,10 @@ import pytest
 
 from fsm_agent.models.scripted import ScriptedModel, Step
 from fsm_agent.runtime.runtime import Runtime
+from fsm_agent.testing.agent import AgentUnderTest
 from fsm_agent.testing.coverage import TransitionCoverage, write_html
 from fsm_agent.testing.faults import FakeClock, FaultyTools
+from fsm_agent.testing.reachability import facts_of, unreachable_edges
 from fsm_agent.testing.scenarios import scripted_runtime
 
 _KEY = pytest.StashKey["_CoverageSession"]()
@@ -47,6 +57,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="fail if fewer than PCT %% of the transitions were taken "
         "(0-100; implies --fsm-coverage)",
+    )
+    group.addoption(
+        "--fsm-app",
+        metavar="MODULE:FACTORY",
+        default=None,
+        help="measure the machine of the application whose runtime factory this names "
+        "(called with model=...; implies --fsm-coverage); edges its tools, policy and "
+        "budget cannot take are reported as unreachable and not counted",
     )
     group.addoption(
         "--fsm-coverage-html",
@@ -87,9 +105,48 @@ def check_html_dir(text: str) -> Path:
     return directory
 
 
+def load_app(text: str, rootdir: Path) -> Runtime:
+    """The runtime ``--fsm-app MODULE:FACTORY`` names, built with a placeholder model (the
+    machine and the tools are what coverage needs), or ``pytest.UsageError``."""
+    module_name, _, attribute = text.partition(":")
+    if not module_name or not attribute:
+        raise pytest.UsageError(
+            f"--fsm-app must be MODULE:FACTORY (e.g. support_desk:make_runtime), got {text!r}"
+        )
+    for place in (str(rootdir), os.getcwd()):
+        if place not in sys.path:
+            sys.path.insert(0, place)  # so a module next to the tests imports as pytest's own
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise pytest.UsageError(f"--fsm-app {text}: cannot import {module_name!r}: {exc}") from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise pytest.UsageError(
+            f"--fsm-app {text}: module {module_name!r} has no callable {attribute!r}"
+        )
+    try:
+        runtime = factory(model=ScriptedModel([]))
+    except Exception as exc:  # the application's own error, reported as the option's
+        raise pytest.UsageError(
+            f"--fsm-app {text}: {attribute}(model=...) raised {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(runtime, Runtime):
+        raise pytest.UsageError(
+            f"--fsm-app {text}: {attribute}(model=...) returned {type(runtime).__name__}, "
+            "not a Runtime"
+        )
+    return runtime
+
+
 class _CoverageSession:
-    def __init__(self, fail_under: float | None, html_dir: Path | None) -> None:
-        self.coverage = TransitionCoverage()
+    def __init__(
+        self,
+        fail_under: float | None,
+        html_dir: Path | None,
+        coverage: TransitionCoverage | None = None,
+    ) -> None:
+        self.coverage = coverage if coverage is not None else TransitionCoverage()
         self.fail_under = fail_under
         self.html_dir = html_dir
         self.failed = False
@@ -99,14 +156,24 @@ class _CoverageSession:
 def pytest_configure(config: pytest.Config) -> None:
     fail_text = config.getoption("--fsm-coverage-fail-under")
     html_text = config.getoption("--fsm-coverage-html")
+    app_text = config.getoption("--fsm-app")
     enabled = (
-        bool(config.getoption("--fsm-coverage")) or fail_text is not None or (html_text is not None)
+        bool(config.getoption("--fsm-coverage"))
+        or fail_text is not None
+        or html_text is not None
+        or app_text is not None
     )
     if not enabled:
         return
     fail_under = parse_fail_under(fail_text) if fail_text is not None else None
     html_dir = check_html_dir(html_text) if html_text is not None else None
-    state = _CoverageSession(fail_under, html_dir)
+    coverage = None
+    if app_text is not None:
+        runtime = load_app(app_text, config.rootpath)
+        coverage = TransitionCoverage(
+            runtime.machine, unreachable_edges(runtime.machine, facts_of(runtime))
+        )
+    state = _CoverageSession(fail_under, html_dir, coverage)
     state.coverage.install()
     config.stash[_KEY] = state
 
@@ -186,3 +253,10 @@ def fsm_runtime(fsm_tools: FaultyTools) -> Callable[..., Runtime]:
         return scripted_runtime(fsm_tools, steps, **options)
 
     return build
+
+
+@pytest.fixture
+def fsm_agent() -> Callable[..., AgentUnderTest]:
+    """``fsm_agent(factory, faults={tool: [behaviour, ...]}, writes=None, **options)``:
+    the application's own runtime factory under test (see ``testing/agent.py``)."""
+    return AgentUnderTest

@@ -207,7 +207,7 @@ def _conformance(head: _Header, report: Report, collect_writes: bool) -> Replay 
     writes: list[Write] | None = [] if collect_writes else None
     report.writes = writes
     if head.replayed:
-        return Replay(head.event, report.fail, writes=writes)
+        return Replay(head.event, report.fail, writes=writes, note=report.notes.append)
     if not head.legacy:
         report.notes.append(
             f"a {V2_SCHEMA} trace records neither the store's answers nor the approval uses "

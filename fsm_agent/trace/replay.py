@@ -39,12 +39,16 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsm_agent.core.approvals import ApprovalBook
+from fsm_agent.core.budget import MAX_ERROR_CHARS
 from fsm_agent.core.canonical import ArgumentsError, digest, parse_arguments
+from fsm_agent.core.content import MAX_DEPTH as _MEDIA_DEPTH
+from fsm_agent.core.content import File, Image
 from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
@@ -52,9 +56,11 @@ from fsm_agent.core.jsonsafe import dumps_safe
 from fsm_agent.core.loop import Cancelled, review, steps
 from fsm_agent.core.requests import (
     READ_CLOCK,
+    AbortIntent,
     AskModel,
     BeginIntent,
     CallTool,
+    CommitIntent,
     ConsumeApproval,
     EmitEvents,
     LoadIntent,
@@ -63,6 +69,7 @@ from fsm_agent.core.requests import (
     ToolOutcome,
 )
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.errors import ConfigError
 from fsm_agent.trace.model import Settings
 from fsm_agent.trace.walk import Write
 
@@ -76,6 +83,8 @@ _KINDS = frozenset({"ok", "rejected", "transient", "timeout", "error", "not_star
 #: stops there (everything after would differ too).
 _DIVERGING = ("type", "trigger", "source", "dest", "call_id", "tool")
 _WAIT = object()  # the answer needs recorded events not read yet
+#: Payload differences of a redacted trace its note shows (the others are counted).
+_SHOWN = 5
 #: Transitions read ahead before the loop is sent an answer: the pure steps that follow
 #: one (model_replied, then validate, which uses approvals) take their inputs from the
 #: transitions they write.
@@ -195,8 +204,15 @@ class Replay:
         fail: Callable[[int, str], None],
         *,
         writes: list[Write] | None = None,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         self._fail = fail
+        self._note_to = note
+        #: The header says a redaction hook rewrote the events (``Runtime(redact=...)``):
+        #: a payload that differs from what the engine writes is a note, not a violation.
+        self.redacted = head.get("redacted") is True
+        self.rewritten: list[str] = []  # the payload differences of a redacted trace
+        self.rewritten_count = 0
         self.writes = writes
         self.pending: deque[tuple[int, dict[str, Any]]] = deque()
         self.dead = False
@@ -258,6 +274,10 @@ class Replay:
             self.pending.clear()
 
     def finish(self, line: int) -> None:
+        self._end(line)
+        self._report_rewritten()
+
+    def _end(self, line: int) -> None:
         if self.dead:
             return
         self._run(final=True)
@@ -278,6 +298,29 @@ class Replay:
 
     def fail(self, line: int, message: str) -> None:
         self._fail(line, message)
+
+    def _payload(self, line: int, message: str) -> None:
+        """A payload field that differs from what the engine writes: a violation, or in
+        a redacted trace a difference the hook may have made (kept for one note)."""
+        if not self.redacted:
+            self.fail(line, message)
+            return
+        self.rewritten_count += 1
+        if len(self.rewritten) < _SHOWN:
+            self.rewritten.append(f"line {line}: {message}")
+
+    def _report_rewritten(self) -> None:
+        if not self.rewritten_count:
+            return
+        more = self.rewritten_count - len(self.rewritten)
+        text = (
+            f"the run was recorded through a redaction hook (redacted in the header): "
+            f"{self.rewritten_count} payload field(s) differ from what the engine writes, "
+            "taken as the hook's rewriting, not as violations: " + "; ".join(self.rewritten)
+        ) + (f"; and {more} more" if more > 0 else "")
+        self.rewritten, self.rewritten_count = [], 0
+        if self._note_to is not None:
+            self._note_to(text)
 
     def stop(self, line: int, message: str) -> None:
         """A violation after which the trace cannot be replayed any further."""
@@ -395,14 +438,16 @@ class Replay:
                 )
                 return
         for name in sorted(set(recorded) | set(mine)):
+            # Guards are the engine's own outcomes, not payload: strict, redacted or not.
+            differ = self.fail if name == "guards" else self._payload
             if name not in mine:
-                self.fail(
+                differ(
                     line,
                     f"seq {seq}: the trace records {name} {_js(recorded[name])}, which "
                     "the engine does not write",
                 )
             elif name not in recorded:
-                self.fail(
+                differ(
                     line,
                     f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
                     "trace records none",
@@ -411,11 +456,19 @@ class Replay:
                 self._diff_guards(line, seq, recorded[name], mine[name])
             elif name == "t" and _close(recorded[name], mine[name]):
                 continue
+            elif name == "result" and "oversized" in mine and recorded[name] != mine[name]:
+                # One message, not one per field: the stand-in is all the run kept.
+                self._payload(
+                    line,
+                    f"seq {seq}: an oversized answer must be the stand-in "
+                    f"{_js(mine[name])} (the run kept it by its size only); the trace "
+                    f"records {_js(recorded[name])}",
+                )
             elif type(mine[name]) is dict and type(recorded[name]) is dict and name != "message":
                 self._diff_fields(line, f"seq {seq}: {name}.", recorded[name], mine[name])
             elif recorded[name] != mine[name]:
                 hint = " (events missing, duplicated or reordered)" if name == "seq" else ""
-                self.fail(
+                self._payload(
                     line,
                     f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
                     f"trace records {_js(recorded[name])}{hint}",
@@ -426,18 +479,18 @@ class Replay:
     ) -> None:
         for name in sorted(set(recorded) | set(mine), key=str):
             if name not in mine:
-                self.fail(
+                self._payload(
                     line,
                     f"{where}{name}: the trace records {_js(recorded[name])}, which "
                     "the engine does not write",
                 )
             elif name not in recorded:
-                self.fail(
+                self._payload(
                     line,
                     f"{where}{name}: the engine writes {_js(mine[name])}; the trace records none",
                 )
             elif recorded[name] != mine[name]:
-                self.fail(
+                self._payload(
                     line,
                     f"{where}{name}: the engine writes {_js(mine[name])}; the trace "
                     f"records {_js(recorded[name])}",
@@ -489,7 +542,9 @@ class Replay:
         ahead = self._ahead(final)
         if ahead is _WAIT:
             return _WAIT
-        if ahead is None and isinstance(request, (SaveCheckpoint, EmitEvents)):
+        if ahead is None and isinstance(
+            request, (SaveCheckpoint, EmitEvents, CommitIntent, AbortIntent, Sleep)
+        ):  # answered with nothing: no input to read ahead for
             if isinstance(request, SaveCheckpoint):
                 self._saved(request)
             return None
@@ -568,7 +623,17 @@ class Replay:
         if "oversized" in head and "message" not in head:
             return self._sized_reply(line, head)
         if "message" not in head:
-            return _failure(head.get("error"))
+            error = head.get("error")
+            if isinstance(error, str):
+                error = _unbounded(error)
+                if error is None:
+                    self.stop(
+                        line,
+                        f"seq {head.get('seq')}: the model's error is recorded cut by more "
+                        f"than {_MAX_SIZED} characters: this check does not replay it",
+                    )
+                    return _WAIT
+            return _failure(error)
         message = head["message"]
         raw = head.get("raw_arguments")
         if isinstance(raw, dict) and isinstance(message, dict):
@@ -628,7 +693,19 @@ class Replay:
                     )
                     return _WAIT
             elif after.get("type") == "observation" and isinstance(result, dict):
+                if result.get("error") == "output_too_large":  # an ok call's stand-in
+                    self.stop(
+                        self.pending[at + 1][0],
+                        f"seq {after.get('seq')}: the result is the stand-in of one kept "
+                        "by its size, and the observation records no oversized (that "
+                        "size): the call cannot be replayed",
+                    )
+                    return _WAIT
                 value = result.get("value")
+                if "media_bytes" in after:
+                    # The media the run handed on: stand-ins of their recorded sizes,
+                    # which the engine splits off, counts and numbers again.
+                    value = _with_media(value, self.config.budget.max_media_bytes)
         return ToolOutcome(kind, value, error)
 
     def _use(self, at: int, nxt: dict[str, Any], request: ConsumeApproval) -> Any:
@@ -863,6 +940,75 @@ def _sized(size: Any, shape: dict[str, Any], key: str) -> str | None:
         return None
     pad = size - len(dumps_safe(shape)[1])
     return "x" * pad if pad >= 0 else None
+
+
+#: A message ``bounded_text`` cut: its first ``MAX_ERROR_CHARS`` characters, then how
+#: many more there were.
+_CUT = re.compile(rf"(.{{{MAX_ERROR_CHARS}}})\.\.\. \(([0-9]{{1,12}}) more characters\)", re.S)
+
+
+def _unbounded(text: str) -> str | None:
+    """A stand-in for the message a recorded ``bounded_text`` was cut from: its kept
+    characters and as many more as it says were left out, so the loop cuts it to the
+    very text recorded (None: more left out than this check rebuilds)."""
+    match = _CUT.fullmatch(text)
+    if match is None:
+        return text
+    more = int(match.group(2))
+    if more > _MAX_SIZED:
+        return None
+    # Not cut by bounded_text if it says fewer than one more: then it is the message.
+    return match.group(1) + "x" * more if more > 0 else text
+
+
+_PLACEHOLDER_KEYS = {
+    "image": frozenset({"type", "media_type", "bytes", "part"}),
+    "file": frozenset({"type", "media_type", "bytes", "part", "name"}),
+}
+
+
+def _with_media(value: Any, limit: int) -> Any:
+    """``value`` with each placeholder of a media part the run handed on (it has a
+    ``part``) replaced by an :class:`Image` or :class:`File` of its recorded size and
+    type, at most ``limit`` bytes in all (past that they stay placeholders, which the
+    engine does not count: the difference is reported). An omitted media's placeholder
+    stays as it is: it is what the engine writes for it, and it counts no bytes."""
+    left = limit
+    buffers: dict[int, bytes] = {}  # one zero buffer per size: stand-ins share it
+
+    def stand_in(v: dict[str, Any]) -> Any:
+        nonlocal left
+        kind, size = v.get("type"), v.get("bytes")
+        keys = _PLACEHOLDER_KEYS.get(kind) if isinstance(kind, str) else None
+        if keys is None or not set(v) <= keys:
+            return v
+        media_type, name = v.get("media_type"), v.get("name")
+        if type(v.get("part")) is not int or type(size) is not int or not 0 <= size <= left:
+            return v
+        if not isinstance(media_type, str) or not (name is None or isinstance(name, str)):
+            return v
+        data = buffers.setdefault(size, bytes(size))
+        try:
+            media: Any = (
+                Image(data, media_type) if kind == "image" else File(data, media_type, name)
+            )
+        except ConfigError:
+            return v  # not a placeholder the engine writes
+        left -= size
+        return media
+
+    def walk(v: Any, depth: int) -> Any:
+        if isinstance(v, dict) and "part" in v:
+            return stand_in(v)
+        if depth >= _MEDIA_DEPTH:
+            return v
+        if isinstance(v, dict):
+            return {k: walk(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        return v
+
+    return walk(value, 0)
 
 
 def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,197 @@
+"""The cost of judging a call with 20 CEL rules on ``before_tool``, next to a round's.
+
+The rules are not wired into the loop yet (issue 19's later phase), so this measures the
+judgement alone, as the loop will call it once per call: 20 rules that all match the
+tool and none of which holds, so every one is evaluated (the worst case of "first match
+decides"). Printed: compiling the 20 rules once; µs per judged call with 0, 10 and 100
+executed calls in the run (the rules read ``calls``); the same on the τ²-bench retail
+policy's 550 recorded calls (big order records in ``calls``); and µs per tool round of
+the engine on the ``overhead.py`` scenario, run here, for the ratio the issue bounds
+(a round with 20 rules ≤ 1.5× a round with none). Every figure is the least disturbed of
+several runs (the minimum), so that the ratio compares like with like on a busy machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from orders import SCHEMA, lookup
+from timing import best, instructions
+
+from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
+from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tau2_policy import policy, steps_with_facts, tasks
+
+ROUNDS = 100
+REPEATS = 7
+JUDGEMENTS = 2000
+
+#: Twenty conditions of the kinds the documented examples use, none holding for the calls.
+CONDITIONS = [
+    "args.order_id == 'blocked-{i}'",
+    "args.order_id.startsWith('X{i}')",
+    "size(args.order_id) > 80 + {i}",
+    "calls.exists(c, c.tool == 'send_email_{i}')",
+    "context.tier == 'banned-{i}'",
+    "counters.model_calls > 1000 + {i}",
+    "effect == 'write' && args.order_id == 'W{i}'",
+    "tool == 'other_{i}'",
+    "calls.filter(c, c.tool == 'lookup' && c.args.order_id == 'Z{i}').size() > 0",
+    "'flag_{i}' in context && context['flag_{i}'] == true",
+]
+RULES = [
+    Rule(
+        f"rule-{i}",
+        on="before_tool",
+        tools=["lookup"],
+        when=CONDITIONS[i % len(CONDITIONS)].format(i=i),
+        then="deny",
+    )
+    for i in range(20)
+]
+TOOLS = {"lookup": ToolInfo("read", SCHEMA)}
+
+
+def compile_ms() -> float:
+    return best(lambda: RuleSet(RULES, TOOLS), 20) * 1e3
+
+
+def judged_calls(history: int, count: int = JUDGEMENTS) -> list[Facts]:
+    """``count`` calls to judge, each in a run that executed ``history`` calls."""
+    calls = tuple(
+        {"tool": "lookup", "args": {"order_id": f"A{i}"}, "ok": True, "result": lookup(f"A{i}")}
+        for i in range(history)
+    )
+    return [
+        Facts(
+            tool="lookup",
+            args={"order_id": f"B{n}"},
+            calls=calls,
+            counters={"model_calls": n % 100},
+            context={"tier": "gold"},
+            call_id=f"call-{n}",
+        )
+        for n in range(count)
+    ]
+
+
+def judge_all(rules: RuleSet, facts: list[Facts]) -> None:
+    for f in facts:
+        rules.judge("before_tool", f)
+
+
+def judge_us(history: int) -> float:
+    rules = RuleSet(RULES, TOOLS)
+    facts = judged_calls(history)
+    assert rules.judge("before_tool", facts[0]).tried == tuple(r.id for r in RULES)
+    return best(lambda: judge_all(rules, facts), REPEATS) / JUDGEMENTS * 1e6
+
+
+def tau2_us() -> float:
+    rules = policy()
+    judged = [j.facts for task in tasks() for j in steps_with_facts(task)]
+
+    def run() -> None:
+        for f in judged:
+            rules.judge("before_tool", f)
+
+    return best(run, REPEATS) / len(judged) * 1e6
+
+
+def engine_run() -> None:
+    """One run of the ``overhead.py`` scenario: ROUNDS tool rounds of one read call."""
+    steps: list[dict[str, Any]] = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call-{i}",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": f'{{"order_id": "A{i}"}}'},
+                }
+            ],
+        }
+        for i in range(ROUNDS)
+    ]
+    steps.append({"role": "assistant", "content": "done"})
+    runtime = Runtime(
+        model=ScriptedModel(steps),
+        tools=ENGINE_TOOLS,
+        allowed_tools={"lookup"},
+        budget=Budget(
+            max_tool_rounds=ROUNDS,
+            max_model_calls=ROUNDS + 1,
+            max_total_calls=ROUNDS,
+            max_calls_per_round=1,
+        ),
+    )
+    assert runtime.run("Where are my orders?").status == "done"
+
+
+ENGINE_TOOLS = ToolRegistry()
+ENGINE_TOOLS.register(lookup, schema=SCHEMA, effect="read")
+
+
+def round_us() -> float:
+    return best(engine_run, REPEATS) / ROUNDS * 1e6
+
+
+# ── instruction counts: the same ratio, immune to a busy machine ─────────────────────
+
+
+def instruction_ratios(counted: int = 100, runs: int = 2) -> dict[int, float] | None:
+    """Per history length: (a round + one judgement of 20 rules) / a round, counted in
+    instructions, each workload against the same set-up run with no work."""
+
+    def workload(history: int, work: str) -> str:
+        return (
+            "import rules as b\n"
+            f"rs = b.RuleSet(b.RULES, b.TOOLS); facts = b.judged_calls({history}, {counted})\n"
+            "b.judge_all(rs, facts); b.engine_run()\n"  # warm every lazy path once
+            f"for _ in range({runs}):\n    {work}\n"
+        )
+
+    start = instructions(workload(0, "pass"))
+    engine = instructions(workload(0, "b.engine_run()"))
+    if start is None or engine is None:
+        return None
+    per_round = (engine - start) / (runs * ROUNDS)
+    ratios: dict[int, float] = {}
+    for history in (0, 10):
+        base = instructions(workload(history, "pass"))
+        judged = instructions(workload(history, "b.judge_all(rs, facts)"))
+        if base is None or judged is None:
+            return None
+        per_judgement = (judged - base) / (runs * counted)
+        ratios[history] = (per_round + per_judgement) / per_round
+    return ratios
+
+
+def main() -> None:
+    print(f"compile 20 CEL rules (once per runtime): {compile_ms():.2f} ms")
+    judged = {n: judge_us(n) for n in (0, 10, 100)}
+    for n, us in judged.items():
+        print(f"judge one call, 20 rules, {n:3d} executed calls: {us:7.1f} µs")
+    print(f"judge one call, τ² retail policy (4 rules, 550 recorded calls): {tau2_us():7.1f} µs")
+    base = round_us()
+    print(f"engine tool round, no rules (overhead.py scenario): {base:7.1f} µs")
+    for n, us in judged.items():
+        print(f"  with 20 rules, {n:3d} executed calls: ≈ {(base + us) / base:.2f}× a round")
+    if "--no-instructions" in sys.argv:
+        return
+    ratios = instruction_ratios()
+    if ratios is None:
+        print("  (instruction counts need valgrind: apt-get install valgrind)")
+        return
+    for n, ratio in ratios.items():
+        print(f"  instructions (callgrind): a round with 20 rules, {n:2d} executed calls = "
+              f"{ratio:.2f}× a round with none")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,567 @@
+"""Judging: each verdict per phase, first match in list order, limits counted from the
+executed calls, schema answers, failing closed, opaque callables, the canonical form."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from fsm_agent import ConfigError
+from fsm_agent.rules import Facts, Judgement, OpaqueCondition, Rule, RuleSet, ToolInfo
+from fsm_agent.rules.canonical import canonical_text, digest
+
+# CEL conditions need the `cel` extra (CPython 3.11+); without it these tests cannot run.
+pytest.importorskip("cel_expr_python")
+
+OBJ = "object"
+TOOLS = {
+    "issue_refund": ToolInfo(
+        "write",
+        {"type": OBJ, "properties": {"amount_cents": {"type": "integer"}, "order_id": {}}},
+    ),
+    "send_email": ToolInfo("write", {"type": OBJ, "properties": {"to": {}, "body": {}}}),
+    "fetch_url": ToolInfo("read", {"type": OBJ, "properties": {"url": {}}}),
+    "search": ToolInfo("read", {"type": OBJ, "properties": {"q": {}}}),
+}
+
+EXAMPLE_RULES = [
+    Rule(
+        "big-refunds-need-review",
+        on="before_tool",
+        tools=["issue_refund"],
+        when="args.amount_cents > 5000",
+        then="review",
+    ),
+    Rule(
+        "no-mail-after-web",
+        on="before_tool",
+        tools=["send_email"],
+        when="calls.exists(c, c.tool == 'fetch_url')",
+        then="deny",
+        message="no email after reading web content",
+    ),
+    Rule("three-searches", on="before_tool", tools=["search"], then="limit", limit=3),
+    Rule(
+        "answer-is-json",
+        on="answer",
+        schema={"type": "object", "required": ["status"]},
+        then="retry",
+    ),
+]
+
+
+def executed(tool: str, ok: bool = True, result: Any = None, **args: Any) -> dict[str, Any]:
+    return {"tool": tool, "args": args, "ok": ok, "result": result}
+
+
+def test_the_documented_example_judges_as_written() -> None:
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    big = rules.judge(
+        "before_tool", Facts(tool="issue_refund", args={"amount_cents": 7000}, call_id="c1")
+    )
+    assert (big.verdict, big.rule_id, big.call_id) == ("review", "big-refunds-need-review", "c1")
+    small = rules.judge("before_tool", Facts(tool="issue_refund", args={"amount_cents": 4999}))
+    assert (small.verdict, small.rule_id, small.tried) == (
+        "pass",
+        None,
+        ("big-refunds-need-review",),
+    )
+    web = [executed("search", q="x"), executed("fetch_url", url="https://example.com")]
+    mail = rules.judge("before_tool", Facts(tool="send_email", args={"to": "a"}, calls=web))
+    assert (mail.verdict, mail.rule_id, mail.detail) == (
+        "deny",
+        "no-mail-after-web",
+        "no email after reading web content",
+    )
+    clean = rules.judge("before_tool", Facts(tool="send_email", calls=web[:1]))
+    assert clean.verdict == "pass"
+
+
+def test_each_phase_gives_each_of_its_verdicts() -> None:
+    rules = RuleSet(
+        [
+            Rule(
+                "t-allow", on="before_tool", tools=["search"], when="args.q == 'ok'", then="allow"
+            ),
+            Rule("t-deny", on="before_tool", tools=["search"], when="args.q == 'no'", then="deny"),
+            Rule(
+                "t-review",
+                on="before_tool",
+                tools=["search"],
+                when="args.q == 'ask'",
+                then="review",
+            ),
+            Rule("t-limit", on="before_tool", tools=["search"], then="limit", limit=1),
+            Rule("r-deny", on="after_tool", when="result.secret == true", then="deny"),
+            Rule("r-allow", on="after_tool", then="allow"),
+            Rule("m-deny", on="before_model", when="context.tier == 'banned'", then="deny"),
+            Rule("m-limit", on="before_model", then="limit", limit=3),
+            Rule("a-stop", on="answer", when="answer.contains('password')", then="stop"),
+            Rule("a-retry", on="answer", when="size(answer) < 3", then="retry"),
+            Rule("a-allow", on="answer", then="allow"),
+        ],
+        TOOLS,
+    )
+
+    def verdict(phase: str, **facts: Any) -> tuple[str, str | None]:
+        judged = rules.judge(phase, Facts(**facts))
+        return judged.verdict, judged.rule_id
+
+    assert verdict("before_tool", tool="search", args={"q": "ok"}) == ("allow", "t-allow")
+    assert verdict("before_tool", tool="search", args={"q": "no"}) == ("deny", "t-deny")
+    assert verdict("before_tool", tool="search", args={"q": "ask"}) == ("review", "t-review")
+    assert verdict("before_tool", tool="search", args={"q": "z"}) == ("pass", None)
+    one = (executed("search", q="z"),)
+    assert verdict("before_tool", tool="search", args={"q": "z"}, calls=one) == (
+        "limit",
+        "t-limit",
+    )
+    assert verdict("after_tool", tool="search", result={"secret": True}) == ("deny", "r-deny")
+    assert verdict("after_tool", tool="search", result={"secret": False}) == ("allow", "r-allow")
+    assert verdict("before_model", context={"tier": "banned"}) == ("deny", "m-deny")
+    assert verdict("before_model", context={"tier": "gold"}, counters={"model_calls": 2}) == (
+        "pass",
+        None,
+    )
+    assert verdict("before_model", context={"tier": "gold"}, counters={"model_calls": 3}) == (
+        "limit",
+        "m-limit",
+    )
+    assert verdict("answer", answer="my password is x") == ("stop", "a-stop")
+    assert verdict("answer", answer="no") == ("retry", "a-retry")
+    assert verdict("answer", answer="fine") == ("allow", "a-allow")
+
+
+def test_rules_are_tried_in_list_order_and_the_first_that_holds_decides() -> None:
+    allow_first = [
+        Rule("allow-small", on="before_tool", when="args.amount_cents < 100", then="allow"),
+        Rule("deny-refunds", on="before_tool", tools=["issue_refund"], then="deny"),
+    ]
+    facts = Facts(tool="issue_refund", args={"amount_cents": 50})
+    judged = RuleSet(allow_first, TOOLS).judge("before_tool", facts)
+    assert (judged.verdict, judged.rule_id, judged.tried) == (
+        "allow",
+        "allow-small",
+        ("allow-small",),
+    )
+    swapped = RuleSet(list(reversed(allow_first)), TOOLS).judge("before_tool", facts)
+    assert (swapped.verdict, swapped.rule_id) == ("deny", "deny-refunds")
+    # A rule for other tools is not tried at all; one for every tool is, and one that reads
+    # an argument the call lacks fails closed (`has(args.amount_cents) && ...` would not).
+    other = RuleSet(allow_first, TOOLS).judge("before_tool", Facts(tool="search", args={"q": ""}))
+    assert (other.tried, other.verdict, other.rule_id) == (("allow-small",), "deny", "allow-small")
+    assert "amount_cents" in str(other.error)
+    guarded = Rule(
+        "allow-small",
+        on="before_tool",
+        when="has(args.amount_cents) && args.amount_cents < 100",
+        then="allow",
+    )
+    judged = RuleSet([guarded, allow_first[1]], TOOLS).judge(
+        "before_tool", Facts(tool="search", args={"q": ""})
+    )
+    assert (judged.tried, judged.verdict) == (("allow-small",), "pass")
+
+
+def test_a_limit_below_its_count_lets_the_next_rules_decide() -> None:
+    rules = RuleSet(
+        [
+            Rule("two-refunds", on="before_tool", tools=["issue_refund"], then="limit", limit=2),
+            Rule("review-refunds", on="before_tool", tools=["issue_refund"], then="review"),
+        ],
+        TOOLS,
+    )
+    judged = rules.judge("before_tool", Facts(tool="issue_refund", args={"amount_cents": 1}))
+    assert (judged.verdict, judged.rule_id) == ("review", "review-refunds")
+
+
+def test_a_limit_counts_executions_of_matching_calls_not_attempts_or_other_calls() -> None:
+    rules = RuleSet(
+        [
+            Rule(
+                "two-big-refunds",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="args.amount_cents >= 1000",
+                then="limit",
+                limit=2,
+            )
+        ],
+        TOOLS,
+    )
+    calls = [
+        executed("issue_refund", amount_cents=5000),
+        executed("issue_refund", amount_cents=10),  # does not match the condition
+        executed("search", q="refund"),  # another tool
+        executed("issue_refund", ok=False, amount_cents=2000),  # ran and failed: executed
+    ]
+    facts = Facts(tool="issue_refund", args={"amount_cents": 3000}, calls=calls)
+    assert rules.executions("two-big-refunds", facts) == 2
+    judged = rules.judge("before_tool", facts)
+    assert (judged.verdict, judged.detail) == (
+        "limit",
+        "at most 2 executions of matching calls per run (2 so far)",
+    )
+    # Pure in the executed calls: a resumed run (same calls, new objects) counts the same.
+    copied = Facts(
+        tool="issue_refund", args={"amount_cents": 3000}, calls=json.loads(json.dumps(calls))
+    )
+    assert rules.executions("two-big-refunds", copied) == 2
+    assert (
+        rules.judge(
+            "before_tool", Facts(tool="issue_refund", args={"amount_cents": 3000}, calls=calls[:1])
+        ).verdict
+        == "pass"
+    )
+    with pytest.raises(KeyError):
+        rules.executions("no-such-rule", facts)
+
+
+def test_a_batch_counts_its_own_earlier_calls_toward_a_limit() -> None:
+    rules = RuleSet(
+        [
+            Rule("three-searches", on="before_tool", tools=["search"], then="limit", limit=3),
+            Rule(
+                "no-secret",
+                on="before_tool",
+                tools=["search"],
+                when="args.q == 'secret'",
+                then="deny",
+            ),
+        ],
+        TOOLS,
+    )
+    done = (executed("search", q="a"),)
+    batch = [
+        Facts(tool="search", args={"q": "b"}, calls=done, call_id="c1"),
+        Facts(tool="search", args={"q": "secret"}, calls=done, call_id="c2"),  # denied: no run
+        Facts(tool="search", args={"q": "c"}, calls=done, call_id="c3"),
+        Facts(tool="search", args={"q": "d"}, calls=done, call_id="c4"),
+    ]
+    verdicts = [(j.call_id, j.verdict) for j in rules.judge_batch(batch)]
+    assert verdicts == [("c1", "pass"), ("c2", "deny"), ("c3", "pass"), ("c4", "limit")]
+
+
+def test_an_answer_schema_rule_parses_and_validates_and_says_what_failed() -> None:
+    rules = RuleSet(
+        [
+            Rule(
+                "answer-is-json",
+                on="answer",
+                schema={
+                    "type": "object",
+                    "required": ["status"],
+                    "properties": {"status": {"enum": ["ok", "failed"]}, "n": {"type": "integer"}},
+                },
+                then="retry",
+                message="answer with a JSON object",
+            )
+        ],
+        TOOLS,
+    )
+
+    def detail(answer: str | None) -> str | None:
+        return rules.judge("answer", Facts(answer=answer)).detail
+
+    assert rules.judge("answer", Facts(answer='{"status": "ok", "n": 2}')).verdict == "pass"
+    assert detail("Done!") == (
+        "answer with a JSON object: the answer is not JSON "
+        "(Expecting value: line 1 column 1 (char 0))"
+    )
+    assert (
+        detail('{"status": NaN}')
+        == "answer with a JSON object: the answer is not JSON (NaN is not JSON)"
+    )
+    assert detail('{"status": "maybe", "n": "two"}') == (
+        "answer with a JSON object: the answer does not meet the schema: "
+        "at $.n: 'two' is not of type 'integer'; "
+        "at $.status: 'maybe' is not one of ['ok', 'failed']"
+    )
+    assert (
+        detail("[" * 100_000)
+        == "answer with a JSON object: the answer is nested too deep to parse as JSON"
+    )
+    assert detail(None) == "answer with a JSON object: there is no answer text to parse as JSON"
+    assert rules.judge("answer", Facts(answer="{}")).verdict == "retry"
+
+
+def test_an_evaluation_error_fails_closed_naming_the_rule() -> None:
+    rules = RuleSet(
+        [
+            Rule(
+                "needs-amount",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="args.amount_cents > 5",
+                then="allow",
+            ),
+            Rule("answer-field", on="answer", when="context.limit > size(answer)", then="allow"),
+        ],
+        TOOLS,
+    )
+    missing = rules.judge("before_tool", Facts(tool="issue_refund", args={"order_id": "A"}))
+    assert (missing.verdict, missing.rule_id) == ("deny", "needs-amount")
+    assert missing.error is not None and "amount_cents" in missing.error
+    assert missing.detail == f"rule 'needs-amount' could not be evaluated: {missing.error}"
+    wrong_type = rules.judge("before_tool", Facts(tool="issue_refund", args={"amount_cents": "7"}))
+    assert (wrong_type.verdict, wrong_type.rule_id) == ("deny", "needs-amount")
+    answer = rules.judge("answer", Facts(answer="hi", context={}))
+    assert (answer.verdict, answer.rule_id) == ("stop", "answer-field")
+    assert answer.to_json()["error"] == answer.error
+
+
+def test_a_python_condition_is_opaque_and_fails_closed_too() -> None:
+    def over_budget(facts: Facts) -> bool:
+        return bool(facts.args and facts.args.get("amount_cents", 0) > facts.context["budget"])
+
+    def broken(facts: Facts) -> bool:
+        raise RuntimeError("boom")
+
+    rules = RuleSet(
+        [
+            Rule(
+                "budget", on="before_tool", tools=["issue_refund"], when=over_budget, then="review"
+            ),
+            Rule("broken", on="before_tool", tools=["search"], when=broken, then="allow"),
+            Rule("not-bool", on="answer", when=lambda facts: "yes", then="allow"),
+        ],
+        TOOLS,
+    )
+    assert rules.opaque_rules == ("budget", "broken", "not-bool")
+    judged = rules.judge(
+        "before_tool", Facts(tool="issue_refund", args={"amount_cents": 9}, context={"budget": 5})
+    )
+    assert (judged.verdict, judged.opaque) == ("review", ("budget",))
+    assert judged.to_json()["opaque"] == ["budget"]
+    failed = rules.judge("before_tool", Facts(tool="search", args={"q": "x"}))
+    assert (failed.verdict, failed.error) == (
+        "deny",
+        "test_rules_judge.test_a_python_condition_is_opaque_and_fails_closed_too.<locals>.broken "
+        "raised RuntimeError: boom",
+    )
+    stopped = rules.judge("answer", Facts(answer="x"))
+    assert stopped.verdict == "stop" and "returned str, not a bool" in str(stopped.error)
+    condition = OpaqueCondition.of(over_budget)
+    assert condition.has_source and "def over_budget" in condition.source
+    assert condition.qualname.endswith("<locals>.over_budget")
+
+
+def test_an_opaque_callable_without_source_is_marked_and_hashed_by_name() -> None:
+    builtin = OpaqueCondition.of(callable)
+    assert not builtin.has_source and builtin.source == "<source unavailable>"
+    assert builtin.qualname == "builtins.callable"
+    assert builtin.digest == OpaqueCondition.of(callable).digest
+    assert builtin.digest != OpaqueCondition.of(bool).digest
+
+
+def test_the_canonical_form_round_trips_and_its_hash_is_stable() -> None:
+    def tier_is_gold(facts: Facts) -> bool:
+        return bool(facts.context.get("tier") == "gold")
+
+    rules = RuleSet(
+        [*EXAMPLE_RULES, Rule("gold", on="before_model", when=tier_is_gold, then="allow")], TOOLS
+    )
+    recorded = json.loads(json.dumps(rules.to_json()))  # as a header stores it
+    assert recorded["format"] == 1 and [r["id"] for r in recorded["rules"]] == [
+        "big-refunds-need-review",
+        "no-mail-after-web",
+        "three-searches",
+        "answer-is-json",
+        "gold",
+    ]
+    assert recorded["rules"][0] == {
+        "id": "big-refunds-need-review",
+        "on": "before_tool",
+        "tools": ["issue_refund"],
+        "when": {"cel": "args.amount_cents > 5000"},
+        "then": "review",
+        "message": None,
+        "limit": None,
+        "schema": None,
+    }
+    assert recorded["rules"][4]["when"]["python"].endswith("<locals>.tier_is_gold")
+    rebuilt = RuleSet.from_json(recorded, TOOLS, callables=[tier_is_gold])
+    assert rebuilt.hash == rules.hash == digest(recorded)
+    assert rebuilt.canonical == rules.canonical == canonical_text(recorded)
+    # Built again from the same rules: the same hash (nothing per-process in it).
+    assert (
+        RuleSet(
+            [*EXAMPLE_RULES, Rule("gold", on="before_model", when=tier_is_gold, then="allow")],
+            TOOLS,
+        ).hash
+        == rules.hash
+    )
+
+
+def test_the_hash_changes_with_order_and_with_any_field() -> None:
+    base = RuleSet(EXAMPLE_RULES, TOOLS).hash
+    assert RuleSet(list(reversed(EXAMPLE_RULES)), TOOLS).hash != base
+    changed = [
+        *EXAMPLE_RULES[:2],
+        Rule("three-searches", on="before_tool", tools=["search"], then="limit", limit=4),
+        EXAMPLE_RULES[3],
+    ]
+    assert RuleSet(changed, TOOLS).hash != base
+    assert (
+        RuleSet([], TOOLS).hash
+        == "sha256:" + __import__("hashlib").sha256(b'{"format":1,"rules":[]}').hexdigest()
+    )
+
+
+def test_a_recorded_opaque_rule_needs_its_callable_to_resume() -> None:
+    def mine(facts: Facts) -> bool:
+        return True
+
+    recorded = RuleSet([Rule("mine", on="before_model", when=mine, then="deny")], TOOLS).to_json()
+    with pytest.raises(ConfigError) as caught:
+        RuleSet.from_json(recorded, TOOLS, callables=[lambda facts: True])
+    message = str(caught.value)
+    assert "rule 'mine': its when is the Python callable" in message
+    assert recorded["rules"][0]["when"]["digest"] in message
+    with pytest.raises(ConfigError, match="recorded in format 7"):
+        RuleSet.from_json({"format": 7, "rules": []}, TOOLS)
+    with pytest.raises(ConfigError, match=r"recorded rules\[0\] cannot be read"):
+        RuleSet.from_json({"format": 1, "rules": [{"id": "x"}]}, TOOLS)
+
+
+def test_the_inputs_digest_covers_what_the_rules_read() -> None:
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+
+    def judged(**facts: Any) -> Judgement:
+        return rules.judge("before_tool", Facts(tool="issue_refund", **facts))
+
+    one = judged(args={"amount_cents": 7000}, call_id="c1")
+    assert one.inputs_digest == judged(args={"amount_cents": 7000}, call_id="c1").inputs_digest
+    assert one.inputs_digest != judged(args={"amount_cents": 7001}, call_id="c1").inputs_digest
+    assert one.inputs_digest != judged(args={"amount_cents": 7000}, call_id="c2").inputs_digest
+    # The rule reads args only: context is not an input of this judgement.
+    assert (
+        one.inputs_digest
+        == judged(args={"amount_cents": 7000}, call_id="c1", context={"x": 1}).inputs_digest
+    )
+    event = one.to_json()
+    assert event == {
+        "type": "rule",
+        "rule": "big-refunds-need-review",
+        "phase": "before_tool",
+        "inputs_digest": one.inputs_digest,
+        "verdict": "review",
+        "call_id": "c1",
+        "detail": "rule 'big-refunds-need-review': args.amount_cents > 5000",
+    }
+
+
+def test_calls_digest_the_same_whether_cached_or_not() -> None:
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    calls = [executed("fetch_url", url="u", result={"big": list(range(50))})]
+    first = rules.judge("before_tool", Facts(tool="send_email", calls=calls)).inputs_digest
+    again = rules.judge("before_tool", Facts(tool="send_email", calls=calls)).inputs_digest
+    fresh = RuleSet(EXAMPLE_RULES, TOOLS).judge(
+        "before_tool", Facts(tool="send_email", calls=json.loads(json.dumps(calls)))
+    )
+    assert first == again == fresh.inputs_digest
+
+
+def test_one_batch_evaluation_keeps_first_match_and_fail_closed_per_rule() -> None:
+    # The conditions of a tool's rules are evaluated as one CEL list; a rule that cannot
+    # be evaluated must still fail closed only when no earlier rule decided.
+    rules = RuleSet(
+        [
+            Rule(
+                "small",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="args.amount_cents < 10",
+                then="allow",
+            ),
+            Rule(
+                "needs-order",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="args.order_id == 'A'",
+                then="deny",
+            ),
+            Rule(
+                "tier",
+                on="before_tool",
+                tools=["issue_refund"],
+                when="context.tier == 'gold'",
+                then="review",
+            ),
+        ],
+        TOOLS,
+    )
+
+    def judged(args: dict[str, Any], context: dict[str, Any]) -> tuple[str, str | None, bool]:
+        j = rules.judge("before_tool", Facts(tool="issue_refund", args=args, context=context))
+        return j.verdict, j.rule_id, j.error is not None
+
+    gold = {"tier": "gold"}
+    assert judged({"amount_cents": 5}, gold) == ("allow", "small", False)
+    # "needs-order" cannot be evaluated (no order_id) but "small" decided first.
+    assert judged({"amount_cents": 5}, {}) == ("allow", "small", False)
+    assert judged({"amount_cents": 50}, gold) == ("deny", "needs-order", True)
+    assert judged({"amount_cents": 50, "order_id": "B"}, gold) == ("review", "tier", False)
+    assert judged({"amount_cents": 50, "order_id": "B"}, {}) == ("deny", "tier", True)
+    # A context CEL cannot take fails only the rule that reads it.
+    assert judged({"amount_cents": 5}, {"tier": "\ud800"}) == ("allow", "small", False)
+    assert judged({"amount_cents": 50, "order_id": "B"}, {"tier": "\ud800"}) == (
+        "deny",
+        "tier",
+        True,
+    )
+    # The same verdicts as judging the rules one by one (the tool unregistered: no batch).
+    alone = RuleSet([replace(r, tools=None) for r in rules.rules], TOOLS)
+    for args, context in (({"amount_cents": 50}, gold), ({"amount_cents": 5}, {})):
+        one = alone.judge("before_tool", Facts(tool="unregistered", args=args, context=context))
+        both = rules.judge("before_tool", Facts(tool="issue_refund", args=args, context=context))
+        assert (one.verdict, one.rule_id, one.tried) == (both.verdict, both.rule_id, both.tried)
+        assert one.inputs_digest == both.inputs_digest  # the same inputs read, either way
+
+
+def test_a_real_registry_gives_the_tools_facts() -> None:
+    from fsm_agent import ToolRegistry
+
+    registry = ToolRegistry()
+
+    @registry.tool(
+        schema={"type": "object", "properties": {"amount_cents": {"type": "integer"}}},
+        effect="write",
+    )
+    def issue_refund(amount_cents: int) -> dict[str, Any]:
+        return {"refunded": amount_cents}
+
+    tools = {tool.name: tool for tool in registry}
+    rules = RuleSet(
+        [
+            Rule(
+                "writes-over-50",
+                on="before_tool",
+                tools=["issue_*"],
+                when="effect == 'write' && args.amount_cents > 5000",
+                then="review",
+            )
+        ],
+        tools,
+    )
+    judged = rules.judge("before_tool", Facts(tool="issue_refund", args={"amount_cents": 6000}))
+    assert (judged.verdict, judged.rule_id) == ("review", "writes-over-50")  # effect filled in
+    with pytest.raises(ConfigError, match=r"args\.amount is an argument of no tool"):
+        RuleSet([Rule("typo", on="before_tool", when="args.amount > 1", then="deny")], tools)
+
+
+def test_the_canonical_text_is_fixed_across_versions() -> None:
+    # Runs record this text and its hash in their header; a change here is a new format
+    # (FORMAT), never a silent one: a run begun under these rules must resume under them.
+    rules = RuleSet(
+        [Rule("three-searches", on="before_tool", tools=["search"], then="limit", limit=3)],
+        TOOLS,
+    )
+    assert rules.canonical == (
+        '{"format":1,"rules":[{"id":"three-searches","limit":3,"message":null,'
+        '"on":"before_tool","schema":null,"then":"limit","tools":["search"],"when":null}]}'
+    )
+    assert rules.hash == "sha256:44c30c76549bd1df6cc646fd408aa8935aa15d69e8645d9eca47e6c1351dc89d"
