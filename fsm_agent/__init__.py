@@ -44,7 +44,7 @@ from fsm_agent.errors import (
     TraceError,
     TransientToolError,
 )
-from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel, StreamingScriptedModel
 from fsm_agent.rules import Rule
 from fsm_agent.runtime.interceptors import Interceptor
 from fsm_agent.runtime.result import RunResult
@@ -95,6 +95,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreError",
+    "StreamingScriptedModel",
     "Tool",
     "ToolRegistry",
     "ToolRejected",

@@ -26,9 +26,12 @@ def test_the_api_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         exec(compile(block.group(1), "README.md", "exec"), {})
     finally:
         os.chdir(cwd)
-    assert capsys.readouterr().out == "Order A17 is in transit. {'check_order': 1}\n"
-    (trace,) = (tmp_path / "traces").glob("*.jsonl")  # one file, named by the run's id
-    assert check_file(trace) == []
+    # the run's answer, then the streamed run's text deltas
+    expected = "Order A17 is in transit. {'check_order': 1}\nOrder A17 is in transit."
+    assert capsys.readouterr().out == expected
+    traces = list((tmp_path / "traces").glob("*.jsonl"))  # one file per run, by its id
+    assert len(traces) == 2  # the run and the streamed run: both check
+    assert [check_file(trace) for trace in traces] == [[], []]
 
 
 def test_the_demo_table_lists_every_scenario_with_its_stop() -> None:

@@ -18,5 +18,9 @@ def test_the_testing_example_passes_under_pytest(pytester: pytest.Pytester) -> N
     assert block is not None, "docs/guides/testing.md has no example"
     pytester.makepyfile(test_agent=block.group(1))
     result = pytester.runpytest_inprocess("--fsm-coverage", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*retry_wait -> executing*1", "transition coverage: * = *%"])
+    # Every test the page prints passes (and nothing else runs).
+    result.assert_outcomes(passed=len(re.findall(r"^def test_", block.group(1), re.M)))
+    # The retry the page's first test makes is counted (hits > 0), and the total printed.
+    result.stdout.re_match_lines(
+        [r".*retry_wait -> executing .* [1-9]\d*$", r"transition coverage: .* = .*%"]
+    )

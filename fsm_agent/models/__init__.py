@@ -20,7 +20,7 @@ from fsm_agent.models._common import (
     ModelUnavailableError,
 )
 from fsm_agent.models.pricing import DEFAULT_PRICES, Price
-from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel, StreamingScriptedModel
 from fsm_agent.models.validate import (
     check_anthropic_messages,
     check_anthropic_request,
@@ -48,6 +48,7 @@ __all__ = [
     "OpenAIResponsesModel",
     "Price",
     "ScriptedModel",
+    "StreamingScriptedModel",
     "check_anthropic_messages",
     "check_anthropic_request",
     "check_openai_chat",

@@ -13,20 +13,22 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from fsm_agent.models._common import (
     HistoryError,
     ModelRetry,
+    ModelUnavailableError,
     SdkErrors,
     acall_with_retries,
     body_text,
     call_with_retries,
     decode_body,
 )
+from fsm_agent.models._stream import Fold, SseParser, fold_bytes
 from fsm_agent.models.pricing import Price, db_cost, find_price
-from fsm_agent.runtime.context import report_call
+from fsm_agent.runtime.context import report_call, wait_room
 
 __all__ = ["AsyncCall", "ProviderCodec", "SyncCall"]
 
@@ -47,6 +49,7 @@ class ProviderCodec:
         retry: ModelRetry | None = None,
         options: Mapping[str, Any] | None = None,
         price_db: bool = True,
+        stream: bool = False,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"{self.provider}: model must be a non-empty model name")
@@ -66,6 +69,9 @@ class ProviderCodec:
         self.price_db = price_db
         self.retry = retry or ModelRetry()
         self.options = dict(options or {})
+        if not isinstance(stream, bool):
+            raise ValueError(f"{self.provider}: stream must be True or False, got {stream!r}")
+        self.stream = stream
 
     # ── supplied by each provider ────────────────────────────────────────────────
 
@@ -76,6 +82,14 @@ class ProviderCodec:
         self, body: Message, messages: list[Message], tool_specs: list[Message] | None = None
     ) -> Message:
         raise NotImplementedError
+
+    def fold(self) -> Fold:
+        """A fresh fold of this API's event stream into its unstreamed body."""
+        raise NotImplementedError
+
+    def stream_request(self, request: Message) -> Message:
+        """``request`` as a streamed one (Chat also asks for the usage event)."""
+        return {**request, "stream": True}
 
     # ── shared ───────────────────────────────────────────────────────────────────
 
@@ -153,18 +167,29 @@ class SyncCall(ProviderCodec):
     def _send(self, request: Message, timeout: float) -> Any:
         raise NotImplementedError
 
+    def _open_stream(self, request: Message, timeout: float) -> Any:
+        """The SDK's streaming raw response (a context manager with ``iter_bytes``)."""
+        raise NotImplementedError
+
+    def _send_streamed(self, request: Message, timeout: float) -> Message:
+        fold = self.fold()
+        with self._open_stream(self.stream_request(request), timeout) as raw:
+            return _with_blocks(fold_bytes(fold, _reading(raw.iter_bytes(), self.provider)), fold)
+
     def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         request = self.build_request(messages, tool_specs)
         _report(self)
 
         def send(timeout: float) -> Message:
+            if self.stream:
+                return self._send_streamed(request, timeout)
             raw = self._send(request, timeout)
             return decode_body(body_text(raw), raw.status_code, self.provider)
 
         body = call_with_retries(
             send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
         )
-        return self.read_reply(body, messages, tool_specs)
+        return _streamed(self.read_reply(body, messages, tool_specs), body)
 
 
 class AsyncCall(ProviderCodec):
@@ -179,11 +204,36 @@ class AsyncCall(ProviderCodec):
     async def _asend(self, request: Message, timeout: float) -> Any:
         raise NotImplementedError
 
+    def _aopen_stream(self, request: Message, timeout: float) -> Any:
+        """The SDK's streaming raw response (an async context manager)."""
+        raise NotImplementedError
+
+    async def _asend_streamed(self, request: Message, timeout: float) -> Message:
+        fold = self.fold()
+        parser = SseParser()
+        async with self._aopen_stream(self.stream_request(request), timeout) as raw:
+            chunks = raw.iter_bytes()
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise _broken(self.provider, exc) from exc
+                for event, data in parser.feed(chunk):
+                    fold.feed(event, data)
+                await wait_room()  # back-pressure: a slow consumer slows the read
+        for event, data in parser.close():
+            fold.feed(event, data)
+        return _with_blocks(fold.body(), fold)
+
     async def __call__(self, messages: list[Message], tool_specs: list[Message]) -> Message:
         request = self.build_request(messages, tool_specs)
         _report(self)
 
         async def send(timeout: float) -> Message:
+            if self.stream:
+                return await self._asend_streamed(request, timeout)
             raw = await self._asend(request, timeout)
             text = body_text(raw)
             if inspect.isawaitable(text):
@@ -193,4 +243,41 @@ class AsyncCall(ProviderCodec):
         body = await acall_with_retries(
             send, provider=self.provider, errors=self.errors, retry=self.retry, sleep=self.sleep
         )
-        return self.read_reply(body, messages, tool_specs)
+        return _streamed(self.read_reply(body, messages, tool_specs), body)
+
+
+#: Where a folded body carries its blocks' summaries to the reply (never sent anywhere).
+_BLOCKS = "__fsm_streamed_blocks"
+
+
+def _with_blocks(body: Message, fold: Fold) -> Message:
+    return {**body, _BLOCKS: fold.blocks()}
+
+
+def _streamed(reply: Message, body: Message) -> Message:
+    """The reply with what the trace keeps of its stream: per block, the length, the
+    number of deltas and a digest of their sequence (the deltas themselves are not kept)."""
+    blocks = body.get(_BLOCKS)
+    if blocks is not None:
+        reply["streamed"] = blocks
+    return reply
+
+
+def _broken(provider: str, exc: Exception) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"{provider}: the stream broke ({type(exc).__name__}: {exc}); "
+        "nothing of the partial message is used"
+    )
+
+
+def _reading(chunks: Iterator[bytes], provider: str) -> Iterator[bytes]:
+    """``chunks``, with a failure of the connection itself (the HTTP client's error,
+    whatever its module) as a retryable :class:`ModelUnavailableError`."""
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _broken(provider, exc) from exc
+        yield chunk

@@ -146,6 +146,8 @@ def classify(exc: Exception, provider: str, errors: SdkErrors) -> _Failure:
         return _Failure(False, ModelRequestError(where))
     if isinstance(exc, errors.connection):
         return _Failure(True, ModelUnavailableError(f"{provider}: {type(exc).__name__}: {exc}"))
+    if isinstance(exc, ModelUnavailableError):  # a cut stream, an overload event in it
+        return _Failure(True, exc)
     if isinstance(exc, ModelError):
         return _Failure(False, exc)
     raise exc

@@ -45,6 +45,7 @@ from fsm_agent.models._common import (
     parse_json_object,
     whole,
 )
+from fsm_agent.models._stream import AnthropicFold, Fold
 from fsm_agent.models.validate import check_anthropic_messages
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel"]
@@ -217,6 +218,9 @@ class _AnthropicCodec(ProviderCodec):
             request["tools"] = to_tools(tool_specs)
         return request
 
+    def fold(self) -> Fold:
+        return AnthropicFold()
+
     def read_reply(
         self, body: Message, messages: list[Message], tool_specs: list[Message] | None = None
     ) -> Message:
@@ -324,6 +328,9 @@ class AnthropicModel(SyncCall, _AnthropicCodec):
     def _send(self, request: Message, timeout: float) -> Any:
         return self.client.messages.with_raw_response.create(**request, timeout=timeout)
 
+    def _open_stream(self, request: Message, timeout: float) -> Any:
+        return self.client.messages.with_streaming_response.create(**request, timeout=timeout)
+
 
 class AsyncAnthropicModel(AsyncCall, _AnthropicCodec):
     """The async twin of :class:`AnthropicModel`."""
@@ -348,3 +355,6 @@ class AsyncAnthropicModel(AsyncCall, _AnthropicCodec):
 
     async def _asend(self, request: Message, timeout: float) -> Any:
         return await self.client.messages.with_raw_response.create(**request, timeout=timeout)
+
+    def _aopen_stream(self, request: Message, timeout: float) -> Any:
+        return self.client.messages.with_streaming_response.create(**request, timeout=timeout)

@@ -53,6 +53,7 @@ from fsm_agent.models._common import (
     no_usage,
     whole,
 )
+from fsm_agent.models._stream import ChatFold, Fold
 from fsm_agent.models.validate import check_openai_chat
 
 __all__ = ["AsyncOpenAIChatModel", "OpenAIChatModel"]
@@ -147,6 +148,13 @@ class _ChatCodec(ProviderCodec):
         if tool_specs:  # the API refuses an empty tools list
             request["tools"] = tool_specs
         return request
+
+    def fold(self) -> Fold:
+        return ChatFold()
+
+    def stream_request(self, request: Message) -> Message:
+        # Without include_usage a stream reports no usage at all (then unknown, not zero).
+        return {"stream_options": {"include_usage": True}, **request, "stream": True}
 
     # ── in ───────────────────────────────────────────────────────────────────────
 
@@ -327,6 +335,11 @@ class OpenAIChatModel(SyncCall, _ChatCodec):
     def _send(self, request: Message, timeout: float) -> Any:
         return self.client.chat.completions.with_raw_response.create(**request, timeout=timeout)
 
+    def _open_stream(self, request: Message, timeout: float) -> Any:
+        return self.client.chat.completions.with_streaming_response.create(
+            **request, timeout=timeout
+        )
+
 
 class AsyncOpenAIChatModel(AsyncCall, _ChatCodec):
     """The async twin of :class:`OpenAIChatModel` (``client`` is an ``openai.AsyncOpenAI``)."""
@@ -349,5 +362,10 @@ class AsyncOpenAIChatModel(AsyncCall, _ChatCodec):
 
     async def _asend(self, request: Message, timeout: float) -> Any:
         return await self.client.chat.completions.with_raw_response.create(
+            **request, timeout=timeout
+        )
+
+    def _aopen_stream(self, request: Message, timeout: float) -> Any:
+        return self.client.chat.completions.with_streaming_response.create(
             **request, timeout=timeout
         )

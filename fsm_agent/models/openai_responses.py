@@ -41,6 +41,7 @@ from fsm_agent.models._common import (
     no_usage,
     whole,
 )
+from fsm_agent.models._stream import Fold, ResponsesFold
 from fsm_agent.models.validate import check_openai_responses
 
 __all__ = ["AsyncOpenAIResponsesModel", "OpenAIResponsesModel"]
@@ -209,6 +210,9 @@ class _ResponsesCodec(ProviderCodec):
             request["tools"] = to_tools(tool_specs)
         return request
 
+    def fold(self) -> Fold:
+        return ResponsesFold()
+
     def read_reply(
         self, body: Message, messages: list[Message], tool_specs: list[Message] | None = None
     ) -> Message:
@@ -306,6 +310,9 @@ class OpenAIResponsesModel(SyncCall, _ResponsesCodec):
     def _send(self, request: Message, timeout: float) -> Any:
         return self.client.responses.with_raw_response.create(**request, timeout=timeout)
 
+    def _open_stream(self, request: Message, timeout: float) -> Any:
+        return self.client.responses.with_streaming_response.create(**request, timeout=timeout)
+
 
 class AsyncOpenAIResponsesModel(AsyncCall, _ResponsesCodec):
     """The async twin of :class:`OpenAIResponsesModel`."""
@@ -330,3 +337,6 @@ class AsyncOpenAIResponsesModel(AsyncCall, _ResponsesCodec):
 
     async def _asend(self, request: Message, timeout: float) -> Any:
         return await self.client.responses.with_raw_response.create(**request, timeout=timeout)
+
+    def _aopen_stream(self, request: Message, timeout: float) -> Any:
+        return self.client.responses.with_streaming_response.create(**request, timeout=timeout)

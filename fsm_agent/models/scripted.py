@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fsm_agent.errors import ConfigError
+from fsm_agent.errors import ConfigError, ModelUnavailableError
+from fsm_agent.runtime.context import emit_delta
 
-__all__ = ["KeyedScriptedModel", "ScriptedModel", "last_result_id"]
+__all__ = ["KeyedScriptedModel", "ScriptedModel", "StreamingScriptedModel", "last_result_id"]
 
 Step = dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | BaseException
 
@@ -41,6 +42,56 @@ class ScriptedModel:
         if callable(step):
             return step(messages)
         return step
+
+
+class StreamingScriptedModel(ScriptedModel):
+    """A :class:`ScriptedModel` that streams each decision before returning it, as a
+    ``stream=True`` adapter does: its text, reasoning (``reasoning_content``) and each
+    call's arguments in pieces of ``chunk`` characters, to the delta sink of
+    ``Runtime.stream``. ``cut_after=n`` makes the step fail after its n-th delta, as a
+    stream the server cuts does (a ``ModelUnavailableError``: nothing of it is used).
+    """
+
+    def __init__(self, steps: Sequence[Step], *, chunk: int = 3, cut_after: int | None = None):
+        super().__init__(steps)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigError(
+                f"StreamingScriptedModel: chunk must be a whole number >= 1, got {chunk!r}"
+            )
+        self.chunk = chunk
+        self.cut_after = cut_after
+
+    def __call__(self, messages: list[dict[str, Any]], tool_specs: list[dict[str, Any]]) -> Any:
+        reply = super().__call__(messages, tool_specs)
+        if not isinstance(reply, dict):
+            return reply
+        sent = 0
+        for kind, extra, text in _pieces(reply):
+            for at in range(0, len(text), self.chunk):
+                if self.cut_after is not None and sent >= self.cut_after:
+                    raise ModelUnavailableError(
+                        f"StreamingScriptedModel: the stream was cut after {sent} deltas"
+                    )
+                piece = text[at : at + self.chunk]
+                field = "fragment" if kind == "tool_args_delta" else "text"
+                emit_delta(kind, **extra, **{field: piece})
+                sent += 1
+        return reply
+
+
+def _pieces(reply: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
+    """The streamed blocks of a decision: (delta type, its block fields, its text)."""
+    out: list[tuple[str, dict[str, Any], str]] = []
+    if isinstance(reply.get("reasoning_content"), str):
+        out.append(("reasoning_delta", {"index": 0}, reply["reasoning_content"]))
+    if isinstance(reply.get("content"), str):
+        out.append(("text_delta", {"index": 0}, reply["content"]))
+    for i, call in enumerate(reply.get("tool_calls") or []):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        args = fn.get("arguments") if isinstance(fn, Mapping) else None
+        if isinstance(args, str):
+            out.append(("tool_args_delta", {"index": i, "call_id": str(call.get("id"))}, args))
+    return out
 
 
 #: A decision of a :class:`KeyedScriptedModel`: a decision dict, a final answer's text,

@@ -9,6 +9,7 @@ Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import os
@@ -36,6 +37,12 @@ from fsm_agent.runtime.config import check_settings, initial_messages, tool_fact
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.interceptors import Interceptors
 from fsm_agent.runtime.result import RunResult, result_of
+from fsm_agent.runtime.streaming import (
+    DEFAULT_CAPACITY,
+    AsyncStreamRun,
+    StreamCancelled,
+    StreamRun,
+)
 from fsm_agent.runtime.trace_files import continue_trace_file
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
@@ -173,6 +180,62 @@ class Runtime:
         state, sink = self._new_run(task, run_id, trace)
         encoder = self._encoder(state, sink)
         return await self._adrive(state, model, sink, resumed=False, encoder=encoder)
+
+    def stream(
+        self,
+        task: str | list[dict[str, Any]],
+        *,
+        run_id: str | None = None,
+        trace: TraceArg = None,
+        model: Model | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> StreamRun:
+        """``with runtime.stream(task) as run: for event in run: ...``, then ``run.result``:
+        the run driven as :meth:`run` drives it (in a thread of its own), its typed events
+        live in ``seq`` order, with the deltas of a ``stream=True`` model. Leaving the block
+        early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``)."""
+        self._sync_model(model, "stream")
+        return StreamRun(self, task, run_id=run_id, trace=trace, model=model, capacity=capacity)
+
+    def astream(
+        self,
+        task: str | list[dict[str, Any]],
+        *,
+        run_id: str | None = None,
+        trace: TraceArg = None,
+        model: Model | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> AsyncStreamRun:
+        """``async with runtime.astream(task) as run: async for event in run: ...``: the
+        async twin of :meth:`stream` (driven as :meth:`arun` drives it); cancelling the
+        consuming task ends the run ``cancelled``."""
+        self._model_for(model)
+        return AsyncStreamRun(
+            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity
+        )
+
+    def _stream_drive(
+        self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
+    ) -> RunResult:
+        model = self._sync_model(model, "stream")
+        state, sink = self._new_run(task, run_id, trace)
+        try:
+            return self._drive(
+                state, model, sink, resumed=False, encoder=self._encoder(state, sink)
+            )
+        except StreamCancelled:  # the consumer stopped it: the run took its cancel edge
+            return self._result(state)
+
+    async def _astream_drive(
+        self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
+    ) -> RunResult:
+        model = self._model_for(model)
+        state, sink = self._new_run(task, run_id, trace)
+        encoder = self._encoder(state, sink)
+        try:
+            return await self._adrive(state, model, sink, resumed=False, encoder=encoder)
+        except (asyncio.CancelledError, StreamCancelled):  # the consumer stopped it
+            return self._result(state)
 
     def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
         """Record a new run in the store without driving it, and return its id: a worker
