@@ -18,6 +18,7 @@ this list (``tests/test_layering.py`` enforces it)::
     otel/       every run as OpenTelemetry GenAI spans (an interceptor; extra ``[otel]``)
     render/     diagrams and replay drawn from the table
     testing/    the pytest toolkit: fault tools, scenarios per edge, assertions, coverage
+    server/     the review server: JSON API, live change feed (SSE), keys, web UI
     cli/        the ``fsm-agent`` command line
 """
 

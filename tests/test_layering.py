@@ -28,6 +28,7 @@ LAYERS = (
     "otel",
     "render",
     "testing",
+    "server",
     "cli",
 )
 TOP = ("__init__", "__main__")

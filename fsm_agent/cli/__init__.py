@@ -29,6 +29,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fsm_agent.cli.check",
     "fsm_agent.cli.runs",
     "fsm_agent.cli.worker",
+    "fsm_agent.cli.serve",
+    "fsm_agent.cli.keys",
 )
 
 

@@ -165,27 +165,29 @@ def _no_constant(name: str) -> Any:
 # ── handlers ──────────────────────────────────────────────────────────────────────
 
 
-def _fail(message: str, code: int = 2) -> int:
-    print(f"fsm-agent runs: {message}", file=sys.stderr)
+def _fail(message: str, code: int = 2, command: str = "runs") -> int:
+    print(f"fsm-agent {command}: {message}", file=sys.stderr)
     return code
 
 
 def _guarded(fn: Any) -> Any:
-    """Store problems become one line on stderr and an exit code, never a traceback."""
+    """Store problems become one line on stderr and an exit code, never a traceback
+    (named by the subcommand that failed: ``runs``, ``keys``, ``serve``)."""
 
     def wrapper(args: argparse.Namespace) -> int:
         from fsm_agent.errors import ReviewError, RunBusy, StoreError, UsageError
 
+        command = str(getattr(args, "command", None) or "runs")
         try:
             return int(fn(args))
         except RunBusy as exc:  # a fine request at a bad moment: try again later
-            return _fail(str(exc), 1)
+            return _fail(str(exc), 1, command)
         except (ReviewError, StoreError, UsageError) as exc:
-            return _fail(str(exc))
+            return _fail(str(exc), 2, command)
         except BrokenPipeError:
             raise  # `runs show --json | head`: the reader left; main() ends quietly
         except OSError as exc:
-            return _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+            return _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 2, command)
 
     return wrapper
 

@@ -27,6 +27,7 @@ Memory is bounded, with O(1) work per run:
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 import time
@@ -36,8 +37,16 @@ from typing import Any
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim, may_claim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
+from fsm_agent.durable.feed import ConditionWatch, KeyRecord, Watch
 from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun, summary_of
-from fsm_agent.errors import IntentConflict, RunBusy, RunExists, RunNotFound, StoreError
+from fsm_agent.errors import (
+    ConfigError,
+    IntentConflict,
+    RunBusy,
+    RunExists,
+    RunNotFound,
+    StoreError,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -96,6 +105,10 @@ class MemoryStore:
         self.max_runs, self.max_intents, self.intent_ttl_s = max_runs, max_intents, intent_ttl_s
         self.lease_s = lease_s
         self._lock = threading.Lock()
+        #: bumped on every saved change, under the lock: what a watch waits on.
+        self._changed = threading.Condition(self._lock)
+        self._version = 0
+        self._keys: dict[str, KeyRecord] = {}
         self._pending: dict[tuple[str, str], IdempotencyRecord] = {}
         #: committed records (result as JSON text), oldest commit first.
         self._committed: OrderedDict[tuple[str, str], tuple[IdempotencyRecord, str, float]] = (
@@ -289,6 +302,11 @@ class MemoryStore:
         )
         row.updated = now
         self._finished.pop(run_id, None)
+        self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._changed.notify_all()
 
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
@@ -371,3 +389,43 @@ class MemoryStore:
     def approval_uses(self, approval_id: str) -> int:
         with self._lock:
             return len(self._approval_uses.get(approval_id, ()))
+
+    # ── change feed and keys (the review server) ──────────────────────────────────
+
+    def events_since(self, run_id: str, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+        """See :meth:`~fsm_agent.durable.feed.FeedStore.events_since`."""
+        with self._lock:
+            events = self._row(run_id).events
+            # Appended in seq order: bisect for the first one after ``seq``.
+            start = bisect.bisect_right(events, seq, key=lambda e: int(e["seq"]))
+            text = _text(events[start : start + max(limit, 0)])
+        return list(json.loads(text))
+
+    def watch(self) -> Watch:
+        return ConditionWatch(self._changed, lambda: self._version)
+
+    def add_key(self, record: KeyRecord) -> None:
+        with self._lock:
+            if any(k.name == record.name and k.revoked is None for k in self._keys.values()):
+                raise ConfigError(f"a key named {record.name!r} exists; revoke it first")
+            self._keys[record.key_id] = record
+
+    def get_key(self, key_id: str) -> KeyRecord | None:
+        with self._lock:
+            return self._keys.get(key_id)
+
+    def list_keys(self) -> list[KeyRecord]:
+        with self._lock:
+            return sorted(self._keys.values(), key=lambda k: k.created)
+
+    def revoke_key(self, name: str) -> int:
+        from dataclasses import replace
+
+        now, count = time.time(), 0
+        with self._lock:
+            for key_id, k in list(self._keys.items()):
+                if k.name == name and k.revoked is None:
+                    self._keys[key_id] = replace(k, revoked=now)
+                    count += 1
+            self._bump()
+        return count

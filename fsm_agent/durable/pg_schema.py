@@ -193,7 +193,32 @@ END
 $$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# 3: the review server: API keys (a salted hash of each), and a notification on the
+# ``<schema>_changes`` channel whenever a run row is written (a checkpoint with its new
+# events, a claim, a release): the change feed's watch LISTENs there. The payload is the
+# run id, a hint only (readers re-read from their last seq).
+_V3 = """
+CREATE TABLE {s}.api_keys (
+    key_id  text PRIMARY KEY,
+    name    text NOT NULL,
+    scope   text NOT NULL,
+    salt    text NOT NULL,
+    digest  text NOT NULL,
+    created float8 NOT NULL,
+    revoked float8
+);
+CREATE UNIQUE INDEX api_keys_active ON {s}.api_keys (name) WHERE revoked IS NULL;
+CREATE FUNCTION {s}.announce_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '_changes', NEW.run_id);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_announce AFTER INSERT OR UPDATE ON {s}.runs
+    FOR EACH ROW EXECUTE FUNCTION {s}.announce_change();
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)

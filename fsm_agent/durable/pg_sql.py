@@ -130,6 +130,22 @@ class Statements:
             "extract(epoch FROM updated)::float8 FROM {s}.runs "
             "WHERE %(state)s::text IS NULL OR state = %(state)s ORDER BY updated DESC"
         )
+        self.events_since = q(
+            "SELECT e.seq, e.body, e.sum FROM {s}.events e JOIN {s}.runs r USING (num) "
+            "WHERE r.run_id = %(run_id)s AND e.seq > %(seq)s ORDER BY e.seq LIMIT %(limit)s"
+        )
+        keys = "key_id, name, scope, salt, digest, created, revoked"
+        self.add_key = q(
+            f"INSERT INTO {{s}}.api_keys ({keys}) SELECT %s, %s, %s, %s, %s, %s, %s "
+            "WHERE NOT EXISTS (SELECT 1 FROM {s}.api_keys WHERE name = %s AND revoked IS NULL) "
+            "RETURNING key_id"
+        )
+        self.get_key = q(f"SELECT {keys} FROM {{s}}.api_keys WHERE key_id = %s")
+        self.list_keys = q(f"SELECT {keys} FROM {{s}}.api_keys ORDER BY created")
+        self.revoke_key = q(
+            "UPDATE {s}.api_keys SET revoked = %s WHERE name = %s AND revoked IS NULL "
+            "RETURNING key_id"
+        )
         self.lock_run = q(
             "SELECT owner, lease_until < now() FROM {s}.runs WHERE run_id = %s FOR UPDATE"
         )

@@ -34,19 +34,22 @@ its events and history rows, in one implicit transaction): one round trip.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from fsm_agent.core.actions import BLOCKING
 from fsm_agent.core.requests import IdempotencyRecord, IntentClaim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners, pg_sql
+from fsm_agent.durable.feed import KeyRecord, Watch
 from fsm_agent.durable.pg_conn import alive, conninfo, is_postgres_dsn, store_error
 from fsm_agent.durable.pg_schema import SCHEMA_VERSION, open_schema
 from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
@@ -623,6 +626,46 @@ class PostgresStore:
     def approval_uses(self, approval_id: str) -> int:
         return int(self._one(self.sql.approval_uses, {"approval": approval_id})[0])
 
+    # ── change feed and keys (the review server) ──────────────────────────────────
+
+    def events_since(self, run_id: str, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+        """See :meth:`~fsm_agent.durable.feed.FeedStore.events_since` (one indexed range
+        read of the events' primary key)."""
+        rows = self._all(self.sql.events_since, {"run_id": run_id, "seq": seq, "limit": limit})
+        if not rows:
+            if self._one(self.sql.owner_of, [run_id]) is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.name}")
+            return []
+        where = f"run {run_id!r}"
+        return [self._loads(b, s, f"event {q} of {where}") for q, b, s in rows]
+
+    def watch(self) -> Watch:
+        """A watch that LISTENs on ``<schema>_changes`` on a connection of its own."""
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.conninfo, autocommit=True)
+            conn.execute(f'LISTEN "{self.schema}_changes"')
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+        return _ListenWatch(conn, self)
+
+    _KEY_COLUMNS = "key_id, name, scope, salt, digest, created, revoked"
+
+    def add_key(self, record: KeyRecord) -> None:
+        if not self._all(self.sql.add_key, [*astuple(record), record.name]):
+            raise ConfigError(f"a key named {record.name!r} exists; revoke it first")
+
+    def get_key(self, key_id: str) -> KeyRecord | None:
+        row = self._one(self.sql.get_key, [key_id])
+        return KeyRecord(*row) if row else None
+
+    def list_keys(self) -> list[KeyRecord]:
+        return [KeyRecord(*row) for row in self._all(self.sql.list_keys)]
+
+    def revoke_key(self, name: str) -> int:
+        return len(self._all(self.sql.revoke_key, [time.time(), name]))
+
     # ── retention ─────────────────────────────────────────────────────────────────
 
     def prune(self, older_than_s: float, *, intents: bool = True) -> tuple[int, int]:
@@ -643,3 +686,28 @@ class PostgresStore:
             if intents:
                 dropped = conn.execute(self.sql.prune_intents, {"age": older_than_s}).rowcount
         return len(nums), dropped
+
+
+class _ListenWatch:
+    """A watch on PostgreSQL notifications; reconnects once on a lost connection (a
+    wake-up is reported then: something may have changed while it was down)."""
+
+    def __init__(self, conn: Any, store: PostgresStore) -> None:
+        self._conn, self._store = conn, store
+
+    def wait(self, timeout: float) -> bool:
+        import psycopg
+
+        try:
+            return any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
+        except psycopg.Error:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            time.sleep(min(timeout, 0.5))
+            replacement = self._store.watch()
+            assert isinstance(replacement, _ListenWatch)
+            self._conn = replacement._conn
+            return True
+
+    def close(self) -> None:
+        self._conn.close()

@@ -30,14 +30,17 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import astuple
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsm_agent.core.intents import IdempotencyRecord, IntentClaim, may_claim
 from fsm_agent.core.state import SaveMode
 from fsm_agent.durable import owners
+from fsm_agent.durable.feed import KeyRecord, Watch
 from fsm_agent.durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
 from fsm_agent.errors import (
+    ConfigError,
     CorruptRecord,
     IntentConflict,
     RunBusy,
@@ -114,6 +117,19 @@ _MIGRATIONS: tuple[str, ...] = (
         spent       REAL NOT NULL,
         PRIMARY KEY (approval_id, run_id, call_id)
     ) WITHOUT ROWID;
+    """,
+    # 4: the review server's API keys (a salted hash of each, never the key).
+    """
+    CREATE TABLE api_keys (
+        key_id  TEXT PRIMARY KEY,
+        name    TEXT NOT NULL,
+        scope   TEXT NOT NULL,
+        salt    TEXT NOT NULL,
+        digest  TEXT NOT NULL,
+        created REAL NOT NULL,
+        revoked REAL
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX api_keys_active ON api_keys (name) WHERE revoked IS NULL;
     """,
 )
 
@@ -639,6 +655,58 @@ class SqliteStore:
         rows = self._read(sql + " ORDER BY updated DESC", params)
         return [RunSummary(*row) for row in rows]
 
+    # ── change feed and keys (the review server) ──────────────────────────────────
+
+    def events_since(self, run_id: str, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+        """See :meth:`~fsm_agent.durable.feed.FeedStore.events_since`."""
+        with self._lock:
+            rows = self._read("SELECT num FROM runs WHERE run_id = ?", (run_id,))
+            if not rows:
+                raise RunNotFound(f"no run {run_id!r} in {self.path}")
+            base = rows[0][0] << _SHIFT
+            events = self._read(
+                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key LIMIT ?",
+                (base + max(seq + 1, 0), base + (1 << _SHIFT) - 1, max(limit, 0)),
+            )
+        where = f"run {run_id!r}"
+        return [self._loads(b, s, f"event {k - base} of {where}") for k, b, s in events]
+
+    def watch(self, poll_s: float = 0.02) -> Watch:
+        """A watch polling the file every ``poll_s`` seconds (see ``_DataVersionWatch``)."""
+        try:
+            return _DataVersionWatch(self.path, poll_s)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    _KEY_COLUMNS = "key_id, name, scope, salt, digest, created, revoked"
+
+    def add_key(self, record: KeyRecord) -> None:
+        with self._write() as c:
+            if c.execute(
+                "SELECT 1 FROM api_keys WHERE name = ? AND revoked IS NULL", (record.name,)
+            ).fetchone():
+                raise ConfigError(f"a key named {record.name!r} exists; revoke it first")
+            c.execute(
+                f"INSERT INTO api_keys ({self._KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                astuple(record),
+            )
+
+    def get_key(self, key_id: str) -> KeyRecord | None:
+        rows = self._read(f"SELECT {self._KEY_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,))
+        return _key_record(rows[0]) if rows else None
+
+    def list_keys(self) -> list[KeyRecord]:
+        rows = self._read(f"SELECT {self._KEY_COLUMNS} FROM api_keys ORDER BY created")
+        return [_key_record(row) for row in rows]
+
+    def revoke_key(self, name: str) -> int:
+        with self._write() as c:
+            cursor = c.execute(
+                "UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked IS NULL",
+                (time.time(), name),
+            )
+            return int(cursor.rowcount)
+
     def claim(self, run_id: str, owner: str) -> None:
         now = time.time()
         with self._write() as c:
@@ -742,3 +810,36 @@ def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
         str(body.get("reason") or ""),
         len(body.get("placeholders") or {}),
     )
+
+
+class _DataVersionWatch:
+    """A watch on an SQLite file: ``PRAGMA data_version`` of a connection that never
+    writes changes on every commit by any other connection (this process's store
+    included), so polling it is one cheap read of the file header."""
+
+    def __init__(self, path: Path, poll_s: float) -> None:
+        self._conn = sqlite3.connect(str(path), check_same_thread=False)
+        self._poll_s = poll_s
+        self._seen = self._version()
+
+    def _version(self) -> int:
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            version = self._version()
+            if version != self._seen:
+                self._seen = version
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self._poll_s, left))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _key_record(row: tuple[Any, ...]) -> KeyRecord:
+    return KeyRecord(*row)

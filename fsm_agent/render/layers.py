@@ -30,6 +30,7 @@ LAYERS: tuple[str, ...] = (
     "otel",
     "render",
     "testing",
+    "server",
     "cli",
 )
 
@@ -45,6 +46,7 @@ _BLURB = {
     "otel": "GenAI spans (interceptor)",
     "render": "diagrams, replay, viewer",
     "testing": "pytest toolkit",
+    "server": "review API, live feed, UI",
     "cli": "fsm-agent command",
 }
 

