@@ -17,10 +17,9 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from overhead import ROUNDS, TOOLS, script
+from overhead import ROUNDS, engine, script
 from timing import best
 
-from fsm_agent import Budget, Runtime, ScriptedModel
 from fsm_agent.otel import OpenTelemetry
 
 REPEATS = 15
@@ -39,19 +38,7 @@ class Dropping(SpanExporter):
 
 
 def run(steps: list[dict[str, Any]], interceptors: list[Any]) -> str:
-    runtime = Runtime(
-        model=ScriptedModel(steps),
-        tools=TOOLS,
-        allowed_tools={"lookup"},
-        budget=Budget(
-            max_tool_rounds=ROUNDS,
-            max_model_calls=ROUNDS + 1,
-            max_total_calls=ROUNDS,
-            max_calls_per_round=1,
-        ),
-        interceptors=interceptors,
-    )
-    return runtime.run("Where are my orders?").status
+    return engine(steps, interceptors)
 
 
 def main() -> int:

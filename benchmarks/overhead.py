@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -79,7 +80,8 @@ def hand_written(steps: list[dict[str, Any]]) -> str:
     return "budget_exhausted"
 
 
-def engine(steps: list[dict[str, Any]]) -> str:
+def engine(steps: list[dict[str, Any]], interceptors: Sequence[Any] = ()) -> str:
+    """One run of the scenario through the engine (``interceptors``: ``otel.py``'s)."""
     runtime = Runtime(
         model=ScriptedModel(steps),
         tools=TOOLS,
@@ -90,6 +92,7 @@ def engine(steps: list[dict[str, Any]]) -> str:
             max_total_calls=ROUNDS,
             max_calls_per_round=1,
         ),
+        interceptors=list(interceptors),
     )
     result = runtime.run("Where are my orders?")
     return result.status

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
+import overhead
 from orders import SCHEMA, lookup
 from timing import best, instructions
 
-from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tau2_policy import policy, steps_with_facts, tasks
 
-ROUNDS = 100
+ROUNDS = overhead.ROUNDS
 REPEATS = 7
 JUDGEMENTS = 2000
 
@@ -104,37 +103,10 @@ def tau2_us() -> float:
 
 def engine_run() -> None:
     """One run of the ``overhead.py`` scenario: ROUNDS tool rounds of one read call."""
-    steps: list[dict[str, Any]] = [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": f"call-{i}",
-                    "type": "function",
-                    "function": {"name": "lookup", "arguments": f'{{"order_id": "A{i}"}}'},
-                }
-            ],
-        }
-        for i in range(ROUNDS)
-    ]
-    steps.append({"role": "assistant", "content": "done"})
-    runtime = Runtime(
-        model=ScriptedModel(steps),
-        tools=ENGINE_TOOLS,
-        allowed_tools={"lookup"},
-        budget=Budget(
-            max_tool_rounds=ROUNDS,
-            max_model_calls=ROUNDS + 1,
-            max_total_calls=ROUNDS,
-            max_calls_per_round=1,
-        ),
-    )
-    assert runtime.run("Where are my orders?").status == "done"
+    assert overhead.engine(STEPS) == "done"
 
 
-ENGINE_TOOLS = ToolRegistry()
-ENGINE_TOOLS.register(lookup, schema=SCHEMA, effect="read")
+STEPS = overhead.script()
 
 
 def round_us() -> float:
