@@ -43,13 +43,15 @@ def test_the_demo_table_lists_every_scenario_with_its_stop() -> None:
 
 def test_the_readme_is_short_and_links_into_the_docs() -> None:
     sections = re.findall(r"^## (.+)$", README, re.M)
-    # The pitch, one example, and the two promises a reader weighs before adopting it
-    # (issues 11 and 12 ask for them in the README); the rest is in the docs.
+    # The pitch, one example, the two promises a reader weighs before adopting it (issues
+    # 11 and 12 ask for them in the README) and the review UI in one screenshot and three
+    # commands (issue 22); the rest is in the docs.
     assert sections == [
         "Install",
         "In code",
         "Verifiable traces",
         "A fleet of workers",
+        "The review server",
         "Documentation",
     ]
     assert README.count("\n") < 200

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = [
+    "DEFAULT_CAPACITY",
     "DeltaSink",
     "collect_call_facts",
     "current_deadline",
@@ -27,6 +28,9 @@ __all__ = [
     "time_left",
     "wait_room",
 ]
+
+#: How many events a streamed run's queue holds before the driver waits (``Runtime.stream``).
+DEFAULT_CAPACITY = 256
 
 #: ``sink(type, fields)``: one delta of the reply being streamed, as it arrives.
 DeltaSink = Callable[[str, dict[str, Any]], None]

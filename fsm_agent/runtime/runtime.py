@@ -9,7 +9,6 @@ Reviews (``approve``/``deny``/``reconcile``) are recorded in the store
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import os
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
@@ -34,20 +33,18 @@ from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, suppo
 from fsm_agent.errors import ConfigError, StoreError
 from fsm_agent.runtime.call_ids import warn_repeated_calls
 from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
+from fsm_agent.runtime.context import DEFAULT_CAPACITY
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.interceptors import Interceptors
 from fsm_agent.runtime.result import RunResult, result_of
-from fsm_agent.runtime.streaming import (
-    DEFAULT_CAPACITY,
-    AsyncStreamRun,
-    StreamCancelled,
-    StreamRun,
-)
 from fsm_agent.runtime.trace_files import continue_trace_file
 from fsm_agent.tools.registry import ToolRegistry
 from fsm_agent.trace import chain
 from fsm_agent.trace.chain import Chain, Encoder
 from fsm_agent.trace.io import JsonlTrace, Redactor, TraceSink
+
+if TYPE_CHECKING:  # (streaming loads asyncio: only when a run is streamed)
+    from fsm_agent.runtime.streaming import AsyncStreamRun, StreamRun
 
 __all__ = ["Model", "Runtime"]
 
@@ -194,6 +191,8 @@ class Runtime:
         the run driven as :meth:`run` drives it (in a thread of its own), its typed events
         live in ``seq`` order, with the deltas of a ``stream=True`` model. Leaving the block
         early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``)."""
+        from fsm_agent.runtime.streaming import StreamRun
+
         self._sync_model(model, "stream")
         return StreamRun(self, task, run_id=run_id, trace=trace, model=model, capacity=capacity)
 
@@ -209,6 +208,8 @@ class Runtime:
         """``async with runtime.astream(task) as run: async for event in run: ...``: the
         async twin of :meth:`stream` (driven as :meth:`arun` drives it); cancelling the
         consuming task ends the run ``cancelled``."""
+        from fsm_agent.runtime.streaming import AsyncStreamRun
+
         self._model_for(model)
         return AsyncStreamRun(
             self, task, run_id=run_id, trace=trace, model=model, capacity=capacity
@@ -217,6 +218,8 @@ class Runtime:
     def _stream_drive(
         self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
     ) -> RunResult:
+        from fsm_agent.runtime.streaming import StreamCancelled
+
         model = self._sync_model(model, "stream")
         state, sink = self._new_run(task, run_id, trace)
         try:
@@ -229,6 +232,10 @@ class Runtime:
     async def _astream_drive(
         self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
     ) -> RunResult:
+        import asyncio
+
+        from fsm_agent.runtime.streaming import StreamCancelled
+
         model = self._model_for(model)
         state, sink = self._new_run(task, run_id, trace)
         encoder = self._encoder(state, sink)

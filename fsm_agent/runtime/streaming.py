@@ -46,8 +46,6 @@ from fsm_agent.runtime.result import RunResult
 
 __all__ = ["AsyncStreamRun", "StreamCancelled", "StreamRun"]
 
-#: Events the queue holds before producers wait (or deltas coalesce).
-DEFAULT_CAPACITY = 256
 
 _DELTAS: dict[str, type[Event]] = {
     "text_delta": TextDelta,
