@@ -5,8 +5,8 @@ A run's task is a JSON plan ``{"tag": ..., "kind": ..., "key": ...}``; the model
 from the plan and the history alone (no hidden state), so any worker can continue any
 run. Kinds: ``read`` (a lookup), ``keyed`` (a lookup and a ticket under an idempotency
 key; runs may share a key), ``unkeyed`` (a notification, no key), ``dedup`` (a charge the
-downstream deduplicates by key, failing transiently now and then), ``approval`` (a refund
-that needs a reviewer's approval).
+downstream deduplicates by key, failing transiently now and then, at most twice a key),
+``approval`` (a refund that needs a reviewer's approval).
 
 Every write appends one line to the side-effect ledger (``FSM_LEDGER``) at the moment it
 takes effect — before it returns, so a worker killed right after still leaves the line —
@@ -129,8 +129,17 @@ def tools() -> ToolRegistry:
     )
     async def charge(payment_id: str, cents: int) -> dict[str, Any]:
         await asyncio.sleep(_pause())
+        earlier = sum(
+            1
+            for e in ledger(os.environ["FSM_LEDGER"])
+            if e["tool"] == "charge" and e["key"] == payment_id
+        )
         record("charge", payment_id, {"payment_id": payment_id, "cents": cents})
-        if random.random() < 0.3:  # the downstream answered 503 (and deduplicates)
+        # The downstream answers 503 now and then (and deduplicates), but at most twice per
+        # payment: with four attempts a run always gets through. Unbounded random failures
+        # exhausted the retries of one run in ~40 and sent it to review, which is right for
+        # the engine and wrong for a test that expects every dedup run to finish.
+        if earlier < 2 and random.random() < 0.3:
             raise TransientToolError("payment service busy")
         return {"charged": cents}
 
