@@ -22,7 +22,7 @@ from fsm_agent.core import events
 from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
-from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.jsonsafe import copy_json, dumps_safe
 from fsm_agent.core.reasons import stop_detail
 from fsm_agent.core.state import RunState
 
@@ -88,7 +88,7 @@ def answer(
     s.answered.add(call.id)
     if not synthetic:
         s.counters.output_bytes += size
-    event = events.observation(call.id, call.name, json.loads(text), synthetic)
+    event = events.observation(call.id, call.name, copy_json(text), synthetic)
     # What the checker cannot measure from the recorded result (trace/walk.py adds it).
     if oversized:
         event["oversized"] = size

@@ -25,7 +25,7 @@ from transitions.core import Event as TransitionsEvent
 
 from fsm_agent.core.actions import ACTIONS
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.select import choose
+from fsm_agent.core.select import choose, choose_logged
 from fsm_agent.core.table import (
     DEFAULT_MACHINE,
     INITIAL_STATE,
@@ -70,6 +70,19 @@ class _Trigger(TransitionsEvent):
         assert edge is not None, "every group ends with an unguarded edge"
         # What ``Machine.set_state`` does, minus its name lookup and list handling: the
         # destination is a state of this machine (``check_table`` verified every one).
+        model.state = edge.dest
+        return edge
+
+    def take(self, model: Any) -> Transition:
+        """:meth:`trigger` with the guards of ``GUARDS`` evaluated on ``model`` and each
+        outcome recorded in a new ``model.guard_log``: the engine's hot path."""
+        edges = self.groups.get(model.state)
+        log: dict[str, bool] = {}
+        model.guard_log = log
+        if edges is None:  # no edge from here: stock MachineError
+            return cast(Transition, super().trigger(model, log.__getitem__))
+        edge = choose_logged(edges, GUARDS, model, log)
+        assert edge is not None, "every group ends with an unguarded edge"
         model.state = edge.dest
         return edge
 
@@ -197,19 +210,12 @@ def fire(state: RunState, trigger: str) -> Transition:
     """Take the edge of ``trigger`` from the run's state: evaluate its guards in table
     order, recording each outcome in ``state.guard_log``, and move the run. The caller
     runs the edge's action and writes the event (``core/loop.py``)."""
-    log: dict[str, bool] = {}
-    state.guard_log = log
-
-    def guard(name: str) -> bool:
-        # (A guard met twice in one choice is evaluated twice: pure, and cheaper than
-        # a memo on the hot path.)
-        value = log[name] = GUARDS[name](state)
-        return value
-
+    # (A guard met twice in one choice is evaluated twice: pure, and cheaper than a memo
+    # on the hot path.)
     table = state.config.machine
     events = _EVENTS.get(table.hash)
     if events is None:
         events = engine_of(table).events
-    edge = cast(Transition, events[trigger].trigger(state, guard))
+    edge = cast(_Trigger, events[trigger]).take(state)
     state.taken = edge
     return edge

@@ -11,14 +11,14 @@ that decided the choice but was not recorded raises :class:`GuardNotRecorded`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fsm_agent.core.table import Transition, edges_from
 
 if TYPE_CHECKING:
     from fsm_agent.core.table import Machine
 
-__all__ = ["GuardNotRecorded", "choose", "select", "select_recorded"]
+__all__ = ["GuardNotRecorded", "choose", "choose_logged", "select", "select_recorded"]
 
 
 class GuardNotRecorded(LookupError):
@@ -57,6 +57,26 @@ def choose(edges: tuple[Transition, ...], guard: Callable[[str], bool]) -> Trans
         else:
             return edge
     return None  # a valid table ends every group with an unguarded edge: no trigger there
+
+
+def choose_logged(
+    edges: tuple[Transition, ...],
+    guards: Mapping[str, Callable[[Any], bool]],
+    model: Any,
+    log: dict[str, bool],
+) -> Transition | None:
+    """:func:`choose` with each guard's function (``guards[name]``, looked up as it is
+    met, so a replaced guard takes effect at once) called on ``model`` directly and its
+    outcome written to ``log``: the same walk without a callback per guard (the engine's
+    hot path: some thirty guards per tool round)."""
+    for edge in edges:
+        for name, want in edge.checks:
+            value = log[name] = guards[name](model)
+            if value is not want:
+                break
+        else:
+            return edge
+    return None
 
 
 def select_recorded(
