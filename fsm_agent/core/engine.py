@@ -25,7 +25,7 @@ from transitions.core import Event as TransitionsEvent
 
 from fsm_agent.core.actions import ACTIONS
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.select import choose, choose_logged
+from fsm_agent.core.select import Choice, choose, compile_choice
 from fsm_agent.core.table import (
     DEFAULT_MACHINE,
     INITIAL_STATE,
@@ -61,6 +61,8 @@ class _Trigger(TransitionsEvent):
 
     #: source state -> the edges of this trigger there, in priority order.
     groups: dict[str, tuple[Transition, ...]]
+    #: source state -> that group's walk as one function (:meth:`take`).
+    choices: dict[str, Choice]
 
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         edges = self.groups.get(model.state)
@@ -76,12 +78,12 @@ class _Trigger(TransitionsEvent):
     def take(self, model: Any) -> Transition:
         """:meth:`trigger` with the guards of ``GUARDS`` evaluated on ``model`` and each
         outcome recorded in a new ``model.guard_log``: the engine's hot path."""
-        edges = self.groups.get(model.state)
+        choice = self.choices.get(model.state)
         log: dict[str, bool] = {}
         model.guard_log = log
-        if edges is None:  # no edge from here: stock MachineError
+        if choice is None:  # no edge from here: stock MachineError
             return cast(Transition, super().trigger(model, log.__getitem__))
-        edge = choose_logged(edges, GUARDS, model, log)
+        edge = choice(model, GUARDS, log)
         assert edge is not None, "every group ends with an unguarded edge"
         model.state = edge.dest
         return edge
@@ -115,8 +117,10 @@ def build_machine(table: MachineValue = DEFAULT_MACHINE) -> Machine:
         unless: list[Any] = list(t.unless)
         machine.add_transition(t.trigger, t.source, t.dest, conditions=conditions, unless=unless)
     for name, event in machine.events.items():
-        cast(_Trigger, event).groups = {
-            source: table.edges_from(source, name) for source in event.transitions
+        groups = {source: table.edges_from(source, name) for source in event.transitions}
+        cast(_Trigger, event).groups = groups
+        cast(_Trigger, event).choices = {
+            source: compile_choice(edges) for source, edges in groups.items()
         }
     return machine
 
