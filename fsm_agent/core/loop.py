@@ -598,6 +598,9 @@ def _recorded_reply(reply: Any, decision: Decision) -> Any:
 def _count_usage(s: RunState, usage: Any) -> None:
     """Add a reply's usage; an unmetered reply marks the run ``tokens_unknown`` or
     ``cost_unknown`` (see :func:`~fsm_agent.core.budget.metered`)."""
+    if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
+        s.tokens_unknown = s.cost_unknown = True
+        return
     m, c = metered(usage), s.counters
     if m.tokens is None:
         s.tokens_unknown = True
