@@ -60,7 +60,7 @@ ToolLookup = Callable[[str], "ToolLike | None"]
 ApprovalLookup = Callable[[str, str], "str | None"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PreparedCall:
     """One call of a batch, with what the runtime decided about it before anything ran."""
 
@@ -86,7 +86,7 @@ class PreparedCall:
     claimed: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Decision:
     """A model reply read for the guards. ``message`` is the normalised assistant message."""
 
