@@ -36,7 +36,9 @@ from json.encoder import c_make_encoder  # type: ignore[attr-defined]
 from json.scanner import c_make_scanner  # type: ignore[attr-defined]
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "clean_text", "copy_json", "dumps_safe", "make_safe"]
+__all__ = [
+    "MAX_DEPTH", "MAX_INT_DIGITS", "c_dumps", "clean_text", "copy_json", "dumps_safe", "make_safe",
+]  # fmt: skip
 
 #: Deepest nesting kept (and accepted in arguments). Deep enough for any real payload,
 #: far from Python's recursion limit.
@@ -112,20 +114,22 @@ def _non_finite(value: float) -> str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
-def _c_dumps() -> Callable[[Any], str] | None:
-    """``json.dumps(value, ensure_ascii=False, allow_nan=False)`` without its per-call
-    set-up (a new ``JSONEncoder`` and C encoder every call: half the cost of encoding a
-    small reply, twice per tool round). The same C encoder ``json.dumps`` builds, built
-    once; without a circular check (a cycle recurses to ``RecursionError``, which
-    :func:`dumps_safe` handles as any value that is not JSON). ``None`` where the
-    interpreter has no C accelerator."""
+def c_dumps(
+    item: str = ", ", key: str = ": ", *, allow_nan: bool = False
+) -> Callable[[Any], str] | None:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=..., separators=(item, key))``
+    without its per-call set-up (a new ``JSONEncoder`` and C encoder every call: half the
+    cost of encoding a small reply, twice per tool round). The same C encoder
+    ``json.dumps`` builds, built once; without a circular check (a cycle recurses to
+    ``RecursionError``, which :func:`dumps_safe` handles as any value that is not JSON).
+    ``None`` where the interpreter has no C accelerator."""
     if c_make_encoder is None:
         return None
     from json.encoder import c_encode_basestring  # type: ignore[attr-defined]
 
     encode = c_make_encoder(
-        None, json.JSONEncoder().default, c_encode_basestring, None, ": ", ", ",
-        False, False, False,
+        None, json.JSONEncoder().default, c_encode_basestring, None, key, item,
+        False, False, allow_nan,
     )  # fmt: skip
     join = "".join
 
@@ -139,7 +143,7 @@ def _plain_dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
-_dumps: Callable[[Any], str] = _c_dumps() or _plain_dumps
+_dumps: Callable[[Any], str] = c_dumps() or _plain_dumps
 
 
 def dumps_safe(value: Any) -> tuple[str, bytes, bool]:
