@@ -5,10 +5,11 @@ A run fires the machine of its config (``RunConfig.machine``, a
 auto_transitions=False)`` is built per machine value, on first use, and cached by its hash;
 a run (its :class:`~fsm_agent.core.state.RunState`) is fired through its
 ``events[trigger]`` and never attached with ``add_model`` (a list scan that slows past ~10k
-runs). Each trigger's ``transitions`` event picks its edge with the one selector
-(:func:`~fsm_agent.core.select.select`) over that machine's edges and sets the run's
-``state`` as ``Machine.set_state`` would; an invalid source raises the stock
-``MachineError``.
+runs). Each trigger's ``transitions`` event picks its edge with the one selector's walk
+over that machine's edges (:func:`~fsm_agent.core.select.choose`; the engine's hot path
+runs the same walk compiled per group, :func:`~fsm_agent.core.select.compile_choice`)
+and sets the run's ``state`` as ``Machine.set_state`` would; an invalid source raises
+the stock ``MachineError``.
 
 Importing this module checks the default table (:func:`~fsm_agent.core.table.check_table`),
 so a table that names an unknown guard, state or action fails at once; an application's
