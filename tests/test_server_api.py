@@ -384,3 +384,64 @@ def test_deny_over_http_records_the_reason_and_the_run_goes_on_without_the_write
         assert r.json()["review"]["reviewer"] == "bob"
     assert rt.resume("r1").status == "done"
     assert backend.writes == []
+
+
+def test_edit_over_http_runs_the_corrected_call_and_the_trace_checks(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer, tmp_path: Path
+) -> None:
+    backend = Backend()
+    rt = pause(store, backend)
+    edited = {"request_id": "R-1", "title": "A17 is late (refund capped)"}
+    with client(server, keys["alice"]) as c:
+        seq = c.get("/api/runs/r1").json()["seq"]
+        body = {"call_id": "c1", "action": "edit", "arguments": edited, "note": "cap"}
+        r = c.post("/api/runs/r1/reviews", json=body, headers={"if-match": f'"{seq}"'})
+        assert r.status_code == 201, r.text
+        review = r.json()["review"]
+        assert (review["action"], review["reviewer"], review["note"]) == ("edit", "alice", "cap")
+        assert review["arguments"] == edited and review["original_arguments"] == WRITE
+        assert r.json()["run"]["label"] == "decided, waiting to be resumed"
+    assert rt.resume("r1").status == "done"
+    assert backend.writes == [edited]
+    with client(server, keys["reader"]) as c:
+        path = tmp_path / "r1.jsonl"
+        path.write_bytes(c.get("/api/runs/r1/trace").content)
+    checked = subprocess.run(
+        [sys.executable, "-m", "fsm_agent", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_bad_edit_over_http_is_a_precise_4xx_and_records_nothing(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer
+) -> None:
+    backend = Backend()
+    pause(store, backend)
+    make_runtime([say("hi")], backend, store=store).run("hello", run_id="done")
+    before = {r: store.load_run(r).events for r in ("r1", "done")}
+    good = {"request_id": "R-1", "title": "ok"}
+    cases: list[tuple[str, dict[str, Any], int, str]] = [
+        ("r1", {"call_id": "c1", "arguments": {"request_id": "R-1", "title": "x" * 60}}, 422,
+         "do not fit tool 'write''s schema: title: "),
+        ("r1", {"call_id": "c1", "arguments": {"title": "t"}}, 422,
+         "(root): 'request_id' is a required property"),
+        ("r1", {"call_id": "c1", "arguments": [1]}, 422, "as a JSON object"),
+        ("r1", {"call_id": "c1"}, 422, "as a JSON object"),
+        ("r1", {"call_id": "c9", "arguments": good}, 409, "call 'c9' is not pending in run 'r1'"),
+        ("done", {"call_id": "c1", "arguments": good}, 409,
+         "run 'done' is done/final_answer, not waiting for review"),
+        ("nope", {"call_id": "c1", "arguments": good}, 404, "nope"),
+    ]  # fmt: skip
+    with client(server, keys["alice"]) as c:
+        for run_id, body, code, detail in cases:
+            r = c.post(f"/api/runs/{run_id}/reviews", json={"action": "edit", **body})
+            assert r.status_code == code, (body, r.text)
+            assert detail in r.json()["detail"], r.json()
+        r = c.post("/api/runs/r1/reviews", json={"call_id": "c1", "action": "approve",
+                                                  "arguments": good})  # fmt: skip
+        assert r.status_code == 422 and "only an edit carries arguments" in r.json()["detail"]
+    assert {r: store.load_run(r).events for r in ("r1", "done")} == before
+    assert backend.writes == []

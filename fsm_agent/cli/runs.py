@@ -2,7 +2,8 @@
 
 ``approve``, ``deny`` and ``reconcile`` only *record* the reviewer's decision (the
 table's ``review`` transition and a ``review`` event in the run's trace, with ``--by`` who
-decided and ``--note`` why, and an approval bound to the call's exact arguments): this
+decided and ``--note`` why, and an approval bound to the call's exact arguments, or with
+``approve --arguments JSON`` to the reviewer's corrected ones, an ``edit``): this
 process has neither the run's model nor its tools. A worker, or the application's
 ``Runtime.resume(run_id)``, continues the run once every blocking call is settled.
 """
@@ -84,6 +85,14 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
         return p
 
     p = review("approve", "approve a call waiting for approval (bound to its exact arguments)")
+    p.add_argument(
+        "--arguments",
+        type=_json_value,
+        metavar="JSON",
+        help="approve the call with these corrected arguments instead (a JSON object the "
+        "tool's schema accepts; the call runs with them), e.g. "
+        '\'{"order_id": "A17", "amount_cents": 4000}\'',
+    )
     p.set_defaults(handler=_review, action="approve")
 
     p = review("deny", "deny a paused call; the model is told the reason")
@@ -349,7 +358,8 @@ def _describe(e: dict[str, Any]) -> str:
         result = result if len(result) <= 100 else result[:97] + "..."
         return f"{seq:>4} observation {e.get('call_id')}: {result}"
     if kind == "review":
-        extra = {k: v for k, v in e.items() if k in ("reason", "result", "reviewer", "at", "note")}
+        shown = ("reason", "result", "arguments", "reviewer", "at", "note")
+        extra = {k: v for k, v in e.items() if k in shown}
         return f"{seq:>4} review {e.get('action')} {e.get('call_id')} {json.dumps(extra)}"
     if kind == "run_end":
         return f"{seq:>4} run_end {e.get('status')}/{e.get('reason')}"
@@ -375,14 +385,17 @@ def _review(args: argparse.Namespace) -> int:
         key = os.environ.get(args.key_env)
         if not key:
             return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
+    arguments = getattr(args, "arguments", None)
+    action = "edit" if arguments is not None else args.action
     with _open(args, write=True) as store:
         event = record_review(
             store,
             args.run_id,
             args.call_id,
-            args.action,
+            action,
             reason=getattr(args, "reason", None),
             result=getattr(args, "result", None),
+            arguments=arguments,
             key=key,
             reviewer=args.by if args.by is not None else _os_user(),
             note=args.note,
@@ -393,7 +406,10 @@ def _review(args: argparse.Namespace) -> int:
             if p["waiting_for"] in BLOCKING and not p["review"]
         ]
     by = f" by {event['reviewer']}" if event.get("reviewer") else ""
-    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}{by}")
+    edited = ""
+    if arguments is not None:
+        edited = f" with arguments {json.dumps(arguments, ensure_ascii=False)}"
+    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}{by}{edited}")
     if waiting:
         print(f"still waiting for: {', '.join(waiting)}")
     elif hasattr(store, "claim_next"):

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fsm_agent.durable.review import record
+from fsm_agent.durable.review import InvalidEdit, record
 from fsm_agent.errors import ReviewError, RunBusy, RunExists, RunNotFound, StoreError
 from fsm_agent.server import runs as views
 from fsm_agent.server.auth import Principal, Sessions, authenticate, check_csrf
@@ -48,7 +48,7 @@ _HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-_ACTIONS = ("approve", "deny", "reconcile")
+_ACTIONS = ("approve", "deny", "edit", "reconcile")
 
 
 class _Guard:
@@ -204,21 +204,7 @@ class Server:
         """Record a review through the run's machine (``durable/review.record``), as the
         key's holder; ``if_match`` (``"SEQ"``): refuse if the run moved on past it."""
         principal.require("review")
-        call_id, action = body.get("call_id"), body.get("action")
-        if not isinstance(call_id, str) or not call_id:
-            raise ApiError(422, "invalid", "call_id: a non-empty string is required")
-        if action == "edit":
-            raise ApiError(
-                422,
-                "invalid",
-                "edit is not available yet: deny the call with a reason naming the "
-                "corrected arguments, or approve it as it is",
-            )
-        if action not in _ACTIONS:
-            raise ApiError(422, "invalid", f"action must be one of {', '.join(_ACTIONS)}")
-        for name in ("note", "reason"):
-            if body.get(name) is not None and not isinstance(body[name], str):
-                raise ApiError(422, "invalid", f"{name}: a string")
+        call_id, action, arguments = _review_fields(body)
         expected = _etag_seq(if_match)
 
         def moved_on(events: list[dict[str, Any]]) -> None:
@@ -238,15 +224,18 @@ class Server:
                     self.store,
                     run_id,
                     call_id,
-                    str(action),
+                    action,
                     reason=body.get("reason"),
                     result=body.get("result"),
+                    arguments=arguments,
                     key=self.trace_key,
                     reviewer=principal.name,
                     note=body.get("note"),
                     machines=getattr(self.runtime, "machines", None),
                     observe=moved_on,
                 )
+            except InvalidEdit as exc:
+                raise ApiError(422, "invalid", str(exc)) from None
             except ReviewError as exc:
                 raise ApiError(409, "conflict", str(exc)) from None
             return event
@@ -297,6 +286,28 @@ class Server:
             except Exception as exc:  # one bad run must not stop the worker
                 log.warning("fsm-agent serve: driving runs failed: %s", exc)
             seen = await self.broadcaster.wait(seen, 2.0)
+
+
+def _review_fields(body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+    """A review body's call id, action and (edit) arguments; 422 for what does not fit."""
+    call_id, action = body.get("call_id"), body.get("action")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(422, "invalid", "call_id: a non-empty string is required")
+    if action not in _ACTIONS:
+        raise ApiError(422, "invalid", f"action must be one of {', '.join(_ACTIONS)}")
+    for name in ("note", "reason"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise ApiError(422, "invalid", f"{name}: a string")
+    arguments = body.get("arguments")
+    if (action == "edit") != isinstance(arguments, dict):
+        raise ApiError(
+            422,
+            "invalid",
+            "arguments: edit needs the corrected arguments as a JSON object"
+            if action == "edit"
+            else f"arguments: only an edit carries arguments, not {action}",
+        )
+    return call_id, str(action), arguments
 
 
 def _drive_ready(store: Any, runtime: Any) -> None:

@@ -85,9 +85,14 @@ OPENAPI: dict[str, Any] = {
                 "required": ["call_id", "action"],
                 "properties": {
                     "call_id": {"type": "string"},
-                    "action": {"enum": ["approve", "deny", "reconcile"]},
-                    "reason": {"type": "string"},
-                    "result": {},
+                    "action": {"enum": ["approve", "deny", "edit", "reconcile"]},
+                    "reason": {"type": "string", "description": "deny: what the model is told"},
+                    "result": {"description": "reconcile: the result observed outside"},
+                    "arguments": {
+                        "type": "object",
+                        "description": "edit: the corrected arguments the call runs with "
+                        "(validated against the tool's schema; their own digest)",
+                    },
                     "note": {"type": "string"},
                 },
             },
@@ -195,7 +200,10 @@ OPENAPI: dict[str, Any] = {
                     "201": _ok("recorded: the review event and the run", {"type": "object"}),
                     "403": _error("the key's scope does not allow reviews"),
                     "409": _error("the run moved on, or the call was decided already"),
-                    "422": _error("a bad call_id, action or field"),
+                    "422": _error(
+                        "a bad call_id, action or field, or edited arguments the tool's "
+                        "schema refuses"
+                    ),
                     **_COMMON,
                 },
             }

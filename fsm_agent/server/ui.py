@@ -121,7 +121,12 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
         if call["review"]:
             decided = call["review"]
             by = f" by {decided.get('reviewer')}" if decided.get("reviewer") else ""
-            out.append(f"<p>decided: {escape(str(decided.get('action')))}{escape(by)}</p>")
+            edited = decided.get("arguments")
+            shown_edit = "" if edited is None else " with " + json.dumps(edited, ensure_ascii=False)
+            out.append(
+                f"<p>decided: {escape(str(decided.get('action')))}{escape(by)}"
+                f"{escape(shown_edit)}</p>"
+            )
         elif may_review:
             hidden = (
                 f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
@@ -145,9 +150,22 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
                     '<input type="hidden" name="action" value="deny">'
                     '<input type="text" name="reason" placeholder="why not">'
                     '<button class="deny">Deny</button></form>'
+                    f'<form method="post" action="{action}" class="edit">{hidden}'
+                    '<input type="hidden" name="action" value="edit">'
+                    f'<textarea name="arguments" rows="4">{escape(_pretty(args))}</textarea>'
+                    f'{note}<button class="edit">Approve with these arguments</button></form>'
                 )
         out.append("</div>")
     return "".join(out)
+
+
+def _pretty(arguments: Any) -> str:
+    """The call's arguments as indented JSON to edit (as they came if not JSON)."""
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        return json.dumps(value, ensure_ascii=False, indent=2)
+    except (TypeError, ValueError):
+        return str(arguments)
 
 
 def _server(request: Request) -> Any:
@@ -271,6 +289,12 @@ async def run_review(request: Request) -> Response:
             fields["result"] = json.loads(str(form["result"]))
         except ValueError:
             fields["result"] = str(form["result"])
+    if form.get("arguments") is not None:
+        try:
+            fields["arguments"] = json.loads(str(form["arguments"]))
+        except ValueError as exc:
+            detail = f"the edited arguments are not valid JSON: {exc}; nothing was recorded"
+            return RedirectResponse(f"{link}?{urlencode({'error': detail})}", 303)
     try:
         await server.decide(run_id, fields, principal, str(form.get("seq") or "") or None)
     except ApiError as exc:
