@@ -445,3 +445,66 @@ def test_a_bad_edit_over_http_is_a_precise_4xx_and_records_nothing(
         assert r.status_code == 422 and "only an edit carries arguments" in r.json()["detail"]
     assert {r: store.load_run(r).events for r in ("r1", "done")} == before
     assert backend.writes == []
+
+
+def test_cancel_over_http_takes_the_cancel_edge_and_the_trace_checks(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer, tmp_path: Path
+) -> None:
+    backend = Backend()
+    rt = make_runtime([calls(call("c1", "lookup", order_id="A1")), say("ok")], backend,
+                      store=store)  # fmt: skip
+    rt.submit("where is A1?", run_id="queued")  # waiting for a worker, never driven
+    with client(server, keys["root"]) as c:
+        r = c.post("/api/runs/queued/cancel")
+        assert r.status_code == 200, r.text
+        assert (r.json()["run"]["status"], r.json()["run"]["reason"]) == ("cancelled", "cancelled")
+        again = c.post("/api/runs/queued/cancel")
+        assert again.status_code == 409 and "it has ended" in again.json()["detail"]
+        path = tmp_path / "queued.jsonl"
+        path.write_bytes(c.get("/api/runs/queued/trace").content)
+    events = store.load_run("queued").events
+    edges = [(e["trigger"], e["source"], e["dest"]) for e in events if e["type"] == "transition"]
+    assert edges == [("cancel", "deciding", "cancelled")]
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "cancelled"
+    checked = subprocess.run(
+        [sys.executable, "-m", "fsm_agent", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert rt.resume("queued").status == "cancelled"  # a worker finds it ended: nothing runs
+    assert backend.lookups == []
+
+
+def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer
+) -> None:
+    from fsm_agent.durable import owners
+
+    backend = Backend()
+    pause(store, backend)  # r1: waiting for review
+    rt = make_runtime([say("hi")], backend, store=store)
+    rt.run("hello", run_id="done")
+    rt.submit("hello again", run_id="busy")
+    driver = owners.new_owner()
+    owners.hold(driver)
+    store.claim("busy", driver)  # a live driver holds it
+    before = {r: store.load_run(r).events for r in ("r1", "done", "busy")}
+    try:
+        with client(server, keys["alice"]) as c:  # a review key may not cancel
+            r = c.post("/api/runs/r1/cancel")
+            assert r.status_code == 403 and "this needs 'admin'" in r.json()["detail"]
+        with client(server, keys["root"]) as c:
+            for run_id, code, detail in (
+                ("r1", 409, "waiting for review: deny its pending calls"),
+                ("done", 409, "is done/final_answer: it has ended"),
+                ("busy", 409, "is cancelled where it runs"),
+                ("nope", 404, "nope"),
+            ):
+                r = c.post(f"/api/runs/{run_id}/cancel")
+                assert r.status_code == code, (run_id, r.text)
+                assert detail in r.json()["detail"], r.json()
+    finally:
+        owners.let_go(store, "busy", driver)
+    assert {r: store.load_run(r).events for r in ("r1", "done", "busy")} == before

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fsm_agent.durable.cancel import NotCancellable, cancel_run
 from fsm_agent.durable.review import InvalidEdit, record
 from fsm_agent.errors import ReviewError, RunBusy, RunExists, RunNotFound, StoreError
 from fsm_agent.server import runs as views
@@ -244,6 +245,40 @@ class Server:
         self.broadcaster.poke()
         return event
 
+    async def cancel(self, request: Request) -> Response:
+        principal = await self.who(request, "admin")
+        run_id = request.path_params["run_id"]
+        await self.stop_run(run_id, principal)
+        stored = await self.call(self.store.load_run, run_id)
+        return JSONResponse({"run": views.detail_of(stored)})
+
+    async def stop_run(self, run_id: str, principal: Principal) -> None:
+        """Cancel ``run_id`` through its machine's ``cancel`` trigger
+        (``durable/cancel.py``); 409 for a run this cannot cancel, saying why."""
+        principal.require("admin")
+
+        def stop() -> None:
+            try:
+                cancel_run(
+                    self.store,
+                    run_id,
+                    key=self.trace_key,
+                    machines=getattr(self.runtime, "machines", None),
+                )
+            except NotCancellable as exc:
+                raise ApiError(409, "conflict", str(exc)) from None
+            except RunBusy as exc:
+                raise ApiError(
+                    409,
+                    "conflict",
+                    f"{exc}; a run being driven is cancelled where it runs (its driver's "
+                    "stop); try again once it pauses or ends",
+                ) from None
+
+        await self.call(stop)
+        log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
+        self.broadcaster.poke()
+
     async def submit(self, request: Request) -> Response:
         await self.who(request, "admin")
         if self.runtime is None:
@@ -419,6 +454,7 @@ def create_app(
         route("/api/runs/{run_id}", server.run, ["GET"]),
         route("/api/runs/{run_id}/events", server.events, ["GET"]),
         route("/api/runs/{run_id}/reviews", server.review, ["POST"]),
+        route("/api/runs/{run_id}/cancel", server.cancel, ["POST"]),
         route("/api/runs/{run_id}/trace", server.trace, ["GET"]),
         route("/api/runs/{run_id}/diagram.svg", server.diagram, ["GET"]),
         route("/openapi.json", server.openapi, ["GET"]),

@@ -208,6 +208,22 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        "/api/runs/{run_id}/cancel": {
+            "post": {
+                "summary": "cancel a run waiting to be driven (scope admin), through the "
+                "machine's cancel trigger: every open call answered, run_end written",
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _ok("cancelled: the run", {"type": "object"}),
+                    "403": _error("the key's scope does not allow cancelling (admin)"),
+                    "409": _error(
+                        "the run has ended, waits for review, stopped mid-batch, or a live "
+                        "driver holds it (the detail says which and what to do)"
+                    ),
+                    **_COMMON,
+                },
+            }
+        },
         "/api/runs/{run_id}/trace": {
             "get": {
                 "summary": "the run's JSONL trace (it passes fsm-agent check)",

@@ -159,6 +159,19 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
     return "".join(out)
 
 
+def _cancel_form(run: dict[str, Any], csrf: str) -> str:
+    """The cancel button of a run that has not ended (the server says why it cannot
+    when the run is not waiting to be driven)."""
+    if run["status"] in views.FINISHED:
+        return ""
+    action = escape("/runs/" + quote(run["run_id"], safe="") + "/cancel")
+    return (
+        f'<form method="post" action="{action}" class="cancel">'
+        f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
+        '<button class="cancel">Cancel this run</button></form>'
+    )
+
+
 def _pretty(arguments: Any) -> str:
     """The call's arguments as indented JSON to edit (as they came if not JSON)."""
     try:
@@ -259,6 +272,7 @@ async def run_page(request: Request) -> Response:
     body = (
         f"<h1>Run {escape(run_id)}</h1>{notes}"
         f"{_calls(run, principal.csrf or '', principal.key.allows('review'))}"
+        f"{_cancel_form(run, principal.csrf or '') if principal.key.allows('admin') else ''}"
         f'<div id="live" hx-get="{escape(link)}/live" hx-trigger="every 1s">'
         f"{_live(run, stored.events, link)}</div>"
     )
@@ -305,6 +319,22 @@ async def run_review(request: Request) -> Response:
     return RedirectResponse(f"{link}?{urlencode({'msg': done})}", status_code=303)
 
 
+async def run_cancel(request: Request) -> Response:
+    server = _server(request)
+    form = await request.form()
+    principal = await server.who(request, "read", str(form.get("csrf") or ""))
+    principal.require("admin")
+    run_id = request.path_params["run_id"]
+    link = "/runs/" + quote(run_id, safe="")
+    try:
+        await server.stop_run(run_id, principal)
+    except ApiError as exc:
+        if exc.status in (401, 403):
+            raise
+        return RedirectResponse(f"{link}?{urlencode({'error': exc.detail})}", 303)
+    return RedirectResponse(f"{link}?{urlencode({'msg': 'cancelled the run'})}", 303)
+
+
 async def static(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in _STATIC:  # a fixed set: no path from the request reaches the disk
@@ -324,6 +354,7 @@ def routes() -> list[Route]:
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/live", run_live, methods=["GET"]),
         Route("/runs/{run_id}/review", run_review, methods=["POST"]),
+        Route("/runs/{run_id}/cancel", run_cancel, methods=["POST"]),
         Route("/static/{name}", static, methods=["GET"]),
     ]
 
