@@ -37,6 +37,8 @@ __all__ = ["CSP", "MAX_BODY", "create_app"]
 
 log = logging.getLogger("fsm_agent.server")
 
+#: Concurrent store calls for a store that names no pool size (SQLite, memory).
+_SLOTS = 8
 #: Request bodies larger than this are refused (413) before they are read whole.
 MAX_BODY = 1 << 20
 CSP = (
@@ -114,19 +116,29 @@ class Server:
         self.worker: asyncio.Task[None] | None = None
         #: reads in flight, shared by the streams that wait for the same one
         self._reads: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+        # Store calls in flight at most as many as the store has connections: a burst
+        # (500 streams opening at once) queues here, on the event loop, instead of in
+        # the pool, whose wait times out (a 503 for a request that only had to wait).
+        self._slots = asyncio.Semaphore(int(getattr(store, "pool_size", _SLOTS)))
 
     async def who(self, request: Request, scope: str, csrf: str | None = None) -> Principal:
         """The caller, allowed ``scope``; an unsafe request of a session must carry its
         CSRF token (``csrf``: a form's field, else the ``X-CSRF-Token`` header)."""
-        principal = await authenticate(request, self.store, self.sessions)
+        principal = await authenticate(request, self.key_of, self.sessions)
         if request.method not in ("GET", "HEAD"):
             check_csrf(principal, csrf or request.headers.get("x-csrf-token"))
         principal.require(scope)  # type: ignore[arg-type]
         return principal
 
+    async def key_of(self, key_id: str) -> Any:
+        """The stored key ``key_id``; requests that ask while a read of it is in flight
+        share that read (500 streams opening at once: one read, not 500)."""
+        return await self.shared(("key", key_id), self.store.get_key, key_id)
+
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            return await run_in_threadpool(fn, *args, **kwargs)
+            async with self._slots:
+                return await run_in_threadpool(fn, *args, **kwargs)
         except RunNotFound as exc:
             raise ApiError(404, "not_found", str(exc)) from None
         except (RunBusy, RunExists) as exc:
@@ -161,7 +173,8 @@ class Server:
         run_id = request.path_params["run_id"]
         after = _after(request)
         if "text/event-stream" in request.headers.get("accept", ""):
-            await self.call(self.store.events_since, run_id, after, 0)  # 404 before streaming
+            # 404 before streaming (one read for the streams that open at once)
+            await self.shared(("exists", run_id), self.store.events_since, run_id, after, 0)
             return EventSourceResponse(self._stream(run_id, after), ping=15)
         limit = views._limit(request.query_params.get("limit") or "200")
         events = await self.call(self.store.events_since, run_id, after, limit)

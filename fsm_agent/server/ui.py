@@ -215,7 +215,7 @@ async def signin(request: Request) -> Response:
     if not expected or not secrets.compare_digest(sent, expected):
         return await signin_form(request, "the sign-in form expired; try again", 403)
     try:
-        record = await check_key(server.store, str(form.get("key") or ""))
+        record = await check_key(server.key_of, str(form.get("key") or ""))
     except ApiError as exc:
         return await signin_form(request, exc.detail, 401)
     session, _ = server.sessions.open(record.key_id)
