@@ -38,11 +38,11 @@ BLOCKING = frozenset({"approval_required", "outcome_unknown", "idempotency_confl
 #: Which review action settles which placeholder error (the ``review_fits`` guard).
 FITS: dict[str, frozenset[str]] = {
     "approve": frozenset({"approval_required"}),
-    # Approve with corrected arguments: settles what an approval settles.
-    "edit": frozenset({"approval_required"}),
     "reconcile": frozenset({"outcome_unknown"}),
     "deny": BLOCKING | {"skipped_pending_review"},
 }
+# Approve with corrected arguments: it settles whatever an approval settles.
+FITS["edit"] = FITS["approve"]
 #: What a paused run's checkpoint keeps of a review (``s.reviews``), besides its action.
 _KEPT = ("digest", "reason", "result", "reviewer", "at", "note", "arguments")
 
