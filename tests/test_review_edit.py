@@ -162,3 +162,19 @@ def test_an_edit_survives_a_driver_that_died_after_applying_it(tmp_path: Path) -
         )
         assert rt.resume("r1").status == "done"
     assert backend.writes == [EDITED]
+
+
+def test_an_edit_in_a_batch_changes_only_its_call() -> None:
+    store, backend = MemoryStore(), Backend()
+    script = [calls(call("c1", "lookup", order_id="A1"), call("c2", "write", **ASKED)),
+              say("Filed.")]  # fmt: skip
+    rt = make_runtime(script, backend, store=store, approval=True)
+    assert rt.run("file it", run_id="r1").reason == "approval_required"
+    rt.approve("r1", "c2", arguments=EDITED, by="ana")
+    done = rt.resume("r1")
+    assert done.status == "done" and backend.lookups == ["A1"] and backend.writes == [EDITED]
+    (batch,) = [m for m in done.messages if m.get("tool_calls")]
+    args = [json.loads(c["function"]["arguments"]) for c in batch["tool_calls"]]
+    assert args == [{"order_id": "A1"}, EDITED]
+    assert [m["tool_call_id"] for m in done.messages if m["role"] == "tool"] == ["c1", "c2"]
+    assert check_events(done.events) == []
