@@ -152,7 +152,10 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
                     '<button class="deny">Deny</button></form>'
                     f'<form method="post" action="{action}" class="edit">{hidden}'
                     '<input type="hidden" name="action" value="edit">'
+                    "<label>or approve with corrected arguments (checked against the "
+                    "tool's schema)<br>"
                     f'<textarea name="arguments" rows="4">{escape(_pretty(args))}</textarea>'
+                    "</label>"
                     f'{note}<button class="edit">Approve with these arguments</button></form>'
                 )
         out.append("</div>")
