@@ -508,3 +508,28 @@ def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
     finally:
         owners.let_go(store, "busy", driver)
     assert {r: store.load_run(r).events for r in ("r1", "done", "busy")} == before
+
+
+def test_on_postgresql_cancel_and_edit_go_through_the_machine(pg_store: Any) -> None:
+    from fsm_agent.trace.checker import check_bytes
+
+    key, record = make_key("root", "admin")
+    pg_store.add_key(record)
+    backend = Backend()
+    rt = pause(pg_store, backend)
+    make_runtime([say("unused")], backend, store=pg_store).submit("hi", run_id="queued")
+    edited = {"request_id": "R-1", "title": "edited on PostgreSQL"}
+    live = LiveServer(pg_store).start()
+    try:
+        with client(live, key) as c:
+            assert c.post("/api/runs/queued/cancel").status_code == 200
+            body = {"call_id": "c1", "action": "edit", "arguments": edited}
+            assert c.post("/api/runs/r1/reviews", json=body).status_code == 201
+            assert rt.resume("r1").status == "done"
+            for run_id in ("queued", "r1"):
+                report = check_bytes(c.get(f"/api/runs/{run_id}/trace").content)
+                assert report.violations == [], (run_id, report.violations)
+    finally:
+        live.stop()
+    assert pg_store.load_run("queued").body["state"] == "cancelled"
+    assert backend.writes == [edited]
