@@ -129,3 +129,22 @@ def test_the_demo_never_replaces_a_database_of_other_runs(
     refusal = f"demo: --db {db}: it holds runs that are not the demo's (r1); pick another file"
     assert err == refusal + "\n"
     assert Path(db).read_bytes() == before
+
+
+def test_runs_cancel_takes_the_cancel_edge_or_says_why_not(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SqliteStore(db) as store:
+        make_runtime([say("hi")], store=store).submit("hello", run_id="q1")
+    code, out, _ = run(capsys, "runs", "cancel", "q1", "--db", db)
+    assert (code, out) == (0, "cancelled run q1 (cancelled/cancelled)\n")
+    code, _, err = run(capsys, "runs", "cancel", "q1", "--db", db)
+    assert code == 2 and "is cancelled/cancelled: it has ended, nothing to cancel" in err
+    code, _, err = run(capsys, "runs", "cancel", "r1", "--db", db)  # paused for review
+    assert code == 2 and "waiting for review: deny its pending calls" in err
+    code, _, err = run(capsys, "runs", "cancel", "nope", "--db", db)
+    assert code == 2 and "nope" in err
+    with SqliteStore(db) as store:
+        assert store.load_run("r1").body["state"] == "review_required"
+        events = store.load_run("q1").events
+    assert [e["type"] for e in events] == ["run_start", "transition", "run_end"]

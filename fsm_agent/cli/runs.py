@@ -25,7 +25,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:  # long: declarations of the subcommands and flags
     runs = subparsers.add_parser(
         "runs",
-        help="list, show, approve, deny, reconcile or export stored runs",
+        help="list, show, approve, deny, reconcile, cancel or export stored runs",
         description="Inspect and review durable runs stored in a SQLite file or PostgreSQL.",
     )
     sub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
@@ -108,6 +108,15 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
         help='the observed result as JSON, e.g. \'{"ticket": "T-1"}\'',
     )
     p.set_defaults(handler=_review, action="reconcile")
+
+    p = add("cancel", "cancel a run waiting to be driven (submitted, or between rounds)")
+    p.add_argument("run_id")
+    p.add_argument(
+        "--key-env",
+        metavar="NAME",
+        help="environment variable holding the runtime's trace_key (a signed trace)",
+    )
+    p.set_defaults(handler=_cancel)
 
     p = add("export", "write a run's trace as JSON Lines (for fsm-agent check / replay)")
     p.add_argument("run_id")
@@ -416,6 +425,21 @@ def _review(args: argparse.Namespace) -> int:
         print("a worker continues the run (fsm-agent worker)")
     else:
         print("the run continues when the application resumes it (Runtime.resume)")
+    return 0
+
+
+@_guarded
+def _cancel(args: argparse.Namespace) -> int:
+    from fsm_agent.durable.cancel import cancel_run
+
+    key = None
+    if args.key_env:
+        key = os.environ.get(args.key_env)
+        if not key:
+            return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
+    with _open(args, write=True) as store:
+        s = cancel_run(store, args.run_id, key=key)
+    print(f"cancelled run {args.run_id} ({s.state}/{s.reason})")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Cancelling a stored run from outside its application (the review server's
-``POST /api/runs/{id}/cancel``): the table's ``cancel`` trigger, fired by the engine's
-own loop, exactly as when a driver is stopped (R2).
+``POST /api/runs/{id}/cancel``, ``fsm-agent runs cancel``): the table's ``cancel``
+trigger, fired by the engine's own loop, exactly as when a driver is stopped (R2).
 
 The run is claimed (``RunBusy`` while a live driver holds it: that driver's own stop
 is the way to cancel it there), restored, and driven by the loop with nothing of the
