@@ -41,8 +41,10 @@ FITS: dict[str, frozenset[str]] = {
     "reconcile": frozenset({"outcome_unknown"}),
     "deny": BLOCKING | {"skipped_pending_review"},
 }
+# Approve with corrected arguments: it settles whatever an approval settles.
+FITS["edit"] = FITS["approve"]
 #: What a paused run's checkpoint keeps of a review (``s.reviews``), besides its action.
-_KEPT = ("digest", "reason", "result", "reviewer", "at", "note")
+_KEPT = ("digest", "reason", "result", "reviewer", "at", "note", "arguments")
 
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 
@@ -268,7 +270,38 @@ def record_review(s: RunState, payloads: Payloads) -> None:
         "action": request["action"],
         **{k: request[k] for k in _KEPT if k in request},
     }
+    if request["action"] == "edit":
+        _edit_call(s, request["call_id"], request["arguments"])
     payloads.append({"type": "review", **request})
+
+
+def _edit_call(s: RunState, call_id: str, arguments: dict[str, Any]) -> None:
+    """Put a reviewer's corrected arguments in the paused call's place: in the batch
+    (the resume admits the call afresh with them, so it is validated, digested and
+    judged like any call) and in the history's assistant message (the model later sees
+    the call that ran, answered by its result). The trace's ``decision`` keeps what the
+    model asked and the ``review`` event both."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    call = next(c for c in s.decision.calls if c.id == call_id)
+    call.raw_arguments, call.arguments, call.args_digest = text, None, ""
+    s.decision.message = _with_arguments(s.decision.message, call_id, text)
+    at = s.placeholders[call_id][0]
+    # The batch's assistant message precedes its tool messages; a replay keeps no history.
+    while 0 < at <= len(s.messages) and s.messages[at - 1].get("role") != "assistant":
+        at -= 1
+    if 0 < at <= len(s.messages):
+        s.messages[at - 1] = _with_arguments(s.messages[at - 1], call_id, text)
+        s.rewritten.append(at - 1)
+
+
+def _with_arguments(message: dict[str, Any], call_id: str, text: str) -> dict[str, Any]:
+    """A copy of an assistant message whose call ``call_id`` has the arguments ``text``
+    (a copy: the message may be the recorded ``decision`` event's own dict)."""
+    calls = [
+        {**c, "function": {**c["function"], "arguments": text}} if c.get("id") == call_id else c
+        for c in message.get("tool_calls") or ()
+    ]
+    return {**message, "tool_calls": calls}
 
 
 #: action name (the table's ``action`` column) -> function.

@@ -29,6 +29,7 @@ __all__ = [
     "ToolLike",
     "admit_calls",
     "parse_decision",
+    "schema_errors",
 ]
 
 _MAX_ERRORS = 5
@@ -264,6 +265,16 @@ def _admit(
     if tool.requires_approval:
         call.approval = approval(call.id, call.args_digest)
         call.needs_approval = call.approval is None
+
+
+def schema_errors(validator: Any, arguments: Any) -> list[str]:
+    """What is wrong with ``arguments`` for a tool's validator (``path: message``, in
+    path order, at most a few), as admission reports it; empty if they fit."""
+    try:
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+    except RecursionError:
+        return ["(root): arguments nest too deeply"]
+    return [_describe(e) for e in errors[:_MAX_ERRORS]]
 
 
 def _describe(error: Any) -> str:

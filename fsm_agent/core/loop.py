@@ -73,6 +73,10 @@ from fsm_agent.core.select import select
 from fsm_agent.core.state import RunState
 from fsm_agent.core.table import TERMINAL_STATES, Transition
 
+#: Review actions that approve the call (``edit``: with the reviewer's arguments, which
+#: the call then carries, so the digest binds the approval to them).
+_APPROVING = frozenset({"approve", "edit"})
+
 __all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
@@ -536,7 +540,7 @@ def _admit(s: RunState) -> None:
         got = s.approvals.get(call_id)
         if got is None:
             review = s.reviews.get(call_id) or {}
-            if review.get("action") == "approve" and review.get("digest") == args_digest:
+            if review.get("action") in _APPROVING and review.get("digest") == args_digest:
                 # Kept with the run: the reviews go once applied, and a later resume
                 # (this driver died) must still find the call approved.
                 got = s.approvals[call_id] = f"review:{call_id}"
