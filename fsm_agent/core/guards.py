@@ -21,8 +21,32 @@ __all__ = ["GUARDS", "Guard"]
 
 Guard = Callable[[RunState], bool]
 
+class _Guards(dict[str, Guard]):
+    """The guards by name, and ``rule:<id>`` for any id: the user's rule ``id`` decided
+    the judgement the edge acts on (``core/judging.py``; its rows name it)."""
+
+    def __missing__(self, name: str) -> Guard:
+        if not self.__contains__(name):
+            raise KeyError(name)
+        rule_id = name[len(_RULE) :]
+
+        def decided(run: RunState) -> bool:
+            return rule_id in run.ruled
+
+        decided.__doc__ = f"The rule {rule_id!r} decided the judgement this edge acts on."
+        self[name] = decided
+        return decided
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or (
+            isinstance(name, str) and name.startswith(_RULE) and len(name) > len(_RULE)
+        )
+
+
+_RULE = "rule:"
+
 #: name -> predicate(state).
-GUARDS: dict[str, Guard] = {}
+GUARDS: dict[str, Guard] = _Guards()
 
 
 def guard(fn: Guard) -> Guard:

@@ -37,7 +37,7 @@ from collections.abc import Generator
 from functools import partial
 from typing import Any
 
-from fsm_agent.core import events
+from fsm_agent.core import events, judging
 from fsm_agent.core.actions import ACTIONS, BLOCKING
 from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
@@ -92,7 +92,10 @@ class Cancelled(BaseException):
 
 def start(s: RunState) -> None:
     """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
-    _record(s, events.run_start(s.run_id, SCHEMA, s.config.header_fields(), make_safe(s.messages)))
+    header = s.config.header_fields()
+    if s.context:  # the trusted facts the rules read: check re-judges with them
+        header["context"] = s.context
+    _record(s, events.run_start(s.run_id, SCHEMA, header, make_safe(s.messages)))
     if s.config.redact is not None:
         # Set after the hook, so no hook can hide that it ran: ``check`` compares the
         # payloads of a redacted trace loosely (notes), every other trace strictly.
@@ -152,7 +155,7 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
                 yield from _execute(s)
             elif state == "retry_wait":
                 yield from _wait(s)
-            elif _validate(s) if state == "validating" else _fire(s, "observe"):
+            elif _validate(s) if state == "validating" else _observe(s):
                 yield from _flush(s)  # validating, observing: pure steps
     except GeneratorExit:
         raise
@@ -312,7 +315,32 @@ def _validate(s: RunState) -> bool:
     d = s.decision
     if d.malformed is None and d.missing_id is None:
         _admit(s)
+        if not d.calls and s.config.rules is not None:
+            judging.answer(s, s.config.rules)
     return _fire(s, "validate")
+
+
+def _observe(s: RunState) -> bool:
+    if s.config.rules is not None:
+        judging.before_model(s, s.config.rules)
+    return _fire(s, "observe")
+
+
+def _tool_returned(s: RunState) -> bool:
+    """Fire ``tool_returned``; a run with rules judges the result first and, once the
+    call is answered (not retried), adds it to the executed calls rules read."""
+    rules = s.config.rules
+    if rules is None:
+        return _fire(s, "tool_returned")
+    judging.after_tool(s, rules)
+    wants = _fire(s, "tool_returned")
+    if s.taken.action in _EXECUTED and s.outcome.kind != "not_started":
+        judging.record_execution(s)
+    return wants
+
+
+#: The ``tool_returned`` actions that answer a call that ran (a retry is not one yet).
+_EXECUTED = frozenset({"answer_result", "answer_failure", "answer_rule"})
 
 
 def _wait(s: RunState) -> Steps:
@@ -376,7 +404,7 @@ def _execute(s: RunState) -> Steps:
             call.claimed = False
     s.now = yield READ_CLOCK
     s.in_flight = False
-    if _fire(s, "tool_returned"):
+    if _tool_returned(s):
         yield from _flush(s)
 
 
@@ -543,6 +571,8 @@ def _admit(s: RunState) -> None:
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    if cfg.rules is not None and s.decision.duplicate_id is None:
+        judging.before_tool(s, cfg.rules)
     for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
         if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
             key = call.idempotency_key

@@ -86,12 +86,13 @@ Reason = Literal[
     "missing_tool_call_id", "duplicate_tool_call_id", "unknown_tool", "permission_denied",
     "invalid_arguments", "tool_rounds", "calls_per_round", "total_calls", "model_calls",
     "tokens", "cost", "wall_clock", "tool_output", "outcome_unknown", "approval_required",
-    "idempotency_conflict", "cancelled", "reply_size",
+    "idempotency_conflict", "cancelled", "reply_size", "denied_by_rule", "rule_limit",
+    "rule_review", "answer_rejected",
 ]  # fmt: skip
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
     "schedule_retry", "answer_refusal", "answer_replay", "answer_result", "answer_failure",
-    "answer_stored", "apply_review", "record_review",
+    "answer_stored", "apply_review", "record_review", "retry_answer", "answer_rule",
 ]  # fmt: skip
 
 
