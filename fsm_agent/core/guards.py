@@ -21,6 +21,7 @@ __all__ = ["GUARDS", "Guard"]
 
 Guard = Callable[[RunState], bool]
 
+
 class _Guards(dict[str, Guard]):
     """The guards by name, and ``rule:<id>`` for any id: the user's rule ``id`` decided
     the judgement the edge acts on (``core/judging.py``; its rows name it)."""

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from fsm_agent.core.state import RunState
 
 __all__ = [
+    "RULE_ACTIONS",
     "RULE_GUARD",
+    "RULE_REASONS",
     "after_tool",
     "answer",
     "before_model",
@@ -50,6 +52,10 @@ __all__ = [
 #: The prefix of a rule's guard: ``rule:<id>`` holds when rule ``id`` decided the
 #: judgement the edge acts on.
 RULE_GUARD = "rule:"
+
+#: The reasons and actions only the rules' rows use (the default table has none of them).
+RULE_REASONS = frozenset({"denied_by_rule", "rule_limit", "rule_review", "answer_rejected"})
+RULE_ACTIONS = frozenset({"retry_answer", "answer_rule"})
 
 #: before_tool verdicts that refuse the call, and the error it is answered with.
 _REFUSALS = {"deny": "denied_by_rule", "limit": "limit_reached"}
@@ -109,13 +115,15 @@ _BEFORE: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def rules_machine(rules: RuleSet, base: Machine = DEFAULT_MACHINE) -> Machine:
-    """``base`` plus the rows of ``rules`` (checked as any application's machine)."""
+def rules_machine(
+    rules: RuleSet, base: Machine = DEFAULT_MACHINE, *, rules_hash: str | None = None
+) -> Machine:
+    """``base`` plus the rows of ``rules`` (checked as any application's machine), whose
+    hash covers the rules' hash (``rules_hash``: the one a trace header's rules have,
+    when ``rules`` were rebuilt from it with stand-ins for opaque conditions)."""
     from fsm_agent.core.engine import check_machine  # the engine imports this module
 
     added = rule_rows(rules)
-    if not added:
-        return base
     table = [replace(t, index=-1) for t in base.transitions]
     for group, rows in added.items():
         before = _BEFORE.get(group, ())
@@ -137,7 +145,9 @@ def rules_machine(rules: RuleSet, base: Machine = DEFAULT_MACHINE) -> Machine:
                 at = i
                 break
         table[at:at] = rows
-    machine = Machine.of(table, name=f"{base.name} with rules {rules.hash}")
+    covers = (*base.covers, ("rules", rules_hash or rules.hash))
+    machine = Machine.of(table, name=f"{base.name} with rules", initial=base.initial,
+                         states=base.states, terminal=base.terminal, covers=covers)  # fmt: skip
     check_machine(machine)
     return machine
 

@@ -226,19 +226,26 @@ class RuleSet:
         cls,
         data: Mapping[str, Any],
         tools: Mapping[str, ToolFacts | ToolInfo],
-        callables: Iterable[Callable[[Any], Any]] = (),
+        callables: Iterable[Callable[[Any], Any]] | Mapping[str, Callable[[Any], Any]] = (),
     ) -> RuleSet:
         """Rebuild a rule set from :meth:`to_json`'s form (a run's header).
 
         An opaque rule needs its callable among ``callables`` (found by its digest of
         name and source); one missing is a :class:`ConfigError` naming the rule and the
-        digest recorded. The rebuilt set's :attr:`hash` equals the recorded one."""
+        digest recorded. The rebuilt set's :attr:`hash` equals the recorded one.
+        ``callables`` may also map recorded digests to stand-ins (``check``, which cannot
+        run the application's code, takes those verdicts as recorded); the rebuilt
+        set's hash then differs from the recorded one."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
             raise ConfigError(
                 f"rules recorded in format {got!r}; this version reads format {FORMAT}"
             )
-        by_digest = {OpaqueCondition.of(fn).digest: fn for fn in callables}
+        by_digest = (
+            dict(callables)
+            if isinstance(callables, Mapping)
+            else {OpaqueCondition.of(fn).digest: fn for fn in callables}
+        )
         rules: list[Rule] = []
         missing: list[str] = []
         for index, item in enumerate(data.get("rules", ())):

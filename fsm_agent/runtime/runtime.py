@@ -30,9 +30,9 @@ from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
-from fsm_agent.rules import Rule, RuleSet
 from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
 from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.rules import Rule, RuleSet
 from fsm_agent.runtime.call_ids import warn_repeated_calls
 from fsm_agent.runtime.config import (
     check_context,

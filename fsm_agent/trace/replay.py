@@ -42,6 +42,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from fsm_agent.core.approvals import ApprovalBook
@@ -53,6 +54,7 @@ from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
 from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.judging import rules_machine
 from fsm_agent.core.loop import Cancelled, review, steps
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -69,11 +71,14 @@ from fsm_agent.core.requests import (
     ToolOutcome,
 )
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.errors import ConfigError
+from fsm_agent.rules import RuleSet, ToolInfo
+from fsm_agent.rules.canonical import digest as rule_digest
 from fsm_agent.trace.model import Settings
 from fsm_agent.trace.walk import Write
 
-__all__ = ["MAX_AHEAD", "Replay"]
+__all__ = ["MAX_AHEAD", "Replay", "recorded_rules"]
 
 #: Recorded events held while the engine has not reached them; past this the trace is
 #: not replayable (memory stays bounded whatever a hostile trace holds).
@@ -167,9 +172,47 @@ class _RecordedBook(ApprovalBook):
         return bool(self.limits)
 
 
+#: ``(rule id, call id) -> whether it held``: what an opaque rule's stand-in answers.
+StandIn = Callable[[str, Any], bool]
+
+
+def recorded_rules(
+    head: Mapping[str, Any], stand_in: StandIn | None = None
+) -> tuple[RuleSet | None, Machine]:
+    """The rules a header records, rebuilt, and the machine they ran in (the default one
+    plus their rows, covering the recorded rules' hash): :class:`ConfigError` if they
+    cannot be rebuilt. An opaque rule (a Python ``when``) is rebuilt with a stand-in
+    calling ``stand_in(rule id, facts)`` (default: never holds), since ``check`` cannot
+    run the application's code."""
+    data = head.get("rules")
+    if data is None:
+        return None, DEFAULT_MACHINE
+    if not isinstance(data, Mapping) or not isinstance(data.get("rules"), list):
+        raise ConfigError("the header's rules are not a recorded rule set")
+    facts = head.get("tools")
+    tools = {
+        str(name): ToolInfo(str(f.get("effect")), f.get("schema"))
+        for name, f in (facts.items() if isinstance(facts, Mapping) else ())
+        if isinstance(f, Mapping)
+    }
+    ask: StandIn = stand_in or (lambda rule_id, facts: False)
+    stand_ins: dict[str, Callable[[Any], Any]] = {}
+    for item in data["rules"]:
+        when = item.get("when") if isinstance(item, Mapping) else None
+        if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
+            stand_ins[when["digest"]] = partial(ask, str(item.get("id")))
+    rules = RuleSet.from_json(data, tools, callables=stand_ins)
+    return rules, rules_machine(rules, rules_hash=rule_digest(dict(data)))
+
+
 def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
     settings = Settings(head)
     problems = list(settings.problems)
+    try:
+        rules, machine = recorded_rules(head, replay.recorded_verdict)
+    except (ConfigError, ValueError, TypeError, KeyError) as exc:
+        problems.append(f"rules cannot be rebuilt ({exc})")
+        rules, machine = None, DEFAULT_MACHINE
     tools: dict[str, ReplayTool] = {}
     for name, facts in settings.tools.items():
         try:
@@ -190,6 +233,8 @@ def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, 
         save="replies",
         # An emit after every edge: the points where a driver may stop the run.
         emit=True,
+        machine=machine,
+        rules=rules,
     )
     return config, []
 
@@ -247,6 +292,12 @@ class Replay:
             run_id=run_id if isinstance(run_id, str) else "", config=config, messages=[]
         )
         self.s.seq = 0
+        context = head.get("context")
+        self.s.context = dict(context) if isinstance(context, Mapping) else {}
+        if config.rules is not None and note is not None:
+            for rule_id in config.rules.opaque_rules:
+                note(f"rule {rule_id!r} is a Python callable: check cannot re-evaluate it, "
+                     "so its verdicts are taken as the trace records them")  # fmt: skip
         self.gen = steps(self.s)
         self.request: Any = next(self.gen)
 
@@ -761,6 +812,15 @@ class Replay:
             "in inputs)",
         )
         return _WAIT
+
+    def recorded_verdict(self, rule_id: str, facts: Any) -> bool:
+        """An opaque rule's verdict as recorded: whether the next recorded ``rule`` event
+        of its call names it (the replay cannot run the application's code)."""
+        call_id = getattr(facts, "call_id", None)
+        for _, event in self.pending:
+            if event.get("type") == "rule" and event.get("call_id") == call_id:
+                return bool(event.get("rule") == rule_id)
+        return False
 
     def recorded_key(self, arguments: dict[str, Any]) -> str:
         """A keyed tool's idempotency key: the registrar's function is code, so the
