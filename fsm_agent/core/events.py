@@ -395,6 +395,8 @@ class RuleJudged(Event):
     args_digest: str | None = _opt("str")
     #: A ``review`` verdict a reviewer's approval of this call and digest already settled.
     reviewed: str | None = _opt("str")
+    #: An ``after_tool`` deny: the result the tool returned, which the model never sees.
+    result: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -233,19 +233,20 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
     s.ruled = frozenset()
     if outcome.kind != "ok":
         return
+    result = make_safe(outcome.value)
     facts = _facts(
-        s,
-        tool=call.name,
-        effect=call.effect,
-        args=call.arguments,
-        result=make_safe(outcome.value),
+        s, tool=call.name, effect=call.effect, args=call.arguments, result=result,
         call_id=call.id,
-    )
+    )  # fmt: skip
     judgement = rules.judge("after_tool", facts)
-    _record(s, judgement)
-    if judgement.verdict == "deny" and judgement.rule_id is not None:
-        s.ruled = frozenset({judgement.rule_id})
-        s.rule_detail = _words(judgement)
+    if judgement.verdict != "deny" or judgement.rule_id is None:
+        _record(s, judgement)
+        return
+    # The withheld result is recorded here (the observation holds the denial), so check
+    # replays the judgement on what the tool returned; a redaction hook may hide it.
+    _record(s, judgement, result=result)
+    s.ruled = frozenset({judgement.rule_id})
+    s.rule_detail = _words(judgement)
 
 
 def before_model(s: RunState, rules: RuleSet) -> None:

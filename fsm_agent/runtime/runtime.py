@@ -14,7 +14,7 @@ import inspect
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -31,7 +31,7 @@ from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
-from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.errors import ConfigError, MachineMismatch, StoreError
 from fsm_agent.rules import Rule, RuleSet
 from fsm_agent.runtime.call_ids import warn_repeated_calls
 from fsm_agent.runtime.config import (
@@ -139,17 +139,24 @@ class Runtime:
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
-        #: The application's rules, compiled once (``ConfigError`` listing every mistake
-        #: here); new runs fire ``machine`` plus the rules' rows (``core/judging.py``).
-        self.rules: RuleSet | None = rule_set(rules, tools)
-        self._rule_sets: dict[str, RuleSet] = {}
-        if self.rules is not None:
-            machine = rules_machine(self.rules, machine)
-            self._rule_sets[machine.hash] = self.rules
-        self.machine = machine
+        self.machine = self._with_rules(rules, machine)
         #: Every machine this runtime resumes runs of, by hash (``machine`` first).
         self.machines: dict[str, Machine] = known_machines((machine, *machines))
         self._interceptors = Interceptors(interceptors)
+
+    def _with_rules(self, rules: Iterable[Rule], machine: Machine) -> Machine:
+        """Compile the application's rules once (``ConfigError`` listing every mistake);
+        new runs then fire ``machine`` plus the rules' rows (``core/judging.py``)."""
+        #: The application's rules (None without any: runs judge nothing).
+        self.rules: RuleSet | None = rule_set(rules, self.tools)
+        #: machine hash -> the rules its runs are judged by.
+        self._rule_sets: dict[str, RuleSet] = {}
+        self._base_machine = machine
+        if self.rules is None:
+            return machine
+        with_rules = rules_machine(self.rules, machine)
+        self._rule_sets[with_rules.hash] = self.rules
+        return with_rules
 
     @property
     def interceptors(self) -> tuple[Any, ...]:
@@ -500,7 +507,12 @@ class Runtime:
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
         state, owner, tail = restore_run(
-            store, run_id, self.config, claimed_by=claimed_by, machines=self.machines
+            store,
+            run_id,
+            self.config,
+            claimed_by=claimed_by,
+            machines=self.machines,
+            rebuild=self._rebuild,
         )
         sink: TraceSink | None = None
         try:
@@ -536,6 +548,29 @@ class Runtime:
             return store_encoder
         to_store = s.config.save != "never" and getattr(self.store, "wants_lines", False)
         return Encoder(file_chain, 1 + int(to_store))
+
+    def _rebuild(self, header: Mapping[str, Any], recorded: str) -> Machine | None:
+        """The machine of a run begun under other rules than this runtime's, rebuilt
+        from the rules its header records with this runtime's tools and callables; it
+        resumes under those rules. A recorded callable this runtime does not hold stops
+        the resume (``MachineMismatch``), naming the rule and both machines' hashes."""
+        data = header.get("rules")
+        if not isinstance(data, Mapping):
+            return None
+        callables = [r.when for r in (self.rules.rules if self.rules else ()) if callable(r.when)]
+        try:
+            rules = RuleSet.from_json(data, {t.name: t for t in self.tools}, callables=callables)
+        except ConfigError as exc:
+            raise MachineMismatch(
+                f"the run was begun by machine {recorded} under rules this runtime "
+                f"(machine {self.machine.hash}) cannot rebuild: {exc}"
+            ) from None
+        machine = rules_machine(rules, self._base_machine)
+        if machine.hash != recorded:
+            return None
+        self._rule_sets[machine.hash] = rules
+        self.machines.setdefault(machine.hash, machine)
+        return machine
 
     def _adopt(self, s: RunState, owner: str) -> bool:
         """A run submitted and never driven has no trace yet: its first driver starts

@@ -42,7 +42,6 @@ import json
 import re
 from collections import deque
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 from fsm_agent.core.approvals import ApprovalBook
@@ -200,9 +199,21 @@ def recorded_rules(
     for item in data["rules"]:
         when = item.get("when") if isinstance(item, Mapping) else None
         if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
-            stand_ins[when["digest"]] = partial(ask, str(item.get("id")))
+            stand_ins[when["digest"]] = _stand_in(ask, str(item.get("id")), when.get("python"))
     rules = RuleSet.from_json(data, tools, callables=stand_ins)
     return rules, rules_machine(rules, rules_hash=rule_digest(dict(data)))
+
+
+def _stand_in(ask: StandIn, rule_id: str, name: Any) -> Callable[[Any], Any]:
+    """An opaque rule's stand-in, named as the recorded callable (a verdict's default
+    detail names it), answering as ``ask`` says."""
+
+    def stand_in(facts: Any) -> bool:
+        return ask(rule_id, facts)
+
+    module, _, qualname = str(name).partition(".")
+    stand_in.__module__, stand_in.__qualname__ = module, qualname or module
+    return stand_in
 
 
 def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
@@ -743,6 +754,8 @@ class Replay:
                         "is not a result size this check replays",
                     )
                     return _WAIT
+            elif withheld := self._withheld(at):
+                value = withheld[0]  # an after_tool rule denied it: the rule event has it
             elif after.get("type") == "observation" and isinstance(result, dict):
                 if result.get("error") == "output_too_large":  # an ok call's stand-in
                     self.stop(
@@ -758,6 +771,16 @@ class Replay:
                     # which the engine splits off, counts and numbers again.
                     value = _with_media(value, self.config.budget.max_media_bytes)
         return ToolOutcome(kind, value, error)
+
+    def _withheld(self, at: int) -> tuple[Any] | None:
+        """The result an ``after_tool`` rule withheld from the model, as its ``rule``
+        event (just before the ``tool_returned`` at ``at``) records it."""
+        if at < 1:
+            return None
+        e = self.pending[at - 1][1]
+        if e.get("type") == "rule" and e.get("phase") == "after_tool" and "result" in e:
+            return (e["result"],)
+        return None
 
     def _use(self, at: int, nxt: dict[str, Any], request: ConsumeApproval) -> Any:
         """The store's answer to spending a use of a limited approval: ``approval_use``
