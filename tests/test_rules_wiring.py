@@ -8,6 +8,8 @@ edited traces (relinked, so the chain cannot tell) are refused by replay alone.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -386,3 +388,32 @@ def test_check_says_which_rules_it_could_not_re_evaluate(tmp_path: Path) -> None
     report = check_trace(tmp_path / "t.jsonl")
     assert report.ok, report.violations
     assert any("'py-no-mail'" in n and "cannot re-evaluate" in n for n in report.notes)
+
+
+def test_refunds_over_50_dollars_need_review_end_to_end_through_the_cli(tmp_path: Path) -> None:
+    """The application pauses a $70 refund; a reviewer approves it with ``fsm-agent runs
+    approve --by`` (another process, which holds no rules: the run's header has them);
+    the application resumes it, the refund runs once, and the trace checks."""
+    world = World()
+    db = tmp_path / "runs.db"
+    script = [calls(call("c1", "issue_refund", amount_cents=2000)),
+              calls(call("c2", "issue_refund", amount_cents=7000)), say("refunded")]  # fmt: skip
+    app = runtime(world, script, [BIG_REFUNDS], store=SqliteStore(db), trace_dir=tmp_path)
+    paused = app.run("refund both", run_id="r1")
+    assert (paused.status, paused.reason) == ("review_required", "rule_review")
+    assert world.ran == [("issue_refund", {"amount_cents": 2000})]  # $20 needs no review
+    cli = [sys.executable, "-m", "fsm_agent", "runs"]
+    shown = subprocess.run([*cli, "show", "--db", str(db), "r1"], capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    assert "rule_review" in shown.stdout and "c2" in shown.stdout
+    approved = subprocess.run([*cli, "approve", "--db", str(db), "r1", "c2", "--by", "ana"],
+                              capture_output=True, text=True)  # fmt: skip
+    assert approved.returncode == 0, approved.stderr
+    assert "recorded approve of c2 in run r1 by ana" in approved.stdout
+    done = app.resume("r1")
+    assert (done.status, done.answer) == ("done", "refunded")
+    assert world.ran == [("issue_refund", {"amount_cents": 2000}),
+                         ("issue_refund", {"amount_cents": 7000})]  # fmt: skip
+    review = next(e for e in done.events if e["type"] == "review")
+    assert (review["reviewer"], review["call_id"]) == ("ana", "c2")
+    checked(tmp_path / "r1.jsonl")
