@@ -417,3 +417,48 @@ def test_refunds_over_50_dollars_need_review_end_to_end_through_the_cli(tmp_path
     review = next(e for e in done.events if e["type"] == "review")
     assert (review["reviewer"], review["call_id"]) == ("ana", "c2")
     checked(tmp_path / "r1.jsonl")
+
+
+# ── drawn and covered ─────────────────────────────────────────────────────────────
+
+
+def _dot(*argv: str) -> str:
+    command = [sys.executable, "-m", "fsm_agent", "diagram", "--format", "dot", *argv]
+    here = Path(__file__).parent
+    done = subprocess.run(command, cwd=here, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_fsm_agent_diagram_app_draws_the_rules_rows_by_id_and_condition() -> None:
+    from rules_app import RULES, app
+
+    overview = _dot("--app", "rules_app:app")
+    full = _dot("--app", "rules_app:app", "--detail", "full")
+    assert app().machine.hash in overview
+    for rule in RULES:
+        assert rule.id in overview, rule.id
+    # The overview stays one arrow per source and destination: ten rules add one arrow
+    # (an answer sent back: validating -> deciding), and lines naming them.
+    assert overview.count(" -> ") == _dot().count(" -> ") + 1
+    assert "when args.amount_cents > 5000" in full
+    assert "[rule:big-refunds-need-review]" in full
+
+
+def test_the_coverage_report_counts_the_applications_rule_rows() -> None:
+    from rules_app import app
+
+    from fsm_agent.testing.coverage import TransitionCoverage
+
+    rt = app()
+    coverage = TransitionCoverage(rt.machine)
+    rows = [t.index for t in rt.machine.transitions if any(g.startswith("rule:") for g in t.guards)]
+    assert len(rows) >= 10
+    coverage.install()
+    try:
+        script = [calls(call("c1", "issue_refund", amount_cents=9000))]
+        rt.run("refund", model=ScriptedModel(script), context={"tier": "gold"})
+    finally:
+        coverage.uninstall()
+    taken = [i for i in rows if coverage.hits[i]]
+    assert [rt.machine.transitions[i].guards for i in taken] == [("rule:big-refunds-need-review",)]
+    assert coverage.percent < 100.0  # the application's own rows count as untaken
