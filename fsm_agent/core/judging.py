@@ -155,8 +155,15 @@ def rules_machine(
 # ── the facts ─────────────────────────────────────────────────────────────────────
 
 
+#: What the loop hands the rules unscreened: the tool's name and effect (the registry's,
+#: or a name the decision cleaned), the engine's own counters, and the context (screened
+#: once, when the run was asked for: ``runtime/config.py``).
+_TRUSTED = frozenset({"tool", "effect", "counters", "context"})
+
+
 def _facts(s: RunState, **more: Any) -> Facts:
-    return Facts(counters=s.counters.as_dict(), calls=s.executed, context=s.context, **more)
+    counters = s.counters.as_dict()
+    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED, **more)
 
 
 def _words(judgement: Judgement) -> str:
@@ -180,7 +187,11 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
     """Judge every admitted call of the batch before any runs (the loop's ``_admit``)."""
     decided: set[str] = set()
     s.rule_detail = ""
-    calls = [c for c in s.decision.calls if c.refusal is None and c.arguments is not None]
+    calls = [
+        c
+        for c in s.decision.calls
+        if c.refusal is None and c.arguments is not None and rules.judges("before_tool", c.name)
+    ]
     calls = [c for c in calls if c.id not in s.answered or c.id in s.placeholders]
     calls = [c for c in calls if (s.reviews.get(c.id) or {}).get("action") != "deny"]
     if not calls:
@@ -231,7 +242,7 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
     """Judge the current call's successful result before the history gets it."""
     call, outcome = s.call, s.outcome
     s.ruled = frozenset()
-    if outcome.kind != "ok":
+    if outcome.kind != "ok" or not rules.judges("after_tool", call.name):
         return
     result = make_safe(outcome.value)
     facts = _facts(
@@ -252,6 +263,8 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
 def before_model(s: RunState, rules: RuleSet) -> None:
     """Judge the next model call when the batch is done (the loop's ``observe`` step)."""
     s.ruled = frozenset()
+    if not rules.judges("before_model"):
+        return
     if any(c.id not in s.answered for c in s.decision.calls):
         return  # the batch has calls left: no model call follows this observe
     judgement = rules.judge("before_model", _facts(s))
@@ -266,6 +279,8 @@ def answer(s: RunState, rules: RuleSet) -> None:
     s.ruled = frozenset()
     d = s.decision
     if d.calls or d.malformed is not None or not (d.answer and d.answer.strip()):
+        return
+    if not rules.judges("answer"):
         return
     judgement = rules.judge("answer", _facts(s, answer=d.answer))
     _record(s, judgement)

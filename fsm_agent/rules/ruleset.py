@@ -265,6 +265,16 @@ class RuleSet:
 
     # -- judging ------------------------------------------------------------------------
 
+    def judges(self, phase: str, tool: str | None = None) -> bool:
+        """Whether any rule of ``phase`` can match (``tool``: for the tool phases, that
+        tool): where none can, a judgement would try nothing, so the loop skips it."""
+        rules = self._by_phase.get(phase, ())
+        if not rules:
+            return False
+        if phase not in TOOL_PHASES or tool is None:
+            return True
+        return bool(self._candidates(phase, tool).rules)
+
     def judge(self, phase: str, facts: Facts) -> Judgement:
         """The verdict of ``phase``'s rules on ``facts``: the first rule that holds decides."""
         return self._judge(phase, facts, ())
@@ -547,8 +557,12 @@ class _Inputs:
 
     def _activation_of_all(self) -> Any:
         if self._activation is None:
+            trusted = self.facts.trusted
             for name in sorted(self._wanted):
                 value = self.facts.variable(name)
+                if name in trusted:
+                    self._screened[name] = value
+                    continue
                 try:
                     if name == "calls" and isinstance(value, list):
                         self._screened[name] = self._entries.screened(value)

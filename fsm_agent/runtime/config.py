@@ -15,7 +15,7 @@ from fsm_agent.core.history import check_history
 from fsm_agent.core.jsonsafe import make_safe
 from fsm_agent.core.table import Machine
 from fsm_agent.errors import ConfigError
-from fsm_agent.rules import Rule, RuleSet
+from fsm_agent.rules import Rule, RuleSet, cel
 from fsm_agent.tools.registry import ToolRegistry
 
 __all__ = ["check_context", "check_settings", "initial_messages", "rule_set", "tool_facts"]
@@ -131,4 +131,8 @@ def check_context(context: Any) -> dict[str, Any]:
     copied: dict[str, Any] = json.loads(text)
     if make_safe(copied) != copied:
         raise ConfigError("context holds a value a trace cannot record exactly (too deep?)")
+    try:  # what CEL can take (the loop hands the context over without screening it again)
+        cel.screen(copied, "context")
+    except cel.Unrepresentable as exc:
+        raise ConfigError(f"context cannot be read by rules: {exc}") from None
     return copied
