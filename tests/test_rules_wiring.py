@@ -462,3 +462,14 @@ def test_the_coverage_report_counts_the_applications_rule_rows() -> None:
     taken = [i for i in rows if coverage.hits[i]]
     assert [rt.machine.transitions[i].guards for i in taken] == [("rule:big-refunds-need-review",)]
     assert coverage.percent < 100.0  # the application's own rows count as untaken
+
+
+def test_the_stepper_names_the_rule_that_decided(tmp_path: Path) -> None:
+    from fsm_agent.render.replay import describe_event
+
+    script = [calls(call("c1", "issue_refund", amount_cents=9000))]
+    result = runtime(World(), script, [BIG_REFUNDS]).run("go")
+    (judged,) = rule_events(result.events)
+    assert describe_event(judged) == ("rule big-refunds-need-review [before_tool]: review  call c1")
+    stop = next(e for e in result.events if e.get("reason") == "rule_review")
+    assert describe_event(stop).endswith("decided by rule big-refunds-need-review")

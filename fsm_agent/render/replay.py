@@ -190,14 +190,11 @@ def describe_event(event: dict[str, Any]) -> str:
     """A one-line summary of an event (frame captions, the stepper's title)."""
     kind = event.get("type")
     if kind == "transition":
-        text = f"{event.get('trigger')}: {event.get('source')} -> {event.get('dest')}"
-        if event.get("reason"):
-            text += f" ({event['reason']})"
-        if event.get("call_id"):
-            text += f"  call {event['call_id']} {event.get('tool', '')}"
-        if event.get("outcome") not in (None, "ok"):
-            text += f"  attempt {event.get('attempt')} {_failure(event)}"
-        return text
+        return _transition_text(event)
+    if kind == "rule":
+        text = f"rule {event.get('rule') or '(none held)'} [{event.get('phase')}]: "
+        text += str(event.get("verdict"))
+        return text + (f"  call {event['call_id']}" if event.get("call_id") else "")
     if kind == "observation":
         result = event.get("result")
         ok = result.get("ok") if isinstance(result, dict) else None
@@ -217,6 +214,22 @@ def describe_event(event: dict[str, Any]) -> str:
     if kind == "run_start":
         return f"run_start: run {event.get('run_id')}"
     return str(kind)
+
+
+def _transition_text(event: dict[str, Any]) -> str:
+    text = f"{event.get('trigger')}: {event.get('source')} -> {event.get('dest')}"
+    if event.get("reason"):
+        text += f" ({event['reason']})"
+    if event.get("call_id"):
+        text += f"  call {event['call_id']} {event.get('tool', '')}"
+    if event.get("outcome") not in (None, "ok"):
+        text += f"  attempt {event.get('attempt')} {_failure(event)}"
+    guards = event.get("guards")
+    if isinstance(guards, dict):
+        decided = [g[5:] for g, held in guards.items() if g.startswith("rule:") and held is True]
+        if decided:  # an application's rule row: the rule that decided it
+            text += f"  decided by rule {', '.join(decided)}"
+    return text
 
 
 def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]:
