@@ -473,3 +473,25 @@ def test_the_stepper_names_the_rule_that_decided(tmp_path: Path) -> None:
     assert describe_event(judged) == ("rule big-refunds-need-review [before_tool]: review  call c1")
     stop = next(e for e in result.events if e.get("reason") == "rule_review")
     assert describe_event(stop).endswith("decided by rule big-refunds-need-review")
+
+
+def test_a_limit_holds_across_a_resume_in_another_process(tmp_path: Path) -> None:
+    """The executed calls a limit counts are stored with the run: a runtime that resumes
+    it from the store (a fresh one, as another process would build) counts them too."""
+    world = World()
+    two = Rule("two-refunds", on="before_tool", tools=["issue_refund"], then="limit", limit=2)
+    script = [calls(call("c1", "issue_refund", amount_cents=2000)),
+              calls(call("c2", "issue_refund", amount_cents=7000)),
+              calls(call("c3", "issue_refund", amount_cents=100)), say("ok")]  # fmt: skip
+    db = tmp_path / "runs.db"
+    first = runtime(world, script, [two, BIG_REFUNDS], store=SqliteStore(db), trace_dir=tmp_path)
+    paused = first.run("go", run_id="r1")
+    assert paused.reason == "rule_review"
+    later = runtime(world, script[2:], [two, BIG_REFUNDS], store=SqliteStore(db),
+                    trace_dir=tmp_path)  # fmt: skip
+    later.approve("r1", "c2", by="ana")
+    done = later.resume("r1")
+    assert done.status == "done"
+    assert [a["amount_cents"] for _, a in world.ran] == [2000, 7000]  # c3: the third refund
+    assert tool_results(done.messages)["c3"]["error"] == "limit_reached"
+    checked(tmp_path / "r1.jsonl")
