@@ -192,7 +192,10 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
         for c in s.decision.calls
         if c.refusal is None and c.arguments is not None and rules.judges("before_tool", c.name)
     ]
-    calls = [c for c in calls if c.id not in s.answered or c.id in s.placeholders]
+    # On resume: what is answered stays answered, and the call that was dispatched keeps
+    # the judgement it was dispatched with (its write may have started: R6, R11).
+    calls = [c for c in calls if (c.id not in s.answered or c.id in s.placeholders)
+             and c is not s.call]  # fmt: skip
     calls = [c for c in calls if (s.reviews.get(c.id) or {}).get("action") != "deny"]
     if not calls:
         s.ruled = frozenset()
