@@ -495,3 +495,15 @@ def test_a_limit_holds_across_a_resume_in_another_process(tmp_path: Path) -> Non
     assert [a["amount_cents"] for _, a in world.ran] == [2000, 7000]  # c3: the third refund
     assert tool_results(done.messages)["c3"]["error"] == "limit_reached"
     checked(tmp_path / "r1.jsonl")
+
+
+def test_replay_draws_a_rule_run_over_the_machine_its_header_builds(tmp_path: Path) -> None:
+    from fsm_agent.render.replay import Replay
+
+    script = [calls(call("c1", "issue_refund", amount_cents=9000))]
+    rt = runtime(World(), script, [BIG_REFUNDS])
+    rt.run("go", trace=tmp_path / "t.jsonl")
+    replay = Replay(tmp_path / "t.jsonl")  # no machine given: the header's rules build it
+    assert replay.machine == rt.machine
+    taken = [s.transition for s in replay.steps if s.transition is not None]
+    assert any(t.guards == ("rule:big-refunds-need-review",) for t in taken)
