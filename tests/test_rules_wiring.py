@@ -507,3 +507,18 @@ def test_replay_draws_a_rule_run_over_the_machine_its_header_builds(tmp_path: Pa
     assert replay.machine == rt.machine
     taken = [s.transition for s in replay.steps if s.transition is not None]
     assert any(t.guards == ("rule:big-refunds-need-review",) for t in taken)
+
+
+def test_a_submitted_run_keeps_its_context_for_the_worker(tmp_path: Path) -> None:
+    world = World()
+    gold_only = Rule("gold-refunds", on="before_tool", tools=["issue_refund"],
+                     when="context.tier != 'gold'", then="deny")  # fmt: skip
+    script = [calls(call("c1", "issue_refund", amount_cents=100)), say("ok")]
+    db = tmp_path / "runs.db"
+    submitter = runtime(world, [], [gold_only], store=SqliteStore(db))
+    run_id = submitter.submit("refund", context={"tier": "silver"})
+    worker = runtime(world, script, [gold_only], store=SqliteStore(db), trace_dir=tmp_path)
+    done = worker.resume(run_id)
+    assert tool_results(done.messages)["c1"]["error"] == "denied_by_rule" and world.ran == []
+    assert done.events[0]["context"] == {"tier": "silver"}
+    checked(tmp_path / f"{run_id}.jsonl")
