@@ -24,7 +24,7 @@ from transitions import Machine
 from transitions.core import Event as TransitionsEvent
 
 from fsm_agent.core.actions import ACTIONS
-from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.guards import GUARDS, GuardNames, guard_of
 from fsm_agent.core.select import choose
 from fsm_agent.core.table import (
     DEFAULT_MACHINE,
@@ -137,7 +137,7 @@ def check_machine(table: MachineValue) -> None:
     A table once found sound is not checked again."""
     if table.hash in _SOUND:
         return
-    problems = check_table(table.transitions, GUARDS, tuple(ACTIONS))
+    problems = check_table(table.transitions, GuardNames(), tuple(ACTIONS))
     if (table.states, table.terminal, table.initial) != (STATES, TERMINAL_STATES, INITIAL_STATE):
         problems.append(
             "the loop has one step per working state and ends at the terminal ones: a "
@@ -203,7 +203,11 @@ def fire(state: RunState, trigger: str) -> Transition:
     def guard(name: str) -> bool:
         # (A guard met twice in one choice is evaluated twice: pure, and cheaper than
         # a memo on the hot path.)
-        value = log[name] = GUARDS[name](state)
+        try:
+            fn = GUARDS[name]
+        except KeyError:  # an application's rule row (``rule:<id>``)
+            fn = guard_of(name)
+        value = log[name] = fn(state)
         return value
 
     table = state.config.machine

@@ -49,7 +49,7 @@ from fsm_agent.core.decision import (
     parse_decision,
 )
 from fsm_agent.core.engine import fire
-from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.guards import guard_of
 from fsm_agent.core.intents import claim_json, record_json
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
@@ -155,7 +155,13 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
                 yield from _execute(s)
             elif state == "retry_wait":
                 yield from _wait(s)
-            elif _validate(s) if state == "validating" else _observe(s):
+            elif (
+                _validate(s)
+                if state == "validating"
+                else _fire(s, "observe")
+                if s.config.rules is None
+                else _observe(s)  # a run with rules: the next model call is judged first
+            ):
                 yield from _flush(s)  # validating, observing: pure steps
     except GeneratorExit:
         raise
@@ -321,8 +327,9 @@ def _validate(s: RunState) -> bool:
 
 
 def _observe(s: RunState) -> bool:
-    if s.config.rules is not None:
-        judging.before_model(s, s.config.rules)
+    rules = s.config.rules
+    assert rules is not None
+    judging.before_model(s, rules)
     return _fire(s, "observe")
 
 
@@ -330,8 +337,7 @@ def _tool_returned(s: RunState) -> bool:
     """Fire ``tool_returned``; a run with rules judges the result first and, once the
     call is answered (not retried), adds it to the executed calls rules read."""
     rules = s.config.rules
-    if rules is None:
-        return _fire(s, "tool_returned")
+    assert rules is not None
     judging.after_tool(s, rules)
     wants = _fire(s, "tool_returned")
     if s.taken.action in _EXECUTED and s.outcome.kind != "not_started":
@@ -404,7 +410,7 @@ def _execute(s: RunState) -> Steps:
             call.claimed = False
     s.now = yield READ_CLOCK
     s.in_flight = False
-    if _tool_returned(s):
+    if _fire(s, "tool_returned") if s.config.rules is None else _tool_returned(s):
         yield from _flush(s)
 
 
@@ -418,7 +424,7 @@ def _consume(s: RunState, call: PreparedCall) -> Steps:
     limit = s.config.approvals.limit(approval)
     if limit is None:  # unlimited, or a reviewer's approval of this very call
         return
-    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s), s.config.machine)
+    edge = select(s.state, "dispatch", lambda name: guard_of(name)(s), s.config.machine)
     if edge is None or edge.action != "start_attempt":
         return
     granted = yield ConsumeApproval(approval, limit, s.run_id, call.id)
