@@ -292,11 +292,12 @@ def test_after_tool_deny_keeps_the_result_from_the_model(tmp_path: Path) -> None
     checked(tmp_path / "t.jsonl")
 
 
-def test_before_model_limit_and_deny_stop_before_the_model_is_asked() -> None:
+def test_before_model_limit_and_deny_stop_before_the_model_is_asked(tmp_path: Path) -> None:
     world = World()
     two = Rule("two-model-calls", on="before_model", then="limit", limit=2)
     script = [calls(call("s1", "search", q="1")), calls(call("s2", "search", q="2")), say("x")]
-    result = runtime(world, script, [two]).run("go")
+    result = runtime(world, script, [two]).run("go", trace=tmp_path / "t.jsonl")
+    checked(tmp_path / "t.jsonl")
     assert (result.status, result.reason) == ("budget_exhausted", "rule_limit")
     assert result.counters["model_calls"] == 2 and len(world.ran) == 2
     stop = Rule("no-model-after-write", on="before_model",
@@ -328,7 +329,7 @@ def test_answer_schema_retry_tells_the_model_and_then_accepts(tmp_path: Path) ->
     checked(tmp_path / "t.jsonl")
 
 
-def test_answer_retry_within_the_model_call_budget_and_stop() -> None:
+def test_answer_retry_within_the_model_call_budget_and_stop(tmp_path: Path) -> None:
     is_json = Rule("answer-is-json", on="answer", then="retry",
                    schema={"type": "object", "required": ["status"]})  # fmt: skip
     out = runtime(World(), [say("a"), say("b")], [is_json],
@@ -337,9 +338,10 @@ def test_answer_retry_within_the_model_call_budget_and_stop() -> None:
     assert out.counters["model_calls"] == 2
     stop = Rule("no-refund-promises", on="answer", when="answer.contains('refund')",
                 then="stop")  # fmt: skip
-    out = runtime(World(), [say("you get a refund")], [stop]).run("go")
+    out = runtime(World(), [say("you get a refund")], [stop]).run("go", trace=tmp_path / "a.jsonl")
     assert (out.status, out.reason) == ("protocol_error", "answer_rejected")
     assert out.answer is None
+    checked(tmp_path / "a.jsonl")
 
 
 # ── check proves the judgements ───────────────────────────────────────────────────
