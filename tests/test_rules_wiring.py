@@ -524,3 +524,55 @@ def test_a_submitted_run_keeps_its_context_for_the_worker(tmp_path: Path) -> Non
     assert tool_results(done.messages)["c1"]["error"] == "denied_by_rule" and world.ran == []
     assert done.events[0]["context"] == {"tier": "silver"}
     checked(tmp_path / f"{run_id}.jsonl")
+
+
+def test_a_write_of_unknown_outcome_reconciled_resumes_under_the_rules(tmp_path: Path) -> None:
+    """A write that failed in an unknown way pauses the run (R6); once reconciled, the
+    rest of the batch is judged again on resume, and the write itself is not."""
+    tools = World().registry()
+    ran: list[str] = []
+
+    @tools.tool(schema=MAIL, effect="write", name="flaky_mail")
+    def flaky_mail(to: str) -> dict[str, Any]:
+        ran.append(to)
+        raise RuntimeError("connection reset")
+
+    mail_once = Rule("mail-once", on="before_tool", tools=["flaky_mail"], then="limit", limit=1)
+    script = [calls(call("m1", "flaky_mail", to="a"), call("m2", "flaky_mail", to="b")),
+              say("ok")]  # fmt: skip
+    rt = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
+                 rules=[mail_once], store=SqliteStore(tmp_path / "runs.db"),
+                 trace_dir=tmp_path)  # fmt: skip
+    paused = rt.run("mail", run_id="r1")
+    assert (paused.status, paused.reason) == ("review_required", "outcome_unknown")
+    done = rt.reconcile("r1", "m1", {"sent": "a"}, by="ana", resume=True)
+    assert done.status == "done" and ran == ["a"]
+    answers = tool_results(done.messages)
+    assert answers["m1"] == {"ok": True, "value": {"sent": "a"}, "reconciled": True}
+    assert answers["m2"]["error"] == "limit_reached"  # the batch counted m1 ahead of m2
+    checked(tmp_path / "r1.jsonl")
+
+
+def test_a_write_cancelled_in_flight_counts_as_executed(tmp_path: Path) -> None:
+    tools = World().registry()
+    ran: list[str] = []
+
+    @tools.tool(schema=MAIL, effect="write", name="slow_mail")
+    def slow_mail(to: str) -> dict[str, Any]:
+        ran.append(to)
+        if to == "a":
+            raise KeyboardInterrupt  # Ctrl-C while the write is in flight
+        return {"sent": to}
+
+    mail_once = Rule("mail-once", on="before_tool", tools=["slow_mail"], then="limit", limit=1)
+    script = [calls(call("m1", "slow_mail", to="a"), call("m2", "slow_mail", to="b")),
+              say("ok")]  # fmt: skip
+    rt = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
+                 rules=[mail_once], store=SqliteStore(tmp_path / "runs.db"),
+                 trace_dir=tmp_path)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        rt.run("mail", run_id="r1")
+    done = rt.reconcile("r1", "m1", {"sent": "a"}, by="ana", resume=True)
+    assert done.status == "done" and ran == ["a"]
+    assert tool_results(done.messages)["m2"]["error"] == "limit_reached"
+    checked(tmp_path / "r1.jsonl")

@@ -292,14 +292,20 @@ def answer(s: RunState, rules: RuleSet) -> None:
         s.rule_detail = _words(judgement)
 
 
-def record_execution(s: RunState) -> None:
+def record_execution(s: RunState, *, returned: bool = True) -> None:
     """Add the current call to ``calls`` (what rules read as the run's executed calls):
-    once per call that ran, after its last attempt; never changed afterwards."""
+    once per call that ran, after its last attempt; never changed afterwards. One whose
+    tool never returned here (``returned=False``: cancelled in flight, or running when
+    the process died) counts as run and not ok, unless its stored result is its answer."""
     call, outcome = s.call, s.outcome
+    ok, result = outcome.kind == "ok", outcome.value
+    if not returned:
+        stored = call.record if s.taken.action == "answer_stored" else None
+        ok, result = stored is not None, stored.result if stored is not None else None
     entry = {
         "tool": call.name,
         "args": call.arguments if call.arguments is not None else {},
-        "ok": outcome.kind == "ok",
-        "result": make_safe(outcome.value) if outcome.kind == "ok" else None,
+        "ok": ok,
+        "result": make_safe(result) if ok else None,
     }
     s.executed.append(entry)

@@ -197,7 +197,10 @@ def _stop(s: RunState) -> Steps:
         yield _emit(s)  # an edge that raised half-way through (its events so far)
     if s.state not in _TERMINAL:
         s.now = yield READ_CLOCK
-        if _fire(s, "cancel"):
+        wants = _fire(s, "cancel")
+        if s.config.rules is not None and s.reason == "outcome_unknown":
+            judging.record_execution(s, returned=False)  # cancelled in flight: it may have run
+        if wants:
             yield from _flush(s)
     if s.config.emit and s.emitted < len(s.events):
         yield _emit(s)
@@ -225,7 +228,10 @@ def _resume(s: RunState) -> Steps:
             ACTIONS["start_attempt"](s, [])
             in_flight = s.attempt_resumed = True
     if in_flight:
-        if _fire(s, "resume"):
+        wants = _fire(s, "resume")
+        if s.config.rules is not None and s.taken.action in ("stop", "answer_stored"):
+            judging.record_execution(s, returned=False)  # it ran before the process died
+        if wants:
             yield from _flush(s)
     elif settled(s):
         yield from _commit_reconciled(s)
@@ -340,13 +346,9 @@ def _tool_returned(s: RunState) -> bool:
     assert rules is not None
     judging.after_tool(s, rules)
     wants = _fire(s, "tool_returned")
-    if s.taken.action in _EXECUTED and s.outcome.kind != "not_started":
-        judging.record_execution(s)
+    if s.taken.action != "schedule_retry" and s.outcome.kind != "not_started":
+        judging.record_execution(s)  # answered, or stopped with an unknown outcome: it ran
     return wants
-
-
-#: The ``tool_returned`` actions that answer a call that ran (a retry is not one yet).
-_EXECUTED = frozenset({"answer_result", "answer_failure", "answer_rule"})
 
 
 def _wait(s: RunState) -> Steps:
