@@ -133,7 +133,10 @@ def rules_machine(
             answer_rows = [r for r in rows if r.reason == "answer_rejected"
                            or r.action == "retry_answer"]  # fmt: skip
             tool_rows = [r for r in rows if r not in answer_rows]
-            first_answer = next(i for i in members if table[i].guards[:1] == ("!has_tool_calls",))
+            # (A base machine without these edges gets the rows before its fallback.)
+            first_answer = next(
+                (i for i in members if table[i].guards[:1] == ("!has_tool_calls",)), at
+            )
             approval = next(
                 (i for i in members if table[i].guards[:1] == ("batch_needs_approval",)), at
             )
