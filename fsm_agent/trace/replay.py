@@ -171,8 +171,8 @@ class _RecordedBook(ApprovalBook):
         return bool(self.limits)
 
 
-#: ``(rule id, call id) -> whether it held``: what an opaque rule's stand-in answers.
-StandIn = Callable[[str, Any], bool]
+#: ``(rule id, phase, facts) -> whether it held``: what an opaque rule's stand-in answers.
+StandIn = Callable[[str, str, Any], bool]
 
 
 def recorded_rules(
@@ -194,22 +194,23 @@ def recorded_rules(
         for name, f in (facts.items() if isinstance(facts, Mapping) else ())
         if isinstance(f, Mapping)
     }
-    ask: StandIn = stand_in or (lambda rule_id, facts: False)
+    ask: StandIn = stand_in or (lambda rule_id, phase, facts: False)
     stand_ins: dict[str, Callable[[Any], Any]] = {}
     for item in data["rules"]:
         when = item.get("when") if isinstance(item, Mapping) else None
         if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
-            stand_ins[when["digest"]] = _stand_in(ask, str(item.get("id")), when.get("python"))
+            rule_id, phase = str(item.get("id")), str(item.get("on"))
+            stand_ins[when["digest"]] = _stand_in(ask, rule_id, phase, when.get("python"))
     rules = RuleSet.from_json(data, tools, callables=stand_ins)
     return rules, rules_machine(rules, rules_hash=rule_digest(dict(data)))
 
 
-def _stand_in(ask: StandIn, rule_id: str, name: Any) -> Callable[[Any], Any]:
+def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[Any], Any]:
     """An opaque rule's stand-in, named as the recorded callable (a verdict's default
     detail names it), answering as ``ask`` says."""
 
     def stand_in(facts: Any) -> bool:
-        return ask(rule_id, facts)
+        return ask(rule_id, phase, facts)
 
     module, _, qualname = str(name).partition(".")
     stand_in.__module__, stand_in.__qualname__ = module, qualname or module
@@ -836,12 +837,17 @@ class Replay:
         )
         return _WAIT
 
-    def recorded_verdict(self, rule_id: str, facts: Any) -> bool:
+    def recorded_verdict(self, rule_id: str, phase: str, facts: Any) -> bool:
         """An opaque rule's verdict as recorded: whether the next recorded ``rule`` event
-        of its call names it (the replay cannot run the application's code)."""
+        of its phase and call names it (the replay cannot run the application's code; the
+        executions an opaque ``limit`` counts cannot be replayed either, and its verdict
+        is then compared as the engine reaches it)."""
         call_id = getattr(facts, "call_id", None)
         for _, event in self.pending:
-            if event.get("type") == "rule" and event.get("call_id") == call_id:
+            if event.get("type") == "rule" and (event.get("phase"), event.get("call_id")) == (
+                phase,
+                call_id,
+            ):
                 return bool(event.get("rule") == rule_id)
         return False
 
