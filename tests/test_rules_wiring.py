@@ -576,3 +576,18 @@ def test_a_write_cancelled_in_flight_counts_as_executed(tmp_path: Path) -> None:
     assert done.status == "done" and ran == ["a"]
     assert tool_results(done.messages)["m2"]["error"] == "limit_reached"
     checked(tmp_path / "r1.jsonl")
+
+
+def test_rules_join_an_applications_own_machine(tmp_path: Path) -> None:
+    from machine_app import ONE_ROUND, STRICT
+
+    script = [calls(call("c1", "fetch_url", url="u"), call("c2", "send_email", to="b"))]
+    rt = runtime(World(), script, [NO_MAIL], machine=STRICT)
+    assert rt.machine != STRICT and ONE_ROUND.key in rt.machine.by_key
+    assert rt.machine.covers == (("rules", rt.rules.hash),)  # type: ignore[union-attr]
+    result = rt.run("go", trace=tmp_path / "t.jsonl")
+    # The whole batch is judged before any of it runs: ``calls`` holds what ran before
+    # it, so the mail chosen with the fetch (before the model read any page) runs; then
+    # the application's own row stops the run after its one round.
+    assert (result.status, result.reason) == ("budget_exhausted", "tool_rounds")
+    assert tool_results(result.messages)["c2"] == {"ok": True, "value": {"sent": True}}
