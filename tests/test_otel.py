@@ -358,7 +358,8 @@ def test_a_rule_verdict_is_a_guardrail_event_with_the_machine_as_policy_version(
             seen.append(event)
             if event.type == "run_start":
                 ot.on_event(RuleJudged(seq=1, run_id=event.run_id, rule="refund-cap",
-                                       phase="admit", verdict="deny", call_id="c1"))  # fmt: skip
+                                       phase="before_tool", verdict="deny", call_id="c1",
+                                       inputs_digest="sha256:0"))  # fmt: skip
 
     rt = scripted_runtime(kit, [answer("ok")], interceptors=[ot, Judge()])
     rt.run("go")

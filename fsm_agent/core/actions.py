@@ -33,11 +33,13 @@ ActionFn = Callable[[RunState, Payloads], None]
 
 #: Placeholder errors a reviewer must settle before a paused run can go on
 #: (``skipped_pending_review`` calls simply run afresh).
-BLOCKING = frozenset({"approval_required", "outcome_unknown", "idempotency_conflict"})
+BLOCKING = frozenset(
+    {"approval_required", "outcome_unknown", "idempotency_conflict", "rule_review"}
+)
 
 #: Which review action settles which placeholder error (the ``review_fits`` guard).
 FITS: dict[str, frozenset[str]] = {
-    "approve": frozenset({"approval_required"}),
+    "approve": frozenset({"approval_required", "rule_review"}),
     "reconcile": frozenset({"outcome_unknown"}),
     "deny": BLOCKING | {"skipped_pending_review"},
 }
@@ -148,7 +150,28 @@ def schedule_retry(s: RunState, payloads: Payloads) -> None:
 
 def answer_refusal(s: RunState, payloads: Payloads) -> None:
     call = s.call
-    answer(s, payloads, {"ok": False, "error": call.refusal, "detail": call.refusal_detail})
+    result: dict[str, Any] = {"ok": False, "error": call.refusal}
+    if call.refusal_rule is not None:  # refused by the user's rule (core/judging.py)
+        result["rule"] = call.refusal_rule
+    result["detail"] = call.refusal_detail
+    answer(s, payloads, result)
+
+
+def answer_rule(s: RunState, payloads: Payloads) -> None:
+    """A result an ``after_tool`` rule denies: the model is told which rule, never the
+    result itself."""
+    (rule,) = s.ruled
+    result = {"ok": False, "error": "denied_by_rule", "rule": rule, "detail": s.rule_detail}
+    answer(s, payloads, result)
+
+
+def retry_answer(s: RunState, payloads: Payloads) -> None:
+    """An answer an ``answer`` rule sends back: kept in the history with the rule's
+    words after it, so the model is asked again knowing exactly what failed."""
+    s.messages.append(s.decision.message)
+    s.messages.append({"role": "user", "content": f"Your answer was not accepted: "
+                       f"{s.rule_detail}. Answer again."})  # fmt: skip
+    s.decision = NO_DECISION
 
 
 def answer_replay(s: RunState, payloads: Payloads) -> None:
@@ -215,6 +238,8 @@ def _placeholder(s: RunState, call: PreparedCall) -> tuple[str, str]:
         return "cancelled", "the run was cancelled before this call ran"
     if reason == "approval_required" and call.needs_approval:
         return "approval_required", "no approval matches these exact arguments"
+    if reason == "rule_review" and call.review_rule is not None:
+        return "rule_review", f"rule {call.review_rule!r} asks a reviewer for these exact arguments"
     if s.state == "review_required":
         if call is s.call and reason != "approval_required":
             return reason, stop_detail(s)
@@ -226,7 +251,7 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
     """Settle the paused batch with the reviewers' decisions: a denied call is answered
     as denied, a reconciled one with the observed result; approved and skipped calls keep
     their placeholder until they run afresh."""
-    if s.reason == "approval_required" and s.call.index < 0:
+    if s.reason in ("approval_required", "rule_review") and s.call.index < 0:
         # The pause came at validate, before the batch started (a use refused at
         # dispatch pauses a started batch: it is counted already).
         s.counters.tool_rounds += 1
@@ -322,5 +347,7 @@ ACTIONS: dict[str, ActionFn] = {
         stop,
         apply_review,
         record_review,
+        retry_answer,
+        answer_rule,
     )
 }

@@ -73,6 +73,10 @@ class PreparedCall:
     tool: ToolLike | None = None
     refusal: str | None = None  # unknown_tool | permission_denied | invalid_arguments
     refusal_detail: str = ""
+    #: The user's rule that refused the call (``denied_by_rule``, ``limit_reached``), or
+    #: that holds it for a reviewer (``rule_review``): ``core/judging.py``.
+    refusal_rule: str | None = None
+    review_rule: str | None = None
     #: The registrar's facts, copied at admission (a resumed in-flight write keeps the
     #: facts it started with, whatever the registry says later).
     effect: str | None = None

@@ -25,7 +25,7 @@ from transitions import Machine
 from transitions.core import Event as TransitionsEvent
 
 from fsm_agent.core.actions import ACTIONS
-from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.guards import GUARDS, GuardNames, guard_of
 from fsm_agent.core.select import Choice, choose, compile_choice
 from fsm_agent.core.table import (
     DEFAULT_MACHINE,
@@ -121,9 +121,15 @@ def build_machine(table: MachineValue = DEFAULT_MACHINE) -> Machine:
         groups = {source: table.edges_from(source, name) for source in event.transitions}
         cast(_Trigger, event).groups = groups
         cast(_Trigger, event).choices = {
-            source: compile_choice(edges) for source, edges in groups.items()
+            source: compile_choice(edges, _rule_guards(edges)) for source, edges in groups.items()
         }
     return machine
+
+
+def _rule_guards(edges: tuple[Transition, ...]) -> dict[str, Any]:
+    """The guards of ``edges`` that :data:`GUARDS` does not hold (rule rows, ``rule:<id>``),
+    bound once for the compiled walk."""
+    return {name: guard_of(name) for e in edges for name, _ in e.checks if name not in GUARDS}
 
 
 def compile_machine(
@@ -155,7 +161,7 @@ def check_machine(table: MachineValue) -> None:
     A table once found sound is not checked again."""
     if table.hash in _SOUND:
         return
-    problems = check_table(table.transitions, GUARDS, tuple(ACTIONS))
+    problems = check_table(table.transitions, GuardNames(), tuple(ACTIONS))
     if (table.states, table.terminal, table.initial) != (STATES, TERMINAL_STATES, INITIAL_STATE):
         problems.append(
             "the loop has one step per working state and ends at the terminal ones: a "

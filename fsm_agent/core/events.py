@@ -384,11 +384,23 @@ class RuleJudged(Event):
     for which call, a digest of what it read, and its verdict."""
 
     TYPE: ClassVar[str] = "rule"
-    rule: str = _req("str")
+    #: The rule that decided (null with verdict ``pass``: none of the tried rules held).
+    rule: str | None = _req("str_or_null")
     phase: str = _req("str")
+    inputs_digest: str = _req("str")
     verdict: str = _req("str")
     call_id: str | None = _opt("str")
-    digest: str | None = _opt("str")
+    detail: str | None = _opt("str")
+    #: Why the deciding rule could not be evaluated (it failed closed).
+    error: str | None = _opt("str")
+    #: The Python conditions that ran (``check`` cannot re-evaluate them).
+    opaque: list[str] | None = _opt("str_list")
+    #: A ``review`` verdict: the digest of the call's exact arguments a reviewer approves.
+    args_digest: str | None = _opt("str")
+    #: A ``review`` verdict a reviewer's approval of this call and digest already settled.
+    reviewed: str | None = _opt("str")
+    #: An ``after_tool`` deny: the result the tool returned, which the model never sees.
+    result: Any = _opt("any")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -537,6 +549,11 @@ def observation(call_id: str, tool: str, result: Any, synthetic: bool) -> dict[s
     """An observation without its ``seq`` (given when it is recorded after its edge)."""
     return {"type": "observation", "call_id": call_id, "tool": tool, "result": result,
             "synthetic": synthetic}  # fmt: skip
+
+
+def rule_judged(seq: int, judgement: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A judgement's payload (``Judgement.to_json()``) as a ``rule`` event."""
+    return {**judgement, **extra, "seq": seq}
 
 
 def review(action: str, call_id: str, tool: str) -> dict[str, Any]:

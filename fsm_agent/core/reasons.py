@@ -93,6 +93,11 @@ _DETAILS: dict[str, Callable[[RunState], str]] = {
     "unknown_tool": _refusals("unknown_tool"),
     "permission_denied": _refusals("permission_denied"),
     "invalid_arguments": _refusals("invalid_arguments"),
+    # The user's rules (core/judging.py): a refused call's words, or the judgement's.
+    "denied_by_rule": lambda s: _refusals("denied_by_rule")(s) or s.rule_detail,
+    "rule_limit": lambda s: _refusals("limit_reached")(s) or s.rule_detail,
+    "rule_review": lambda s: s.rule_detail,
+    "answer_rejected": lambda s: s.rule_detail,
 }
 
 

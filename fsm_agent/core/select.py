@@ -63,7 +63,9 @@ def choose(edges: tuple[Transition, ...], guard: Callable[[str], bool]) -> Trans
 Choice = Callable[[Any, Mapping[str, Callable[[Any], bool]], dict[str, bool]], "Transition | None"]
 
 
-def compile_choice(edges: tuple[Transition, ...]) -> Choice:
+def compile_choice(
+    edges: tuple[Transition, ...], fixed: Mapping[str, Callable[[Any], bool]] | None = None
+) -> Choice:
     """:func:`choose` over ``edges`` as one function, for the engine's hot path (some
     thirty guards per tool round): ``choice(model, guards, log)`` calls
     ``guards[name](model)`` for each guard the walk meets, in the same order, writes
@@ -72,15 +74,19 @@ def compile_choice(edges: tuple[Transition, ...]) -> Choice:
     The walk is written out as straight-line code (as ``dataclasses`` writes
     ``__init__``): one call site per guard instead of one shared by every guard, which
     the interpreter cannot specialise, and no loop or callback per guard. Guards are
-    looked up in ``guards`` when met, so a replaced guard takes effect at once.
-    ``tests/test_machine_equivalence.py`` compares it with :func:`choose`.
+    looked up in ``guards`` when met, so a replaced guard takes effect at once; those
+    named in ``fixed`` (an application's rule rows, ``rule:<id>``, which no guard table
+    holds) are bound when compiled. ``tests/test_machine_equivalence.py`` compares it
+    with :func:`choose`.
     """
+    fixed = dict(fixed or {})
     lines = ["def choice(model, guards, log):"]
     for i, edge in enumerate(edges):
         depth = 1
         for name, want in edge.checks:
             pad = "    " * depth
-            lines.append(f"{pad}value = log[{name!r}] = guards[{name!r}](model)")
+            source = "fixed" if name in fixed else "guards"
+            lines.append(f"{pad}value = log[{name!r}] = {source}[{name!r}](model)")
             lines.append(f"{pad}if value is {want}:")
             depth += 1
         lines.append(f"{'    ' * depth}return edges[{i}]")
@@ -88,7 +94,7 @@ def compile_choice(edges: tuple[Transition, ...]) -> Choice:
             break  # an unguarded edge: nothing after it is reached
     else:
         lines.append("    return None")
-    namespace: dict[str, Any] = {"edges": edges}
+    namespace: dict[str, Any] = {"edges": edges, "fixed": fixed}
     # Safe to execute: the code holds only the table's guard names, repr-quoted.
     exec("\n".join(lines), namespace)
     choice: Choice = namespace["choice"]
