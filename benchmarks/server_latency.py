@@ -39,12 +39,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import httpx
-from conftest import Backend, call, calls, make_runtime, say
+import httpx  # noqa: E402 (after the path insert)
+from conftest import Backend, call, calls, make_runtime, say  # noqa: E402 (after the path insert)
 
-from fsm_agent.durable.feed import make_key
-from fsm_agent.durable.review import record
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent.durable.feed import make_key  # noqa: E402 (after the path insert)
+from fsm_agent.durable.review import record  # noqa: E402 (after the path insert)
+from fsm_agent.durable.sqlite import SqliteStore  # noqa: E402 (after the path insert)
 
 
 class Refused(Exception):
