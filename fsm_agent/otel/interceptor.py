@@ -30,6 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from fsm_agent._version import __version__
 from fsm_agent.core.events import (
+    UNSET,
     Decided,
     Event,
     Observed,
@@ -227,8 +228,10 @@ class OpenTelemetry(Interceptor):
 
     def _open(self, request: Request) -> _Child | None:
         """The span of a model or tool request of the run being followed, started."""
+        if not isinstance(request, (AskModel, CallTool)):
+            return None  # most requests (emit, clock, store) are not spans: asked first
         run = self._current.get()
-        if run is None or not isinstance(request, (AskModel, CallTool)):
+        if run is None:
             return None
         self._settle(run)
         if isinstance(request, AskModel):
@@ -373,21 +376,26 @@ class OpenTelemetry(Interceptor):
         if isinstance(event, RunStarted):
             run.machine = event.machine_hash
             run.tools = dict(event.tools or {})
-            run.history = list(event.messages)
+            if self.capture_content:
+                run.history = list(event.messages)
         self._current.set(run)
         return run
 
     def _transition(self, run: _Run, event: Transitioned) -> None:
-        attrs = _present({
-            A_TRIGGER: event.trigger, A_SOURCE: event.source, A_DEST: event.dest,
-            # One string, not a list: the SDK checks a list's every item (the bench's cost).
-            A_GUARDS: " ".join(f"{name}={'true' if ok else 'false'}"
-                               for name, ok in event.guards.items()) or None,
-            A_CALL: event.call_id, A_TOOL: event.tool, A_ATTEMPT: event.attempt,
-            A_APPROVAL: event.approval, A_APPROVAL_USE: event.approval_use,
-            A_OUTCOME: event.outcome, A_REASON: event.reason,
-            A_INPUTS: None if event.inputs is None else _json(event.inputs),
-        })  # fmt: skip
+        attrs: dict[str, Any] = {A_TRIGGER: event.trigger, A_SOURCE: event.source,
+                                 A_DEST: event.dest}  # fmt: skip
+        if event.guards:
+            attrs[A_GUARDS] = _guards_text(event.guards)
+        facts = vars(event)  # the optional facts an edge has (most have few)
+        for name, key in _TRANSITION_FACTS:
+            value = facts[name]
+            if value is not None:
+                attrs[key] = value
+        inputs = event.inputs
+        if inputs is not UNSET and inputs is not None:
+            # What the world answered: an intent record holds the tool's result, so only
+            # which answers they were, unless content is captured.
+            attrs[A_INPUTS] = _json(inputs) if self.capture_content else _input_kinds(inputs)
         run.span.add_event(TRANSITION_EVENT, attrs)
         if event.call_id is not None and event.attempt is not None:
             # The edge that starts an attempt is recorded before its CallTool.
@@ -396,7 +404,8 @@ class OpenTelemetry(Interceptor):
     def _decided(self, run: _Run, event: Decided) -> None:
         chat = self._pending(run, _CHAT, "")
         message = event.message
-        if isinstance(message, Mapping):
+        if self.capture_content and isinstance(message, Mapping):
+            # The conversation is kept only to be captured (input messages, arguments).
             for call in message.get("tool_calls") or []:
                 if isinstance(call, Mapping) and isinstance(call.get("id"), str):
                     function = call.get("function")
@@ -412,9 +421,11 @@ class OpenTelemetry(Interceptor):
             chat.span.set_attribute(ga.GEN_AI_OUTPUT_MESSAGES, _json(_messages([message], finish)))
 
     def _observed(self, run: _Run, event: Observed) -> None:
+        if not self.capture_content:
+            return
         run.history.append({"role": "tool", "tool_call_id": event.call_id, "content": event.result})
         tool = self._pending(run, _TOOL, event.call_id)
-        if tool is not None and self.capture_content:
+        if tool is not None:
             tool.span.set_attribute(ga.GEN_AI_TOOL_CALL_RESULT, _json(event.result))
 
     @staticmethod
@@ -454,6 +465,34 @@ class OpenTelemetry(Interceptor):
         self.runs.add(1, {A_STATUS: status, A_REASON: reason})
         span.end(end_time=now)
         self._current.set(None)
+
+
+#: A transition's optional facts -> their attribute (absent ones are left absent).
+_TRANSITION_FACTS = (
+    ("call_id", A_CALL), ("tool", A_TOOL), ("attempt", A_ATTEMPT), ("approval", A_APPROVAL),
+    ("approval_use", A_APPROVAL_USE), ("outcome", A_OUTCOME), ("reason", A_REASON),
+)  # fmt: skip
+
+#: Guard outcomes -> their text, for the combinations seen (a table has few): one
+#: string, not a list, as the SDK checks a list item by item.
+_GUARD_TEXTS: dict[tuple[tuple[str, bool], ...], str] = {}
+
+
+def _guards_text(guards: Mapping[str, bool]) -> str:
+    key = tuple(guards.items())
+    text = _GUARD_TEXTS.get(key)
+    if text is None:
+        text = " ".join(f"{name}={'true' if ok else 'false'}" for name, ok in key)
+        if len(_GUARD_TEXTS) < 4096:
+            _GUARD_TEXTS[key] = text
+    return text
+
+
+def _input_kinds(inputs: Any) -> str:
+    """Which answers a transition's ``inputs`` are (``begin_intent idempotency_key``)."""
+    if not isinstance(inputs, list):
+        return type(inputs).__name__
+    return " ".join(str(next(iter(i), "")) if isinstance(i, Mapping) else "?" for i in inputs)
 
 
 def _review_attrs(event: Reviewed) -> dict[str, Any]:
