@@ -37,8 +37,10 @@ from fsm_agent.core.events import RuleJudged
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.otel import GUARDRAIL_EVENT, OpenTelemetry
 from fsm_agent.otel import interceptor as otel_names
+from fsm_agent.runtime.interceptors import observing
 from fsm_agent.testing import FaultyTools, ProcessDied, answer, call, decide
 from fsm_agent.testing.scenarios import Mortal, scripted_runtime
+from fsm_agent.testing.suite import SUITE
 
 USAGE = {"input_tokens": 7, "output_tokens": 3, "cached_tokens": 2, "cost": 0.001}
 
@@ -415,6 +417,33 @@ def test_captured_content_is_the_redacted_record_in_the_conventions_shapes(otel:
     (tool,) = by_name(spans, "execute_tool")
     assert json.loads(attr(tool, ga.GEN_AI_TOOL_CALL_ARGUMENTS)) == {"q": "[redacted]"}
     assert attr(tool, ga.GEN_AI_TOOL_CALL_RESULT) is not None
+
+
+def test_no_tool_result_reaches_a_span_over_every_edge_unless_captured(otel: Otel) -> None:
+    # Every edge of the machine (the per-edge suite): a tool's result is nowhere in the
+    # spans, neither as an observation's nor inside an intent record (which a
+    # transition's replay inputs carry: a deduplicated call's stored result).
+    results: set[str] = set()
+    with observing(otel.interceptor()):
+        for scenario in SUITE:
+            for result in scenario.run().results:
+                results.update(
+                    json.dumps(e["result"]["value"], sort_keys=True)
+                    for e in result.events
+                    if e["type"] == "observation" and isinstance(e["result"], dict)
+                    and isinstance(e["result"].get("value"), dict)
+                )  # fmt: skip
+    spans = otel.spans()
+    every = [s.attributes or {} for s in spans] + [
+        e.attributes or {} for s in spans for e in s.events
+    ]
+    dump = "\n".join(str(value) for attrs in every for value in attrs.values())
+    assert results and len(spans) > len(SUITE)
+    leaked = sorted(r for r in results if r in dump)
+    assert not leaked
+    kinds = {e.attributes.get(otel_names.A_INPUTS) for s in spans for e in s.events if e.attributes}
+    assert "begin_intent" in kinds  # which answers, not what they held
+    assert "UNSET" not in dump  # a transition with no inputs has no such attribute
 
 
 def test_capture_content_must_be_a_bool() -> None:
