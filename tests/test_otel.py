@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_provider import FakeProvider
+from fake_provider import Answer, FakeProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ga
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as gm
 from opentelemetry.semconv.attributes import error_attributes, server_attributes
 from opentelemetry.trace import SpanKind, StatusCode
 from provider_shapes import APIS
@@ -620,6 +621,24 @@ def test_the_chat_span_of_a_real_adapter_names_provider_model_server_and_usage(
     assert attr(chat, ga.GEN_AI_USAGE_OUTPUT_TOKENS) == result.counters["output_tokens"] == 200
     cached = attr(chat, ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) or 0
     assert attr(chat, ga.GEN_AI_USAGE_INPUT_TOKENS) - cached == result.counters["input_tokens"]
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
+def test_a_failed_call_of_a_real_adapter_still_names_its_provider_model_and_server(
+    api: Any, otel: Otel
+) -> None:
+    with FakeProvider() as server:
+        server.queue(Answer(404, {"error": {"message": "no such model", "type": "not_found"}}))
+        rt = Runtime(model=api.adapter(server.url), tools=ToolRegistry(), allowed_tools=[],
+                     interceptors=[otel.interceptor()])  # fmt: skip
+        rt.run("Hi")
+    (chat,) = by_name(otel.spans(), "chat")
+    assert chat.status.status_code == StatusCode.ERROR and attr(chat, error_attributes.ERROR_TYPE)
+    assert chat.name == f"chat {api.model}"
+    assert attr(chat, ga.GEN_AI_PROVIDER_NAME) == api.name.split("-")[0]
+    assert attr(chat, server_attributes.SERVER_PORT) == int(server.url.rsplit(":", 1)[1])
+    (point,) = otel.metrics()[gm.GEN_AI_CLIENT_OPERATION_DURATION]
+    assert point.attributes[ga.GEN_AI_PROVIDER_NAME] == api.name.split("-")[0]
 
 
 # ── durable runs: the trace continues in another process, and from a submitter ────

@@ -523,8 +523,7 @@ def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
     if isinstance(provider, Mapping):
         api = provider.get("api")
         if isinstance(api, str):
-            name = _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
-            facts[ga.GEN_AI_PROVIDER_NAME] = name
+            facts[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
         for key, attr in (("model", ga.GEN_AI_RESPONSE_MODEL), ("id", ga.GEN_AI_RESPONSE_ID)):
             if isinstance(provider.get(key), (str, int)) and provider.get(key) != "":
                 facts[attr] = provider[key]
@@ -562,9 +561,19 @@ _REPORTED = (
 )
 
 
+def _provider_name(api: str) -> str:
+    """The conventions' provider name of an adapter's API (``openai-chat`` -> ``openai``)."""
+    return _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
+
+
 def _call_facts(span: Span, facts: Mapping[str, Any], metric: dict[str, Any]) -> None:
-    """The adapter's facts (model asked for, server) on the ``chat`` span and metric;
-    the span is named after the model asked for (the conventions' ``chat {model}``)."""
+    """The adapter's facts (API, model asked for, server) on the ``chat`` span and
+    metric; the span is named after the model asked for (the conventions' ``chat
+    {model}``). A failed call has no reply: its provider is the adapter's API."""
+    api = facts.get("provider")
+    if isinstance(api, str) and api and ga.GEN_AI_PROVIDER_NAME not in metric:
+        metric[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
+        span.set_attribute(ga.GEN_AI_PROVIDER_NAME, metric[ga.GEN_AI_PROVIDER_NAME])
     for key, attr in _REPORTED:
         value = facts.get(key)
         if isinstance(value, (str, int)) and value != "":
