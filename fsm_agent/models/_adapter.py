@@ -117,7 +117,11 @@ class ProviderCodec:
         cache_write_tokens: int = 0,
     ) -> Message:
         """Our usage shape; ``cost`` is ``None`` when the model has no price (``prices``
-        first, for the model that answered, then the one asked for; then the database)."""
+        first, for the model that answered, then the one asked for; then the database).
+        The cache figures the shape sums into ``input_tokens`` go to a collector."""
+        report_call(
+            cached_tokens=cached_tokens or None, cache_write_tokens=cache_write_tokens or None
+        )
         tokens = {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,

@@ -93,8 +93,11 @@ RUNS_METRIC = _NS + "runs"
 #: Run statuses that are failures of the run (span status ERROR, ``error.type`` = reason).
 _FAILED = frozenset({"protocol_error", "cancelled"})
 
-#: The usage keys of a reply (``models/_adapter.py``) -> the conventions' attribute.
+#: The usage keys of a reply -> the conventions' attribute. ``input_tokens`` counts
+#: cached input too, as the conventions' does (``models/_adapter.py``); the cache keys
+#: are a model's own report, or what an SDK adapter reported of the call.
 _USAGE = (
+    ("input_tokens", ga.GEN_AI_USAGE_INPUT_TOKENS),
     ("output_tokens", ga.GEN_AI_USAGE_OUTPUT_TOKENS),
     ("cached_tokens", ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
     ("cache_write_tokens", ga.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS),
@@ -286,7 +289,7 @@ class OpenTelemetry(Interceptor):
             metric[error_attributes.ERROR_TYPE] = error
         elif isinstance(answer, Mapping):
             _reply_facts(span, answer, metric, child.attrs)
-        _call_facts(span, child.facts, metric)
+        _call_facts(span, child.facts, metric, child.attrs)
         self.duration.record(seconds, metric)
         for token_type, key in (("input", ga.GEN_AI_USAGE_INPUT_TOKENS),
                                 ("output", ga.GEN_AI_USAGE_OUTPUT_TOKENS)):  # fmt: skip
@@ -536,11 +539,6 @@ def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
     usage = reply.get("usage")
     if isinstance(usage, Mapping) and dict(usage) != _NO_USAGE:
         tokens = {attr: usage[key] for key, attr in _USAGE if _count(usage.get(key))}
-        if _count(usage.get("input_tokens")):
-            # The conventions count cached input in the input tokens; a reply's
-            # ``input_tokens`` excludes it (models/_adapter.py).
-            cached = usage.get("cached_tokens") if _count(usage.get("cached_tokens")) else 0
-            tokens[ga.GEN_AI_USAGE_INPUT_TOKENS] = usage["input_tokens"] + cached
         facts.update(tokens)
         attrs.update(tokens)
     model = facts.get(ga.GEN_AI_REQUEST_MODEL) or facts.get(ga.GEN_AI_RESPONSE_MODEL)
@@ -566,7 +564,9 @@ def _provider_name(api: str) -> str:
     return _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
 
 
-def _call_facts(span: Span, facts: Mapping[str, Any], metric: dict[str, Any]) -> None:
+def _call_facts(
+    span: Span, facts: Mapping[str, Any], metric: dict[str, Any], attrs: dict[str, Any]
+) -> None:
     """The adapter's facts (API, model asked for, server) on the ``chat`` span and
     metric; the span is named after the model asked for (the conventions' ``chat
     {model}``). A failed call has no reply: its provider is the adapter's API."""
@@ -574,6 +574,11 @@ def _call_facts(span: Span, facts: Mapping[str, Any], metric: dict[str, Any]) ->
     if isinstance(api, str) and api and ga.GEN_AI_PROVIDER_NAME not in metric:
         metric[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
         span.set_attribute(ga.GEN_AI_PROVIDER_NAME, metric[ga.GEN_AI_PROVIDER_NAME])
+    if ga.GEN_AI_USAGE_INPUT_TOKENS in attrs:  # a reply with usage: its cache figures
+        for key, attr in _USAGE[2:]:
+            if attr not in attrs and _count(facts.get(key)):
+                attrs[attr] = facts[key]
+                span.set_attribute(attr, facts[key])
     for key, attr in _REPORTED:
         value = facts.get(key)
         if isinstance(value, (str, int)) and value != "":
