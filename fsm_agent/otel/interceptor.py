@@ -158,6 +158,9 @@ class OpenTelemetry(Interceptor):
     ``agent_name`` names the ``invoke_agent`` span (``gen_ai.agent.name``).
     """
 
+    #: Spans are of model and tool calls: the chain passes every other request by.
+    requests = (AskModel, CallTool)
+
     def __init__(
         self,
         tracer_provider: trace.TracerProvider | None = None,
