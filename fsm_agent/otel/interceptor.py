@@ -290,9 +290,16 @@ class OpenTelemetry(Interceptor):
             span.set_status(Status(StatusCode.ERROR, f"{error}: {answer}"))
             span.set_attribute(error_attributes.ERROR_TYPE, error)
             metric[error_attributes.ERROR_TYPE] = error
-        elif isinstance(answer, Mapping):
-            _reply_facts(span, answer, metric, child.attrs)
-        _call_facts(span, child.facts, metric, child.attrs)
+        # Every fact in one set_attributes and one rename (each SDK call takes the
+        # span's lock and checks it is not ended).
+        facts: dict[str, Any] = {}
+        if isinstance(answer, Mapping):
+            _reply_facts(facts, answer, metric, child.attrs)
+        _call_facts(facts, child.facts, metric, child.attrs)
+        span.set_attributes(facts)
+        model = facts.get(ga.GEN_AI_REQUEST_MODEL) or facts.get(ga.GEN_AI_RESPONSE_MODEL)
+        if isinstance(model, str) and model:
+            span.update_name(f"{_CHAT} {model}")
         self.duration.record(seconds, metric)
         for token_type, key in (("input", ga.GEN_AI_USAGE_INPUT_TOKENS),
                                 ("output", ga.GEN_AI_USAGE_OUTPUT_TOKENS)):  # fmt: skip
@@ -520,12 +527,11 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
+def _reply_facts(facts: dict[str, Any], reply: Mapping[str, Any], metric: dict[str, Any],
                  attrs: dict[str, Any]) -> None:  # fmt: skip
-    """The reply's provider facts and usage on its ``chat`` span (and its metric's
-    attributes); usage the provider did not report is left absent."""
+    """The reply's provider facts and usage into ``facts`` (the ``chat`` span's) and its
+    metric's attributes; usage the provider did not report is left absent."""
     provider = reply.get("provider")
-    facts: dict[str, Any] = {}
     if isinstance(provider, Mapping):
         api = provider.get("api")
         if isinstance(api, str):
@@ -544,14 +550,10 @@ def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
         tokens = {attr: usage[key] for key, attr in _USAGE if _count(usage.get(key))}
         facts.update(tokens)
         attrs.update(tokens)
-    model = facts.get(ga.GEN_AI_REQUEST_MODEL) or facts.get(ga.GEN_AI_RESPONSE_MODEL)
-    if isinstance(model, str):
-        span.update_name(f"{_CHAT} {model}")
     for key in (ga.GEN_AI_PROVIDER_NAME, ga.GEN_AI_REQUEST_MODEL, ga.GEN_AI_RESPONSE_MODEL,
                 server_attributes.SERVER_ADDRESS, server_attributes.SERVER_PORT):  # fmt: skip
         if key in facts:
             metric[key] = facts[key]
-    span.set_attributes(facts)
 
 
 #: What an adapter reports of a call -> the conventions' attribute.
@@ -567,29 +569,25 @@ def _provider_name(api: str) -> str:
     return _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
 
 
-def _call_facts(
-    span: Span, facts: Mapping[str, Any], metric: dict[str, Any], attrs: dict[str, Any]
-) -> None:
-    """The adapter's facts (API, model asked for, server) on the ``chat`` span and
-    metric; the span is named after the model asked for (the conventions' ``chat
-    {model}``). A failed call has no reply: its provider is the adapter's API."""
+def _call_facts(out: dict[str, Any], facts: Mapping[str, Any], metric: dict[str, Any],
+                attrs: dict[str, Any]) -> None:  # fmt: skip
+    """The adapter's facts (API, model asked for, server) into ``out`` (the ``chat``
+    span's) and the metric's; the span is named after the model asked for (the
+    conventions' ``chat {model}``). A failed call has no reply: its provider is the
+    adapter's API."""
+    if not facts:
+        return
     api = facts.get("provider")
     if isinstance(api, str) and api and ga.GEN_AI_PROVIDER_NAME not in metric:
-        metric[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
-        span.set_attribute(ga.GEN_AI_PROVIDER_NAME, metric[ga.GEN_AI_PROVIDER_NAME])
+        metric[ga.GEN_AI_PROVIDER_NAME] = out[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
     if ga.GEN_AI_USAGE_INPUT_TOKENS in attrs:  # a reply with usage: its cache figures
         for key, attr in _USAGE[2:]:
             if attr not in attrs and _count(facts.get(key)):
-                attrs[attr] = facts[key]
-                span.set_attribute(attr, facts[key])
+                attrs[attr] = out[attr] = facts[key]
     for key, attr in _REPORTED:
         value = facts.get(key)
         if isinstance(value, (str, int)) and value != "":
-            span.set_attribute(attr, value)
-            metric[attr] = value
-    model = facts.get("request_model")
-    if isinstance(model, str) and model:
-        span.update_name(f"{_CHAT} {model}")
+            out[attr] = metric[attr] = value
 
 
 def _count(value: Any) -> bool:
