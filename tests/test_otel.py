@@ -728,3 +728,23 @@ def test_two_tracers_on_one_runtime_each_see_the_whole_run() -> None:
     for o in (first, second):
         names = sorted(s.name for s in o.spans())
         assert names == ["chat", "chat", "execute_tool lookup", "invoke_agent fsm-agent"]
+
+
+def test_a_runtime_without_the_interceptor_loads_nothing_of_opentelemetry() -> None:
+    # The issue's "with no interceptor, zero cost": a run (a tool round, a review, a
+    # submitted run) never imports the extra, so its cost is the same without it.
+    code = """
+import sys
+from fsm_agent.testing import FaultyTools, answer, call, decide
+from fsm_agent.testing.scenarios import scripted_runtime
+kit = FaultyTools()
+kit.read("lookup")
+kit.write("file", requires_approval=True)
+rt = scripted_runtime(kit, [decide(call("lookup", {"q": "A"})), decide(call("file", {})),
+                            answer("ok")])
+assert rt.run("go", run_id="r1").status == "review_required"
+assert rt.approve("r1", "c1", by="ana", resume=True).status == "done"
+print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
