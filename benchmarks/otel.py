@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from overhead import ROUNDS, engine, script
 
 from fsm_agent.otel import OpenTelemetry
@@ -94,7 +94,7 @@ def floor(provider: TracerProvider, root: ReadableSpan, steps: list[Step]) -> Ca
     root_attrs = dict(root.attributes or {})
     plan = [
         (is_event, item.name, dict(item.attributes or {}),
-         None if is_event else item.kind,
+         SpanKind.INTERNAL if is_event else item.kind,
          None if is_event else [(e.name, dict(e.attributes or {})) for e in item.events],
          None if is_event or item.status.status_code != StatusCode.ERROR else item.status)
         for _, is_event, item in steps
