@@ -175,3 +175,18 @@ def test_the_keyed_reading_builds_the_event_the_dataclass_builds(
         assert fast == reference and vars(fast) == vars(reference), data
         with pytest.raises(dataclasses.FrozenInstanceError):
             fast.seq = 1  # type: ignore[misc]
+
+
+def test_a_built_event_is_typed_unchecked_as_the_checked_reading_types_it(
+    suite_events: list[dict[str, Any]],
+) -> None:
+    # Without a redaction hook the interceptors get the engine's dicts typed unchecked
+    # (``built``): the same event, field for field, as the checked reading.
+    assert {"run_start", "decision", "transition", "observation", "run_end"} <= {
+        e["type"] for e in suite_events
+    }
+    for data in suite_events:
+        fast, checked = typed(data, "r", built=True), typed(data, "r")
+        assert type(fast) is type(checked) and vars(fast) == vars(checked), data
+    odd = {**suite_events[1], "added_by_a_newer_version": 1}  # not a builder's: checked
+    assert typed(odd, "r", built=True).extra == {"added_by_a_newer_version": 1}

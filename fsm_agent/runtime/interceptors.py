@@ -270,10 +270,13 @@ class Chain:
 
     # ── events ────────────────────────────────────────────────────────────────────
 
-    def deliver(self, run_id: str, events: Iterable[dict[str, Any]]) -> None:
-        """Each event, typed, to every ``on_event`` in order."""
+    def deliver(
+        self, run_id: str, events: Iterable[dict[str, Any]], *, built: bool = False
+    ) -> None:
+        """Each event, typed, to every ``on_event`` in order (``built``: the engine's
+        own dicts, no redaction hook between: ``core/events.typed``)."""
         for data in events:
-            event = typed(data, run_id)
+            event = typed(data, run_id, built=built)
             for watcher in self.watchers:
                 try:
                     watcher.on_event(event)
