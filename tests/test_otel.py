@@ -305,6 +305,23 @@ def test_a_driving_that_never_recorded_its_end_is_closed_by_the_next_run(otel: O
 # ── approvals, review, resume ─────────────────────────────────────────────────────
 
 
+def test_a_replayed_call_is_a_replay_event_and_no_tool_span(otel: Otel) -> None:
+    (scenario,) = [s for s in SUITE if s.name == "idempotent_replay"]
+    with observing(otel.interceptor()):
+        results = scenario.run().results
+    replayed = [(r.run_id, e["call_id"]) for r in results for e in r.events
+                if e["type"] == "observation" and isinstance(e["result"], dict)
+                and e["result"].get("replayed")]  # fmt: skip
+    assert replayed
+    runs = {attr(s, ga.GEN_AI_CONVERSATION_ID): s for s in by_name(otel.spans(), "invoke_agent")}
+    for run_id, call_id in replayed:
+        (replay,) = events(runs[run_id], otel_names.REPLAY_EVENT)
+        assert replay[otel_names.A_CALL] == call_id and replay[otel_names.A_TOOL]
+        tools = [attr(s, ga.GEN_AI_TOOL_CALL_ID) for s in by_name(otel.spans(), "execute_tool")
+                 if s.parent and s.parent.span_id == runs[run_id].context.span_id]  # fmt: skip
+        assert tools and call_id not in tools  # the first call ran; the replayed one did not
+
+
 def test_a_review_pause_and_an_approved_resume_are_two_drivings_of_one_run(otel: Otel) -> None:
     kit = FaultyTools()
     kit.write("file", requires_approval=True)

@@ -65,6 +65,8 @@ _NS = "fsm_agent."
 TRANSITION_EVENT = _NS + "transition"
 REVIEW_EVENT = _NS + "review"
 PAUSE_EVENT = _NS + "review_required"
+#: A call answered with its stored result (an idempotent write done before): no tool ran.
+REPLAY_EVENT = _NS + "replay"
 A_TRIGGER, A_SOURCE, A_DEST, A_GUARDS = (_NS + n for n in ("trigger", "source", "dest", "guards"))
 A_CALL, A_TOOL, A_ATTEMPT, A_APPROVAL = (
     _NS + n for n in ("call_id", "tool", "attempt", "approval")
@@ -434,6 +436,9 @@ class OpenTelemetry(Interceptor):
             chat.span.set_attribute(ga.GEN_AI_OUTPUT_MESSAGES, _json(_messages([message], finish)))
 
     def _observed(self, run: _Run, event: Observed) -> None:
+        result = event.result
+        if isinstance(result, dict) and result.get("replayed") is True:
+            run.span.add_event(REPLAY_EVENT, {A_CALL: event.call_id, A_TOOL: event.tool})
         if not self.capture_content:
             return
         run.history.append({"role": "tool", "tool_call_id": event.call_id, "content": event.result})
