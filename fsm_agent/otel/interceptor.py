@@ -298,7 +298,8 @@ class OpenTelemetry(Interceptor):
         if isinstance(answer, Mapping):
             _reply_facts(facts, answer, metric, child.attrs)
         _call_facts(facts, child.facts, metric, child.attrs)
-        span.set_attributes(facts)
+        if facts:
+            span.set_attributes(facts)
         model = facts.get(ga.GEN_AI_REQUEST_MODEL) or facts.get(ga.GEN_AI_RESPONSE_MODEL)
         if isinstance(model, str) and model:
             span.update_name(f"{_CHAT} {model}")
