@@ -583,14 +583,14 @@ def typed(data: Mapping[str, Any], run_id: str, *, built: bool = False) -> Event
     goes the checked way."""
     if built and type(data) is dict:
         cls = EVENT_TYPES.get(data.get("type"))  # type: ignore[arg-type]
-        if cls is not None and data.keys() <= _reader(cls).declared:
+        # (The header, once a run, is read checked: its run id is in its body.)
+        if cls is not None and cls is not RunStarted and data.keys() <= _reader(cls).declared:
             event = object.__new__(cls)
             fields = event.__dict__
             fields.update(_reader(cls).defaults)
             fields.update(data)
             del fields["type"]
-            if cls is not RunStarted:  # (the header's run id is in its body)
-                fields["run_id"] = run_id
+            fields["run_id"] = run_id
             fields["extra"] = {}
             return event
     try:
