@@ -16,7 +16,7 @@ venv: $(STAMP)
 
 # Writes only git-ignored files (traces/); the committed pictures change through `make diagrams`.
 demo: $(STAMP)
-	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
+	$(PY) -m fsm_agent demo --scenario all --trace-dir traces --db traces/demo.db
 	$(PY) -m fsm_agent replay traces/retry.jsonl --html traces/retry.html
 	@echo "open traces/retry.html in a browser to step through the retry scenario"
 

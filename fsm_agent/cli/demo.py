@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,10 +153,11 @@ class Scenario:
     follow_up: Callable[[Runtime, Backend, RunResult, Path | None], list[RunResult]] | None = None
 
     def run(
-        self, model: Model | None = None, trace_dir: str | Path | None = None
+        self, model: Model | None = None, trace_dir: str | Path | None = None, db: Any = None
     ) -> ScenarioOutcome:
         """Run the scenario; with ``model`` the script is replaced and only the stop is
-        checked (a real model's tool use is its own business)."""
+        checked (a real model's tool use is its own business). ``db``: a store that gets
+        a copy of each of its runs, as stored (for ``fsm-agent serve``)."""
         backend = self.backend()
         runtime = Runtime(
             model=model or ScriptedModel(self.script),
@@ -191,6 +193,9 @@ class Scenario:
                 checks["tickets_after_follow_up"] = (1, len(backend.tickets))
                 checks["follow_up_replayed"] = (1, results[-1].counters["replays"])
                 checks["follow_up_status"] = ("done", results[-1].status)
+        if db is not None:
+            for result in results:
+                _copy_run(runtime.store, db, result.run_id)
         notes = []
         if len(results) > 1:
             last = results[-1]
@@ -199,6 +204,25 @@ class Scenario:
                 f"key; the resubmitted request replayed it ({last.status}/{last.reason})"
             )
         return ScenarioOutcome(self.name, results, checks, notes)
+
+
+def _copy_run(source: Any, target: Any, run_id: str) -> None:
+    """``run_id`` as ``source`` stores it (header, events, checkpoint, history), stored in
+    ``target``. Each scenario runs on a store of its own (their idempotency keys overlap
+    on purpose: the same request in another scenario must not replay), and the demo's
+    database then holds them all."""
+    from fsm_agent.durable import owners
+    from fsm_agent.durable.store import Checkpoint
+    from fsm_agent.trace.chain import encode_events, strip_links
+
+    stored = source.load_run(run_id)
+    events = strip_links(stored.events)
+    lines = encode_events(events, run_id) if getattr(target, "wants_lines", False) else None
+    owner = owners.new_owner()
+    rows = list(enumerate(stored.messages))
+    target.create_run(run_id, stored.header, owner, events,
+                      Checkpoint(stored.snapshot, rows, lines))  # fmt: skip
+    target.release(run_id, owner)
 
 
 def _reconcile_and_resubmit(
@@ -337,6 +361,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--trace-dir", metavar="DIR", help="write <scenario>.jsonl traces here")
     p.add_argument(
+        "--db",
+        metavar="FILE",
+        help="also store every scenario's runs in this SQLite file, replaced on each run "
+        "(e.g. traces/demo.db, for fsm-agent serve --db traces/demo.db)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print the machine-readable stream: every trace event and a summary per "
@@ -371,6 +401,73 @@ def _trace_folder(text: str | None) -> Path | None:
     return folder
 
 
+#: What a file the demo may replace holds: nothing, or only the demo's own runs.
+_DEMO_RUN = "demo-"
+
+
+def _demo_db(text: str | None) -> Path | None:
+    """``--db`` as a file the demo may replace: absent, or a SQLite file of demo runs
+    only (a :class:`UsageError` otherwise, before any scenario runs: the demo never
+    overwrites someone's runs)."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"--db {text}: a folder, not a database file")
+    if not path.parent.is_dir():
+        raise UsageError(f"--db {text}: the folder {path.parent} does not exist")
+    if path.exists():
+        from fsm_agent.durable.sqlite import SqliteStore
+        from fsm_agent.errors import StoreError
+
+        try:
+            with SqliteStore(path, create=False, readonly=True) as old:
+                foreign = [r.run_id for r in old.list_runs() if not r.run_id.startswith(_DEMO_RUN)]
+        except StoreError as exc:
+            raise UsageError(f"--db {text}: not a database the demo wrote ({exc})") from None
+        if foreign:
+            raise UsageError(
+                f"--db {text}: it holds runs that are not the demo's ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); pick another file"
+            )
+    return path
+
+
+def _building(path: Path) -> Path:
+    return path.with_name(path.name + ".building")
+
+
+def _fresh_db(path: Path) -> Any:
+    """A new database to fill, holding the old one's API keys (a reviewer's key made
+    for the demo's server keeps working after the next ``make demo``)."""
+    from fsm_agent.durable.sqlite import SqliteStore
+
+    building = _building(path)
+    for leftover in _with_sidecars(building):
+        leftover.unlink(missing_ok=True)
+    store = SqliteStore(building)
+    if path.exists():
+        with SqliteStore(path, create=False, readonly=True) as old:
+            for record in old.list_keys():
+                store.add_key(record)
+    return store
+
+
+def _with_sidecars(path: Path) -> list[Path]:
+    return [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))]
+
+
+def _replace_db(path: Path) -> None:
+    """The new database in the old one's place, at once (a server reading the old one
+    keeps its open file until it reopens)."""
+    for old in _with_sidecars(path)[1:]:
+        old.unlink(missing_ok=True)
+    building = _building(path)
+    for side in _with_sidecars(building)[1:]:
+        side.unlink(missing_ok=True)  # closed cleanly: the WAL is checkpointed in
+    os.replace(building, path)
+
+
 def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
     if model is None and hasattr(args, "model"):  # flags of fsm_agent.cli.model_args
         try:
@@ -380,6 +477,7 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
             return 2
     try:
         folder = _trace_folder(args.trace_dir)
+        db_path = _demo_db(getattr(args, "db", None))
     except UsageError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
@@ -387,18 +485,46 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     as_json = bool(getattr(args, "json", False))
     outcomes = []
-    for name in names:
-        outcome = SCENARIOS[name].run(model=model, trace_dir=folder)
-        outcomes.append(outcome)
-        if as_json:
-            _print_json(outcome, args.quiet)
-        elif not args.quiet:
-            print(report.scenario_block(SCENARIOS[name], outcome, scripted=model is None))
+    db = _fresh_db(db_path) if db_path is not None else None
+    try:
+        for name in names:
+            outcome = SCENARIOS[name].run(model=model, trace_dir=folder, db=db)
+            outcomes.append(outcome)
+            _report(outcome, args, as_json, model)
+    finally:
+        if db is not None:
+            db.close()
+    if db_path is not None:
+        _replace_db(db_path)
+    return _finish(outcomes, names, folder, db_path, as_json)
+
+
+def _report(
+    outcome: ScenarioOutcome, args: argparse.Namespace, as_json: bool, model: Model | None
+) -> None:
+    if as_json:
+        _print_json(outcome, args.quiet)
+    elif not args.quiet:
+        print(report.scenario_block(SCENARIOS[outcome.name], outcome, scripted=model is None))
+
+
+def _finish(
+    outcomes: list[ScenarioOutcome],
+    names: list[str],
+    folder: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+) -> int:
     failed = [o.name for o in outcomes if not o.ok]
     if not as_json:
         print(report.final_table(outcomes))
         if folder is not None:
             print(report.where_traces_are(folder, [o.name for o in outcomes]))
+        if db_path is not None:
+            print(
+                f"the runs are in {db_path}: fsm-agent keys add me --scope review --db "
+                f"{db_path}, then fsm-agent serve --db {db_path}"
+            )
     if failed:
         print(
             f"demo: {len(failed)} scenario(s) did not behave as expected: {', '.join(failed)}",

@@ -22,7 +22,7 @@ from fsm_agent.core import events
 from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
-from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.jsonsafe import copy_json, dumps_safe
 from fsm_agent.core.reasons import stop_detail
 from fsm_agent.core.state import RunState
 
@@ -41,8 +41,10 @@ FITS: dict[str, frozenset[str]] = {
     "reconcile": frozenset({"outcome_unknown"}),
     "deny": BLOCKING | {"skipped_pending_review"},
 }
+# Approve with corrected arguments: it settles whatever an approval settles.
+FITS["edit"] = FITS["approve"]
 #: What a paused run's checkpoint keeps of a review (``s.reviews``), besides its action.
-_KEPT = ("digest", "reason", "result", "reviewer", "at", "note")
+_KEPT = ("digest", "reason", "result", "reviewer", "at", "note", "arguments")
 
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 
@@ -59,17 +61,20 @@ def answer(
     the message's index in the history. The trace gets a copy (``observation``), so a
     tool that mutates what it returned later cannot change what was recorded."""
     call = call or s.call
-    text, data, plain = _encode(result)
+    text, data, changed = dumps_safe(result)
     media: list[Any] = []
     media_bytes = 0
     budget = s.config.budget
-    if not plain:  # not plain JSON data: it may hold images or files (core/content.py)
+    if changed:  # not plain JSON data: it may hold images or files (core/content.py)
         value, media = split_media(result, budget.max_media_bytes)
         if value is not result:
             text, data, _ = dumps_safe(value)
             media_bytes = sum(len(m.data) for m in media)
     size = len(data) + media_bytes
-    oversized = not synthetic and size > _record_limit(budget.max_output_bytes)
+    limit = budget.max_output_bytes
+    oversized = not synthetic and size > (
+        MAX_RECORD_BYTES if limit is None else min(limit, MAX_RECORD_BYTES)
+    )
     if oversized:
         # Alone past the whole output budget (or what one record may hold): the run
         # stops on it anyway, so it is kept by its size, not whole, in the history, the
@@ -88,7 +93,7 @@ def answer(
     s.answered.add(call.id)
     if not synthetic:
         s.counters.output_bytes += size
-    event = events.observation(call.id, call.name, json.loads(text), synthetic)
+    event = events.observation(call.id, call.name, copy_json(text), synthetic)
     # What the checker cannot measure from the recorded result (trace/walk.py adds it).
     if oversized:
         event["oversized"] = size
@@ -96,19 +101,6 @@ def answer(
         event["media_bytes"] = media_bytes
     payloads.append(event)
     return at
-
-
-def _record_limit(max_output_bytes: int | None) -> int:
-    """The most bytes one result may keep: the output budget, never past a record."""
-    if max_output_bytes is None:
-        return MAX_RECORD_BYTES
-    return min(max_output_bytes, MAX_RECORD_BYTES)
-
-
-def _encode(result: dict[str, Any]) -> tuple[str, bytes, bool]:
-    """``dumps_safe`` of a result, and whether it was plain JSON data as it came."""
-    text, data, changed = dumps_safe(result)
-    return text, data, not changed
 
 
 def _append_batch(s: RunState) -> None:
@@ -278,7 +270,38 @@ def record_review(s: RunState, payloads: Payloads) -> None:
         "action": request["action"],
         **{k: request[k] for k in _KEPT if k in request},
     }
+    if request["action"] == "edit":
+        _edit_call(s, request["call_id"], request["arguments"])
     payloads.append({"type": "review", **request})
+
+
+def _edit_call(s: RunState, call_id: str, arguments: dict[str, Any]) -> None:
+    """Put a reviewer's corrected arguments in the paused call's place: in the batch
+    (the resume admits the call afresh with them, so it is validated, digested and
+    judged like any call) and in the history's assistant message (the model later sees
+    the call that ran, answered by its result). The trace's ``decision`` keeps what the
+    model asked and the ``review`` event both."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    call = next(c for c in s.decision.calls if c.id == call_id)
+    call.raw_arguments, call.arguments, call.args_digest = text, None, ""
+    s.decision.message = _with_arguments(s.decision.message, call_id, text)
+    at = s.placeholders[call_id][0]
+    # The batch's assistant message precedes its tool messages; a replay keeps no history.
+    while 0 < at <= len(s.messages) and s.messages[at - 1].get("role") != "assistant":
+        at -= 1
+    if 0 < at <= len(s.messages):
+        s.messages[at - 1] = _with_arguments(s.messages[at - 1], call_id, text)
+        s.rewritten.append(at - 1)
+
+
+def _with_arguments(message: dict[str, Any], call_id: str, text: str) -> dict[str, Any]:
+    """A copy of an assistant message whose call ``call_id`` has the arguments ``text``
+    (a copy: the message may be the recorded ``decision`` event's own dict)."""
+    calls = [
+        {**c, "function": {**c["function"], "arguments": text}} if c.get("id") == call_id else c
+        for c in message.get("tool_calls") or ()
+    ]
+    return {**message, "tool_calls": calls}
 
 
 #: action name (the table's ``action`` column) -> function.

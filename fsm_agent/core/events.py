@@ -454,7 +454,9 @@ class Observed(Event):
 @dataclass(frozen=True, kw_only=True)
 class Reviewed(Event):
     """``review``: a reviewer's decision on a paused call: ``digest`` (approve),
-    ``reason`` (deny) or ``result`` (reconcile); who decided (``reviewer``, may be
+    ``reason`` (deny), ``result`` (reconcile), or for ``edit`` (approve with corrected
+    arguments) the ``arguments`` the call runs with, their ``digest`` and the
+    ``original_arguments`` the model asked for; who decided (``reviewer``, may be
     ``null``), when (``at``, ISO-8601 UTC) and why (``note``)."""
 
     TYPE: ClassVar[str] = "review"
@@ -467,6 +469,8 @@ class Reviewed(Event):
     reviewer: Any = _opt("str_or_null")
     at: str | None = _opt("str")
     note: str | None = _opt("str")
+    arguments: dict[str, Any] | None = _opt("object")
+    original_arguments: dict[str, Any] | None = _opt("object")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -648,8 +652,8 @@ def observation(call_id: str, tool: str, result: Any, synthetic: bool) -> dict[s
 
 
 def review(action: str, call_id: str, tool: str) -> dict[str, Any]:
-    """A review's required fields, without its ``seq``; the decision's own field
-    (``digest``, ``reason`` or ``result``) is added by ``durable/review.py``."""
+    """A review's required fields, without its ``seq``; the decision's own fields
+    (``digest``, ``reason``, ``result``, ``arguments``) are added by ``durable/review.py``."""
     return {"type": "review", "action": action, "call_id": call_id, "tool": tool}
 
 

@@ -14,7 +14,7 @@ import inspect
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -325,6 +325,7 @@ class Runtime:
         note: str | None = None,
         at: str | None = None,
         resume: bool = False,
+        arguments: Mapping[str, Any] | None = None,
     ) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments).
 
@@ -332,7 +333,14 @@ class Runtime:
         (still ``review_required``; ``pending`` shows what waits). A worker then drives
         it, or :meth:`resume` (``await aresume(...)``); ``resume=True`` does that here.
         ``by``: who decided; ``note``: why; ``at``: when (ISO-8601 UTC, default now).
+        ``arguments``: approve the call with these corrected arguments instead (an
+        ``edit``): validated now against the tool's schema (``ReviewError`` if they do
+        not fit, nothing recorded), bound by their own digest, and admitted afresh when
+        the run resumes; the ``review`` event records them with the original ones.
         """
+        if arguments is not None:
+            return self._review(run_id, call_id, "edit", by, note, at, resume,
+                                arguments=arguments)  # fmt: skip
         return self._review(run_id, call_id, "approve", by, note, at, resume)
 
     def deny(

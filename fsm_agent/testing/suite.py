@@ -87,7 +87,7 @@ def _misfit_review(runtime: Runtime, run_id: str) -> list[RunResult]:
     try:  # a call waiting for approval cannot be reconciled: refused, nothing recorded
         runtime.reconcile(run_id, "c1", {"ticket": "T-1"})
     except ReviewError as exc:
-        assert "does not apply (use approve or deny)" in str(exc), exc
+        assert "does not apply (use approve, deny or edit)" in str(exc), exc
         return []
     raise AssertionError("a reconcile of a call waiting for approval was recorded")
 
