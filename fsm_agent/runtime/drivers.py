@@ -137,7 +137,8 @@ class Io:
 
         # A run its store keeps is fenced: see ``fenced`` below.
         fenced = s.config.save != "never"
-        return cls(run_id=s.run_id, tools=s.config.tools, fenced=fenced,
+        built = s.config.redact is None
+        return cls(run_id=s.run_id, tools=s.config.tools, fenced=fenced, built=built,
                    deadline=None if limit is None else deadline, **parts)  # fmt: skip
 
     run_id: str
@@ -161,6 +162,9 @@ class Io:
     encoder: Encoder | None = None
     #: The interceptors of this driving (``None``: there are none, nothing is called).
     chain: Chain | None = None
+    #: The run's events are as the engine built them (no redaction hook rewrites them):
+    #: the interceptors get them typed unchecked (``core/events.typed``).
+    built: bool = False
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -328,7 +332,7 @@ class _Driver:
                 failure = exc
         chain = io.chain
         if chain is not None and chain.watchers:
-            chain.deliver(io.run_id, request.events)
+            chain.deliver(io.run_id, request.events, built=io.built)
         if failure is not None:
             raise failure
 
