@@ -98,7 +98,8 @@ _USAGE = (
     ("cached_tokens", ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
     ("cache_write_tokens", ga.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS),
 )
-#: What an adapter records when the provider reported no usage (``no_usage()``).
+#: What adapters recorded for unreported usage before they left it absent (a reply of a
+#: model of your own may still say it this way): absent as well.
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
 
 #: How many runs' held events are kept (a review never resumed here is dropped).
