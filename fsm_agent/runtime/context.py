@@ -24,8 +24,11 @@ __all__ = [
     "driving_trace_context",
     "emit_delta",
     "report_call",
+    "reset_trace_deltas",
     "set_delta_sink",
+    "set_trace_deltas",
     "time_left",
+    "tracing_deltas",
     "wait_room",
 ]
 
@@ -79,6 +82,25 @@ def set_delta_sink(sink: DeltaSink | None) -> contextvars.Token[DeltaSink | None
 
 def reset_delta_sink(token: contextvars.Token[DeltaSink | None]) -> None:
     _delta_sink.reset(token)
+
+
+_trace_deltas: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fsm_agent_trace_deltas", default=False
+)
+
+
+def tracing_deltas() -> bool:
+    """Whether the reply being streamed keeps its raw deltas in the trace
+    (``Runtime.stream(..., trace_deltas=True)``), not only each block's digest."""
+    return _trace_deltas.get()
+
+
+def set_trace_deltas(on: bool) -> contextvars.Token[bool]:
+    return _trace_deltas.set(on)
+
+
+def reset_trace_deltas(token: contextvars.Token[bool]) -> None:
+    _trace_deltas.reset(token)
 
 
 _room: contextvars.ContextVar[Callable[[], Awaitable[None]] | None] = contextvars.ContextVar(

@@ -69,6 +69,7 @@ from fsm_agent.core.requests import (
     ToolOutcome,
 )
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.streamed import fold_problems
 from fsm_agent.errors import ConfigError
 from fsm_agent.trace.model import Settings
 from fsm_agent.trace.walk import Write
@@ -879,6 +880,8 @@ class Replay:
         elif kind == "decision":
             message = e.get("message")
             self.calls = message.get("tool_calls") if isinstance(message, dict) else None
+            for problem in fold_problems(message):  # a streamed reply: its deltas fold to it
+                self.fail(line, f"decision: {problem}")
         elif kind == "observation" and e.get("synthetic") is False:
             result = e.get("result")
             tool = e.get("tool")
