@@ -135,14 +135,15 @@ def test_every_recorded_stream_folds_to_its_reply(
         pytest.skip("a stream our adapter refuses (server tools): no reply to fold")
     finally:
         reset_trace_deltas(token)
-    assert reply["streamed"]
+    assert "streamed" in reply
     assert all(("pieces" in b) is keep for b in reply["streamed"])
     assert fold_problems(reply) == []
     if keep:  # and a reply whose deltas were edited does not fold
         edited = copy.deepcopy(reply)
-        block = edited["streamed"][-1]
-        block["pieces"][-1] = block["pieces"][-1][:-1] + "\u2603"
-        assert fold_problems(edited) != []
+        if edited["streamed"]:  # (a reply of one empty tool call streams no delta)
+            block = edited["streamed"][-1]
+            block["pieces"][-1] = block["pieces"][-1][:-1] + "\u2603"
+            assert fold_problems(edited) != []
 
 
 def test_a_recorded_stream_through_runtime_stream_keeps_its_deltas(server: StreamServer) -> None:
