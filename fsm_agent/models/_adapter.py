@@ -152,7 +152,12 @@ def _report(codec: ProviderCodec) -> None:
     port = getattr(url, "port", None)
     if port is None and host:
         port = {"https": 443, "http": 80}.get(str(getattr(url, "scheme", "")))
-    report_call(request_model=codec.model, server_address=host or None, server_port=port)
+    report_call(
+        request_model=codec.model,
+        server_address=host or None,
+        server_port=port,
+        stream=bool(getattr(codec, "stream", False)),
+    )
 
 
 class SyncCall(ProviderCodec):
