@@ -152,6 +152,17 @@ class Scenario:
     approvals: tuple[Approval, ...] = ()
     follow_up: Callable[[Runtime, Backend, RunResult, Path | None], list[RunResult]] | None = None
 
+    def _first_run(
+        self, runtime: Runtime, trace: Path | None, on_event: Callable[[Event], None] | None
+    ) -> RunResult:
+        run_id = f"demo-{self.name}"
+        if on_event is None:
+            return runtime.run(self.task, run_id=run_id, trace=trace)
+        with runtime.stream(self.task, run_id=run_id, trace=trace, trace_deltas=True) as live:
+            for event in live:
+                on_event(event)
+        return live.result
+
     def run(
         self,
         model: Model | None = None,
@@ -180,14 +191,7 @@ class Scenario:
         trace = folder / f"{self.name}.jsonl" if folder is not None else None
         if trace is not None and trace.exists():
             trace.unlink()
-        if on_event is None:
-            first = runtime.run(self.task, run_id=f"demo-{self.name}", trace=trace)
-        else:
-            run_id = f"demo-{self.name}"
-            with runtime.stream(self.task, run_id=run_id, trace=trace, trace_deltas=True) as live:
-                for event in live:
-                    on_event(event)
-            first = live.result
+        first = self._first_run(runtime, trace, on_event)
         results = [first]
         checks: dict[str, tuple[Any, Any]] = {
             "status": (self.expect_status, first.status),
