@@ -87,3 +87,37 @@ def test_the_same_stream_with_its_usage_counts_it(server: StreamServer) -> None:
     assert result.status == "done" and not result.usage_unknown
     assert (result.counters["input_tokens"], result.counters["output_tokens"]) == (14, 8)
     assert _decision(result)["usage"]["output_tokens"] == 8
+
+
+NO_USAGE = [
+    pytest.param(e, id=e["file"].split("/")[1][:60])
+    for e in recorded("chat")
+    if b'"usage":{' not in body_of(e)
+]
+
+
+def test_the_material_holds_real_streams_without_usage() -> None:
+    assert len(NO_USAGE) >= 10
+
+
+@pytest.mark.parametrize("entry", NO_USAGE)
+def test_every_real_stream_without_usage_is_unknown_and_stops_a_budget(
+    server: StreamServer, entry: dict[str, Any]
+) -> None:
+    from fsm_agent.errors import ModelError
+
+    body = body_of(entry)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
+    model = OpenAIChatModel(
+        "gpt-x", client=client, stream=True, retry=ModelRetry(max_attempts=1), price_db=False
+    )
+    server.queue(Play(body))
+    try:
+        reply = model([{"role": "user", "content": "hi"}], [])
+    except ModelError:
+        pytest.skip("a stream our reader refuses (cut by max_tokens): no reply")
+    assert "usage" not in reply
+    server.queue(Play(body))
+    result = _runtime(server.url, Budget(max_tokens=10**9)).run("hi")
+    assert (result.status, result.reason) == ("budget_exhausted", "usage_unknown")
+    assert result.usage_unknown and check_events(result.events) == []
