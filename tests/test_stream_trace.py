@@ -155,3 +155,23 @@ def test_a_recorded_stream_through_runtime_stream_keeps_its_deltas(server: Strea
     (decision,) = _decisions(run.result.events)
     assert decision["message"]["streamed"][0]["pieces"] == seen
     assert check_events(run.result.events) == []
+
+
+def test_a_redacted_message_whose_deltas_no_longer_fold_is_a_note_not_a_violation() -> None:
+    def redact(event: dict[str, Any]) -> dict[str, Any]:
+        message = event.get("message")
+        if event["type"] == "decision" and isinstance(message, dict) and message.get("content"):
+            return {**event, "message": {**message, "content": "[redacted]"}}
+        return event
+
+    script = _script()
+    runtime = make_runtime(script, redact=redact)
+    runtime.model = StreamingScriptedModel(script, chunk=4)
+    with runtime.stream("Where is A17?", trace_deltas=True) as run:
+        list(run)
+    events = run.result.events
+    assert events[0]["redacted"] is True
+    assert check_events(events) == []  # the hook changed it: said in the report's note
+    strict = copy.deepcopy(events)
+    del strict[0]["redacted"]
+    assert "the text deltas are 20 characters" in _violations(strict)

@@ -881,7 +881,7 @@ class Replay:
             message = e.get("message")
             self.calls = message.get("tool_calls") if isinstance(message, dict) else None
             for problem in fold_problems(message):  # a streamed reply: its deltas fold to it
-                self.fail(line, f"decision: {problem}")
+                self._payload(line, f"decision: {problem}")
         elif kind == "observation" and e.get("synthetic") is False:
             result = e.get("result")
             tool = e.get("tool")
