@@ -175,3 +175,21 @@ def test_a_redacted_message_whose_deltas_no_longer_fold_is_a_note_not_a_violatio
     strict = copy.deepcopy(events)
     del strict[0]["redacted"]
     assert "the text deltas are 20 characters" in _violations(strict)
+
+
+def test_reasoning_deltas_fold_to_the_message_reasoning() -> None:
+    thought = {"role": "assistant", "content": "Thursday.", "reasoning_content": "A17 left."}
+    runtime = make_runtime([thought])
+    runtime.model = StreamingScriptedModel([thought], chunk=3)
+    with runtime.stream("When?", trace_deltas=True) as run:
+        list(run)
+    events = copy.deepcopy(run.result.events)
+    assert check_events(events) == []
+    (decision,) = _decisions(events)
+    (reasoning,) = [b for b in decision["message"]["streamed"] if b["kind"] == "reasoning"]
+    assert reasoning["pieces"] == ["A17", " le", "ft."]
+    reasoning["pieces"][0] = "B17"
+    reasoning["sha256"] = digest_of(reasoning["pieces"])
+    assert "the reasoning deltas do not join" in _violations(events)
+    decision["message"]["reasoning_content"] = "A17 left!!"
+    assert "the reasoning deltas are 9 characters" in _violations(events)

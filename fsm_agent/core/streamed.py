@@ -12,7 +12,8 @@ With raw deltas on (``Runtime.stream(..., trace_deltas=True)``) the summary also
 :func:`fold_problems` is what ``fsm-agent check`` asks of every streamed decision: the
 summaries are well-formed, the pieces (when kept) are the ones the count and digest
 name, and the blocks fold to the recorded message — text blocks joined in index order
-are its ``content``, each ``tool_args`` block is the arguments of the call it names. A
+are its ``content``, reasoning blocks its reasoning (where the API keeps it as text),
+each ``tool_args`` block is the arguments of the call it names. A
 delta edited after the fact, or a message edited without its deltas, is a violation.
 """
 
@@ -139,6 +140,47 @@ def _text_problems(blocks: list[dict[str, Any]], message: dict[str, Any]) -> lis
     return []
 
 
+def _reasoning_text(message: dict[str, Any]) -> str | None:
+    """The reasoning a message keeps, joined, where this API keeps it as text (Chat's
+    ``reasoning_content``/``reasoning``, Anthropic's thinking blocks, the Responses
+    reasoning items' summaries and text); ``None`` where it keeps none to compare."""
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(message.get(key), str):
+            return str(message[key])
+    blocks = message.get("anthropic_content")
+    if isinstance(blocks, list):
+        return "".join(
+            str(b.get("thinking", "")) for b in blocks
+            if isinstance(b, dict) and b.get("type") == "thinking"
+        )  # fmt: skip
+    items = message.get("responses_output")
+    if isinstance(items, list):
+        parts = [
+            str(part.get("text", ""))
+            for item in items
+            if isinstance(item, dict) and item.get("type") == "reasoning"
+            for key in ("summary", "content")
+            for part in item.get(key) or []
+            if isinstance(part, dict)
+        ]
+        return "".join(parts)
+    return None
+
+
+def _reasoning_problems(blocks: list[dict[str, Any]], message: dict[str, Any]) -> list[str]:
+    thoughts = sorted((b for b in blocks if b["kind"] == "reasoning"), key=lambda b: b["index"])
+    recorded = _reasoning_text(message) if thoughts else None
+    if recorded is None:
+        return []
+    chars = sum(b["chars"] for b in thoughts)
+    if chars != len(recorded):
+        return [f"the reasoning deltas are {chars} characters; the message's {len(recorded)}"]
+    joined = [_text(b) for b in thoughts]
+    if all(t is not None for t in joined) and "".join(t or "" for t in joined) != recorded:
+        return ["the reasoning deltas do not join to the message's reasoning"]
+    return []
+
+
 def _args_problems(blocks: list[dict[str, Any]], message: dict[str, Any]) -> list[str]:
     calls: dict[Any, list[Any]] = {}  # id -> the arguments of each call with it (ids may repeat)
     for call in message.get("tool_calls") or []:
@@ -170,4 +212,8 @@ def fold_problems(message: Any) -> list[str]:
     problems = [p for i, b in enumerate(streamed) for p in _block_problems(i, b)]
     if problems:
         return problems
-    return _text_problems(streamed, message) + _args_problems(streamed, message)
+    return (
+        _text_problems(streamed, message)
+        + _reasoning_problems(streamed, message)
+        + _args_problems(streamed, message)
+    )
