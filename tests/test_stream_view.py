@@ -128,3 +128,13 @@ def test_the_viewer_says_when_the_deltas_were_coalesced(tmp_path: Path) -> None:
         assert "record them with trace_deltas=True" in shown
         assert page.evaluate("() => document.querySelectorAll('span.delta').length") == 0
         page.close()
+
+
+def test_demo_stream_never_prints_a_control_sequence_raw(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fsm_agent.cli.demo import _LivePrinter
+    from fsm_agent.core.events import TextDelta
+
+    _LivePrinter("x")(TextDelta(seq=1, run_id="r", index=0, text="ok\x1b[2J\x07 done\n"))
+    assert capsys.readouterr().out == "[x] ok\ufffd[2J\ufffd done\n"

@@ -379,6 +379,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run_demo)
 
 
+def _shown(text: str) -> str:
+    # A real model's text must not reach the terminal's control sequences raw.
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else "\N{REPLACEMENT CHARACTER}"
+                   for ch in text)  # fmt: skip
+
+
 def _ignore(event: Event) -> None:
     return None
 
@@ -397,13 +403,13 @@ class _LivePrinter:
         if isinstance(event, TextDelta):
             self._line(out, self.call is not None)
             self.call = None
-            out.write(event.text)
+            out.write(_shown(event.text))
         elif isinstance(event, ToolArgsDelta):
             if (event.call_id, event.index) != self.call:
                 self._line(out, self.open)
                 self.call = (event.call_id, event.index)
                 out.write(f"\u2192 {event.call_id} ")
-            out.write(event.fragment)
+            out.write(_shown(event.fragment))
         elif event.type == "decision" and self.open:
             out.write("\n")
             self.open, self.call = False, None
