@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/replay_frame.py
 	$(PY) benchmarks/otel.py
 	$(PY) benchmarks/rules.py
+	$(PY) benchmarks/streaming.py
 	$(PY) -m pip install -q -e '.[bench-langgraph]'
 	$(PY) benchmarks/postgres.py
 	$(PY) benchmarks/pg_network.py

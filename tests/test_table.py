@@ -102,7 +102,7 @@ def test_edges_have_one_identity_an_index_and_a_stable_key() -> None:
     assert [t.index for t in TRANSITIONS] == list(range(len(TRANSITIONS)))
     assert len({t.key for t in TRANSITIONS}) == len(TRANSITIONS)
     assert all(edge_by_key(t.key) is t for t in TRANSITIONS)
-    assert TRANSITIONS[6].key == "validate/validating->done[!has_tool_calls,has_answer]"
+    assert TRANSITIONS[7].key == "validate/validating->done[!has_tool_calls,has_answer]"
 
 
 def test_the_literal_types_name_exactly_what_the_table_uses() -> None:

@@ -108,7 +108,7 @@ def test_fsm_app_measures_the_application_machine(pytester: pytest.Pytester) -> 
     out = result.stdout.str()
     # The desk sets no wall-clock/token/cost budget and runs the default policy.
     assert "unreachable: #" in out and "the budget sets no max_wall_clock_s" in out
-    assert "(8 unreachable, not counted)" in out
+    assert "(9 unreachable, not counted)" in out
     page = (html / "index.html").read_text(encoding="utf-8")
     assert "background:#999999" in page and "unreachable: the policy is not strict" in page
 

@@ -27,8 +27,9 @@ from fsm_agent.cli.demo_report import ScenarioOutcome
 from fsm_agent.cli.model_args import ModelArgsError, add_model_arguments, model_from_args
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.events import Event, TextDelta, ToolArgsDelta
 from fsm_agent.errors import ToolRejected, TransientToolError, UsageError
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import ScriptedModel, StreamingScriptedModel
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Model, Runtime
 from fsm_agent.tools.registry import ToolRegistry
@@ -152,15 +153,37 @@ class Scenario:
     approvals: tuple[Approval, ...] = ()
     follow_up: Callable[[Runtime, Backend, RunResult, Path | None], list[RunResult]] | None = None
 
+    def _first_run(
+        self, runtime: Runtime, trace: Path | None, on_event: Callable[[Event], None] | None
+    ) -> RunResult:
+        run_id = f"demo-{self.name}"
+        if on_event is None:
+            return runtime.run(self.task, run_id=run_id, trace=trace)
+        with runtime.stream(self.task, run_id=run_id, trace=trace, trace_deltas=True) as live:
+            for event in live:
+                on_event(event)
+        return live.result
+
     def run(
-        self, model: Model | None = None, trace_dir: str | Path | None = None, db: Any = None
+        self,
+        model: Model | None = None,
+        trace_dir: str | Path | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        db: Any = None,
     ) -> ScenarioOutcome:
         """Run the scenario; with ``model`` the script is replaced and only the stop is
-        checked (a real model's tool use is its own business). ``db``: a store that gets
-        a copy of each of its runs, as stored (for ``fsm-agent serve``)."""
+        checked (a real model's tool use is its own business). With ``on_event`` the run
+        is streamed (``Runtime.stream``, the script through a ``StreamingScriptedModel``,
+        raw deltas kept in the trace) and each event goes to it as it happens. ``db``: a
+        store that gets a copy of each of its runs, as stored (for ``fsm-agent serve``)."""
         backend = self.backend()
+        scripted: Model = (
+            StreamingScriptedModel(self.script, chunk=6)
+            if on_event is not None
+            else ScriptedModel(self.script)
+        )
         runtime = Runtime(
-            model=model or ScriptedModel(self.script),
+            model=model or scripted,
             tools=backend.registry(),
             allowed_tools=ALLOWED,
             budget=self.budget,
@@ -171,7 +194,7 @@ class Scenario:
         trace = folder / f"{self.name}.jsonl" if folder is not None else None
         if trace is not None and trace.exists():
             trace.unlink()
-        first = runtime.run(self.task, run_id=f"demo-{self.name}", trace=trace)
+        first = self._first_run(runtime, trace, on_event)
         results = [first]
         checks: dict[str, tuple[Any, Any]] = {
             "status": (self.expect_status, first.status),
@@ -377,8 +400,58 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print only the final table (with --json: only the summaries)",
     )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream each run: print the answer and the tool-call arguments as they are "
+        "produced (the trace keeps the deltas)",
+    )
     add_model_arguments(p)
     p.set_defaults(handler=run_demo)
+
+
+def _shown(text: str) -> str:
+    # A real model's text must not reach the terminal's control sequences raw.
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else "\N{REPLACEMENT CHARACTER}"
+                   for ch in text)  # fmt: skip
+
+
+def _ignore(event: Event) -> None:
+    return None
+
+
+class _LivePrinter:
+    """``--stream``: the deltas of a run as they arrive, a line per decision (its text,
+    then each call's arguments on a line of its own)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.call: tuple[str, int] | None = None
+        self.open = False  # a decision's line is being written
+
+    def __call__(self, event: Event) -> None:
+        out = sys.stdout
+        if isinstance(event, TextDelta):
+            self._line(out, self.call is not None)
+            self.call = None
+            out.write(_shown(event.text))
+        elif isinstance(event, ToolArgsDelta):
+            if (event.call_id, event.index) != self.call:
+                self._line(out, self.open)
+                self.call = (event.call_id, event.index)
+                out.write(f"\u2192 {event.call_id} ")
+            out.write(_shown(event.fragment))
+        elif event.type == "decision" and self.open:
+            out.write("\n")
+            self.open, self.call = False, None
+        out.flush()
+
+    def _line(self, out: Any, new: bool) -> None:
+        if not self.open:
+            out.write(f"[{self.name}] ")
+            self.open = True
+        elif new:
+            out.write(f"\n[{self.name}] ")
 
 
 def _trace_folder(text: str | None) -> Path | None:
@@ -488,7 +561,10 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
     db = _fresh_db(db_path) if db_path is not None else None
     try:
         for name in names:
-            outcome = SCENARIOS[name].run(model=model, trace_dir=folder, db=db)
+            live: Callable[[Event], None] | None = None
+            if getattr(args, "stream", False):  # printed live unless JSON or quiet
+                live = _LivePrinter(name) if not (as_json or args.quiet) else _ignore
+            outcome = SCENARIOS[name].run(model=model, trace_dir=folder, on_event=live, db=db)
             outcomes.append(outcome)
             _report(outcome, args, as_json, model)
     finally:

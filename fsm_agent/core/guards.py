@@ -80,6 +80,15 @@ def reply_too_large(run: RunState) -> bool:
 
 
 @guard
+def usage_unknown(run: RunState) -> bool:
+    """A reply reported no token usage (a stream without its usage event, a model that
+    returns none) while a token or cost budget is set: what it spent is unknown, and an
+    unknown spend is never counted as zero."""
+    budget = run.config.budget
+    return run.tokens_unknown and (budget.max_tokens is not None or budget.max_cost is not None)
+
+
+@guard
 def tokens_spent(run: RunState) -> bool:
     """The replies so far used more tokens than ``max_tokens``, or one reported no token
     count while that limit is set (an unmetered reply is never counted as free)."""

@@ -86,8 +86,8 @@ Reason = Literal[
     "missing_tool_call_id", "duplicate_tool_call_id", "unknown_tool", "permission_denied",
     "invalid_arguments", "tool_rounds", "calls_per_round", "total_calls", "model_calls",
     "tokens", "cost", "wall_clock", "tool_output", "outcome_unknown", "approval_required",
-    "idempotency_conflict", "cancelled", "reply_size", "denied_by_rule", "rule_limit",
-    "rule_review", "answer_rejected",
+    "idempotency_conflict", "cancelled", "reply_size", "usage_unknown", "denied_by_rule",
+    "rule_limit", "rule_review", "answer_rejected",
 ]  # fmt: skip
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
@@ -157,8 +157,11 @@ _ROWS: tuple[Transition, ...] = (
     # ── deciding: the model has been asked ──────────────────────────────────────────
     T("model_replied", "deciding", "budget_exhausted", ("reply_too_large",), "reply_size",
       "stop", "R9/R12: a reply larger than its size budget is neither read nor run"),
+    T("model_replied", "deciding", "budget_exhausted", ("usage_unknown",), "usage_unknown",
+      "stop", "R9: a reply that reports no usage under a token or cost budget executes "
+      "nothing new (unknown usage is never counted as zero)"),
     T("model_replied", "deciding", "budget_exhausted", ("tokens_spent",), "tokens", "stop",
-      "R9: a reply that takes tokens past the budget (or reports none) executes nothing new"),
+      "R9: a reply that takes tokens past the budget executes nothing new"),
     T("model_replied", "deciding", "budget_exhausted", ("cost_spent",), "cost", "stop",
       "R9: a reply that takes cost past the budget (or cannot be priced) executes nothing new"),
     T("model_replied", "deciding", "validating", (), None, None,

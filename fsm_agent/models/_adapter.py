@@ -157,8 +157,13 @@ def _report(codec: ProviderCodec) -> None:
     port = getattr(url, "port", None)
     if port is None and host:
         port = {"https": 443, "http": 80}.get(str(getattr(url, "scheme", "")))
-    report_call(provider=codec.provider, request_model=codec.model, server_address=host or None,
-                server_port=port)  # fmt: skip
+    report_call(
+        provider=codec.provider,
+        request_model=codec.model,
+        server_address=host or None,
+        server_port=port,
+        stream=bool(getattr(codec, "stream", False)),
+    )
 
 
 class SyncCall(ProviderCodec):

@@ -104,7 +104,8 @@ _USAGE = (
     ("cached_tokens", ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
     ("cache_write_tokens", ga.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS),
 )
-#: What an adapter records when the provider reported no usage (``no_usage()``).
+#: What adapters recorded for unreported usage before they left it absent (a reply of a
+#: model of your own may still say it this way): absent as well.
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
 
 #: How many runs' held events are kept (a review never resumed here is dropped).
@@ -179,6 +180,8 @@ class OpenTelemetry(Interceptor):
         meter = metrics.get_meter("fsm_agent", __version__, meter_provider)
         self.token_usage = gm.create_gen_ai_client_token_usage(meter)
         self.duration = gm.create_gen_ai_client_operation_duration(meter)
+        self.first_chunk = gm.create_gen_ai_client_operation_time_to_first_chunk(meter)
+        self.per_chunk = gm.create_gen_ai_client_operation_time_per_output_chunk(meter)
         self.runs = meter.create_counter(RUNS_METRIC, unit="{run}", description="finished drivings")
         self.capture_content = capture_content
         self.agent_name = agent_name
@@ -304,6 +307,11 @@ class OpenTelemetry(Interceptor):
         if isinstance(model, str) and model:
             span.update_name(f"{_CHAT} {model}")
         self.duration.record(seconds, metric)
+        timing = _stream_facts(span, child.facts, child.started)
+        if "to_first" in timing:
+            self.first_chunk.record(timing["to_first"], metric)
+        if "per_chunk" in timing:
+            self.per_chunk.record(timing["per_chunk"], metric)
         for token_type, key in (("input", ga.GEN_AI_USAGE_INPUT_TOKENS),
                                 ("output", ga.GEN_AI_USAGE_OUTPUT_TOKENS)):  # fmt: skip
             if key in child.attrs:
@@ -594,6 +602,29 @@ def _call_facts(out: dict[str, Any], facts: Mapping[str, Any], metric: dict[str,
         value = facts.get(key)
         if isinstance(value, (str, int)) and value != "":
             out[attr] = metric[attr] = value
+    if facts.get("stream") is True:
+        out[ga.GEN_AI_REQUEST_STREAM] = True
+
+
+def _stream_facts(span: Span, facts: Mapping[str, Any], started: float) -> dict[str, float]:
+    """A streamed reply's timing on its one ``chat`` span: the time to its first chunk as
+    an attribute and as one event at that moment (the deltas themselves never become
+    events); the seconds per chunk after it, for the metric (empty if nothing streamed)."""
+    first, last, count = (facts.get(k) for k in ("first_delta_at", "last_delta_at", "deltas"))
+    if not isinstance(first, float) or not isinstance(last, float) or not isinstance(count, int):
+        return {}
+    to_first = max(first - started, 0.0)
+    span.set_attribute(ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, to_first)
+    at_ns = time.time_ns() - int(max(time.monotonic() - first, 0.0) * 1e9)
+    span.add_event(
+        ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+        {ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: to_first},
+        timestamp=at_ns,
+    )
+    out = {"to_first": to_first}
+    if count > 1:
+        out["per_chunk"] = (last - first) / (count - 1)
+    return out
 
 
 def _count(value: Any) -> bool:

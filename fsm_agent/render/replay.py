@@ -275,12 +275,35 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
         lines += [f"    #{f['attempt']} {_failure(f)}" for f in failed]
     if n == len(replay) - 1 and event.get("type") == "run_end":
         lines += [f"  next:   {line}" for line in where_the_rest_is(replay)]
+    if event.get("type") == "decision":
+        lines += _streamed_lines(event.get("message"))
     payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
     if event.get("type") in ("decision", "observation", "run_end", "run_start"):
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
         lines.append("  payload:")
         lines += ["    " + line for line in text.splitlines()]
     return [part for line in lines for part in _wrap(_printable(line), width)]
+
+
+def _streamed_lines(message: Any) -> list[str]:
+    """A streamed reply as it was produced: per block its counts and, when the trace kept
+    them (``trace_deltas=True``), its deltas in order, ``|`` between them."""
+    streamed = message.get("streamed") if isinstance(message, dict) else None
+    if not isinstance(streamed, list) or not streamed:
+        return []
+    lines = ["  streamed:"]
+    for b in streamed:
+        if not isinstance(b, dict):
+            continue
+        call = f" ({b['call_id']})" if b.get("call_id") else ""
+        head = f"    {b.get('kind')} #{b.get('index')}{call}: {b.get('deltas')} deltas"
+        pieces = b.get("pieces")
+        if isinstance(pieces, list):
+            shown = " | ".join(json.dumps(p, ensure_ascii=False) for p in pieces)
+            lines.append(f"{head}: {shown}")
+        else:
+            lines.append(head + f", {b.get('chars')} chars (coalesced)")
+    return lines
 
 
 def _failure(attempt: dict[str, Any]) -> str:

@@ -214,15 +214,21 @@ class Runtime:
         trace: TraceArg = None,
         model: Model | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        trace_deltas: bool = False,
     ) -> StreamRun:
         """``with runtime.stream(task) as run: for event in run: ...``, then ``run.result``:
         the run driven as :meth:`run` drives it (in a thread of its own), its typed events
         live in ``seq`` order, with the deltas of a ``stream=True`` model. Leaving the block
-        early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``)."""
+        early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``). The
+        trace keeps each streamed block's length and digest; ``trace_deltas=True`` keeps
+        the raw deltas too (``fsm-agent check`` verifies that they fold to the message)."""
         from fsm_agent.runtime.streaming import StreamRun
 
         self._sync_model(model, "stream")
-        return StreamRun(self, task, run_id=run_id, trace=trace, model=model, capacity=capacity)
+        return StreamRun(
+            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity,
+            trace_deltas=_flag("trace_deltas", trace_deltas),
+        )  # fmt: skip
 
     def astream(
         self,
@@ -232,6 +238,7 @@ class Runtime:
         trace: TraceArg = None,
         model: Model | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        trace_deltas: bool = False,
     ) -> AsyncStreamRun:
         """``async with runtime.astream(task) as run: async for event in run: ...``: the
         async twin of :meth:`stream` (driven as :meth:`arun` drives it); cancelling the
@@ -240,8 +247,9 @@ class Runtime:
 
         self._model_for(model)
         return AsyncStreamRun(
-            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity
-        )
+            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity,
+            trace_deltas=_flag("trace_deltas", trace_deltas),
+        )  # fmt: skip
 
     def _stream_drive(
         self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
@@ -669,3 +677,9 @@ class Runtime:
         result = self._result(s)
         result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
