@@ -7,7 +7,10 @@ check in a statement before it — so a claim taken between the two cannot slip 
 
 from __future__ import annotations
 
-__all__ = ["Statements"]
+__all__ = ["REFUSED", "Statements"]
+
+#: The text of the error a commit sent ahead raises where it committed nothing.
+REFUSED = "fsm-agent: the intent was not committed: "
 
 _LEASE = "now() + %(lease)s * interval '1 second'"
 
@@ -16,6 +19,12 @@ _LEASE = "now() + %(lease)s * interval '1 second'"
 _FENCE = (
     "SELECT 1 FROM {s}.runs WHERE run_id = %(frun)s AND owner = %(fowner)s "
     "AND epoch = coalesce(%(fepoch)s, epoch) FOR SHARE"
+)
+
+#: The fence of a statement sent behind (a checkpoint's parameter names).
+_BEHIND_FENCE = (
+    "SELECT 1 FROM {s}.runs WHERE run_id = %(run_id)s AND owner = %(owner)s "
+    "AND epoch = coalesce(%(epoch)s, epoch) FOR SHARE"
 )
 
 # The arrays go in binary: as text, every quote in every JSON body would be escaped in
@@ -78,6 +87,18 @@ class Statements:
             "WHERE tool = %(tool)s AND key = %(key)s AND status = 'pending' "
             "AND (NOT %(fenced)s OR EXISTS (SELECT 1 FROM f)) RETURNING 1"
         )
+        # A commit sent ahead of the driver's next statement, in its transaction: no row
+        # committed raises (a cast that cannot succeed, so the statements behind it are
+        # rolled back with it), and the store then asks why (``PostgresStore._flush``).
+        # (Not a constant: PostgreSQL would fold a constant ELSE at planning and raise.)
+        self.commit_behind = q(
+            f"WITH f AS ({_BEHIND_FENCE}), u AS (UPDATE {{s}}.idempotency SET status = 'committed', "
+            "result = %(result)s, result_sum = %(rsum)s, updated = now() "
+            "WHERE tool = %(tool)s AND key = %(key)s AND status = 'pending' "
+            "AND EXISTS (SELECT 1 FROM f) RETURNING 1) "
+            f"SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('{REFUSED}' || count(*))::integer END "
+            "FROM u"
+        )
         self.abort_intent = q(
             f"WITH f AS ({_FENCE}) "
             "DELETE FROM {s}.idempotency WHERE tool = %(tool)s AND key = %(key)s "
@@ -94,6 +115,10 @@ class Statements:
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
         self.save = q(f"{_SAVE} SELECT num FROM r")
+        self.save_behind = q(
+            f"{_SAVE} SELECT CASE WHEN count(*) = 1 THEN 1 "
+            f"ELSE ('{REFUSED}' || count(*))::integer END FROM r"
+        )
         # A submitted run's first driver records its own settings: the header is
         # replaced only while the run has no event (its run_start is the driver's), fenced.
         self.adopt_run = q(

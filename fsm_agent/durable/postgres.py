@@ -29,7 +29,11 @@ program. A statement that fails is not retried: whether it committed may be unkn
 the run continues from its last checkpoint under the usual rules.
 
 Each checkpoint is one SQL statement (the fenced update of the run row and the inserts of
-its events and history rows, in one implicit transaction): one round trip.
+its events and history rows, in one implicit transaction): one round trip. A write's
+result goes *behind* (``commit_intent_behind``): the driver does not wait for it; it is
+sent with the driving's next statement, pipelined in the same round trip and the same
+transaction (psycopg's pipeline mode, one Sync), so a durable round waits on the fewest
+round trips the D rules allow (``docs/concepts/durable-runs.md``).
 """
 
 from __future__ import annotations
@@ -128,6 +132,18 @@ class Claim:
     why: str
 
 
+@dataclass(frozen=True)
+class _Behind:
+    """A statement waiting to go with its driving's next one: a write's result
+    (``tool``, ``key``, ``owner`` of its intent) or a checkpoint (``tool`` is None)."""
+
+    sql: str
+    params: dict[str, Any]
+    tool: str | None = None
+    key: str = ""
+    owner: tuple[str, str] = ("", "")
+
+
 class PostgresStore:
     """Runs, events, checkpoints, intents and the run queue in one PostgreSQL schema.
 
@@ -175,6 +191,8 @@ class PostgresStore:
         self.sql = pg_sql.Statements(f'"{schema}"')
         #: the epoch each owner token of this process claimed at (its fencing token)
         self._epochs: dict[str, int] = {}
+        #: per driving ``(run_id, owner)``: the commits that go with its next statement
+        self._behind: dict[tuple[str, str], list[_Behind]] = {}
         self._lock = threading.Lock()
         open_schema(
             self.conninfo,
@@ -237,6 +255,74 @@ class PostgresStore:
         with self.connection() as conn:
             return list(conn.execute(sql, params).fetchall())
 
+    # ── statements behind ─────────────────────────────────────────────────────────
+
+    def _queued(self, pick: Any) -> list[_Behind]:
+        """Take the commits behind every driving ``pick((run_id, owner), commits)``
+        selects (in their order)."""
+        if not self._behind:  # the common case: nothing waits, no lock taken
+            return []
+        with self._lock:
+            keys = [k for k, v in self._behind.items() if pick(k, v)]
+            return [b for k in keys for b in self._behind.pop(k)]
+
+    def _one_after(self, fence: Fence | None, sql: str, params: Any) -> Any:
+        """``_one(sql, params)`` after the commits behind the driving ``fence``: all in
+        one round trip and one transaction."""
+        if fence is None:
+            return self._one(sql, params)
+        return self._flush(self._queued(lambda k, _: k == fence), sql, params)
+
+    def _flush(self, queued: list[_Behind], sql: str | None, params: Any = None) -> Any:
+        """Run the ``queued`` commits and then ``sql`` (if any) pipelined: one round trip,
+        one implicit transaction (one Sync), so ``sql`` is written only with them. A
+        commit that commits nothing rolls all of it back; then the store asks why:
+        ``RunBusy`` (the claim was lost), ``IntentConflict`` (no such pending intent), or
+        committed already by the same owner (it is dropped and the rest sent again)."""
+        import psycopg
+
+        while queued:
+            with self.connection() as conn:
+                try:
+                    with conn.pipeline():
+                        for b in queued:
+                            conn.execute(b.sql, b.params)
+                        cursor = None if sql is None else conn.execute(sql, params)
+                    return None if cursor is None else cursor.fetchone()
+                except psycopg.errors.InvalidTextRepresentation as exc:
+                    if pg_sql.REFUSED not in str(exc):
+                        raise
+            queued = self._settle_refused(queued)
+        return None if sql is None else self._one(sql, params)
+
+    def _settle_refused(self, queued: list[_Behind]) -> list[_Behind]:
+        """The queued commits to send again after one of them committed nothing (and
+        so none did), or the error that stops the driving."""
+        first = queued[0].params
+        fence = {"frun": first["run_id"], "fowner": first["owner"], "fepoch": first["epoch"]}
+        if self._one(self.sql.fence_holds, fence) is None:
+            self._not_owner(fence["frun"])
+        again = []
+        for b in queued:
+            if b.tool is None:  # a checkpoint is refused only by the fence
+                again.append(b)
+                continue
+            found = self.get_intent(b.tool, b.key)
+            if found is not None and found.status == "committed" and found.owner == b.owner:
+                continue  # committed already (a reviewer's reconcile): nothing to send
+            if found is None or found.status != "pending":
+                raise IntentConflict(
+                    f"{self.name}: no pending intent for {b.tool!r} key {b.key!r} to commit"
+                )
+            again.append(b)
+        if len(again) == len(queued):  # (cannot be: one of them committed nothing)
+            raise IntentConflict(f"{self.name}: a commit behind run {fence['frun']!r} was refused")
+        return again
+
+    def flush(self, run_id: str, owner: str) -> None:
+        """Send what waits behind the driving ``(run_id, owner)`` now (one round trip)."""
+        self._flush(self._queued(lambda k, _: k == (run_id, owner)), None)
+
     def _error(self, exc: BaseException) -> StoreError:
         return store_error(self.name, exc, self.timeout, self.statement_timeout_s)
 
@@ -290,7 +376,7 @@ class PostgresStore:
         }  # fmt: skip
         if save is None:
             f = self._fence_params(fence)
-            row = self._one(self.sql.begin_intent, {**intent, **f})
+            row = self._one_after(fence, self.sql.begin_intent, {**intent, **f})
             if row[0] == "fenced":
                 self._not_owner(f["frun"])
         else:
@@ -298,7 +384,9 @@ class PostgresStore:
             if fence is not None and fence != (save.run_id, save.owner):
                 raise ValueError("begin_intent: a save rides only under its own fence")
             saved = self._save_params(save.run_id, save.owner, save.events, save.checkpoint)
-            row = self._one(self.sql.save_begin_intent, {**intent, **saved})
+            row = self._one_after(
+                (save.run_id, save.owner), self.sql.save_begin_intent, {**intent, **saved}
+            )
             if row is None:
                 self._not_owner(save.run_id)
         found = None if row[1] is None else self._record(r.tool, r.key, row[1:])
@@ -336,7 +424,7 @@ class PostgresStore:
             "rsum": _result_sum("committed", text),
             **self._fence_params(fence),
         }
-        if self._one(self.sql.commit_intent, params) is not None:
+        if self._one_after(fence, self.sql.commit_intent, params) is not None:
             return
         if fence is not None and self._one(self.sql.fence_holds, params) is None:
             self._not_owner(fence[0])
@@ -344,6 +432,32 @@ class PostgresStore:
         if found is not None and found.status == "committed" and found.owner == owner:
             return  # committed already
         raise IntentConflict(f"{self.name}: no pending intent for {tool!r} key {key!r} to commit")
+
+    def commit_intent_behind(
+        self, tool: str, key: str, owner: tuple[str, str], result: Any, *, fence: Fence
+    ) -> None:
+        """:meth:`commit_intent` without waiting: the commit is sent with the next
+        statement of the driving ``fence`` (its next checkpoint, intent, approval use or
+        release), pipelined in the same round trip and the same transaction. A write's
+        result need not be durable before the loop goes on (D1): a crash before it is
+        sent resumes to ``outcome_unknown``, never to a second run; and nothing after it
+        is stored without it. Its refusal (``RunBusy``, ``IntentConflict``) is raised by
+        that next statement, which is then not written either."""
+        text = _dumps(result)
+        run_id, token = fence
+        params = {
+            "tool": tool,
+            "key": key,
+            "result": text,
+            "rsum": _result_sum("committed", text),
+            "run_id": run_id,
+            "owner": token,
+            "epoch": self._epoch(token),
+        }
+        with self._lock:
+            self._behind.setdefault(fence, []).append(
+                _Behind(self.sql.commit_behind, params, tool, key, owner)
+            )
 
     def abort_intent(
         self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
@@ -356,14 +470,17 @@ class PostgresStore:
             **self._fence_params(fence),
         }
         if (
-            self._one(self.sql.abort_intent, params) is None
+            self._one_after(fence, self.sql.abort_intent, params) is None
             and fence is not None
             and self._one(self.sql.fence_holds, params) is None
         ):
             self._not_owner(fence[0])
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
-        row = self._one(self.sql.get_intent, [tool, key])
+        # A commit of this key behind a driving of this process goes first: this store
+        # object answers with what it was told.
+        queued = self._queued(lambda _, v: any((b.tool, b.key) == (tool, key) for b in v))
+        row = self._flush(queued, self.sql.get_intent, [tool, key])
         return None if row is None else self._record(tool, key, row)
 
     def find_intents(
@@ -426,8 +543,25 @@ class PostgresStore:
     ) -> None:
         # The fence: the run row is updated (and the events and history rows inserted)
         # only where this owner still holds the claim at the epoch it claimed at.
-        if self._one(self.sql.save, self._save_params(run_id, owner, events, checkpoint)) is None:
+        params = self._save_params(run_id, owner, events, checkpoint)
+        if self._one_after((run_id, owner), self.sql.save, params) is None:
             self._not_owner(run_id)
+
+    def save_behind(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` without waiting: sent with the driving's next statement, in its
+        transaction (as :meth:`commit_intent_behind`). A checkpoint waits behind at most
+        one other: a run of reads saves every second reply, not only at its end."""
+        params = self._save_params(run_id, owner, events, checkpoint)
+        item = _Behind(self.sql.save_behind, params)
+        with self._lock:
+            queue = self._behind.setdefault((run_id, owner), [])
+            waits = any(b.tool is None for b in queue)
+            if not waits:
+                queue.append(item)
+                return
+        self.save(run_id, owner, events, checkpoint)
 
     def _save_params(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
@@ -571,7 +705,8 @@ class PostgresStore:
         """Give up the claim; a run a worker may drive (not finished, not waiting for a
         reviewer) is announced on the work channel for the next worker."""
         try:
-            self._all(self.sql.release, {"run_id": run_id, "owner": owner, "channel": self.channel})
+            params = {"run_id": run_id, "owner": owner, "channel": self.channel}
+            self._one_after((run_id, owner), self.sql.release, params)
         finally:
             with self._lock:
                 self._epochs.pop(owner, None)
@@ -621,7 +756,8 @@ class PostgresStore:
         """See :meth:`~fsm_agent.durable.store.ApprovalStore.consume_approval`: one
         server-side function, atomic across the fleet (``pg_schema``'s version 2)."""
         params = {"approval": approval_id, "max": max_uses, "run": run_id, "call": call_id}
-        return bool(self._one(self.sql.consume_approval, params)[0])
+        queued = self._queued(lambda k, _: k[0] == run_id)
+        return bool(self._flush(queued, self.sql.consume_approval, params)[0])
 
     def approval_uses(self, approval_id: str) -> int:
         return int(self._one(self.sql.approval_uses, {"approval": approval_id})[0])

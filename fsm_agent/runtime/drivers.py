@@ -257,6 +257,19 @@ class _Driver:
 
     @answers(CommitIntent)
     def commit_intent(self, request: CommitIntent) -> None:
+        # The loop needs no answer: a store that can send the result with the run's
+        # next statement (PostgresStore) is not waited for here (D1: a crash before it
+        # lands resumes to outcome_unknown, never to a second run).
+        behind = getattr(self.store, "commit_intent_behind", None) if self.io.fenced else None
+        if behind is not None:
+            behind(
+                request.tool,
+                request.key,
+                request.owner,
+                request.result,
+                fence=(self.io.run_id, self.io.owner or ""),
+            )
+            return
         self.store.commit_intent(
             request.tool, request.key, request.owner, request.result, **self._fence()
         )
@@ -285,6 +298,10 @@ class _Driver:
         runs = cast(RunStore, self.store)  # the loop saves only when the store keeps runs
         if request.header is not None:
             runs.create_run(self.io.run_id, request.header, owner, request.events, checkpoint)
+            return
+        behind = getattr(runs, "save_behind", None) if request.behind else None
+        if behind is not None:  # rides with the run's next statement (PostgresStore)
+            behind(self.io.run_id, owner, request.events, checkpoint)
         else:
             runs.save(self.io.run_id, owner, request.events, checkpoint)
 
