@@ -92,8 +92,8 @@ class Statements:
         # rolled back with it), and the store then asks why (``PostgresStore._flush``).
         # (Not a constant: PostgreSQL would fold a constant ELSE at planning and raise.)
         self.commit_behind = q(
-            f"WITH f AS ({_BEHIND_FENCE}), u AS (UPDATE {{s}}.idempotency SET status = 'committed', "
-            "result = %(result)s, result_sum = %(rsum)s, updated = now() "
+            f"WITH f AS ({_BEHIND_FENCE}), u AS (UPDATE {{s}}.idempotency "
+            "SET status = 'committed', result = %(result)s, result_sum = %(rsum)s, updated = now() "
             "WHERE tool = %(tool)s AND key = %(key)s AND status = 'pending' "
             "AND EXISTS (SELECT 1 FROM f) RETURNING 1) "
             f"SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('{REFUSED}' || count(*))::integer END "
