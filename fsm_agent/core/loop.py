@@ -518,7 +518,7 @@ def _save(s: RunState, *, header: bool = False, behind: bool = False) -> SaveChe
     events = s.events[s.saved_events :]
     s.saved_events = len(s.events)
     head = s.config.header_fields() if header else None
-    return SaveCheckpoint(events, s.snapshot(), rows, head, behind)
+    return SaveCheckpoint(events, s.snapshot(), rows, head, behind, s.state in _TERMINAL)
 
 
 def _emit(s: RunState) -> EmitEvents:

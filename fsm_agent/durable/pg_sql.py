@@ -115,6 +115,14 @@ class Statements:
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
         self.save = q(f"{_SAVE} SELECT num FROM r")
+        # A driving's last checkpoint lets the claim go in the same statement (and
+        # announces a run a worker may drive, as ``release`` does): one round trip.
+        self.save_release = q(
+            _SAVE.replace(
+                f"lease_until = {_LEASE}", "owner = NULL, lease_until = '-infinity'"
+            ).replace("RETURNING num, epoch", "RETURNING num, epoch, run_id, runnable")
+            + " SELECT num, CASE WHEN runnable THEN pg_notify(%(channel)s, run_id) END FROM r"
+        )
         self.save_behind = q(
             f"{_SAVE} SELECT CASE WHEN count(*) = 1 THEN 1 "
             f"ELSE ('{REFUSED}' || count(*))::integer END FROM r"
@@ -178,6 +186,13 @@ class Statements:
             "UPDATE {s}.runs SET owner = %(owner)s, epoch = epoch + 1, "
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
             "WHERE run_id = %(run_id)s RETURNING epoch"
+        )
+        # A claim of a run nobody holds (or this owner does), without judging a holder:
+        # ``claim_and_load`` tries it first and judges only when it takes nothing.
+        self.take_free = q(
+            "UPDATE {s}.runs SET owner = %(owner)s, epoch = epoch + 1, "
+            f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
+            "WHERE run_id = %(run_id)s AND (owner IS NULL OR owner = %(owner)s) RETURNING epoch"
         )
         self.claim_next = q(
             "WITH c AS (SELECT num, owner AS previous, claimed_at IS NULL AS first "

@@ -193,6 +193,8 @@ class PostgresStore:
         self._epochs: dict[str, int] = {}
         #: per driving ``(run_id, owner)``: the commits that go with its next statement
         self._behind: dict[tuple[str, str], list[_Behind]] = {}
+        #: drivings whose last checkpoint released their claim (``save_and_release``)
+        self._released: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         open_schema(
             self.conninfo,
@@ -547,6 +549,19 @@ class PostgresStore:
         if self._one_after((run_id, owner), self.sql.save, params) is None:
             self._not_owner(run_id)
 
+    def save_and_release(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` and :meth:`release` in one statement: a driving's last checkpoint
+        (the run ended, or paused for review) gives up the claim as it lands. The
+        driving's own ``release`` then has nothing left to do."""
+        params = {**self._save_params(run_id, owner, events, checkpoint), "channel": self.channel}
+        if self._one_after((run_id, owner), self.sql.save_release, params) is None:
+            self._not_owner(run_id)
+        with self._lock:
+            self._epochs.pop(owner, None)
+            self._released.add((run_id, owner))
+
     def save_behind(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
@@ -592,7 +607,9 @@ class PostgresStore:
         return bool(events == 0)
 
     def load_run(self, run_id: str) -> StoredRun:
-        row = self._one(self.sql.load_run, [run_id])
+        return self._stored(run_id, self._one(self.sql.load_run, [run_id]))
+
+    def _stored(self, run_id: str, row: Any) -> StoredRun:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in {self.name}")
         header, header_sum, snapshot, snapshot_sum, mi, mb, ms, es, eb, esum = row
@@ -639,6 +656,27 @@ class PostgresStore:
             ).fetchone()
         with self._lock:
             self._epochs[owner] = epoch
+
+    def claim_and_load(self, run_id: str, owner: str) -> StoredRun:
+        """:meth:`claim`, then :meth:`load_run`: one round trip where nobody holds the
+        run (the common case: a resume, a review), the claim and the read pipelined in
+        one transaction. A run someone holds is judged as :meth:`claim` judges it."""
+        params = {"run_id": run_id, "owner": owner, "lease": self.lease_s}
+        with self.connection() as conn:
+            with conn.pipeline():
+                took = conn.execute(self.sql.take_free, params)
+                loaded = conn.execute(self.sql.load_run, [run_id])
+            row, stored = took.fetchone(), loaded.fetchone()
+        if row is None:
+            self.claim(run_id, owner)
+            return self.load_run(run_id)
+        with self._lock:
+            self._epochs[owner] = row[0]
+        try:
+            return self._stored(run_id, stored)
+        except BaseException:
+            self.release(run_id, owner)
+            raise
 
     def claim_next(self, owner: str, skip: tuple[str, ...] = ()) -> Claim | None:
         """Claim the oldest run a worker may drive now — new, its reviews settled, or
@@ -704,6 +742,10 @@ class PostgresStore:
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim; a run a worker may drive (not finished, not waiting for a
         reviewer) is announced on the work channel for the next worker."""
+        with self._lock:
+            if (run_id, owner) in self._released:  # by its last checkpoint
+                self._released.discard((run_id, owner))
+                return
         try:
             params = {"run_id": run_id, "owner": owner, "channel": self.channel}
             self._one_after((run_id, owner), self.sql.release, params)

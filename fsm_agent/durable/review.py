@@ -23,7 +23,7 @@ from fsm_agent.core.canonical import digest, parse_arguments
 from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
-from fsm_agent.durable.resume import restore_state
+from fsm_agent.durable.resume import claim_and_load, restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
 from fsm_agent.errors import ArgumentsError, ConfigError, ReviewError, StoreError
 from fsm_agent.trace.chain import continue_chain, trace_key
@@ -136,9 +136,12 @@ def record(
         raise StoreError(f"{type(store).__name__} does not keep runs")
     owner = owners.new_owner()
     owners.hold(owner)
-    store.claim(run_id, owner)
     try:
-        stored = store.load_run(run_id)
+        stored = claim_and_load(store, run_id, owner)
+    except BaseException:
+        owners.drop(owner)
+        raise
+    try:
         s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
         request["at"] = when
@@ -162,7 +165,9 @@ def record(
             except ConfigError as exc:
                 raise ReviewError(str(exc)) from None
             lines = None if encoder is None else encoder.lines(events)
-        store.save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
+        # The decision and the claim's end in one statement where the store can.
+        save = getattr(store, "save_and_release", store.save)
+        save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
         return events[-1], s
     finally:
         owners.let_go(store, run_id, owner)

@@ -299,11 +299,14 @@ class _Driver:
         if request.header is not None:
             runs.create_run(self.io.run_id, request.header, owner, request.events, checkpoint)
             return
-        behind = getattr(runs, "save_behind", None) if request.behind else None
-        if behind is not None:  # rides with the run's next statement (PostgresStore)
-            behind(self.io.run_id, owner, request.events, checkpoint)
-        else:
-            runs.save(self.io.run_id, owner, request.events, checkpoint)
+        # PostgresStore: a checkpoint behind rides with the run's next statement; the
+        # last one lets the claim go as it lands (one round trip, not two).
+        save = runs.save
+        if request.behind:
+            save = getattr(runs, "save_behind", save)
+        elif request.last:
+            save = getattr(runs, "save_and_release", save)
+        save(self.io.run_id, owner, request.events, checkpoint)
 
     def riding(self, save: SaveCheckpoint | None) -> RunSave | None:
         """A checkpoint that goes in with an intent operation, as the store takes it."""
