@@ -137,7 +137,7 @@ def record(
     owner = owners.new_owner()
     owners.hold(owner)
     try:
-        stored = claim_and_load(store, run_id, owner)
+        stored = claim_and_load(store, run_id, owner)  # (not left claimed if unreadable)
     except BaseException:
         owners.drop(owner)
         raise
@@ -156,21 +156,28 @@ def record(
             observe(events)
         if not fits:
             raise ReviewError(_refusal(s, call_id, action))
-        lines = None
-        if getattr(store, "wants_lines", False) and stored.events:
-            try:
-                encoder = continue_chain(
-                    run_id, stored.events[0], stored.events[-2:], trace_key(key), 1
-                )
-            except ConfigError as exc:
-                raise ReviewError(str(exc)) from None
-            lines = None if encoder is None else encoder.lines(events)
+        lines = _lines(store, stored, events, key)
         # The decision and the claim's end in one statement where the store can.
         save = getattr(store, "save_and_release", store.save)
         save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
         return events[-1], s
     finally:
         owners.let_go(store, run_id, owner)
+
+
+def _lines(
+    store: Any, stored: StoredRun, events: list[dict[str, Any]], key: bytes | str | None
+) -> list[str] | None:
+    """The review's events as the chained lines a store of JSON text keeps."""
+    if not getattr(store, "wants_lines", False) or not stored.events:
+        return None
+    try:
+        encoder = continue_chain(
+            stored.run_id, stored.events[0], stored.events[-2:], trace_key(key), 1
+        )
+    except ConfigError as exc:
+        raise ReviewError(str(exc)) from None
+    return None if encoder is None else encoder.lines(events)
 
 
 def _text_or_none(what: str, value: Any) -> str | None:
