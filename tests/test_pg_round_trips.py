@@ -201,16 +201,33 @@ def test_a_result_behind_goes_with_the_next_checkpoint_in_one_round_trip(
 ) -> None:
     _started(pg_store, "r1", "A")
     pg_store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    pg_store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    # Nothing was sent: what is durable is what the store answers.
     assert sql(pg_server, f'SELECT status FROM "{pg_store.schema}".idempotency') == [("pending",)]
-    # This store object answers with what it was told: the commit goes first.
+    found = pg_store.get_intent("keyed", "r1-k")
+    assert found is not None and found.status == "pending"
+    assert [e["seq"] for e in pg_store.load_run("r1").events] == [1]
+    pg_store.save("r1", "A", [_event(3)], _checkpoint("deciding"))
     found = pg_store.get_intent("keyed", "r1-k")
     assert found is not None and (found.status, found.result) == ("committed", {"ok": 1})
-    pg_store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
-    pg_store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
-    pg_store.save("r1", "A", [_event(3)], _checkpoint("deciding"))
     stored = pg_store.load_run("r1")
     assert [e["seq"] for e in stored.events] == [1, 2, 3]
     assert stored.body["state"] == "deciding"
+
+
+def test_a_new_claim_drops_what_an_earlier_driving_left_behind(
+    pg_server: Any, pg_store: PostgresStore
+) -> None:
+    # A driving of this process that stopped (killed, in a test) with a result behind:
+    # the run's next driver does not send it (its fence would refuse it anyway).
+    _started(pg_store, "r1", "A")
+    pg_store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    sql(pg_server, f'UPDATE "{pg_store.schema}".runs SET owner = NULL')
+    pg_store.claim_and_load("r1", "B")
+    pg_store.save("r1", "B", [_event(2)], _checkpoint("observing"))
+    assert [e["seq"] for e in pg_store.load_run("r1").events] == [1, 2]
+    found = pg_store.get_intent("keyed", "r1-k")
+    assert found is not None and found.status == "pending"
 
 
 def test_a_lost_claim_refuses_what_rides_behind_and_the_statement_it_rides_with(

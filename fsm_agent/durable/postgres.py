@@ -268,6 +268,16 @@ class PostgresStore:
             keys = [k for k, v in self._behind.items() if pick(k, v)]
             return [b for k in keys for b in self._behind.pop(k)]
 
+    def _claimed(self, run_id: str, owner: str, epoch: int) -> None:
+        """``owner`` claimed ``run_id`` at ``epoch``: what other drivings of it in this
+        process still had behind is dropped — the claim refuses it anyway, as it
+        would have died with a process that was killed."""
+        with self._lock:
+            self._epochs[owner] = epoch
+            if self._behind:
+                for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
+                    del self._behind[k]
+
     def _one_after(self, fence: Fence | None, sql: str, params: Any) -> Any:
         """``_one(sql, params)`` after the commits behind the driving ``fence``: all in
         one round trip and one transaction."""
@@ -479,10 +489,8 @@ class PostgresStore:
             self._not_owner(fence[0])
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
-        # A commit of this key behind a driving of this process goes first: this store
-        # object answers with what it was told.
-        queued = self._queued(lambda _, v: any((b.tool, b.key) == (tool, key) for b in v))
-        row = self._flush(queued, self.sql.get_intent, [tool, key])
+        # What is durable: a commit still behind a driving is not (yet) in the answer.
+        row = self._one(self.sql.get_intent, [tool, key])
         return None if row is None else self._record(tool, key, row)
 
     def find_intents(
@@ -654,8 +662,7 @@ class PostgresStore:
             (epoch,) = conn.execute(
                 self.sql.take_run, {"run_id": run_id, "owner": owner, "lease": self.lease_s}
             ).fetchone()
-        with self._lock:
-            self._epochs[owner] = epoch
+        self._claimed(run_id, owner, epoch)
 
     def claim_and_load(self, run_id: str, owner: str) -> StoredRun:
         """:meth:`claim`, then :meth:`load_run`: one round trip where nobody holds the
@@ -670,8 +677,7 @@ class PostgresStore:
         if row is None:
             self.claim(run_id, owner)
             return self.load_run(run_id)
-        with self._lock:
-            self._epochs[owner] = row[0]
+        self._claimed(run_id, owner, row[0])
         try:
             return self._stored(run_id, stored)
         except BaseException:
@@ -692,8 +698,7 @@ class PostgresStore:
         if row is None:
             return None
         run_id, epoch, state, previous, first = row
-        with self._lock:
-            self._epochs[owner] = epoch
+        self._claimed(run_id, owner, epoch)
         why = (
             "orphaned"
             if previous is not None
@@ -724,8 +729,7 @@ class PostgresStore:
                 {"owner": owner, "run_id": run_id, "dead": holder, "lease": self.lease_s},
             )
             if row is not None:
-                with self._lock:
-                    self._epochs[owner] = row[1]
+                self._claimed(run_id, owner, row[1])
                 return Claim(run_id, owner, row[1], "orphaned")
         return None
 
@@ -798,8 +802,7 @@ class PostgresStore:
         """See :meth:`~fsm_agent.durable.store.ApprovalStore.consume_approval`: one
         server-side function, atomic across the fleet (``pg_schema``'s version 2)."""
         params = {"approval": approval_id, "max": max_uses, "run": run_id, "call": call_id}
-        queued = self._queued(lambda k, _: k[0] == run_id)
-        return bool(self._flush(queued, self.sql.consume_approval, params)[0])
+        return bool(self._one(self.sql.consume_approval, params)[0])
 
     def approval_uses(self, approval_id: str) -> int:
         return int(self._one(self.sql.approval_uses, {"approval": approval_id})[0])
