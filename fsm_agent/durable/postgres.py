@@ -279,18 +279,18 @@ class PostgresStore:
                     del self._behind[k]
 
     def _one_after(self, fence: Fence | None, sql: str, params: Any) -> Any:
-        """``_one(sql, params)`` after the commits behind the driving ``fence``: all in
+        """``_one(sql, params)`` after what waits behind the driving ``fence``: all in
         one round trip and one transaction."""
         if fence is None:
             return self._one(sql, params)
         return self._flush(self._queued(lambda k, _: k == fence), sql, params)
 
-    def _flush(self, queued: list[_Behind], sql: str | None, params: Any = None) -> Any:
-        """Run the ``queued`` commits and then ``sql`` (if any) pipelined: one round trip,
-        one implicit transaction (one Sync), so ``sql`` is written only with them. A
-        commit that commits nothing rolls all of it back; then the store asks why:
+    def _flush(self, queued: list[_Behind], sql: str, params: Any) -> Any:
+        """The ``queued`` statements, then ``sql``, pipelined: one round trip, one
+        implicit transaction (one Sync), so ``sql`` is written only with them. One that
+        writes nothing raises, which rolls all of it back; the store then asks why:
         ``RunBusy`` (the claim was lost), ``IntentConflict`` (no such pending intent), or
-        committed already by the same owner (it is dropped and the rest sent again)."""
+        committed already by the same owner (dropped, and the rest sent again)."""
         import psycopg
 
         while queued:
@@ -299,13 +299,13 @@ class PostgresStore:
                     with conn.pipeline():
                         for b in queued:
                             conn.execute(b.sql, b.params)
-                        cursor = None if sql is None else conn.execute(sql, params)
-                    return None if cursor is None else cursor.fetchone()
+                        cursor = conn.execute(sql, params)
+                    return cursor.fetchone()
                 except psycopg.errors.InvalidTextRepresentation as exc:
                     if pg_sql.REFUSED not in str(exc):
                         raise
             queued = self._settle_refused(queued)
-        return None if sql is None else self._one(sql, params)
+        return self._one(sql, params)
 
     def _settle_refused(self, queued: list[_Behind]) -> list[_Behind]:
         """The queued commits to send again after one of them committed nothing (and
@@ -330,10 +330,6 @@ class PostgresStore:
         if len(again) == len(queued):  # (cannot be: one of them committed nothing)
             raise IntentConflict(f"{self.name}: a commit behind run {fence['frun']!r} was refused")
         return again
-
-    def flush(self, run_id: str, owner: str) -> None:
-        """Send what waits behind the driving ``(run_id, owner)`` now (one round trip)."""
-        self._flush(self._queued(lambda k, _: k == (run_id, owner)), None)
 
     def _error(self, exc: BaseException) -> StoreError:
         return store_error(self.name, exc, self.timeout, self.statement_timeout_s)
