@@ -191,7 +191,7 @@ class PostgresStore:
         self.sql = pg_sql.Statements(f'"{schema}"')
         #: the epoch each owner token of this process claimed at (its fencing token)
         self._epochs: dict[str, int] = {}
-        #: per driving ``(run_id, owner)``: the commits that go with its next statement
+        #: per driving ``(run_id, owner)``: the statements that go with its next one
         self._behind: dict[tuple[str, str], list[_Behind]] = {}
         #: drivings whose last checkpoint released their claim (``save_and_release``)
         self._released: set[tuple[str, str]] = set()
@@ -259,14 +259,12 @@ class PostgresStore:
 
     # ── statements behind ─────────────────────────────────────────────────────────
 
-    def _queued(self, pick: Any) -> list[_Behind]:
-        """Take the commits behind every driving ``pick((run_id, owner), commits)``
-        selects (in their order)."""
+    def _queued(self, fence: Fence) -> list[_Behind]:
+        """Take what waits behind the driving ``fence`` (in its order)."""
         if not self._behind:  # the common case: nothing waits, no lock taken
             return []
         with self._lock:
-            keys = [k for k, v in self._behind.items() if pick(k, v)]
-            return [b for k in keys for b in self._behind.pop(k)]
+            return self._behind.pop(fence, [])
 
     def _claimed(self, run_id: str, owner: str, epoch: int) -> None:
         """``owner`` claimed ``run_id`` at ``epoch``: what other drivings of it in this
@@ -274,6 +272,7 @@ class PostgresStore:
         would have died with a process that was killed."""
         with self._lock:
             self._epochs[owner] = epoch
+            self._released.discard((run_id, owner))
             if self._behind:
                 for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
                     del self._behind[k]
@@ -283,7 +282,7 @@ class PostgresStore:
         one round trip and one transaction."""
         if fence is None:
             return self._one(sql, params)
-        return self._flush(self._queued(lambda k, _: k == fence), sql, params)
+        return self._flush(self._queued(fence), sql, params)
 
     def _flush(self, queued: list[_Behind], sql: str, params: Any) -> Any:
         """The ``queued`` statements, then ``sql``, pipelined: one round trip, one
@@ -445,8 +444,8 @@ class PostgresStore:
         self, tool: str, key: str, owner: tuple[str, str], result: Any, *, fence: Fence
     ) -> None:
         """:meth:`commit_intent` without waiting: the commit is sent with the next
-        statement of the driving ``fence`` (its next checkpoint, intent, approval use or
-        release), pipelined in the same round trip and the same transaction. A write's
+        statement of the driving ``fence`` (its next checkpoint, intent, or the release
+        of its claim), pipelined in the same round trip and the same transaction. A write's
         result need not be durable before the loop goes on (D1): a crash before it is
         sent resumes to ``outcome_unknown``, never to a second run; and nothing after it
         is stored without it. Its refusal (``RunBusy``, ``IntentConflict``) is raised by
