@@ -169,9 +169,9 @@ def test_a_review_pauses_decides_and_resumes_in_few_round_trips(
         trips.append((pause, decision, proxy.round_trips()))
     # The run's creation and its pause (which lets the claim go); the decision: the
     # run claimed and read in one round trip, the decision written and the claim let
-    # go in one; the resume: claimed and read, its checkpoint, the write's intent, the
-    # answer. (Before issue 25: 3, 7 and 11.)
-    assert trips[1] == (2, 2, 4), trips
+    # go in one; the resume: claimed and read, the write's intent (with the resume's
+    # checkpoint), the answer. (Before issue 25: 3, 7 and 11.)
+    assert trips[1] == (2, 2, 3), trips
     assert store.list_runs("done")[0].run_id in {"review-0", "review-1"}
 
 

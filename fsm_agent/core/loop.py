@@ -503,10 +503,12 @@ def _behind(s: RunState, edge: Transition) -> bool:
     """Whether the checkpoint after ``edge`` may ride with the run's next statement:
     a batch of reads accepted (a read may run again, the model be asked again), a
     keyless write returned (its attempt's checkpoint says it may have happened: a crash
-    before this one lands resumes to ``outcome_unknown``, never to a second run)."""
-    if edge.dest in _TERMINAL or edge.trigger == "resume":
+    before this one lands resumes to ``outcome_unknown``, never to a second run), a
+    resume that goes on (a crash before anything else lands resumes from the same
+    checkpoint, to the same edge: nothing ran since)."""
+    if edge.dest in _TERMINAL:
         return False
-    return edge.action == "start_batch" or edge.trigger == "tool_returned"
+    return edge.action == "start_batch" or edge.trigger in ("tool_returned", "resume")
 
 
 def _save(s: RunState, *, header: bool = False, behind: bool = False) -> SaveCheckpoint:
