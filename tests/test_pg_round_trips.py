@@ -353,3 +353,27 @@ def test_killed_before_a_result_behind_was_sent_resumes_to_outcome_unknown(
         "outcome_unknown"
     )
     assert ledger.read_text().split() == ["K"]
+
+
+def test_the_last_checkpoint_lets_the_claim_go_and_a_held_run_is_judged(
+    pg_server: Any, pg_store: PostgresStore
+) -> None:
+    from fsm_agent.durable import owners
+
+    result = make_runtime([say("Nothing to do.")], Backend(), store=pg_store).run("go", run_id="r1")
+    assert result.status == "done"
+    schema = pg_store.schema
+    assert sql(pg_server, f'SELECT owner, epoch FROM "{schema}".runs') == [(None, 1)]
+    # Held by a live driver of this process: claim_and_load judges it as claim does.
+    holder = owners.new_owner()
+    owners.hold(holder)
+    try:
+        pg_store.claim("r1", holder)
+        with pytest.raises(RunBusy, match="is being driven by"):
+            pg_store.claim_and_load("r1", owners.new_owner())
+        assert sql(pg_server, f'SELECT owner, epoch FROM "{schema}".runs') == [(holder, 2)]
+    finally:
+        owners.let_go(pg_store, "r1", holder)
+    stored = pg_store.claim_and_load("r1", "B")  # nobody holds it: claimed and read
+    assert stored.body["state"] == "done"
+    assert sql(pg_server, f'SELECT owner, epoch FROM "{schema}".runs') == [("B", 3)]
