@@ -377,3 +377,28 @@ def test_the_last_checkpoint_lets_the_claim_go_and_a_held_run_is_judged(
     stored = pg_store.claim_and_load("r1", "B")  # nobody holds it: claimed and read
     assert stored.body["state"] == "done"
     assert sql(pg_server, f'SELECT owner, epoch FROM "{schema}".runs') == [("B", 3)]
+
+
+def test_a_worker_claims_a_run_and_reads_it_in_the_same_round_trip(
+    proxied: tuple[PostgresStore, Any],
+) -> None:
+    store, proxy = proxied
+    runtime = make_runtime([say("Nothing to do.")], Backend(), store=store)
+    runtime.submit("go", run_id="queued")
+    expected = store.load_run("queued")
+    proxy.round_trips()
+    claim = store.claim_next("worker-1")
+    assert claim is not None and claim.run_id == "queued"
+    stored = store.load_claimed("queued", "worker-1")
+    # The look for claims of dead processes of this host, then the claim that reads the
+    # run (before issue 25: a third, the read).
+    assert proxy.round_trips() == 2
+    assert (stored.header, stored.snapshot, stored.events) == (
+        expected.header,
+        expected.snapshot,
+        expected.events,
+    )
+    # Read once: a second load asks the server again.
+    assert store.load_claimed("queued", "worker-1").snapshot == expected.snapshot
+    assert proxy.round_trips() == 1
+    store.release("queued", "worker-1")

@@ -55,6 +55,19 @@ _SAVE = (
 )
 
 
+#: A run as ``PostgresStore.load_run`` reads it, from its runs row ``{r}`` in ``{src}``.
+_LOADED = (
+    "h.body, h.sum, {r}.ctx, {r}.sum, m.i, m.b, m.s, e.i, e.b, e.s "
+    "FROM {src} JOIN {{s}}.headers h USING (num) "
+    "LEFT JOIN LATERAL (SELECT array_agg(idx ORDER BY idx) AS i, "
+    "array_agg(body ORDER BY idx) AS b, array_agg(sum ORDER BY idx) AS s "
+    "FROM {{s}}.messages WHERE num = {r}.num) m ON true "
+    "LEFT JOIN LATERAL (SELECT array_agg(seq ORDER BY seq) AS i, "
+    "array_agg(body ORDER BY seq) AS b, array_agg(sum ORDER BY seq) AS s "
+    "FROM {{s}}.events WHERE num = {r}.num) e ON true"
+)
+
+
 class Statements:
     def __init__(self, s: str) -> None:  # long: a table of statements, one assignment each
         def q(text: str) -> str:
@@ -147,17 +160,7 @@ class Statements:
             "%(tool)s, %(key)s, %(digest)s, %(crun)s, %(call)s, %(effect)s, %(dedup)s, "
             "%(isum)s, %(rsum)s, %(take_over)s, NULL, NULL, r.epoch) b"
         )
-        self.load_run = q(
-            "SELECT h.body, h.sum, r.ctx, r.sum, m.i, m.b, m.s, e.i, e.b, e.s "
-            "FROM {s}.runs r JOIN {s}.headers h USING (num) "
-            "LEFT JOIN LATERAL (SELECT array_agg(idx ORDER BY idx) AS i, "
-            "array_agg(body ORDER BY idx) AS b, array_agg(sum ORDER BY idx) AS s "
-            "FROM {s}.messages WHERE num = r.num) m ON true "
-            "LEFT JOIN LATERAL (SELECT array_agg(seq ORDER BY seq) AS i, "
-            "array_agg(body ORDER BY seq) AS b, array_agg(sum ORDER BY seq) AS s "
-            "FROM {s}.events WHERE num = r.num) e ON true "
-            "WHERE r.run_id = %s"
-        )
+        self.load_run = q(f"SELECT {_LOADED.format(r='r', src='{s}.runs r')} WHERE r.run_id = %s")
         self.list_runs = q(
             "SELECT run_id, state, reason, pending, extract(epoch FROM created)::float8, "
             "extract(epoch FROM updated)::float8 FROM {s}.runs "
@@ -194,14 +197,20 @@ class Statements:
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
             "WHERE run_id = %(run_id)s AND (owner IS NULL OR owner = %(owner)s) RETURNING epoch"
         )
+        # The claim and the run it took, read back in the same statement (the driver
+        # reads it next: one round trip, not two). The claim changes none of what is
+        # read, so the statement's snapshot is the run as claimed.
         self.claim_next = q(
             "WITH c AS (SELECT num, owner AS previous, claimed_at IS NULL AS first "
             "FROM {s}.runs WHERE runnable AND (owner IS NULL OR lease_until < now()) "
             "AND run_id <> ALL(%(skip)s::text[]) "
-            "ORDER BY updated LIMIT 1 FOR UPDATE SKIP LOCKED) "
-            "UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
+            "ORDER BY updated LIMIT 1 FOR UPDATE SKIP LOCKED), "
+            "u AS (UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() FROM c "
-            "WHERE r.num = c.num RETURNING r.run_id, r.epoch, r.state, c.previous, c.first"
+            "WHERE r.num = c.num RETURNING r.num, r.run_id, r.epoch, r.state, c.previous, "
+            "c.first, r.ctx, r.sum) "
+            "SELECT u.run_id, u.epoch, u.state, u.previous, u.first, "
+            + _LOADED.format(r="u", src="u")
         )
         # Claims made in this PID space (``owners.here_prefix``) under a live lease: the
         # worker asks the kernel whether their processes still run.

@@ -195,6 +195,8 @@ class PostgresStore:
         self._behind: dict[tuple[str, str], list[_Behind]] = {}
         #: drivings whose last checkpoint released their claim (``save_and_release``)
         self._released: set[tuple[str, str]] = set()
+        #: the runs ``claim_next`` read with their claims, until ``load_claimed``
+        self._picked: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         open_schema(
             self.conninfo,
@@ -692,8 +694,10 @@ class PostgresStore:
         )
         if row is None:
             return None
-        run_id, epoch, state, previous, first = row
+        run_id, epoch, state, previous, first = row[:5]
         self._claimed(run_id, owner, epoch)
+        with self._lock:
+            self._picked[(run_id, owner)] = row[5:]
         why = (
             "orphaned"
             if previous is not None
@@ -704,6 +708,14 @@ class PostgresStore:
             else "released"
         )
         return Claim(run_id, owner, epoch, why)
+
+    def load_claimed(self, run_id: str, owner: str) -> StoredRun:
+        """:meth:`load_run` for ``owner``, which :meth:`claim_next` gave this run: as
+        that claim read it, in the same statement (nobody could change it since), or
+        from the server."""
+        with self._lock:
+            row = self._picked.pop((run_id, owner), None)
+        return self.load_run(run_id) if row is None else self._stored(run_id, row)
 
     def _claim_from_the_dead(self, owner: str, skip: tuple[str, ...]) -> Claim | None:
         """A run claimed in this PID space by another process that is gone (SIGKILL,
@@ -742,6 +754,7 @@ class PostgresStore:
         """Give up the claim; a run a worker may drive (not finished, not waiting for a
         reviewer) is announced on the work channel for the next worker."""
         with self._lock:
+            self._picked.pop((run_id, owner), None)
             if (run_id, owner) in self._released:  # by its last checkpoint
                 self._released.discard((run_id, owner))
                 return

@@ -117,8 +117,9 @@ def restore_run(
         owners.drop(owner)
         raise
     try:
-        if stored is None:
-            stored = store.load_run(run_id)
+        if stored is None:  # a claim the caller made (a worker's, which may have read it)
+            load = getattr(store, "load_claimed", None)
+            stored = store.load_run(run_id) if load is None else load(run_id, owner)
         narrowed = _allowed_of(config)
         state = restore_state(stored, config, narrowed, machines)
         return state, owner, stored.events[-2:]
