@@ -22,7 +22,7 @@ from fsm_agent.core import events
 from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
-from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.jsonsafe import copy_json, dumps_safe
 from fsm_agent.core.reasons import stop_detail
 from fsm_agent.core.state import RunState
 
@@ -59,17 +59,20 @@ def answer(
     the message's index in the history. The trace gets a copy (``observation``), so a
     tool that mutates what it returned later cannot change what was recorded."""
     call = call or s.call
-    text, data, plain = _encode(result)
+    text, data, changed = dumps_safe(result)
     media: list[Any] = []
     media_bytes = 0
     budget = s.config.budget
-    if not plain:  # not plain JSON data: it may hold images or files (core/content.py)
+    if changed:  # not plain JSON data: it may hold images or files (core/content.py)
         value, media = split_media(result, budget.max_media_bytes)
         if value is not result:
             text, data, _ = dumps_safe(value)
             media_bytes = sum(len(m.data) for m in media)
     size = len(data) + media_bytes
-    oversized = not synthetic and size > _record_limit(budget.max_output_bytes)
+    limit = budget.max_output_bytes
+    oversized = not synthetic and size > (
+        MAX_RECORD_BYTES if limit is None else min(limit, MAX_RECORD_BYTES)
+    )
     if oversized:
         # Alone past the whole output budget (or what one record may hold): the run
         # stops on it anyway, so it is kept by its size, not whole, in the history, the
@@ -88,7 +91,7 @@ def answer(
     s.answered.add(call.id)
     if not synthetic:
         s.counters.output_bytes += size
-    event = events.observation(call.id, call.name, json.loads(text), synthetic)
+    event = events.observation(call.id, call.name, copy_json(text), synthetic)
     # What the checker cannot measure from the recorded result (trace/walk.py adds it).
     if oversized:
         event["oversized"] = size
@@ -96,19 +99,6 @@ def answer(
         event["media_bytes"] = media_bytes
     payloads.append(event)
     return at
-
-
-def _record_limit(max_output_bytes: int | None) -> int:
-    """The most bytes one result may keep: the output budget, never past a record."""
-    if max_output_bytes is None:
-        return MAX_RECORD_BYTES
-    return min(max_output_bytes, MAX_RECORD_BYTES)
-
-
-def _encode(result: dict[str, Any]) -> tuple[str, bytes, bool]:
-    """``dumps_safe`` of a result, and whether it was plain JSON data as it came."""
-    text, data, changed = dumps_safe(result)
-    return text, data, not changed
 
 
 def _append_batch(s: RunState) -> None:

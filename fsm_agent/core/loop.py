@@ -271,7 +271,7 @@ def _decide(s: RunState) -> Steps:
     lossy = {
         c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
         for c in s.decision.calls
-        if clean_text(c.raw_arguments) is not c.raw_arguments
+        if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
     }
     if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
         event["raw_arguments"] = lossy
@@ -465,13 +465,16 @@ def _after(s: RunState, edge: Any) -> None:
     if s.inputs:  # what the world answered since the last transition (replayed by check)
         event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
-    if edge.action is not None:
-        ACTIONS[edge.action](s, payloads)
+    action = edge.action
+    if action is not None:
+        ACTIONS[action](s, payloads)
     call = s.call
     if call.index >= 0:
-        event["call_id"], event["tool"], event["attempt"] = call.id, call.name, s.attempt
+        event["call_id"] = call.id
+        event["tool"] = call.name
+        event["attempt"] = s.attempt
         if call.approval is not None and (
-            edge.action == "start_attempt" or (edge.trigger == "resume" and s.attempt_resumed)
+            action == "start_attempt" or (edge.trigger == "resume" and s.attempt_resumed)
         ):
             event["approval"] = call.approval
         if s.approval_use is not None:  # the store's answer to ConsumeApproval, replayable
@@ -479,20 +482,19 @@ def _after(s: RunState, edge: Any) -> None:
         if edge.trigger == "tool_returned":
             # What the tool did (the call_* and is_retryable guards read it), and why it
             # failed (and so why a retry follows): the checker recomputes from these.
-            event["outcome"] = s.outcome.kind
-            if s.outcome.error:
-                event["error"] = s.outcome.error
+            outcome = s.outcome
+            event["outcome"] = outcome.kind
+            if outcome.error:
+                event["error"] = outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
     # Without a redaction hook an event is appended as it is: a list method, not a call
     # of _record per event (five to seven per tool round).
     record = s.events.append if s.config.redact is None else partial(_record, s)
-    s.seq += 1
-    event["seq"] = s.seq
+    seq = s.seq = event["seq"] = s.seq + 1
     record(event)
     for payload in payloads:
-        s.seq += 1
-        payload["seq"] = s.seq
+        seq = s.seq = payload["seq"] = seq + 1
         record(payload)
     if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
         s.seq += 1
@@ -612,6 +614,9 @@ def _recorded_reply(reply: Any, decision: Decision) -> Any:
 def _count_usage(s: RunState, usage: Any) -> None:
     """Add a reply's usage; an unmetered reply marks the run ``tokens_unknown`` or
     ``cost_unknown`` (see :func:`~fsm_agent.core.budget.metered`)."""
+    if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
+        s.tokens_unknown = s.cost_unknown = True
+        return
     m, c = metered(usage), s.counters
     if m.tokens is None:
         s.tokens_unknown = True

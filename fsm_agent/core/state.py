@@ -31,6 +31,7 @@ from typing import Any, Literal
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, ToolLike, parse_decision
+from fsm_agent.core.jsonsafe import c_dumps
 from fsm_agent.core.requests import ToolOutcome
 from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, TRANSITIONS, Machine, Transition
 from fsm_agent.errors import CorruptRecord, MachineMismatch
@@ -410,8 +411,16 @@ def _checksum(body: dict[str, Any]) -> str:
     """CRC-32 of the body's compact JSON (key order as written: a JSON round trip keeps
     it). A checksum against damage, cheap enough for every checkpoint; protection
     against deliberate edits is the trace's hash chain and signature, not this."""
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    text = _compact(body)
     return f"crc32:{zlib.crc32(text.encode('utf-8')):08x}"
+
+
+def _plain_compact(body: Any) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+#: The body's compact JSON, by an encoder built once (a checkpoint per round, durable).
+_compact: Callable[[Any], str] = c_dumps(",", ":", allow_nan=True) or _plain_compact
 
 
 def snapshot_machine(snapshot: Any) -> str | None:
