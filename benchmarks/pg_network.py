@@ -15,7 +15,13 @@ before the next). For each added RTT it prints the median time per round and the
 trips counted per round, for both, and then the fit ``a + b × RTT`` of each: ``b`` is the
 round trips a round waits for, ``a`` what a round costs with none.
 
-    python benchmarks/pg_network.py [--runs 11] [--rtts 0,0.2,1,4]
+Then each kind of round of ``docs/concepts/durable-runs.md``'s table, fsm-agent alone:
+a read, a keyed write, a write without a key (each the difference between runs of 8 and
+2 such rounds, over 6), a final answer (a run that only answers: its creation, its last
+checkpoint, its claim let go), and a review (a run that pauses for approval, the
+decision recorded, the run resumed to its answer), in round trips and in ms at each RTT.
+
+    python benchmarks/pg_network.py [--runs 11] [--rtts 0,0.2,1,4] [--kinds-only]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import postgres as pg_bench
 
+from fsm_agent import Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.durable.postgres import PostgresStore
 from fsm_agent.testing.pgserver import Server
 
@@ -166,6 +174,137 @@ def measure(
     return out
 
 
+# ── each kind of round (fsm-agent) ────────────────────────────────────────────────
+
+_SCHEMA = {"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}}
+KINDS = {"a read": ("read",), "a keyed write": ("keyed",), "a write without a key": ("put",)}
+
+
+def kind_tools() -> ToolRegistry:
+    tools = ToolRegistry()
+    tools.register(lambda i: {"read": i}, name="read", effect="read", schema=_SCHEMA)
+    tools.register(
+        lambda i: {"keyed": i},
+        name="keyed",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        schema=_SCHEMA,
+    )
+    tools.register(
+        lambda i: {"approved": i},
+        name="approved",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        requires_approval=True,
+        schema=_SCHEMA,
+    )
+    tools.register(lambda i: {"put": i}, name="put", effect="write", schema=_SCHEMA)
+    return tools
+
+
+def _calls(tag: str, r: int, names: tuple[str, ...]) -> dict[str, Any]:
+    calls = [
+        {
+            "id": f"c{r}{j}",
+            "type": "function",
+            "function": {"name": name, "arguments": f'{{"i": "{tag}-{r}-{j}"}}'},
+        }
+        for j, name in enumerate(names)
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def _kind_runtime(store: PostgresStore, steps: list[Any]) -> Runtime:
+    return Runtime(
+        model=ScriptedModel(steps),
+        tools=kind_tools(),
+        allowed_tools={"read", "keyed", "approved", "put"},
+        store=store,
+    )
+
+
+def _timed(proxy: Proxy, work: Any) -> tuple[float, int]:
+    proxy.round_trips()
+    start = time.perf_counter()
+    work()
+    ms = (time.perf_counter() - start) * 1000
+    return ms, proxy.round_trips()
+
+
+def _rounds(store: PostgresStore, names: tuple[str, ...], n: int) -> Any:
+    tag = uuid.uuid4().hex[:8]
+    steps = [_calls(tag, r, names) for r in range(n)]
+    answer = {"role": "assistant", "content": "done"}
+    runtime = _kind_runtime(store, [*steps, answer])
+
+    def work() -> None:
+        result = runtime.run("go")
+        assert result.status == "done", (result.status, result.reason, result.detail)
+
+    return work
+
+
+def _review(store: PostgresStore, proxy: Proxy) -> list[tuple[float, int]]:
+    """A run paused for approval, its decision recorded, the run resumed: each part."""
+    tag = uuid.uuid4().hex[:8]
+    answer = {"role": "assistant", "content": "done"}
+    run_id = f"review-{tag}"
+    runtime = _kind_runtime(store, [_calls(tag, 0, ("approved",)), answer])
+    parts = [
+        lambda: runtime.run("go", run_id=run_id),
+        lambda: runtime.approve(run_id, "c00", by="ana"),
+        lambda: _kind_runtime(store, [answer]).resume(run_id),
+    ]
+    return [_timed(proxy, part) for part in parts]
+
+
+def measure_kinds(
+    proxy: Proxy, dsn: str, rtts: list[float], runs: int
+) -> dict[str, dict[float, tuple[float, float]]]:
+    """``{kind: {rtt: (ms, round trips)}}``: per round for the three kinds of round,
+    per run for a final answer, per part of a review."""
+    store = PostgresStore(dsn, schema="bench_kinds")
+    out: dict[str, dict[float, tuple[float, float]]] = {}
+    for rtt in rtts:
+        proxy.set_rtt(rtt)
+        got: dict[str, list[tuple[float, float]]] = {}
+        for repeat in range(runs + 1):  # the first warms the connections
+            points: dict[str, tuple[float, float]] = {}
+            for kind, names in KINDS.items():
+                ms2, n2 = _timed(proxy, _rounds(store, names, 2))
+                ms8, n8 = _timed(proxy, _rounds(store, names, 8))
+                points[kind] = ((ms8 - ms2) / 6, (n8 - n2) / 6)
+            points["a final answer (a whole run)"] = _timed(proxy, _rounds(store, (), 0))
+            pause, decide, resume = _review(store, proxy)
+            points["a review: the pause (a whole run)"] = pause
+            points["a review: the decision recorded"] = decide
+            points["a review: the run resumed to its end"] = resume
+            if repeat:
+                for kind, point in points.items():
+                    got.setdefault(kind, []).append(point)
+        for kind, samples in got.items():
+            out.setdefault(kind, {})[rtt] = (
+                statistics.median(ms for ms, _ in samples),
+                statistics.median(n for _, n in samples),
+            )
+    store.close()
+    return out
+
+
+def report_kinds(results: dict[str, dict[float, tuple[float, float]]], runs: int) -> None:
+    rtts = list(next(iter(results.values())))
+    print(f"fsm-agent, each kind of round (median of {runs} runs): ms at each added RTT")
+    print(f"  {'':40} {'trips':>6}" + "".join(f"  {r:>6.1f} ms" for r in rtts) + "     fit")
+    for kind, points in results.items():
+        trips = points[rtts[0]][1]
+        cells = "".join(f"  {points[r][0]:>9.2f}" for r in rtts)
+        fit = ""
+        if len(rtts) >= 2:
+            a, b = _fit([(r, points[r][0]) for r in rtts])
+            fit = f"  {a:.2f} + {b:.2f} × RTT"
+        print(f"  {kind:40} {trips:>6.2f}{cells}{fit}")
+
+
 def report(results: dict[str, dict[float, tuple[float, float]]], where: str, runs: int) -> None:
     names = list(results)
     print(
@@ -197,6 +336,9 @@ def main() -> None:
     parser.add_argument(
         "--rtts", default="0,0.2,1,4", help="added round-trip times in ms, comma-separated"
     )
+    parser.add_argument(
+        "--kinds-only", action="store_true", help="only each kind of round (no LangGraph)"
+    )
     args = parser.parse_args()
     rtts = [float(r) for r in args.rtts.split(",")]
     signal.signal(signal.SIGTERM, pg_bench._terminated)
@@ -214,10 +356,13 @@ def main() -> None:
             )
             try:
                 dsn = f"postgresql://postgres@{address}:{port}/postgres"
-                results = measure(proxy, dsn, rtts, args.runs)
+                results = None if args.kinds_only else measure(proxy, dsn, rtts, args.runs)
+                kinds = measure_kinds(proxy, dsn, rtts, args.runs)
             finally:
                 proxy.stop()
-        report(results, where, args.runs)
+        if results is not None:
+            report(results, where, args.runs)
+        report_kinds(kinds, args.runs)
     finally:
         server.stop()
 

@@ -4,10 +4,10 @@ how soon a worker claims a run after a reviewer's decision. All in one process r
 the ratios compare like with like.
 
 The scenario (``pg_app.py``): each round the model asks for a read and an idempotent
-write at once; after ``ROUNDS`` rounds it answers. fsm-agent stores the checkpoint after
-the reply, then the write's intent with the checkpoint before the write (one statement),
-then its result: three statements a round, each waiting for the one before
-(``pg_network.py`` counts the round trips). LangGraph stores a checkpoint after the model
+write at once; after ``ROUNDS`` rounds it answers. fsm-agent stores the write's intent
+with the checkpoint before the write (the reply's and the read's events in it) and, in
+the same round trip, the previous round's result, pipelined ahead of it: one round trip a
+round (``pg_network.py`` counts them). LangGraph stores a checkpoint after the model
 node and after the tool node, with the writes of each, committed before the next step
 (``durability="sync"``; its default, "async", saves while the next step runs, and is
 shown too). Both use the same throwaway server (from the installed binaries, or

@@ -219,14 +219,7 @@ class Scenario:
         if db is not None:
             for result in results:
                 _copy_run(runtime.store, db, result.run_id)
-        notes = []
-        if len(results) > 1:
-            last = results[-1]
-            notes.append(
-                "a trusted party looked the ticket up and recorded it under the same "
-                f"key; the resubmitted request replayed it ({last.status}/{last.reason})"
-            )
-        return ScenarioOutcome(self.name, results, checks, notes)
+        return ScenarioOutcome(self.name, results, checks, _notes(results))
 
 
 def _copy_run(source: Any, target: Any, run_id: str) -> None:
@@ -539,6 +532,16 @@ def _replace_db(path: Path) -> None:
     for side in _with_sidecars(building)[1:]:
         side.unlink(missing_ok=True)  # closed cleanly: the WAL is checkpointed in
     os.replace(building, path)
+
+
+def _notes(results: list[RunResult]) -> list[str]:
+    if len(results) < 2:
+        return []
+    last = results[-1]
+    return [
+        "a trusted party looked the ticket up and recorded it under the same "
+        f"key; the resubmitted request replayed it ({last.status}/{last.reason})"
+    ]
 
 
 def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:

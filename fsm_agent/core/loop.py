@@ -464,7 +464,7 @@ def _flush(s: RunState) -> Steps:
     if config.emit and s.emitted < len(s.events):
         yield _emit(s)
     if config.save != "never" and _wants_save(s, s.taken):
-        yield _save(s)
+        yield _save(s, behind=_behind(s, s.taken))
 
 
 def _wants_save(s: RunState, edge: Transition) -> bool:
@@ -474,8 +474,8 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
 
     * at every end and on resume;
     * in ``replies`` mode when a batch is accepted (its reply cost tokens, and a resume
-      must see the same call ids to find their intents) — unless its first call begins
-      an intent, whose transaction carries that checkpoint anyway;
+      must see the same call ids to find their intents) — unless the batch holds a
+      write: its intent's transaction, or its attempt's checkpoint, carries it;
     * when a write's attempt starts and when it returned, unless an idempotency record
       covers it: a keyed write's intent (begun with the checkpoint before dispatch) marks
       it in flight, and its committed record holds its result.
@@ -490,8 +490,11 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
         call = s.call
         return call.effect == "write" and call.idempotency_key is None
     if edge.action == "start_batch" and s.config.save == "replies":
-        first = s.decision.calls[0]
-        return first.idempotency_key is None or first.refusal is not None
+        # Nothing outside the machine depends on the reply until a write: a read may
+        # run again after a crash. So the reply's checkpoint rides with the first write
+        # of the batch (its intent, or its attempt's checkpoint), one commit instead of
+        # two; a batch without a write saves here (issue 25: the fewest waits a round).
+        return not any(c.effect == "write" and c.refusal is None for c in s.decision.calls)
     return False
 
 
@@ -538,7 +541,19 @@ def _after(s: RunState, edge: Any) -> None:
         record(events.run_end(s.seq, s.status, s.reason, s.detail, s.answer, s.counters.as_dict()))
 
 
-def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
+def _behind(s: RunState, edge: Transition) -> bool:
+    """Whether the checkpoint after ``edge`` may ride with the run's next statement:
+    a batch of reads accepted (a read may run again, the model be asked again), a
+    keyless write returned (its attempt's checkpoint says it may have happened: a crash
+    before this one lands resumes to ``outcome_unknown``, never to a second run), a
+    resume that goes on (a crash before anything else lands resumes from the same
+    checkpoint, to the same edge: nothing ran since)."""
+    if edge.dest in _TERMINAL:
+        return False
+    return edge.action == "start_batch" or edge.trigger in ("tool_returned", "resume")
+
+
+def _save(s: RunState, *, header: bool = False, behind: bool = False) -> SaveCheckpoint:
     messages = s.messages
     rows = [(i, messages[i]) for i in range(s.saved_messages, len(messages))]
     rows += [(i, messages[i]) for i in s.rewritten if i < s.saved_messages]
@@ -546,7 +561,8 @@ def _save(s: RunState, *, header: bool = False) -> SaveCheckpoint:
     s.saved_messages = len(messages)
     events = s.events[s.saved_events :]
     s.saved_events = len(s.events)
-    return SaveCheckpoint(events, s.snapshot(), rows, s.config.header_fields() if header else None)
+    head = s.config.header_fields() if header else None
+    return SaveCheckpoint(events, s.snapshot(), rows, head, behind, s.state in _TERMINAL)
 
 
 def _emit(s: RunState) -> EmitEvents:

@@ -159,12 +159,18 @@ class SaveCheckpoint(RequestOf[None]):
 
     ``header`` is set on the run's first save (the store creates the run then).
     ``messages`` are ``(index, message)`` history rows to insert or replace.
+    ``behind``: nothing the loop does next depends on this checkpoint being durable
+    (D1), so a store may send it with the run's next statement instead of waiting.
+    ``last``: the run stopped (it ended, or paused for review): no store request of
+    this driving follows, so a store may let the claim go with it.
     """
 
     events: list[dict[str, Any]]
     snapshot: dict[str, Any]
     messages: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     header: dict[str, Any] | None = None
+    behind: bool = False
+    last: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,10 @@ check in a statement before it — so a claim taken between the two cannot slip 
 
 from __future__ import annotations
 
-__all__ = ["Statements"]
+__all__ = ["REFUSED", "Statements"]
+
+#: The text of the error a commit sent ahead raises where it committed nothing.
+REFUSED = "fsm-agent: the intent was not committed: "
 
 _LEASE = "now() + %(lease)s * interval '1 second'"
 
@@ -16,6 +19,12 @@ _LEASE = "now() + %(lease)s * interval '1 second'"
 _FENCE = (
     "SELECT 1 FROM {s}.runs WHERE run_id = %(frun)s AND owner = %(fowner)s "
     "AND epoch = coalesce(%(fepoch)s, epoch) FOR SHARE"
+)
+
+#: The fence of a statement sent behind (a checkpoint's parameter names).
+_BEHIND_FENCE = (
+    "SELECT 1 FROM {s}.runs WHERE run_id = %(run_id)s AND owner = %(owner)s "
+    "AND epoch = coalesce(%(epoch)s, epoch) FOR SHARE"
 )
 
 # The arrays go in binary: as text, every quote in every JSON body would be escaped in
@@ -43,6 +52,19 @@ _SAVE = (
     "WHERE run_id = %(run_id)s AND owner = %(owner)s "
     "AND epoch = coalesce(%(epoch)s, epoch) RETURNING num, epoch), "
     f"e AS ({_EVENTS}), m AS ({_MESSAGES})"
+)
+
+
+#: A run as ``PostgresStore.load_run`` reads it, from its runs row ``{r}`` in ``{src}``.
+_LOADED = (
+    "h.body, h.sum, {r}.ctx, {r}.sum, m.i, m.b, m.s, e.i, e.b, e.s "
+    "FROM {src} JOIN {{s}}.headers h USING (num) "
+    "LEFT JOIN LATERAL (SELECT array_agg(idx ORDER BY idx) AS i, "
+    "array_agg(body ORDER BY idx) AS b, array_agg(sum ORDER BY idx) AS s "
+    "FROM {{s}}.messages WHERE num = {r}.num) m ON true "
+    "LEFT JOIN LATERAL (SELECT array_agg(seq ORDER BY seq) AS i, "
+    "array_agg(body ORDER BY seq) AS b, array_agg(sum ORDER BY seq) AS s "
+    "FROM {{s}}.events WHERE num = {r}.num) e ON true"
 )
 
 
@@ -78,6 +100,18 @@ class Statements:
             "WHERE tool = %(tool)s AND key = %(key)s AND status = 'pending' "
             "AND (NOT %(fenced)s OR EXISTS (SELECT 1 FROM f)) RETURNING 1"
         )
+        # A commit sent ahead of the driver's next statement, in its transaction: no row
+        # committed raises (a cast that cannot succeed, so the statements behind it are
+        # rolled back with it), and the store then asks why (``PostgresStore._flush``).
+        # (Not a constant: PostgreSQL would fold a constant ELSE at planning and raise.)
+        self.commit_behind = q(
+            f"WITH f AS ({_BEHIND_FENCE}), u AS (UPDATE {{s}}.idempotency "
+            "SET status = 'committed', result = %(result)s, result_sum = %(rsum)s, updated = now() "
+            "WHERE tool = %(tool)s AND key = %(key)s AND status = 'pending' "
+            "AND EXISTS (SELECT 1 FROM f) RETURNING 1) "
+            f"SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ('{REFUSED}' || count(*))::integer END "
+            "FROM u"
+        )
         self.abort_intent = q(
             f"WITH f AS ({_FENCE}) "
             "DELETE FROM {s}.idempotency WHERE tool = %(tool)s AND key = %(key)s "
@@ -94,6 +128,18 @@ class Statements:
             f"e AS ({_EVENTS}), m AS ({_MESSAGES}) SELECT num, epoch FROM r"
         )
         self.save = q(f"{_SAVE} SELECT num FROM r")
+        # A driving's last checkpoint lets the claim go in the same statement (and
+        # announces a run a worker may drive, as ``release`` does): one round trip.
+        self.save_release = q(
+            _SAVE.replace(
+                f"lease_until = {_LEASE}", "owner = NULL, lease_until = '-infinity'"
+            ).replace("RETURNING num, epoch", "RETURNING num, epoch, run_id, runnable")
+            + " SELECT num, CASE WHEN runnable THEN pg_notify(%(channel)s, run_id) END FROM r"
+        )
+        self.save_behind = q(
+            f"{_SAVE} SELECT CASE WHEN count(*) = 1 THEN 1 "
+            f"ELSE ('{REFUSED}' || count(*))::integer END FROM r"
+        )
         # A submitted run's first driver records its own settings: the header is
         # replaced only while the run has no event (its run_start is the driver's), fenced.
         self.adopt_run = q(
@@ -114,17 +160,7 @@ class Statements:
             "%(tool)s, %(key)s, %(digest)s, %(crun)s, %(call)s, %(effect)s, %(dedup)s, "
             "%(isum)s, %(rsum)s, %(take_over)s, NULL, NULL, r.epoch) b"
         )
-        self.load_run = q(
-            "SELECT h.body, h.sum, r.ctx, r.sum, m.i, m.b, m.s, e.i, e.b, e.s "
-            "FROM {s}.runs r JOIN {s}.headers h USING (num) "
-            "LEFT JOIN LATERAL (SELECT array_agg(idx ORDER BY idx) AS i, "
-            "array_agg(body ORDER BY idx) AS b, array_agg(sum ORDER BY idx) AS s "
-            "FROM {s}.messages WHERE num = r.num) m ON true "
-            "LEFT JOIN LATERAL (SELECT array_agg(seq ORDER BY seq) AS i, "
-            "array_agg(body ORDER BY seq) AS b, array_agg(sum ORDER BY seq) AS s "
-            "FROM {s}.events WHERE num = r.num) e ON true "
-            "WHERE r.run_id = %s"
-        )
+        self.load_run = q(f"SELECT {_LOADED.format(r='r', src='{s}.runs r')} WHERE r.run_id = %s")
         self.list_runs = q(
             "SELECT run_id, state, reason, pending, extract(epoch FROM created)::float8, "
             "extract(epoch FROM updated)::float8 FROM {s}.runs "
@@ -154,14 +190,27 @@ class Statements:
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
             "WHERE run_id = %(run_id)s RETURNING epoch"
         )
+        # A claim of a run nobody holds (or this owner does), without judging a holder:
+        # ``claim_and_load`` tries it first and judges only when it takes nothing.
+        self.take_free = q(
+            "UPDATE {s}.runs SET owner = %(owner)s, epoch = epoch + 1, "
+            f"lease_until = {_LEASE}, claimed_at = clock_timestamp() "
+            "WHERE run_id = %(run_id)s AND (owner IS NULL OR owner = %(owner)s) RETURNING epoch"
+        )
+        # The claim and the run it took, read back in the same statement (the driver
+        # reads it next: one round trip, not two). The claim changes none of what is
+        # read, so the statement's snapshot is the run as claimed.
         self.claim_next = q(
             "WITH c AS (SELECT num, owner AS previous, claimed_at IS NULL AS first "
             "FROM {s}.runs WHERE runnable AND (owner IS NULL OR lease_until < now()) "
             "AND run_id <> ALL(%(skip)s::text[]) "
-            "ORDER BY updated LIMIT 1 FOR UPDATE SKIP LOCKED) "
-            "UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
+            "ORDER BY updated LIMIT 1 FOR UPDATE SKIP LOCKED), "
+            "u AS (UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() FROM c "
-            "WHERE r.num = c.num RETURNING r.run_id, r.epoch, r.state, c.previous, c.first"
+            "WHERE r.num = c.num RETURNING r.num, r.run_id, r.epoch, r.state, c.previous, "
+            "c.first, r.ctx, r.sum) "
+            "SELECT u.run_id, u.epoch, u.state, u.previous, u.first, "
+            + _LOADED.format(r="u", src="u")
         )
         # Claims made in this PID space (``owners.here_prefix``) under a live lease: the
         # worker asks the kernel whether their processes still run.

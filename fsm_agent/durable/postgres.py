@@ -29,7 +29,11 @@ program. A statement that fails is not retried: whether it committed may be unkn
 the run continues from its last checkpoint under the usual rules.
 
 Each checkpoint is one SQL statement (the fenced update of the run row and the inserts of
-its events and history rows, in one implicit transaction): one round trip.
+its events and history rows, in one implicit transaction): one round trip. A write's
+result goes *behind* (``commit_intent_behind``): the driver does not wait for it; it is
+sent with the driving's next statement, pipelined in the same round trip and the same
+transaction (psycopg's pipeline mode, one Sync), so a durable round waits on the fewest
+round trips the D rules allow (``docs/concepts/durable-runs.md``).
 """
 
 from __future__ import annotations
@@ -128,6 +132,18 @@ class Claim:
     why: str
 
 
+@dataclass(frozen=True)
+class _Behind:
+    """A statement waiting to go with its driving's next one: a write's result
+    (``tool``, ``key``, ``owner`` of its intent) or a checkpoint (``tool`` is None)."""
+
+    sql: str
+    params: dict[str, Any]
+    tool: str | None = None
+    key: str = ""
+    owner: tuple[str, str] = ("", "")
+
+
 class PostgresStore:
     """Runs, events, checkpoints, intents and the run queue in one PostgreSQL schema.
 
@@ -177,6 +193,12 @@ class PostgresStore:
         self.sql = pg_sql.Statements(f'"{schema}"')
         #: the epoch each owner token of this process claimed at (its fencing token)
         self._epochs: dict[str, int] = {}
+        #: per driving ``(run_id, owner)``: the statements that go with its next one
+        self._behind: dict[tuple[str, str], list[_Behind]] = {}
+        #: drivings whose last checkpoint released their claim (``save_and_release``)
+        self._released: set[tuple[str, str]] = set()
+        #: the runs ``claim_next`` read with their claims, until ``load_claimed``
+        self._picked: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         open_schema(
             self.conninfo,
@@ -239,6 +261,79 @@ class PostgresStore:
         with self.connection() as conn:
             return list(conn.execute(sql, params).fetchall())
 
+    # ── statements behind ─────────────────────────────────────────────────────────
+
+    def _queued(self, fence: Fence) -> list[_Behind]:
+        """Take what waits behind the driving ``fence`` (in its order)."""
+        if not self._behind:  # the common case: nothing waits, no lock taken
+            return []
+        with self._lock:
+            return self._behind.pop(fence, [])
+
+    def _claimed(self, run_id: str, owner: str, epoch: int) -> None:
+        """``owner`` claimed ``run_id`` at ``epoch``: what other drivings of it in this
+        process still had behind is dropped — the claim refuses it anyway, as it
+        would have died with a process that was killed."""
+        with self._lock:
+            self._epochs[owner] = epoch
+            self._released.discard((run_id, owner))
+            if self._behind:
+                for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
+                    del self._behind[k]
+
+    def _one_after(self, fence: Fence | None, sql: str, params: Any) -> Any:
+        """``_one(sql, params)`` after what waits behind the driving ``fence``: all in
+        one round trip and one transaction."""
+        if fence is None:
+            return self._one(sql, params)
+        return self._flush(self._queued(fence), sql, params)
+
+    def _flush(self, queued: list[_Behind], sql: str, params: Any) -> Any:
+        """The ``queued`` statements, then ``sql``, pipelined: one round trip, one
+        implicit transaction (one Sync), so ``sql`` is written only with them. One that
+        writes nothing raises, which rolls all of it back; the store then asks why:
+        ``RunBusy`` (the claim was lost), ``IntentConflict`` (no such pending intent), or
+        committed already by the same owner (dropped, and the rest sent again)."""
+        import psycopg
+
+        while queued:
+            with self.connection() as conn:
+                try:
+                    with conn.pipeline():
+                        for b in queued:
+                            conn.execute(b.sql, b.params)
+                        cursor = conn.execute(sql, params)
+                    return cursor.fetchone()
+                except psycopg.errors.InvalidTextRepresentation as exc:
+                    if pg_sql.REFUSED not in str(exc):
+                        raise
+            queued = self._settle_refused(queued)
+        return self._one(sql, params)
+
+    def _settle_refused(self, queued: list[_Behind]) -> list[_Behind]:
+        """The queued commits to send again after one of them committed nothing (and
+        so none did), or the error that stops the driving."""
+        first = queued[0].params
+        fence = {"frun": first["run_id"], "fowner": first["owner"], "fepoch": first["epoch"]}
+        if self._one(self.sql.fence_holds, fence) is None:
+            self._not_owner(fence["frun"])
+        again = []
+        for b in queued:
+            if b.tool is None:  # a checkpoint is refused only by the fence
+                again.append(b)
+                continue
+            found = self.get_intent(b.tool, b.key)
+            if found is not None and found.status == "committed" and found.owner == b.owner:
+                continue  # committed already (a reviewer's reconcile): nothing to send
+            if found is None or found.status != "pending":
+                raise IntentConflict(
+                    f"{self.name}: no pending intent for {b.tool!r} key {b.key!r} to commit"
+                )
+            again.append(b)
+        if len(again) == len(queued):  # (cannot be: one of them committed nothing)
+            raise IntentConflict(f"{self.name}: a commit behind run {fence['frun']!r} was refused")
+        return again
+
     def _error(self, exc: BaseException) -> StoreError:
         return store_error(self.name, exc, self.timeout, self.statement_timeout_s)
 
@@ -292,7 +387,7 @@ class PostgresStore:
         }  # fmt: skip
         if save is None:
             f = self._fence_params(fence)
-            row = self._one(self.sql.begin_intent, {**intent, **f})
+            row = self._one_after(fence, self.sql.begin_intent, {**intent, **f})
             if row[0] == "fenced":
                 self._not_owner(f["frun"])
         else:
@@ -300,7 +395,9 @@ class PostgresStore:
             if fence is not None and fence != (save.run_id, save.owner):
                 raise ValueError("begin_intent: a save rides only under its own fence")
             saved = self._save_params(save.run_id, save.owner, save.events, save.checkpoint)
-            row = self._one(self.sql.save_begin_intent, {**intent, **saved})
+            row = self._one_after(
+                (save.run_id, save.owner), self.sql.save_begin_intent, {**intent, **saved}
+            )
             if row is None:
                 self._not_owner(save.run_id)
         found = None if row[1] is None else self._record(r.tool, r.key, row[1:])
@@ -338,7 +435,7 @@ class PostgresStore:
             "rsum": _result_sum("committed", text),
             **self._fence_params(fence),
         }
-        if self._one(self.sql.commit_intent, params) is not None:
+        if self._one_after(fence, self.sql.commit_intent, params) is not None:
             return
         if fence is not None and self._one(self.sql.fence_holds, params) is None:
             self._not_owner(fence[0])
@@ -346,6 +443,32 @@ class PostgresStore:
         if found is not None and found.status == "committed" and found.owner == owner:
             return  # committed already
         raise IntentConflict(f"{self.name}: no pending intent for {tool!r} key {key!r} to commit")
+
+    def commit_intent_behind(
+        self, tool: str, key: str, owner: tuple[str, str], result: Any, *, fence: Fence
+    ) -> None:
+        """:meth:`commit_intent` without waiting: the commit is sent with the next
+        statement of the driving ``fence`` (its next checkpoint, intent, or the release
+        of its claim), pipelined in the same round trip and the same transaction. A write's
+        result need not be durable before the loop goes on (D1): a crash before it is
+        sent resumes to ``outcome_unknown``, never to a second run; and nothing after it
+        is stored without it. Its refusal (``RunBusy``, ``IntentConflict``) is raised by
+        that next statement, which is then not written either."""
+        text = _dumps(result)
+        run_id, token = fence
+        params = {
+            "tool": tool,
+            "key": key,
+            "result": text,
+            "rsum": _result_sum("committed", text),
+            "run_id": run_id,
+            "owner": token,
+            "epoch": self._epoch(token),
+        }
+        with self._lock:
+            self._behind.setdefault(fence, []).append(
+                _Behind(self.sql.commit_behind, params, tool, key, owner)
+            )
 
     def abort_intent(
         self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
@@ -358,13 +481,14 @@ class PostgresStore:
             **self._fence_params(fence),
         }
         if (
-            self._one(self.sql.abort_intent, params) is None
+            self._one_after(fence, self.sql.abort_intent, params) is None
             and fence is not None
             and self._one(self.sql.fence_holds, params) is None
         ):
             self._not_owner(fence[0])
 
     def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
+        # What is durable: a commit still behind a driving is not (yet) in the answer.
         row = self._one(self.sql.get_intent, [tool, key])
         return None if row is None else self._record(tool, key, row)
 
@@ -428,8 +552,38 @@ class PostgresStore:
     ) -> None:
         # The fence: the run row is updated (and the events and history rows inserted)
         # only where this owner still holds the claim at the epoch it claimed at.
-        if self._one(self.sql.save, self._save_params(run_id, owner, events, checkpoint)) is None:
+        params = self._save_params(run_id, owner, events, checkpoint)
+        if self._one_after((run_id, owner), self.sql.save, params) is None:
             self._not_owner(run_id)
+
+    def save_and_release(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` and :meth:`release` in one statement: a driving's last checkpoint
+        (the run ended, or paused for review) gives up the claim as it lands. The
+        driving's own ``release`` then has nothing left to do."""
+        params = {**self._save_params(run_id, owner, events, checkpoint), "channel": self.channel}
+        if self._one_after((run_id, owner), self.sql.save_release, params) is None:
+            self._not_owner(run_id)
+        with self._lock:
+            self._epochs.pop(owner, None)
+            self._released.add((run_id, owner))
+
+    def save_behind(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` without waiting: sent with the driving's next statement, in its
+        transaction (as :meth:`commit_intent_behind`). A checkpoint waits behind at most
+        one other: a run of reads saves every second reply, not only at its end."""
+        params = self._save_params(run_id, owner, events, checkpoint)
+        item = _Behind(self.sql.save_behind, params)
+        with self._lock:
+            queue = self._behind.setdefault((run_id, owner), [])
+            waits = any(b.tool is None for b in queue)
+            if not waits:
+                queue.append(item)
+                return
+        self.save(run_id, owner, events, checkpoint)
 
     def _save_params(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
@@ -460,7 +614,9 @@ class PostgresStore:
         return bool(events == 0)
 
     def load_run(self, run_id: str) -> StoredRun:
-        row = self._one(self.sql.load_run, [run_id])
+        return self._stored(run_id, self._one(self.sql.load_run, [run_id]))
+
+    def _stored(self, run_id: str, row: Any) -> StoredRun:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in {self.name}")
         header, header_sum, snapshot, snapshot_sum, mi, mb, ms, es, eb, esum = row
@@ -505,8 +661,27 @@ class PostgresStore:
             (epoch,) = conn.execute(
                 self.sql.take_run, {"run_id": run_id, "owner": owner, "lease": self.lease_s}
             ).fetchone()
-        with self._lock:
-            self._epochs[owner] = epoch
+        self._claimed(run_id, owner, epoch)
+
+    def claim_and_load(self, run_id: str, owner: str) -> StoredRun:
+        """:meth:`claim`, then :meth:`load_run`: one round trip where nobody holds the
+        run (the common case: a resume, a review), the claim and the read pipelined in
+        one transaction. A run someone holds is judged as :meth:`claim` judges it."""
+        params = {"run_id": run_id, "owner": owner, "lease": self.lease_s}
+        with self.connection() as conn:
+            with conn.pipeline():
+                took = conn.execute(self.sql.take_free, params)
+                loaded = conn.execute(self.sql.load_run, [run_id])
+            row, stored = took.fetchone(), loaded.fetchone()
+        if row is None:
+            self.claim(run_id, owner)
+            return self.load_run(run_id)
+        self._claimed(run_id, owner, row[0])
+        try:
+            return self._stored(run_id, stored)
+        except BaseException:
+            self.release(run_id, owner)
+            raise
 
     def claim_next(self, owner: str, skip: tuple[str, ...] = ()) -> Claim | None:
         """Claim the oldest run a worker may drive now — new, its reviews settled, or
@@ -521,9 +696,10 @@ class PostgresStore:
         )
         if row is None:
             return None
-        run_id, epoch, state, previous, first = row
+        run_id, epoch, state, previous, first = row[:5]
+        self._claimed(run_id, owner, epoch)
         with self._lock:
-            self._epochs[owner] = epoch
+            self._picked[(run_id, owner)] = row[5:]
         why = (
             "orphaned"
             if previous is not None
@@ -534,6 +710,14 @@ class PostgresStore:
             else "released"
         )
         return Claim(run_id, owner, epoch, why)
+
+    def load_claimed(self, run_id: str, owner: str) -> StoredRun:
+        """:meth:`load_run` for ``owner``, which :meth:`claim_next` gave this run: as
+        that claim read it, in the same statement (nobody could change it since), or
+        from the server."""
+        with self._lock:
+            row = self._picked.pop((run_id, owner), None)
+        return self.load_run(run_id) if row is None else self._stored(run_id, row)
 
     def _claim_from_the_dead(self, owner: str, skip: tuple[str, ...]) -> Claim | None:
         """A run claimed in this PID space by another process that is gone (SIGKILL,
@@ -554,8 +738,7 @@ class PostgresStore:
                 {"owner": owner, "run_id": run_id, "dead": holder, "lease": self.lease_s},
             )
             if row is not None:
-                with self._lock:
-                    self._epochs[owner] = row[1]
+                self._claimed(run_id, owner, row[1])
                 return Claim(run_id, owner, row[1], "orphaned")
         return None
 
@@ -572,8 +755,14 @@ class PostgresStore:
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim; a run a worker may drive (not finished, not waiting for a
         reviewer) is announced on the work channel for the next worker."""
+        with self._lock:
+            self._picked.pop((run_id, owner), None)
+            if (run_id, owner) in self._released:  # by its last checkpoint
+                self._released.discard((run_id, owner))
+                return
         try:
-            self._all(self.sql.release, {"run_id": run_id, "owner": owner, "channel": self.channel})
+            params = {"run_id": run_id, "owner": owner, "channel": self.channel}
+            self._one_after((run_id, owner), self.sql.release, params)
         finally:
             with self._lock:
                 self._epochs.pop(owner, None)

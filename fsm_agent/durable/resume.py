@@ -134,19 +134,38 @@ def restore_run(
     its queue). ``machines``: the machines the caller knows, by hash."""
     owner = claimed_by or owners.new_owner()
     owners.hold(owner)
+    stored = None
     try:
         if claimed_by is None:
-            store.claim(run_id, owner)
+            stored = claim_and_load(store, run_id, owner)
     except BaseException:
         owners.drop(owner)
         raise
     try:
-        stored = store.load_run(run_id)
+        if stored is None:  # a claim the caller made (a worker's, which may have read it)
+            load = getattr(store, "load_claimed", None)
+            stored = store.load_run(run_id) if load is None else load(run_id, owner)
         narrowed = _allowed_of(config)
         state = restore_state(stored, config, narrowed, machines, rebuild)
         return state, owner, stored.events[-2:]
     except BaseException:
         owners.let_go(store, run_id, owner)
+        raise
+
+
+def claim_and_load(store: RunStore, run_id: str, owner: str) -> StoredRun:
+    """Claim the run and read it back: in one round trip where the store can
+    (``PostgresStore.claim_and_load``), else a claim and then a read. A run that
+    cannot be read is not left claimed."""
+    both = getattr(store, "claim_and_load", None)
+    if both is not None:
+        stored: StoredRun = both(run_id, owner)
+        return stored
+    store.claim(run_id, owner)
+    try:
+        return store.load_run(run_id)
+    except BaseException:
+        store.release(run_id, owner)
         raise
 
 

@@ -28,7 +28,7 @@ from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
-from fsm_agent.durable.resume import restore_state
+from fsm_agent.durable.resume import claim_and_load, restore_state
 from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
 from fsm_agent.errors import ArgumentsError, ConfigError, ReviewError, StoreError
 from fsm_agent.trace.chain import continue_chain, trace_key
@@ -151,9 +151,12 @@ def record(
         raise StoreError(f"{type(store).__name__} does not keep runs")
     owner = owners.new_owner()
     owners.hold(owner)
-    store.claim(run_id, owner)
     try:
-        stored = store.load_run(run_id)
+        stored = claim_and_load(store, run_id, owner)  # (not left claimed if unreadable)
+    except BaseException:
+        owners.drop(owner)
+        raise
+    try:
         s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
         if action == "edit":
@@ -174,7 +177,9 @@ def record(
         # An edit rewrote the batch's assistant message in the history.
         rows = [(i, s.messages[i]) for i in sorted(set(s.rewritten))]
         s.rewritten.clear()
-        store.save(run_id, owner, events, Checkpoint(s.snapshot(), rows, lines))
+        # The decision and the claim's end in one statement where the store can.
+        save = getattr(store, "save_and_release", store.save)
+        save(run_id, owner, events, Checkpoint(s.snapshot(), rows, lines))
         return events[-1], s
     finally:
         owners.let_go(store, run_id, owner)

@@ -263,6 +263,19 @@ class _Driver:
 
     @answers(CommitIntent)
     def commit_intent(self, request: CommitIntent) -> None:
+        # The loop needs no answer: a store that can send the result with the run's
+        # next statement (PostgresStore) is not waited for here (D1: a crash before it
+        # lands resumes to outcome_unknown, never to a second run).
+        behind = getattr(self.store, "commit_intent_behind", None) if self.io.fenced else None
+        if behind is not None:
+            behind(
+                request.tool,
+                request.key,
+                request.owner,
+                request.result,
+                fence=(self.io.run_id, self.io.owner or ""),
+            )
+            return
         self.store.commit_intent(
             request.tool, request.key, request.owner, request.result, **self._fence()
         )
@@ -291,8 +304,15 @@ class _Driver:
         runs = cast(RunStore, self.store)  # the loop saves only when the store keeps runs
         if request.header is not None:
             runs.create_run(self.io.run_id, request.header, owner, request.events, checkpoint)
-        else:
-            runs.save(self.io.run_id, owner, request.events, checkpoint)
+            return
+        # PostgresStore: a checkpoint behind rides with the run's next statement; the
+        # last one lets the claim go as it lands (one round trip, not two).
+        save = runs.save
+        if request.behind:
+            save = getattr(runs, "save_behind", save)
+        elif request.last:
+            save = getattr(runs, "save_and_release", save)
+        save(self.io.run_id, owner, request.events, checkpoint)
 
     def riding(self, save: SaveCheckpoint | None) -> RunSave | None:
         """A checkpoint that goes in with an intent operation, as the store takes it."""

@@ -162,6 +162,11 @@ _STORE_WRITES = (
     "renew",
     "release",
     "consume_approval",
+    # PostgresStore's: what rides behind, and the folded statements.
+    "commit_intent_behind",
+    "save_behind",
+    "save_and_release",
+    "claim_and_load",
 )
 
 
@@ -181,7 +186,7 @@ class Mortal:
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.dead:
                 raise ProcessDied(f"the process is dead ({name} not written)")
-            if name == "commit_intent" and self.before_commit:
+            if name in ("commit_intent", "commit_intent_behind") and self.before_commit:
                 self.before_commit = False
                 self.kill()
                 raise ProcessDied(f"the process died before {args[0]!r} {args[1]!r} was stored")
