@@ -345,6 +345,18 @@ def replay(agent: AgentUnderTest, run: FuzzRun, *, task: str = "Help the custome
     return violations(agent, _drive(agent, run, task))
 
 
+def _steer(
+    agent: AgentUnderTest, result: Any, writing: set[str], seen: Counter[tuple[str, ...]]
+) -> None:
+    """Steer the search towards one write running again (the duplicate-write bugs) and
+    towards the rows, told apart by reads and writes, the runs so far took least."""
+    writes = Counter(e.identity for e in agent.ledger.executed() if e.tool in writing)
+    target(float(max(writes.values(), default=0)), label="most runs of one write")
+    rows = _rows(result, writing)
+    target(sum(1.0 / (1 + seen[row]) for row in rows), label="rarely taken rows")
+    seen.update(rows)
+
+
 def fuzz_agent(
     factory: RuntimeFactory,
     *,
@@ -385,13 +397,7 @@ def fuzz_agent(
         agent = AgentUnderTest(factory, faults=run.faults, writes=write_list, **options)
         result = _drive(agent, run, task)
         problems = violations(agent, result)
-        # Steer the search towards one write running again (the duplicate-write bugs)
-        # and towards the rows, told apart by reads and writes, the runs so far took least.
-        writes = Counter(e.identity for e in agent.ledger.executed() if e.tool in writing)
-        target(float(max(writes.values(), default=0)), label="most runs of one write")
-        rows = _rows(result, writing)
-        target(sum(1.0 / (1 + seen[row]) for row in rows), label="rarely taken rows")
-        seen.update(rows)
+        _steer(agent, result, writing, seen)
         if problems:
             failure.append((run, problems))
             raise AssertionError("; ".join(problems))
