@@ -1,8 +1,8 @@
 """The fast tier: the one-scenario-per-edge suite driven by hand through the sans-I/O loop.
 
 No driver, no thread, no real clock: each scenario of ``fsm_agent.testing.suite`` that
-needs no review, crash or Ctrl-C mid-state (those go through a driver by nature, and the
-slow tier runs them) is run by :func:`hand_drive`, which answers every request of
+needs no review, crash or tool threads (those go through a store or a driver by nature,
+and the slow tier runs them) is run by :func:`hand_drive`, which answers every request of
 :func:`fsm_agent.core.loop.steps` itself (the model by the scenario's script, tools by
 calling the kit's functions, the clock by the kit's fake clock, intents by an in-memory
 store). Each test asserts the exact request sequence (pinned in ``suite_requests.json``,
@@ -54,11 +54,11 @@ PINS_FILE = Path(__file__).with_name("suite_requests.json")
 
 
 def by_hand(scenario: Scenario) -> bool:
-    """Whether the scenario runs without a driver's own machinery (reviews, crashes,
-    Ctrl-C on entering a state, a pool of tool threads)."""
+    """Whether the scenario runs without a driver's own machinery (reviews, crashes, a
+    pool of tool threads)."""
     return not (
         scenario.review or scenario.die_at or scenario.die_before_commit
-        or scenario.cancel_on_entering or "tool_threads" in scenario.options
+        or "tool_threads" in scenario.options
     )  # fmt: skip
 
 
@@ -108,8 +108,15 @@ class Intents:
 class HandDriver:
     """Answers one run's requests as the sync driver would, with no I/O of its own."""
 
-    def __init__(self, kit: FaultyTools, store: Intents, model: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        kit: FaultyTools,
+        store: Intents,
+        model: Callable[..., Any],
+        cancel_on_entering: str | None = None,
+    ) -> None:
         self.kit, self.store, self.model = kit, store, model
+        self.cancel_on_entering = cancel_on_entering
         self.requests: list[str] = []
         self.events: list[dict[str, Any]] = []
 
@@ -132,6 +139,12 @@ class HandDriver:
                 return outcome_of(exc)
         if isinstance(request, EmitEvents):
             self.events += request.events
+            state = self.cancel_on_entering
+            if state is not None and any(
+                e.get("type") == "transition" and e["dest"] == state for e in request.events
+            ):
+                self.cancel_on_entering = None  # Ctrl-C once, as an observer of the events
+                raise KeyboardInterrupt
             return None
         if isinstance(request, Sleep):
             return self.kit.clock.sleep(request.seconds)
@@ -191,7 +204,7 @@ def hand_drive(scenario: Scenario) -> tuple[list[list[str]], RunState, list[dict
             messages=initial_messages(scenario.task),
         )
         start_run(s)
-        driver = HandDriver(kit, intents, ScriptedModel(list(script)))
+        driver = HandDriver(kit, intents, ScriptedModel(list(script)), scenario.cancel_on_entering)
         driver.drive(s)
         sequences.append(driver.requests)
     assert s is not None and driver is not None
@@ -208,7 +221,7 @@ PINS = pins()  # read at import: the trap forbids files while a test runs
 
 def test_the_hand_tier_covers_every_scenario_a_driver_is_not_needed_for() -> None:
     assert sorted(PINS) == sorted(s.name for s in HAND)
-    assert len(HAND) >= 40  # of the suite's 49: the rest review, crash or use threads
+    assert len(HAND) >= 42  # of the suite's 49: the rest review, crash or use threads
 
 
 @pytest.mark.parametrize("scenario", HAND, ids=[s.name for s in HAND])
