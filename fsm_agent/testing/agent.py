@@ -332,7 +332,8 @@ class AgentUnderTest:
             )
         self._check_mishaps(runtime)
         self.ledger.bind(runtime.tools)
-        # A store shared between builds (``store=`` in options) is wrapped once.
+        # The store learns to die (its writes refuse after a faked crash, until the next
+        # "process"); one shared between builds (``store=`` in options) is wrapped once.
         store = runtime.store
         mortal = getattr(store, "_fsm_mortal", None)
         if mortal is None:
@@ -383,6 +384,7 @@ class AgentUnderTest:
     async def arun(
         self, task: str | list[dict[str, Any]], *, model: Any, **kwargs: Any
     ) -> RunResult:
+        """:meth:`run` on the async driver (an injected Ctrl-C or crash propagates)."""
         runtime = self.build(model)
         run_id = self._new_id(kwargs)
         with self.injecting():
