@@ -9,14 +9,14 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,otel-compare]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # Writes only git-ignored files (traces/); the committed pictures change through `make diagrams`.
 demo: $(STAMP)
-	$(PY) -m fsm_agent demo --scenario all --trace-dir traces
+	$(PY) -m fsm_agent demo --scenario all --trace-dir traces --db traces/demo.db
 	$(PY) -m fsm_agent replay traces/retry.jsonl --html traces/retry.html
 	@echo "open traces/retry.html in a browser to step through the retry scenario"
 
@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/replay_frame.py
 	$(PY) benchmarks/otel.py
 	$(PY) benchmarks/rules.py
+	$(PY) benchmarks/streaming.py
 	$(PY) -m pip install -q -e '.[bench-langgraph]'
 	$(PY) benchmarks/postgres.py
 	$(PY) benchmarks/pg_network.py

@@ -4,6 +4,7 @@ the per-edge suite record validates against it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,34 @@ def test_a_consumer_gets_an_unknown_event_for_what_no_class_reads() -> None:
     assert event.to_json() == redacted
     validator = jsonschema.Draft202012Validator(json_schema())
     assert validator.is_valid(redacted)  # the recorded form of a failed redaction
+
+
+def test_the_keyed_reading_builds_the_event_the_dataclass_builds(
+    demo_lines: list[dict[str, Any]], suite_events: list[dict[str, Any]]
+) -> None:
+    # from_json reads a dict that fits key by key and fills the frozen instance at once
+    # (the interceptors' hot path); the ordered reading through __init__ is the reference.
+    from fsm_agent.core.events import _parse
+
+    for data in [*demo_lines, *suite_events]:
+        cls = EVENT_TYPES[data["type"]]
+        fast = event_from_json(data, run_id="r")
+        reference = cls(**_parse(cls, data, "r"))
+        assert fast == reference and vars(fast) == vars(reference), data
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.seq = 1  # type: ignore[misc]
+
+
+def test_a_built_event_is_typed_unchecked_as_the_checked_reading_types_it(
+    suite_events: list[dict[str, Any]],
+) -> None:
+    # Without a redaction hook the interceptors get the engine's dicts typed unchecked
+    # (``built``): the same event, field for field, as the checked reading.
+    assert {"run_start", "decision", "transition", "observation", "run_end"} <= {
+        e["type"] for e in suite_events
+    }
+    for data in suite_events:
+        fast, checked = typed(data, "r", built=True), typed(data, "r")
+        assert type(fast) is type(checked) and vars(fast) == vars(checked), data
+    odd = {**suite_events[1], "added_by_a_newer_version": 1}  # not a builder's: checked
+    assert typed(odd, "r", built=True).extra == {"added_by_a_newer_version": 1}

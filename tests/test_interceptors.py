@@ -462,3 +462,50 @@ def test_a_sink_that_fails_stops_the_run_and_interceptors_still_see_it_end() -> 
     assert [e.to_json() for e in live.seen] == [
         {k: v for k, v in e.items() if k not in ("run", "chain")} for e in stored.events
     ]
+
+
+def test_an_interceptor_is_called_only_for_the_request_types_it_names() -> None:
+    seen: dict[str, list[str]] = {"all": [], "some": [], "async": []}
+
+    class All(Interceptor):
+        def intercept(self, request: Request, call_next: CallNext) -> Any:
+            seen["all"].append(type(request).__name__)
+            return call_next(request)
+
+    class Some(Interceptor):
+        requests = (AskModel, CallTool)
+
+        def intercept(self, request: Request, call_next: CallNext) -> Any:
+            seen["some"].append(type(request).__name__)
+            return call_next(request)
+
+        async def aintercept(self, request: Request, call_next: AsyncCallNext) -> Any:
+            seen["async"].append(type(request).__name__)
+            return await call_next(request)
+
+        def on_event(self, event: Event) -> None:  # a watcher: the run emits events
+            return None
+
+    kit = FaultyTools()
+    kit.read("lookup")
+    script = [decide(call("lookup", {"q": "A"})), answer("ok")]
+    rt = scripted_runtime(kit, script, interceptors=[All(), Some()])
+    assert rt.run("go").status == "done"
+    assert {"EmitEvents", "ReadClock"} <= set(seen["all"])
+    assert seen["some"] == ["AskModel", "CallTool", "AskModel"]
+    rt = scripted_runtime(kit, script, interceptors=[Some()])
+    assert asyncio.run(rt.arun("go")).status == "done"
+    assert seen["async"] == ["AskModel", "CallTool", "AskModel"]
+
+
+def test_requests_that_are_no_tuple_of_classes_is_a_config_error() -> None:
+    from fsm_agent import ConfigError
+
+    class Wrong(Interceptor):
+        requests = ("AskModel",)  # type: ignore[assignment]
+
+        def intercept(self, request: Request, call_next: CallNext) -> Any:
+            return call_next(request)
+
+    with pytest.raises(ConfigError, match=r"interceptors\[0\] \(Wrong\): requests must be None"):
+        scripted_runtime(FaultyTools(), [answer("ok")], interceptors=[Wrong()])

@@ -17,7 +17,8 @@ from transitions import Machine, MachineError
 
 from fsm_agent.core.engine import build_machine
 from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.table import INITIAL_STATE, STATES, TRANSITIONS, Transition
+from fsm_agent.core.select import choose
+from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, STATES, TRANSITIONS, Transition
 
 
 class Model:
@@ -79,3 +80,44 @@ def test_a_trigger_without_an_edge_from_the_state_is_refused_by_both(state: str)
             lean.events[trigger].trigger(Model(state, {}), {}.__getitem__)
         with pytest.raises(MachineError):
             stock.events[trigger].trigger(Model(state, {}))
+
+
+def test_the_compiled_walk_meets_the_same_guards_and_picks_the_same_edge() -> None:
+    """``take`` (the engine's hot path) walks each group with code compiled from it:
+    the same guards, in the same order, each logged, and the same edge as ``choose``."""
+    lean = build_machine()
+    rng = random.Random(11)
+    groups = sorted({(t.source, t.trigger) for t in TRANSITIONS})
+    for _ in range(3000):
+        source, trigger = rng.choice(groups)
+        values = {name: rng.random() < 0.3 for name in GUARDS}
+        asked: list[str] = []
+
+        def guard(name: str, asked: list[str] = asked, values: dict[str, bool] = values) -> bool:
+            asked.append(name)
+            return values[name]
+
+        expected = choose(DEFAULT_MACHINE.edges_from(source, trigger), guard)
+        model = Model(source, values)
+        guards = {name: (lambda m, name=name: m.values[name]) for name in GUARDS}
+        event = cast(Any, lean.events[trigger])
+        taken = event.choices[source](model, guards, model.guard_log)
+        assert taken is expected, (source, trigger, values)
+        # Every guard met is logged in order (one met twice is logged once, as before).
+        assert list(model.guard_log) == list(dict.fromkeys(asked))
+        assert model.guard_log == {name: values[name] for name in asked}
+
+
+def test_take_moves_the_run_and_logs_its_guards() -> None:
+    lean = build_machine()
+    model = Model("validating", {name: name == "has_tool_calls" for name in GUARDS})
+    event = cast(Any, lean.events["validate"])
+    with pytest.MonkeyPatch.context() as m:
+        import fsm_agent.core.engine as engine
+
+        m.setattr(engine, "GUARDS", {n: (lambda s, n=n: s.values[n]) for n in GUARDS})
+        edge = event.take(model)
+    assert (edge.dest, model.state) == ("executing", "executing")
+    assert list(model.guard_log)[:3] == ["decision_malformed", "has_tool_calls", "call_id_missing"]
+    with pytest.raises(MachineError):
+        event.take(Model("done", {}))

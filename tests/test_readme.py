@@ -51,6 +51,7 @@ def test_the_readme_is_short_and_links_into_the_docs() -> None:
         "In code",
         "Verifiable traces",
         "A fleet of workers",
+        "Your own rules",  # issue 19: the rules a user adds, in one paragraph
         "The review server",
         "Documentation",
     ]

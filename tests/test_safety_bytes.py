@@ -95,8 +95,8 @@ def test_huge_and_hostile_usage_counts_as_unmetered() -> None:
     plain = make_runtime([say("ok", usage=usage)]).run("x")
     assert plain.status == "done" and plain.counters["tokens"] == 0
     capped = make_runtime([say("ok", usage=usage)], budget=Budget(max_tokens=100)).run("x")
-    assert (capped.status, capped.reason) == ("budget_exhausted", "tokens")
-    assert "no token usage" in capped.detail
+    assert (capped.status, capped.reason) == ("budget_exhausted", "usage_unknown")
+    assert "no token usage" in capped.detail and capped.usage_unknown
     assert_sound(plain)
 
 

@@ -419,12 +419,10 @@ def test_a_trace_file_holds_one_run(tmp_path: Path) -> None:
     sink.close()
 
 
-@pytest.mark.parametrize(
-    ("budget", "reason"), [(Budget(max_cost=1.0), "cost"), (Budget(max_tokens=1000), "tokens")]
-)
-def test_a_reply_without_usage_never_slips_past_a_budget(budget: Budget, reason: str) -> None:
+@pytest.mark.parametrize("budget", [Budget(max_cost=1.0), Budget(max_tokens=1000)])
+def test_a_reply_without_usage_never_slips_past_a_budget(budget: Budget) -> None:
     result = make_runtime([say("free?")], budget=budget).run("x")
-    assert (result.status, result.reason) == ("budget_exhausted", reason)
+    assert (result.status, result.reason) == ("budget_exhausted", "usage_unknown")
 
 
 def test_the_cause_of_a_retry_is_in_the_trace() -> None:

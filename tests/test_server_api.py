@@ -384,3 +384,152 @@ def test_deny_over_http_records_the_reason_and_the_run_goes_on_without_the_write
         assert r.json()["review"]["reviewer"] == "bob"
     assert rt.resume("r1").status == "done"
     assert backend.writes == []
+
+
+def test_edit_over_http_runs_the_corrected_call_and_the_trace_checks(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer, tmp_path: Path
+) -> None:
+    backend = Backend()
+    rt = pause(store, backend)
+    edited = {"request_id": "R-1", "title": "A17 is late (refund capped)"}
+    with client(server, keys["alice"]) as c:
+        seq = c.get("/api/runs/r1").json()["seq"]
+        body = {"call_id": "c1", "action": "edit", "arguments": edited, "note": "cap"}
+        r = c.post("/api/runs/r1/reviews", json=body, headers={"if-match": f'"{seq}"'})
+        assert r.status_code == 201, r.text
+        review = r.json()["review"]
+        assert (review["action"], review["reviewer"], review["note"]) == ("edit", "alice", "cap")
+        assert review["arguments"] == edited and review["original_arguments"] == WRITE
+        assert r.json()["run"]["label"] == "decided, waiting to be resumed"
+    assert rt.resume("r1").status == "done"
+    assert backend.writes == [edited]
+    with client(server, keys["reader"]) as c:
+        path = tmp_path / "r1.jsonl"
+        path.write_bytes(c.get("/api/runs/r1/trace").content)
+    checked = subprocess.run(
+        [sys.executable, "-m", "fsm_agent", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_bad_edit_over_http_is_a_precise_4xx_and_records_nothing(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer
+) -> None:
+    backend = Backend()
+    pause(store, backend)
+    make_runtime([say("hi")], backend, store=store).run("hello", run_id="done")
+    before = {r: store.load_run(r).events for r in ("r1", "done")}
+    good = {"request_id": "R-1", "title": "ok"}
+    cases: list[tuple[str, dict[str, Any], int, str]] = [
+        ("r1", {"call_id": "c1", "arguments": {"request_id": "R-1", "title": "x" * 60}}, 422,
+         "do not fit tool 'write''s schema: title: "),
+        ("r1", {"call_id": "c1", "arguments": {"title": "t"}}, 422,
+         "(root): 'request_id' is a required property"),
+        ("r1", {"call_id": "c1", "arguments": [1]}, 422, "as a JSON object"),
+        ("r1", {"call_id": "c1"}, 422, "as a JSON object"),
+        ("r1", {"call_id": "c9", "arguments": good}, 409, "call 'c9' is not pending in run 'r1'"),
+        ("done", {"call_id": "c1", "arguments": good}, 409,
+         "run 'done' is done/final_answer, not waiting for review"),
+        ("nope", {"call_id": "c1", "arguments": good}, 404, "nope"),
+    ]  # fmt: skip
+    with client(server, keys["alice"]) as c:
+        for run_id, body, code, detail in cases:
+            r = c.post(f"/api/runs/{run_id}/reviews", json={"action": "edit", **body})
+            assert r.status_code == code, (body, r.text)
+            assert detail in r.json()["detail"], r.json()
+        r = c.post("/api/runs/r1/reviews", json={"call_id": "c1", "action": "approve",
+                                                  "arguments": good})  # fmt: skip
+        assert r.status_code == 422 and "only an edit carries arguments" in r.json()["detail"]
+    assert {r: store.load_run(r).events for r in ("r1", "done")} == before
+    assert backend.writes == []
+
+
+def test_cancel_over_http_takes_the_cancel_edge_and_the_trace_checks(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer, tmp_path: Path
+) -> None:
+    backend = Backend()
+    rt = make_runtime([calls(call("c1", "lookup", order_id="A1")), say("ok")], backend,
+                      store=store)  # fmt: skip
+    rt.submit("where is A1?", run_id="queued")  # waiting for a worker, never driven
+    with client(server, keys["root"]) as c:
+        r = c.post("/api/runs/queued/cancel")
+        assert r.status_code == 200, r.text
+        assert (r.json()["run"]["status"], r.json()["run"]["reason"]) == ("cancelled", "cancelled")
+        again = c.post("/api/runs/queued/cancel")
+        assert again.status_code == 409 and "it has ended" in again.json()["detail"]
+        path = tmp_path / "queued.jsonl"
+        path.write_bytes(c.get("/api/runs/queued/trace").content)
+    events = store.load_run("queued").events
+    edges = [(e["trigger"], e["source"], e["dest"]) for e in events if e["type"] == "transition"]
+    assert edges == [("cancel", "deciding", "cancelled")]
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "cancelled"
+    checked = subprocess.run(
+        [sys.executable, "-m", "fsm_agent", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert rt.resume("queued").status == "cancelled"  # a worker finds it ended: nothing runs
+    assert backend.lookups == []
+
+
+def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer
+) -> None:
+    from fsm_agent.durable import owners
+
+    backend = Backend()
+    pause(store, backend)  # r1: waiting for review
+    rt = make_runtime([say("hi")], backend, store=store)
+    rt.run("hello", run_id="done")
+    rt.submit("hello again", run_id="busy")
+    driver = owners.new_owner()
+    owners.hold(driver)
+    store.claim("busy", driver)  # a live driver holds it
+    before = {r: store.load_run(r).events for r in ("r1", "done", "busy")}
+    try:
+        with client(server, keys["alice"]) as c:  # a review key may not cancel
+            r = c.post("/api/runs/r1/cancel")
+            assert r.status_code == 403 and "this needs 'admin'" in r.json()["detail"]
+        with client(server, keys["root"]) as c:
+            for run_id, code, detail in (
+                ("r1", 409, "waiting for review: deny its pending calls"),
+                ("done", 409, "is done/final_answer: it has ended"),
+                ("busy", 409, "is cancelled where it runs"),
+                ("nope", 404, "nope"),
+            ):
+                r = c.post(f"/api/runs/{run_id}/cancel")
+                assert r.status_code == code, (run_id, r.text)
+                assert detail in r.json()["detail"], r.json()
+    finally:
+        owners.let_go(store, "busy", driver)
+    assert {r: store.load_run(r).events for r in ("r1", "done", "busy")} == before
+
+
+def test_on_postgresql_cancel_and_edit_go_through_the_machine(pg_store: Any) -> None:
+    from fsm_agent.trace.checker import check_bytes
+
+    key, record = make_key("root", "admin")
+    pg_store.add_key(record)
+    backend = Backend()
+    rt = pause(pg_store, backend)
+    make_runtime([say("unused")], backend, store=pg_store).submit("hi", run_id="queued")
+    edited = {"request_id": "R-1", "title": "edited on PostgreSQL"}
+    live = LiveServer(pg_store).start()
+    try:
+        with client(live, key) as c:
+            assert c.post("/api/runs/queued/cancel").status_code == 200
+            body = {"call_id": "c1", "action": "edit", "arguments": edited}
+            assert c.post("/api/runs/r1/reviews", json=body).status_code == 201
+            assert rt.resume("r1").status == "done"
+            for run_id in ("queued", "r1"):
+                report = check_bytes(c.get(f"/api/runs/{run_id}/trace").content)
+                assert report.violations == [], (run_id, report.violations)
+    finally:
+        live.stop()
+    assert pg_store.load_run("queued").body["state"] == "cancelled"
+    assert backend.writes == [edited]

@@ -4,6 +4,7 @@ and a waiter cancelled mid-wait (a client that went away) breaks nothing."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from conftest import Backend, call, calls, make_runtime, say
 
@@ -39,3 +40,90 @@ def test_waiters_wake_time_out_and_survive_cancellation() -> None:
             b.stop()
 
     asyncio.run(main())
+
+
+class _SmallPool(MemoryStore):
+    """A store with the pool of a small PostgreSQL store: ``pool_size`` connections, a
+    key read that takes a while (a loaded database), and a count of how many reads run
+    at once and in all."""
+
+    pool_size = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.reads = self.busy = self.most = 0
+        self._count = threading.Lock()
+
+    def get_key(self, key_id: str) -> Any:
+        import time
+
+        with self._count:
+            self.reads += 1
+            self.busy += 1
+            self.most = max(self.most, self.busy)
+        try:
+            time.sleep(0.05)
+            return super().get_key(key_id)
+        finally:
+            with self._count:
+                self.busy -= 1
+
+
+def test_a_burst_of_streams_shares_key_reads_and_stays_within_the_pool() -> None:
+    """500 SSE subscribers opening at once hung the PostgreSQL benchmark: every request
+    read its key on a thread of its own, more at once than the pool had connections, and
+    the pool's wait timed out (a 500 for a stream that only had to wait). Now requests
+    share the read in flight and queue for a connection on the event loop."""
+    import httpx
+    from server_harness import LiveServer
+
+    from fsm_agent.durable.feed import make_key
+
+    store = _SmallPool()
+    rt = make_runtime([calls(call("c1", "write", request_id="R", title="t")), say("ok")],
+                      Backend(), store=store, approval=True)  # fmt: skip
+    rt.run("go", run_id="r1")
+    key, record = make_key("bench", "read")
+    store.add_key(record)
+    live = LiveServer(store).start()
+
+    async def burst() -> list[int]:
+        limits = httpx.Limits(max_connections=100)
+        headers = {"authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=live.url, limits=limits, headers=headers) as c:
+            answers = await asyncio.gather(*(c.get("/api/runs/r1") for _ in range(60)))
+        return [r.status_code for r in answers]
+
+    try:
+        codes = asyncio.run(burst())
+    finally:
+        live.stop()
+    assert codes == [200] * 60
+    assert store.most <= store.pool_size  # never more reads at once than connections
+    assert store.reads < 30  # shared: far fewer reads than requests
+
+
+def test_a_store_outage_during_sign_in_is_a_json_503() -> None:
+    import httpx
+    from server_harness import LiveServer
+
+    from fsm_agent.durable.feed import make_key
+    from fsm_agent.errors import StoreError
+
+    store = MemoryStore()
+    key, record = make_key("ana", "read")
+    store.add_key(record)
+
+    def down(key_id: str) -> Any:
+        raise StoreError("postgresql://db: no connection within 5s (every connection is busy)")
+
+    store.get_key = down  # type: ignore[method-assign]
+    live = LiveServer(store).start()
+    try:
+        r = httpx.get(live.url + "/api/runs", headers={"authorization": f"Bearer {key}"})
+    finally:
+        live.stop()
+    assert r.status_code == 503 and r.json()["error"] == "store_unavailable"
+    assert "every connection is busy" in r.json()["detail"]

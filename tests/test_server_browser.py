@@ -123,3 +123,53 @@ def test_a_stale_page_gets_the_conflict_message_and_deny_records_the_reason(
             assert backend.writes == []
         finally:
             server.stop()
+
+
+def test_edit_in_the_browser_refuses_a_bad_edit_then_runs_the_corrected_call(
+    tmp_path: Path, browser: Any
+) -> None:
+    backend = Backend()
+    with SqliteStore(tmp_path / "runs.db") as store:
+        rt = make_runtime(
+            [calls(call("c1", "write", request_id="R-3", title="refund 80")), say("Filed.")],
+            backend,
+            store=store,
+            approval=True,
+        )
+        assert rt.run("file it", run_id="r3").status == "review_required"
+        key, record = make_key("erin", "review")
+        store.add_key(record)
+        server = LiveServer(store, runtime=rt).start()
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(server.url + "/signin")
+            page.fill("input[name=key]", key)
+            with page.expect_navigation():
+                page.click("button >> text=Sign in")
+            page.goto(server.url + "/runs/r3")
+            box = "form.edit textarea[name=arguments]"
+            assert '"title": "refund 80"' in page.input_value(box)  # prefilled, to correct
+            before = store.load_run("r3").events
+            page.fill(box, '{"request_id": "R-3", "title": 50}')
+            page.click("button.edit")
+            page.wait_for_selector(".flash.error")
+            assert "title: 50 is not of type 'string'" in page.inner_text(".flash.error")
+            page.fill(box, "{not json")
+            page.click("button.edit")
+            page.wait_for_selector("text=not valid JSON")
+            assert store.load_run("r3").events == before  # nothing recorded
+            page.fill(box, '{"request_id": "R-3", "title": "refund 50"}')
+            page.fill("form.edit input[name=note]", "capped")
+            page.click("button.edit")
+            page.wait_for_selector("text=recorded edit of c1")
+            page.wait_for_selector("#live >> text=done", timeout=15000)
+            assert backend.writes == [{"request_id": "R-3", "title": "refund 50"}]
+            (review,) = [e for e in store.load_run("r3").events if e["type"] == "review"]
+            assert (review["action"], review["reviewer"], review["note"]) == (
+                "edit",
+                "erin",
+                "capped",
+            )
+            assert review["original_arguments"] == {"request_id": "R-3", "title": "refund 80"}
+        finally:
+            server.stop()

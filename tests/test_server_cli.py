@@ -76,3 +76,75 @@ def test_serve_refuses_to_listen_beyond_loopback_with_no_keys(
     code, _, err = run(capsys, "serve", "--db", db, "--app", "nope", "--port", "1")
     assert code == 2 and "--app must be MODULE:FUNCTION" in err
     assert err.startswith("fsm-agent serve: ")
+
+
+def test_the_demo_writes_a_database_that_serves_its_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make demo`` then ``fsm-agent serve --db traces/demo.db``: the demo's runs over
+    HTTP, their traces checked, and a second demo replaces the runs but keeps the keys."""
+    import httpx
+    from server_harness import LiveServer
+
+    from fsm_agent.trace.checker import check_bytes
+
+    db = str(tmp_path / "demo.db")
+    code, out, _ = run(capsys, "demo", "--quiet", "--db", db)
+    assert code == 0 and f"fsm-agent serve --db {db}" in out
+    code, key, _ = run(capsys, "keys", "add", "me", "--scope", "review", "--db", db)
+    assert code == 0
+    with SqliteStore(db) as store:
+        server = LiveServer(store).start()
+        try:
+            auth = {"authorization": f"Bearer {key.strip()}"}
+            with httpx.Client(base_url=server.url, headers=auth, timeout=10) as c:
+                runs = {r["run_id"]: r for r in c.get("/api/runs?limit=50").json()["runs"]}
+                assert len(runs) == 8 and runs["demo-happy"]["status"] == "done"
+                assert runs["demo-denied"]["label"] == "waiting for review"
+                assert runs["demo-lost_write"]["reason"] == "outcome_unknown"
+                (pending,) = c.get("/api/runs/demo-denied").json()["pending"]
+                assert pending["tool"] == "create_ticket" and pending["digest"]
+                for run_id in runs:
+                    report = check_bytes(c.get(f"/api/runs/{run_id}/trace").content)
+                    assert report.violations == [] and report.lines > 2, run_id
+                body = {"call_id": pending["call_id"], "action": "deny", "reason": "no"}
+                assert c.post("/api/runs/demo-denied/reviews", json=body).status_code == 201
+        finally:
+            server.stop()
+    code, _, _ = run(capsys, "demo", "--quiet", "--db", db)
+    assert code == 0
+    with SqliteStore(db) as store:
+        assert [k.name for k in store.list_keys()] == ["me"]  # the key survived
+        events = store.load_run("demo-denied").events
+        assert not [e for e in events if e["type"] == "review"]  # the runs are new
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.db"]
+
+
+def test_the_demo_never_replaces_a_database_of_other_runs(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = Path(db).read_bytes()
+    code, _, err = run(capsys, "demo", "--quiet", "--db", db)
+    assert code == 2
+    refusal = f"demo: --db {db}: it holds runs that are not the demo's (r1); pick another file"
+    assert err == refusal + "\n"
+    assert Path(db).read_bytes() == before
+
+
+def test_runs_cancel_takes_the_cancel_edge_or_says_why_not(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SqliteStore(db) as store:
+        make_runtime([say("hi")], store=store).submit("hello", run_id="q1")
+    code, out, _ = run(capsys, "runs", "cancel", "q1", "--db", db)
+    assert (code, out) == (0, "cancelled run q1 (cancelled/cancelled)\n")
+    code, _, err = run(capsys, "runs", "cancel", "q1", "--db", db)
+    assert code == 2 and "is cancelled/cancelled: it has ended, nothing to cancel" in err
+    code, _, err = run(capsys, "runs", "cancel", "r1", "--db", db)  # paused for review
+    assert code == 2 and "waiting for review: deny its pending calls" in err
+    code, _, err = run(capsys, "runs", "cancel", "nope", "--db", db)
+    assert code == 2 and "nope" in err
+    with SqliteStore(db) as store:
+        assert store.load_run("r1").body["state"] == "review_required"
+        events = store.load_run("q1").events
+    assert [e["type"] for e in events] == ["run_start", "transition", "run_end"]

@@ -131,3 +131,26 @@ def test_a_read_key_sees_no_review_forms_and_cannot_post(
         form = {"csrf": csrf_of(page), "call_id": "c1", "action": "approve"}
         assert c.post("/runs/r1/review", data=form).status_code == 403
     assert not [e for e in store.load_run("r1").events if e["type"] == "review"]
+
+
+def test_an_admin_cancels_a_queued_run_from_its_page_and_a_forged_form_does_nothing(
+    store: SqliteStore, server: LiveServer
+) -> None:
+    make_runtime([say("hi")], store=store).submit("hello", run_id="q1")
+    key, record = make_key("olga", "admin")
+    store.add_key(record)
+    reviewer, record = make_key("rita", "review")
+    store.add_key(record)
+    with closing(sign_in(server, reviewer)) as c:
+        assert "Cancel this run" not in c.get("/runs/q1").text  # not for a review key
+    with closing(sign_in(server, key)) as c:
+        page = c.get("/runs/q1").text
+        assert "Cancel this run" in page
+        assert c.post("/runs/q1/cancel", data={"csrf": "forged"}).status_code == 403
+        assert store.load_run("q1").body["state"] == "deciding"
+        r = c.post("/runs/q1/cancel", data={"csrf": csrf_of(page)})
+        assert r.status_code == 303 and "msg=cancelled" in r.headers["location"]
+        assert store.load_run("q1").body["state"] == "cancelled"
+        r = c.post("/runs/r1/cancel", data={"csrf": csrf_of(page)})  # paused: says why not
+        assert r.status_code == 303 and "waiting+for+review" in r.headers["location"]
+        assert "Cancel this run" not in c.get("/runs/q1").text  # ended: no button

@@ -9,6 +9,7 @@ from typing import Any, get_args
 from fsm_agent.core.actions import ACTIONS
 from fsm_agent.core.engine import RUN_MACHINE
 from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.judging import RULE_ACTIONS, RULE_REASONS
 from fsm_agent.core.table import (
     INITIAL_STATE,
     LEGACY_MACHINE_HASHES,
@@ -101,14 +102,18 @@ def test_edges_have_one_identity_an_index_and_a_stable_key() -> None:
     assert [t.index for t in TRANSITIONS] == list(range(len(TRANSITIONS)))
     assert len({t.key for t in TRANSITIONS}) == len(TRANSITIONS)
     assert all(edge_by_key(t.key) is t for t in TRANSITIONS)
-    assert TRANSITIONS[6].key == "validate/validating->done[!has_tool_calls,has_answer]"
+    assert TRANSITIONS[7].key == "validate/validating->done[!has_tool_calls,has_answer]"
 
 
 def test_the_literal_types_name_exactly_what_the_table_uses() -> None:
     assert set(get_args(State)) == set(STATES)
     assert set(get_args(Trigger)) == {t.trigger for t in TRANSITIONS}
-    assert set(get_args(Reason)) == {t.reason for t in TRANSITIONS if t.reason}
-    assert set(get_args(Action)) == {t.action for t in TRANSITIONS if t.action} == set(ACTIONS)
+    # The user's rules add rows with reasons and actions of their own (core/judging.py).
+    reasons = {t.reason for t in TRANSITIONS if t.reason}
+    assert set(get_args(Reason)) == reasons | RULE_REASONS and not reasons & RULE_REASONS
+    actions = {t.action for t in TRANSITIONS if t.action}
+    assert set(get_args(Action)) == actions | RULE_ACTIONS == set(ACTIONS)
+    assert not actions & RULE_ACTIONS
 
 
 def test_the_hash_covers_every_column_the_runtime_uses() -> None:

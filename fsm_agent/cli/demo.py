@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from fsm_agent.cli.demo_report import ScenarioOutcome
 from fsm_agent.cli.model_args import ModelArgsError, add_model_arguments, model_from_args
 from fsm_agent.core.approvals import Approval
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.events import Event, TextDelta, ToolArgsDelta
 from fsm_agent.errors import ToolRejected, TransientToolError, UsageError
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models.scripted import ScriptedModel, StreamingScriptedModel
 from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Model, Runtime
 from fsm_agent.tools.registry import ToolRegistry
@@ -151,14 +153,37 @@ class Scenario:
     approvals: tuple[Approval, ...] = ()
     follow_up: Callable[[Runtime, Backend, RunResult, Path | None], list[RunResult]] | None = None
 
+    def _first_run(
+        self, runtime: Runtime, trace: Path | None, on_event: Callable[[Event], None] | None
+    ) -> RunResult:
+        run_id = f"demo-{self.name}"
+        if on_event is None:
+            return runtime.run(self.task, run_id=run_id, trace=trace)
+        with runtime.stream(self.task, run_id=run_id, trace=trace, trace_deltas=True) as live:
+            for event in live:
+                on_event(event)
+        return live.result
+
     def run(
-        self, model: Model | None = None, trace_dir: str | Path | None = None
+        self,
+        model: Model | None = None,
+        trace_dir: str | Path | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        db: Any = None,
     ) -> ScenarioOutcome:
         """Run the scenario; with ``model`` the script is replaced and only the stop is
-        checked (a real model's tool use is its own business)."""
+        checked (a real model's tool use is its own business). With ``on_event`` the run
+        is streamed (``Runtime.stream``, the script through a ``StreamingScriptedModel``,
+        raw deltas kept in the trace) and each event goes to it as it happens. ``db``: a
+        store that gets a copy of each of its runs, as stored (for ``fsm-agent serve``)."""
         backend = self.backend()
+        scripted: Model = (
+            StreamingScriptedModel(self.script, chunk=6)
+            if on_event is not None
+            else ScriptedModel(self.script)
+        )
         runtime = Runtime(
-            model=model or ScriptedModel(self.script),
+            model=model or scripted,
             tools=backend.registry(),
             allowed_tools=ALLOWED,
             budget=self.budget,
@@ -169,7 +194,7 @@ class Scenario:
         trace = folder / f"{self.name}.jsonl" if folder is not None else None
         if trace is not None and trace.exists():
             trace.unlink()
-        first = runtime.run(self.task, run_id=f"demo-{self.name}", trace=trace)
+        first = self._first_run(runtime, trace, on_event)
         results = [first]
         checks: dict[str, tuple[Any, Any]] = {
             "status": (self.expect_status, first.status),
@@ -191,6 +216,9 @@ class Scenario:
                 checks["tickets_after_follow_up"] = (1, len(backend.tickets))
                 checks["follow_up_replayed"] = (1, results[-1].counters["replays"])
                 checks["follow_up_status"] = ("done", results[-1].status)
+        if db is not None:
+            for result in results:
+                _copy_run(runtime.store, db, result.run_id)
         notes = []
         if len(results) > 1:
             last = results[-1]
@@ -199,6 +227,25 @@ class Scenario:
                 f"key; the resubmitted request replayed it ({last.status}/{last.reason})"
             )
         return ScenarioOutcome(self.name, results, checks, notes)
+
+
+def _copy_run(source: Any, target: Any, run_id: str) -> None:
+    """``run_id`` as ``source`` stores it (header, events, checkpoint, history), stored in
+    ``target``. Each scenario runs on a store of its own (their idempotency keys overlap
+    on purpose: the same request in another scenario must not replay), and the demo's
+    database then holds them all."""
+    from fsm_agent.durable import owners
+    from fsm_agent.durable.store import Checkpoint
+    from fsm_agent.trace.chain import encode_events, strip_links
+
+    stored = source.load_run(run_id)
+    events = strip_links(stored.events)
+    lines = encode_events(events, run_id) if getattr(target, "wants_lines", False) else None
+    owner = owners.new_owner()
+    rows = list(enumerate(stored.messages))
+    target.create_run(run_id, stored.header, owner, events,
+                      Checkpoint(stored.snapshot, rows, lines))  # fmt: skip
+    target.release(run_id, owner)
 
 
 def _reconcile_and_resubmit(
@@ -337,6 +384,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--trace-dir", metavar="DIR", help="write <scenario>.jsonl traces here")
     p.add_argument(
+        "--db",
+        metavar="FILE",
+        help="also store every scenario's runs in this SQLite file, replaced on each run "
+        "(e.g. traces/demo.db, for fsm-agent serve --db traces/demo.db)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print the machine-readable stream: every trace event and a summary per "
@@ -347,8 +400,58 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print only the final table (with --json: only the summaries)",
     )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream each run: print the answer and the tool-call arguments as they are "
+        "produced (the trace keeps the deltas)",
+    )
     add_model_arguments(p)
     p.set_defaults(handler=run_demo)
+
+
+def _shown(text: str) -> str:
+    # A real model's text must not reach the terminal's control sequences raw.
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else "\N{REPLACEMENT CHARACTER}"
+                   for ch in text)  # fmt: skip
+
+
+def _ignore(event: Event) -> None:
+    return None
+
+
+class _LivePrinter:
+    """``--stream``: the deltas of a run as they arrive, a line per decision (its text,
+    then each call's arguments on a line of its own)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.call: tuple[str, int] | None = None
+        self.open = False  # a decision's line is being written
+
+    def __call__(self, event: Event) -> None:
+        out = sys.stdout
+        if isinstance(event, TextDelta):
+            self._line(out, self.call is not None)
+            self.call = None
+            out.write(_shown(event.text))
+        elif isinstance(event, ToolArgsDelta):
+            if (event.call_id, event.index) != self.call:
+                self._line(out, self.open)
+                self.call = (event.call_id, event.index)
+                out.write(f"\u2192 {event.call_id} ")
+            out.write(_shown(event.fragment))
+        elif event.type == "decision" and self.open:
+            out.write("\n")
+            self.open, self.call = False, None
+        out.flush()
+
+    def _line(self, out: Any, new: bool) -> None:
+        if not self.open:
+            out.write(f"[{self.name}] ")
+            self.open = True
+        elif new:
+            out.write(f"\n[{self.name}] ")
 
 
 def _trace_folder(text: str | None) -> Path | None:
@@ -371,6 +474,73 @@ def _trace_folder(text: str | None) -> Path | None:
     return folder
 
 
+#: What a file the demo may replace holds: nothing, or only the demo's own runs.
+_DEMO_RUN = "demo-"
+
+
+def _demo_db(text: str | None) -> Path | None:
+    """``--db`` as a file the demo may replace: absent, or a SQLite file of demo runs
+    only (a :class:`UsageError` otherwise, before any scenario runs: the demo never
+    overwrites someone's runs)."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"--db {text}: a folder, not a database file")
+    if not path.parent.is_dir():
+        raise UsageError(f"--db {text}: the folder {path.parent} does not exist")
+    if path.exists():
+        from fsm_agent.durable.sqlite import SqliteStore
+        from fsm_agent.errors import StoreError
+
+        try:
+            with SqliteStore(path, create=False, readonly=True) as old:
+                foreign = [r.run_id for r in old.list_runs() if not r.run_id.startswith(_DEMO_RUN)]
+        except StoreError as exc:
+            raise UsageError(f"--db {text}: not a database the demo wrote ({exc})") from None
+        if foreign:
+            raise UsageError(
+                f"--db {text}: it holds runs that are not the demo's ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); pick another file"
+            )
+    return path
+
+
+def _building(path: Path) -> Path:
+    return path.with_name(path.name + ".building")
+
+
+def _fresh_db(path: Path) -> Any:
+    """A new database to fill, holding the old one's API keys (a reviewer's key made
+    for the demo's server keeps working after the next ``make demo``)."""
+    from fsm_agent.durable.sqlite import SqliteStore
+
+    building = _building(path)
+    for leftover in _with_sidecars(building):
+        leftover.unlink(missing_ok=True)
+    store = SqliteStore(building)
+    if path.exists():
+        with SqliteStore(path, create=False, readonly=True) as old:
+            for record in old.list_keys():
+                store.add_key(record)
+    return store
+
+
+def _with_sidecars(path: Path) -> list[Path]:
+    return [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))]
+
+
+def _replace_db(path: Path) -> None:
+    """The new database in the old one's place, at once (a server reading the old one
+    keeps its open file until it reopens)."""
+    for old in _with_sidecars(path)[1:]:
+        old.unlink(missing_ok=True)
+    building = _building(path)
+    for side in _with_sidecars(building)[1:]:
+        side.unlink(missing_ok=True)  # closed cleanly: the WAL is checkpointed in
+    os.replace(building, path)
+
+
 def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
     if model is None and hasattr(args, "model"):  # flags of fsm_agent.cli.model_args
         try:
@@ -380,6 +550,7 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
             return 2
     try:
         folder = _trace_folder(args.trace_dir)
+        db_path = _demo_db(getattr(args, "db", None))
     except UsageError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
@@ -387,18 +558,49 @@ def run_demo(args: argparse.Namespace, model: Model | None = None) -> int:
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     as_json = bool(getattr(args, "json", False))
     outcomes = []
-    for name in names:
-        outcome = SCENARIOS[name].run(model=model, trace_dir=folder)
-        outcomes.append(outcome)
-        if as_json:
-            _print_json(outcome, args.quiet)
-        elif not args.quiet:
-            print(report.scenario_block(SCENARIOS[name], outcome, scripted=model is None))
+    db = _fresh_db(db_path) if db_path is not None else None
+    try:
+        for name in names:
+            live: Callable[[Event], None] | None = None
+            if getattr(args, "stream", False):  # printed live unless JSON or quiet
+                live = _LivePrinter(name) if not (as_json or args.quiet) else _ignore
+            outcome = SCENARIOS[name].run(model=model, trace_dir=folder, on_event=live, db=db)
+            outcomes.append(outcome)
+            _report(outcome, args, as_json, model)
+    finally:
+        if db is not None:
+            db.close()
+    if db_path is not None:
+        _replace_db(db_path)
+    return _finish(outcomes, names, folder, db_path, as_json)
+
+
+def _report(
+    outcome: ScenarioOutcome, args: argparse.Namespace, as_json: bool, model: Model | None
+) -> None:
+    if as_json:
+        _print_json(outcome, args.quiet)
+    elif not args.quiet:
+        print(report.scenario_block(SCENARIOS[outcome.name], outcome, scripted=model is None))
+
+
+def _finish(
+    outcomes: list[ScenarioOutcome],
+    names: list[str],
+    folder: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+) -> int:
     failed = [o.name for o in outcomes if not o.ok]
     if not as_json:
         print(report.final_table(outcomes))
         if folder is not None:
             print(report.where_traces_are(folder, [o.name for o in outcomes]))
+        if db_path is not None:
+            print(
+                f"the runs are in {db_path}: fsm-agent keys add me --scope review --db "
+                f"{db_path}, then fsm-agent serve --db {db_path}"
+            )
     if failed:
         print(
             f"demo: {len(failed)} scenario(s) did not behave as expected: {', '.join(failed)}",

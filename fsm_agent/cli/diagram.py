@@ -92,10 +92,12 @@ def register(subparsers: Any) -> None:
 def _machine_flag(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--machine",
+        "--app",
+        dest="machine",
         metavar="MODULE:NAME",
         help=f"{what} instead of the built-in one: NAME is a Machine "
         "(fsm_agent.core.engine.compile_machine builds one), a function returning one, or "
-        "a function returning a Runtime (its runtime.machine)",
+        "a function returning a Runtime (its runtime.machine, with the rows of its rules)",
     )
 
 

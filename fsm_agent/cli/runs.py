@@ -2,7 +2,8 @@
 
 ``approve``, ``deny`` and ``reconcile`` only *record* the reviewer's decision (the
 table's ``review`` transition and a ``review`` event in the run's trace, with ``--by`` who
-decided and ``--note`` why, and an approval bound to the call's exact arguments): this
+decided and ``--note`` why, and an approval bound to the call's exact arguments, or with
+``approve --arguments JSON`` to the reviewer's corrected ones, an ``edit``): this
 process has neither the run's model nor its tools. A worker, or the application's
 ``Runtime.resume(run_id)``, continues the run once every blocking call is settled.
 """
@@ -24,7 +25,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:  # long: declarations of the subcommands and flags
     runs = subparsers.add_parser(
         "runs",
-        help="list, show, approve, deny, reconcile or export stored runs",
+        help="list, show, approve, deny, reconcile, cancel or export stored runs",
         description="Inspect and review durable runs stored in a SQLite file or PostgreSQL.",
     )
     sub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
@@ -84,6 +85,14 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
         return p
 
     p = review("approve", "approve a call waiting for approval (bound to its exact arguments)")
+    p.add_argument(
+        "--arguments",
+        type=_json_value,
+        metavar="JSON",
+        help="approve the call with these corrected arguments instead (a JSON object the "
+        "tool's schema accepts; the call runs with them), e.g. "
+        '\'{"order_id": "A17", "amount_cents": 4000}\'',
+    )
     p.set_defaults(handler=_review, action="approve")
 
     p = review("deny", "deny a paused call; the model is told the reason")
@@ -99,6 +108,15 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
         help='the observed result as JSON, e.g. \'{"ticket": "T-1"}\'',
     )
     p.set_defaults(handler=_review, action="reconcile")
+
+    p = add("cancel", "cancel a run waiting to be driven (submitted, or between rounds)")
+    p.add_argument("run_id")
+    p.add_argument(
+        "--key-env",
+        metavar="NAME",
+        help="environment variable holding the runtime's trace_key (a signed trace)",
+    )
+    p.set_defaults(handler=_cancel)
 
     p = add("export", "write a run's trace as JSON Lines (for fsm-agent check / replay)")
     p.add_argument("run_id")
@@ -349,7 +367,8 @@ def _describe(e: dict[str, Any]) -> str:
         result = result if len(result) <= 100 else result[:97] + "..."
         return f"{seq:>4} observation {e.get('call_id')}: {result}"
     if kind == "review":
-        extra = {k: v for k, v in e.items() if k in ("reason", "result", "reviewer", "at", "note")}
+        shown = ("reason", "result", "arguments", "reviewer", "at", "note")
+        extra = {k: v for k, v in e.items() if k in shown}
         return f"{seq:>4} review {e.get('action')} {e.get('call_id')} {json.dumps(extra)}"
     if kind == "run_end":
         return f"{seq:>4} run_end {e.get('status')}/{e.get('reason')}"
@@ -375,14 +394,17 @@ def _review(args: argparse.Namespace) -> int:
         key = os.environ.get(args.key_env)
         if not key:
             return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
+    arguments = getattr(args, "arguments", None)
+    action = "edit" if arguments is not None else args.action
     with _open(args, write=True) as store:
         event = record_review(
             store,
             args.run_id,
             args.call_id,
-            args.action,
+            action,
             reason=getattr(args, "reason", None),
             result=getattr(args, "result", None),
+            arguments=arguments,
             key=key,
             reviewer=args.by if args.by is not None else _os_user(),
             note=args.note,
@@ -393,13 +415,31 @@ def _review(args: argparse.Namespace) -> int:
             if p["waiting_for"] in BLOCKING and not p["review"]
         ]
     by = f" by {event['reviewer']}" if event.get("reviewer") else ""
-    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}{by}")
+    edited = ""
+    if arguments is not None:
+        edited = f" with arguments {json.dumps(arguments, ensure_ascii=False)}"
+    print(f"recorded {args.action} of {args.call_id} in run {args.run_id}{by}{edited}")
     if waiting:
         print(f"still waiting for: {', '.join(waiting)}")
     elif hasattr(store, "claim_next"):
         print("a worker continues the run (fsm-agent worker)")
     else:
         print("the run continues when the application resumes it (Runtime.resume)")
+    return 0
+
+
+@_guarded
+def _cancel(args: argparse.Namespace) -> int:
+    from fsm_agent.durable.cancel import cancel_run
+
+    key = None
+    if args.key_env:
+        key = os.environ.get(args.key_env)
+        if not key:
+            return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
+    with _open(args, write=True) as store:
+        s = cancel_run(store, args.run_id, key=key)
+    print(f"cancelled run {args.run_id} ({s.state}/{s.reason})")
     return 0
 
 

@@ -22,7 +22,7 @@ from fsm_agent.core import events
 from fsm_agent.core.budget import MAX_RECORD_BYTES
 from fsm_agent.core.content import split_media, tool_message
 from fsm_agent.core.decision import NO_DECISION, PreparedCall
-from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.jsonsafe import copy_json, dumps_safe
 from fsm_agent.core.reasons import stop_detail
 from fsm_agent.core.state import RunState
 
@@ -33,16 +33,20 @@ ActionFn = Callable[[RunState, Payloads], None]
 
 #: Placeholder errors a reviewer must settle before a paused run can go on
 #: (``skipped_pending_review`` calls simply run afresh).
-BLOCKING = frozenset({"approval_required", "outcome_unknown", "idempotency_conflict"})
+BLOCKING = frozenset(
+    {"approval_required", "outcome_unknown", "idempotency_conflict", "rule_review"}
+)
 
 #: Which review action settles which placeholder error (the ``review_fits`` guard).
 FITS: dict[str, frozenset[str]] = {
-    "approve": frozenset({"approval_required"}),
+    "approve": frozenset({"approval_required", "rule_review"}),
     "reconcile": frozenset({"outcome_unknown"}),
     "deny": BLOCKING | {"skipped_pending_review"},
 }
+# Approve with corrected arguments: it settles whatever an approval settles.
+FITS["edit"] = FITS["approve"]
 #: What a paused run's checkpoint keeps of a review (``s.reviews``), besides its action.
-_KEPT = ("digest", "reason", "result", "reviewer", "at", "note")
+_KEPT = ("digest", "reason", "result", "reviewer", "at", "note", "arguments")
 
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 
@@ -59,17 +63,20 @@ def answer(
     the message's index in the history. The trace gets a copy (``observation``), so a
     tool that mutates what it returned later cannot change what was recorded."""
     call = call or s.call
-    text, data, plain = _encode(result)
+    text, data, changed = dumps_safe(result)
     media: list[Any] = []
     media_bytes = 0
     budget = s.config.budget
-    if not plain:  # not plain JSON data: it may hold images or files (core/content.py)
+    if changed:  # not plain JSON data: it may hold images or files (core/content.py)
         value, media = split_media(result, budget.max_media_bytes)
         if value is not result:
             text, data, _ = dumps_safe(value)
             media_bytes = sum(len(m.data) for m in media)
     size = len(data) + media_bytes
-    oversized = not synthetic and size > _record_limit(budget.max_output_bytes)
+    limit = budget.max_output_bytes
+    oversized = not synthetic and size > (
+        MAX_RECORD_BYTES if limit is None else min(limit, MAX_RECORD_BYTES)
+    )
     if oversized:
         # Alone past the whole output budget (or what one record may hold): the run
         # stops on it anyway, so it is kept by its size, not whole, in the history, the
@@ -88,7 +95,7 @@ def answer(
     s.answered.add(call.id)
     if not synthetic:
         s.counters.output_bytes += size
-    event = events.observation(call.id, call.name, json.loads(text), synthetic)
+    event = events.observation(call.id, call.name, copy_json(text), synthetic)
     # What the checker cannot measure from the recorded result (trace/walk.py adds it).
     if oversized:
         event["oversized"] = size
@@ -96,19 +103,6 @@ def answer(
         event["media_bytes"] = media_bytes
     payloads.append(event)
     return at
-
-
-def _record_limit(max_output_bytes: int | None) -> int:
-    """The most bytes one result may keep: the output budget, never past a record."""
-    if max_output_bytes is None:
-        return MAX_RECORD_BYTES
-    return min(max_output_bytes, MAX_RECORD_BYTES)
-
-
-def _encode(result: dict[str, Any]) -> tuple[str, bytes, bool]:
-    """``dumps_safe`` of a result, and whether it was plain JSON data as it came."""
-    text, data, changed = dumps_safe(result)
-    return text, data, not changed
 
 
 def _append_batch(s: RunState) -> None:
@@ -156,7 +150,28 @@ def schedule_retry(s: RunState, payloads: Payloads) -> None:
 
 def answer_refusal(s: RunState, payloads: Payloads) -> None:
     call = s.call
-    answer(s, payloads, {"ok": False, "error": call.refusal, "detail": call.refusal_detail})
+    result: dict[str, Any] = {"ok": False, "error": call.refusal}
+    if call.refusal_rule is not None:  # refused by the user's rule (core/judging.py)
+        result["rule"] = call.refusal_rule
+    result["detail"] = call.refusal_detail
+    answer(s, payloads, result)
+
+
+def answer_rule(s: RunState, payloads: Payloads) -> None:
+    """A result an ``after_tool`` rule denies: the model is told which rule, never the
+    result itself."""
+    (rule,) = s.ruled
+    result = {"ok": False, "error": "denied_by_rule", "rule": rule, "detail": s.rule_detail}
+    answer(s, payloads, result)
+
+
+def retry_answer(s: RunState, payloads: Payloads) -> None:
+    """An answer an ``answer`` rule sends back: kept in the history with the rule's
+    words after it, so the model is asked again knowing exactly what failed."""
+    s.messages.append(s.decision.message)
+    s.messages.append({"role": "user", "content": f"Your answer was not accepted: "
+                       f"{s.rule_detail}. Answer again."})  # fmt: skip
+    s.decision = NO_DECISION
 
 
 def answer_replay(s: RunState, payloads: Payloads) -> None:
@@ -223,6 +238,8 @@ def _placeholder(s: RunState, call: PreparedCall) -> tuple[str, str]:
         return "cancelled", "the run was cancelled before this call ran"
     if reason == "approval_required" and call.needs_approval:
         return "approval_required", "no approval matches these exact arguments"
+    if reason == "rule_review" and call.review_rule is not None:
+        return "rule_review", f"rule {call.review_rule!r} asks a reviewer for these exact arguments"
     if s.state == "review_required":
         if call is s.call and reason != "approval_required":
             return reason, stop_detail(s)
@@ -234,7 +251,7 @@ def apply_review(s: RunState, payloads: Payloads) -> None:
     """Settle the paused batch with the reviewers' decisions: a denied call is answered
     as denied, a reconciled one with the observed result; approved and skipped calls keep
     their placeholder until they run afresh."""
-    if s.reason == "approval_required" and s.call.index < 0:
+    if s.reason in ("approval_required", "rule_review") and s.call.index < 0:
         # The pause came at validate, before the batch started (a use refused at
         # dispatch pauses a started batch: it is counted already).
         s.counters.tool_rounds += 1
@@ -278,7 +295,38 @@ def record_review(s: RunState, payloads: Payloads) -> None:
         "action": request["action"],
         **{k: request[k] for k in _KEPT if k in request},
     }
+    if request["action"] == "edit":
+        _edit_call(s, request["call_id"], request["arguments"])
     payloads.append({"type": "review", **request})
+
+
+def _edit_call(s: RunState, call_id: str, arguments: dict[str, Any]) -> None:
+    """Put a reviewer's corrected arguments in the paused call's place: in the batch
+    (the resume admits the call afresh with them, so it is validated, digested and
+    judged like any call) and in the history's assistant message (the model later sees
+    the call that ran, answered by its result). The trace's ``decision`` keeps what the
+    model asked and the ``review`` event both."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    call = next(c for c in s.decision.calls if c.id == call_id)
+    call.raw_arguments, call.arguments, call.args_digest = text, None, ""
+    s.decision.message = _with_arguments(s.decision.message, call_id, text)
+    at = s.placeholders[call_id][0]
+    # The batch's assistant message precedes its tool messages; a replay keeps no history.
+    while 0 < at <= len(s.messages) and s.messages[at - 1].get("role") != "assistant":
+        at -= 1
+    if 0 < at <= len(s.messages):
+        s.messages[at - 1] = _with_arguments(s.messages[at - 1], call_id, text)
+        s.rewritten.append(at - 1)
+
+
+def _with_arguments(message: dict[str, Any], call_id: str, text: str) -> dict[str, Any]:
+    """A copy of an assistant message whose call ``call_id`` has the arguments ``text``
+    (a copy: the message may be the recorded ``decision`` event's own dict)."""
+    calls = [
+        {**c, "function": {**c["function"], "arguments": text}} if c.get("id") == call_id else c
+        for c in message.get("tool_calls") or ()
+    ]
+    return {**message, "tool_calls": calls}
 
 
 #: action name (the table's ``action`` column) -> function.
@@ -299,5 +347,7 @@ ACTIONS: dict[str, ActionFn] = {
         stop,
         apply_review,
         record_review,
+        retry_answer,
+        answer_rule,
     )
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from fsm_agent.errors import ConfigError
@@ -107,7 +107,7 @@ class Budget:
         _positive_number("Budget", "max_wall_clock_s", self.max_wall_clock_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _plain_fields(self)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,20 @@ class RetryPolicy:
         return float(min(self.backoff_s * self.multiplier ** (attempt - 1), self.max_backoff_s))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _plain_fields(self)
+
+
+def _plain_fields(settings: Budget | RetryPolicy) -> dict[str, Any]:
+    """The fields of a settings object whose values are all numbers or ``None``: what
+    ``dataclasses.asdict`` gives, without its deep copy (read twice per run, for the
+    trace header and the stored one)."""
+    names = _NAMES.get(type(settings))
+    if names is None:
+        names = _NAMES[type(settings)] = tuple(f.name for f in fields(settings))
+    return {name: getattr(settings, name) for name in names}
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 class Metered(NamedTuple):

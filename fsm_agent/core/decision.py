@@ -29,6 +29,7 @@ __all__ = [
     "ToolLike",
     "admit_calls",
     "parse_decision",
+    "schema_errors",
 ]
 
 _MAX_ERRORS = 5
@@ -60,7 +61,7 @@ ToolLookup = Callable[[str], "ToolLike | None"]
 ApprovalLookup = Callable[[str, str], "str | None"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PreparedCall:
     """One call of a batch, with what the runtime decided about it before anything ran."""
 
@@ -72,6 +73,10 @@ class PreparedCall:
     tool: ToolLike | None = None
     refusal: str | None = None  # unknown_tool | permission_denied | invalid_arguments
     refusal_detail: str = ""
+    #: The user's rule that refused the call (``denied_by_rule``, ``limit_reached``), or
+    #: that holds it for a reviewer (``rule_review``): ``core/judging.py``.
+    refusal_rule: str | None = None
+    review_rule: str | None = None
     #: The registrar's facts, copied at admission (a resumed in-flight write keeps the
     #: facts it started with, whatever the registry says later).
     effect: str | None = None
@@ -86,7 +91,7 @@ class PreparedCall:
     claimed: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Decision:
     """A model reply read for the guards. ``message`` is the normalised assistant message."""
 
@@ -158,9 +163,14 @@ def _parse(raw: Any) -> Decision:
                     duplicate_id=duplicate)  # fmt: skip
 
 
+def _is_mapping(value: Any) -> bool:
+    # A plain dict first: the ABC's instance check costs more than the rest of a field.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _envelope(raw: Any) -> tuple[str | None, list[Any]]:
     """The reply's content and its list of calls, or :class:`_Malformed`."""
-    if not isinstance(raw, Mapping):
+    if not _is_mapping(raw):
         raise _Malformed(f"the model returned {type(raw).__name__}, not a message dict")
     if raw.get("role") != "assistant":
         raise _Malformed(f"role must be 'assistant', got {make_safe(raw.get('role'))!r}")
@@ -177,23 +187,23 @@ def _envelope(raw: Any) -> tuple[str | None, list[Any]]:
 
 def _read_call(i: int, call: Any) -> PreparedCall:
     """One Chat Completions tool call, or :class:`_Malformed` naming what is wrong."""
-    where = f"tool_calls[{i}]"
-    if not isinstance(call, Mapping):
-        raise _Malformed(f"{where} must be an object, got {type(call).__name__}")
+    if not _is_mapping(call):
+        raise _Malformed(f"tool_calls[{i}] must be an object, got {type(call).__name__}")
     if call.get("type", "function") != "function":
-        raise _Malformed(f"{where}.type must be 'function', got {make_safe(call.get('type'))!r}")
+        kind = make_safe(call.get("type"))
+        raise _Malformed(f"tool_calls[{i}].type must be 'function', got {kind!r}")
     fn = call.get("function")
-    if not isinstance(fn, Mapping):
-        raise _Malformed(f"{where}.function is missing or not an object")
+    if not _is_mapping(fn):
+        raise _Malformed(f"tool_calls[{i}].function is missing or not an object")
     name, args = fn.get("name"), fn.get("arguments")
     if not isinstance(name, str) or not name:
-        raise _Malformed(f"{where}.function.name must be a non-empty string")
+        raise _Malformed(f"tool_calls[{i}].function.name must be a non-empty string")
     if not isinstance(args, str):
-        raise _Malformed(f"{where}.function.arguments must be a JSON string, got "
+        raise _Malformed(f"tool_calls[{i}].function.arguments must be a JSON string, got "
                          f"{type(args).__name__}")  # fmt: skip
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
-        raise _Malformed(f"{where}.id must be a string, got {type(call_id).__name__}")
+        raise _Malformed(f"tool_calls[{i}].id must be a string, got {type(call_id).__name__}")
     return PreparedCall(index=i, id=clean_text(call_id) if call_id else "",
                         name=clean_text(name), raw_arguments=args)  # fmt: skip
 
@@ -259,6 +269,16 @@ def _admit(
     if tool.requires_approval:
         call.approval = approval(call.id, call.args_digest)
         call.needs_approval = call.approval is None
+
+
+def schema_errors(validator: Any, arguments: Any) -> list[str]:
+    """What is wrong with ``arguments`` for a tool's validator (``path: message``, in
+    path order, at most a few), as admission reports it; empty if they fit."""
+    try:
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+    except RecursionError:
+        return ["(root): arguments nest too deeply"]
+    return [_describe(e) for e in errors[:_MAX_ERRORS]]
 
 
 def _describe(error: Any) -> str:

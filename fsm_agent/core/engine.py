@@ -5,10 +5,11 @@ A run fires the machine of its config (``RunConfig.machine``, a
 auto_transitions=False)`` is built per machine value, on first use, and cached by its hash;
 a run (its :class:`~fsm_agent.core.state.RunState`) is fired through its
 ``events[trigger]`` and never attached with ``add_model`` (a list scan that slows past ~10k
-runs). Each trigger's ``transitions`` event picks its edge with the one selector
-(:func:`~fsm_agent.core.select.select`) over that machine's edges and sets the run's
-``state`` as ``Machine.set_state`` would; an invalid source raises the stock
-``MachineError``.
+runs). Each trigger's ``transitions`` event picks its edge with the one selector's walk
+over that machine's edges (:func:`~fsm_agent.core.select.choose`; the engine's hot path
+runs the same walk compiled per group, :func:`~fsm_agent.core.select.compile_choice`)
+and sets the run's ``state`` as ``Machine.set_state`` would; an invalid source raises
+the stock ``MachineError``.
 
 Importing this module checks the default table (:func:`~fsm_agent.core.table.check_table`),
 so a table that names an unknown guard, state or action fails at once; an application's
@@ -24,8 +25,8 @@ from transitions import Machine
 from transitions.core import Event as TransitionsEvent
 
 from fsm_agent.core.actions import ACTIONS
-from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.select import choose
+from fsm_agent.core.guards import GUARDS, GuardNames, guard_of
+from fsm_agent.core.select import Choice, choose, compile_choice
 from fsm_agent.core.table import (
     DEFAULT_MACHINE,
     INITIAL_STATE,
@@ -61,6 +62,8 @@ class _Trigger(TransitionsEvent):
 
     #: source state -> the edges of this trigger there, in priority order.
     groups: dict[str, tuple[Transition, ...]]
+    #: source state -> that group's walk as one function (:meth:`take`).
+    choices: dict[str, Choice]
 
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         edges = self.groups.get(model.state)
@@ -70,6 +73,19 @@ class _Trigger(TransitionsEvent):
         assert edge is not None, "every group ends with an unguarded edge"
         # What ``Machine.set_state`` does, minus its name lookup and list handling: the
         # destination is a state of this machine (``check_table`` verified every one).
+        model.state = edge.dest
+        return edge
+
+    def take(self, model: Any) -> Transition:
+        """:meth:`trigger` with the guards of ``GUARDS`` evaluated on ``model`` and each
+        outcome recorded in a new ``model.guard_log``: the engine's hot path."""
+        choice = self.choices.get(model.state)
+        log: dict[str, bool] = {}
+        model.guard_log = log
+        if choice is None:  # no edge from here: stock MachineError
+            return cast(Transition, super().trigger(model, log.__getitem__))
+        edge = choice(model, GUARDS, log)
+        assert edge is not None, "every group ends with an unguarded edge"
         model.state = edge.dest
         return edge
 
@@ -102,10 +118,18 @@ def build_machine(table: MachineValue = DEFAULT_MACHINE) -> Machine:
         unless: list[Any] = list(t.unless)
         machine.add_transition(t.trigger, t.source, t.dest, conditions=conditions, unless=unless)
     for name, event in machine.events.items():
-        cast(_Trigger, event).groups = {
-            source: table.edges_from(source, name) for source in event.transitions
+        groups = {source: table.edges_from(source, name) for source in event.transitions}
+        cast(_Trigger, event).groups = groups
+        cast(_Trigger, event).choices = {
+            source: compile_choice(edges, _rule_guards(edges)) for source, edges in groups.items()
         }
     return machine
+
+
+def _rule_guards(edges: tuple[Transition, ...]) -> dict[str, Any]:
+    """The guards of ``edges`` that :data:`GUARDS` does not hold (rule rows, ``rule:<id>``),
+    bound once for the compiled walk."""
+    return {name: guard_of(name) for e in edges for name, _ in e.checks if name not in GUARDS}
 
 
 def compile_machine(
@@ -137,7 +161,7 @@ def check_machine(table: MachineValue) -> None:
     A table once found sound is not checked again."""
     if table.hash in _SOUND:
         return
-    problems = check_table(table.transitions, GUARDS, tuple(ACTIONS))
+    problems = check_table(table.transitions, GuardNames(), tuple(ACTIONS))
     if (table.states, table.terminal, table.initial) != (STATES, TERMINAL_STATES, INITIAL_STATE):
         problems.append(
             "the loop has one step per working state and ends at the terminal ones: a "
@@ -197,19 +221,12 @@ def fire(state: RunState, trigger: str) -> Transition:
     """Take the edge of ``trigger`` from the run's state: evaluate its guards in table
     order, recording each outcome in ``state.guard_log``, and move the run. The caller
     runs the edge's action and writes the event (``core/loop.py``)."""
-    log: dict[str, bool] = {}
-    state.guard_log = log
-
-    def guard(name: str) -> bool:
-        # (A guard met twice in one choice is evaluated twice: pure, and cheaper than
-        # a memo on the hot path.)
-        value = log[name] = GUARDS[name](state)
-        return value
-
+    # (A guard met twice in one choice is evaluated twice: pure, and cheaper than a memo
+    # on the hot path.)
     table = state.config.machine
     events = _EVENTS.get(table.hash)
     if events is None:
         events = engine_of(table).events
-    edge = cast(Transition, events[trigger].trigger(state, guard))
+    edge = cast(_Trigger, events[trigger]).take(state)
     state.taken = edge
     return edge

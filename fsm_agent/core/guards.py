@@ -12,14 +12,54 @@ The machine table names guards as strings; :data:`GUARDS` maps each name to its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 
 from fsm_agent.core.actions import FITS
 from fsm_agent.core.state import RunState
 
-__all__ = ["GUARDS", "Guard"]
+__all__ = ["GUARDS", "Guard", "GuardNames", "guard_of", "is_rule_guard"]
 
 Guard = Callable[[RunState], bool]
+
+
+_RULE = "rule:"
+
+
+def guard_of(name: str) -> Guard:
+    """The guard named ``name``: one of :data:`GUARDS`, or ``rule:<id>`` for any id (the
+    user's rule ``id`` decided the judgement the edge acts on: ``core/judging.py``, whose
+    rows name it). :data:`GUARDS` stays a plain dict, so the hot path's lookup does too:
+    the engine asks this only for a name the dict has not."""
+    found = GUARDS.get(name)
+    if found is not None:
+        return found
+    if not is_rule_guard(name):
+        raise KeyError(name)
+    rule_id = name[len(_RULE) :]
+
+    def decided(run: RunState) -> bool:
+        return rule_id in run.ruled
+
+    decided.__doc__ = f"The rule {rule_id!r} decided the judgement this edge acts on."
+    return decided
+
+
+def is_rule_guard(name: object) -> bool:
+    return isinstance(name, str) and name.startswith(_RULE) and len(name) > len(_RULE)
+
+
+class GuardNames(Collection[str]):
+    """Every name a table may use as a guard (what ``check_table`` is given)."""
+
+    def __contains__(self, name: object) -> bool:
+        return name in GUARDS or is_rule_guard(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(GUARDS)
+
+    def __len__(self) -> int:
+        return len(GUARDS)
+
 
 #: name -> predicate(state).
 GUARDS: dict[str, Guard] = {}
@@ -37,6 +77,15 @@ def guard(fn: Guard) -> Guard:
 def reply_too_large(run: RunState) -> bool:
     """The reply just received is larger than ``max_reply_bytes`` (its JSON text)."""
     return run.reply_bytes > run.config.budget.max_reply_bytes
+
+
+@guard
+def usage_unknown(run: RunState) -> bool:
+    """A reply reported no token usage (a stream without its usage event, a model that
+    returns none) while a token or cost budget is set: what it spent is unknown, and an
+    unknown spend is never counted as zero."""
+    budget = run.config.budget
+    return run.tokens_unknown and (budget.max_tokens is not None or budget.max_cost is not None)
 
 
 @guard

@@ -37,7 +37,7 @@ from collections.abc import Generator
 from functools import partial
 from typing import Any
 
-from fsm_agent.core import events
+from fsm_agent.core import events, judging
 from fsm_agent.core.actions import ACTIONS, BLOCKING
 from fsm_agent.core.budget import bounded_text, metered
 from fsm_agent.core.canonical import parse_arguments
@@ -49,7 +49,7 @@ from fsm_agent.core.decision import (
     parse_decision,
 )
 from fsm_agent.core.engine import fire
-from fsm_agent.core.guards import GUARDS
+from fsm_agent.core.guards import guard_of
 from fsm_agent.core.intents import claim_json, record_json
 from fsm_agent.core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent.core.requests import (
@@ -73,6 +73,10 @@ from fsm_agent.core.select import select
 from fsm_agent.core.state import RunState
 from fsm_agent.core.table import TERMINAL_STATES, Transition
 
+#: Review actions that approve the call (``edit``: with the reviewer's arguments, which
+#: the call then carries, so the digest binds the approval to them).
+_APPROVING = frozenset({"approve", "edit"})
+
 __all__ = ["SCHEMA", "Cancelled", "Steps", "review", "settled", "start", "steps"]
 
 #: Trace schema identifier written in every ``run_start`` header.
@@ -92,7 +96,10 @@ class Cancelled(BaseException):
 
 def start(s: RunState) -> None:
     """Write the ``run_start`` header of a new run (``seq`` 0) into ``s.events``."""
-    _record(s, events.run_start(s.run_id, SCHEMA, s.config.header_fields(), make_safe(s.messages)))
+    header = s.config.header_fields()
+    if s.context:  # the trusted facts the rules read: check re-judges with them
+        header["context"] = s.context
+    _record(s, events.run_start(s.run_id, SCHEMA, header, make_safe(s.messages)))
     if s.config.redact is not None:
         # Set after the hook, so no hook can hide that it ran: ``check`` compares the
         # payloads of a redacted trace loosely (notes), every other trace strictly.
@@ -152,7 +159,13 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
                 yield from _execute(s)
             elif state == "retry_wait":
                 yield from _wait(s)
-            elif _validate(s) if state == "validating" else _fire(s, "observe"):
+            elif (
+                _validate(s)
+                if state == "validating"
+                else _fire(s, "observe")
+                if s.config.rules is None
+                else _observe(s)  # a run with rules: the next model call is judged first
+            ):
                 yield from _flush(s)  # validating, observing: pure steps
     except GeneratorExit:
         raise
@@ -188,7 +201,10 @@ def _stop(s: RunState) -> Steps:
         yield _emit(s)  # an edge that raised half-way through (its events so far)
     if s.state not in _TERMINAL:
         s.now = yield READ_CLOCK
-        if _fire(s, "cancel"):
+        wants = _fire(s, "cancel")
+        if s.config.rules is not None and s.reason == "outcome_unknown":
+            judging.record_execution(s, returned=False)  # cancelled in flight: it may have run
+        if wants:
             yield from _flush(s)
     if s.config.emit and s.emitted < len(s.events):
         yield _emit(s)
@@ -216,7 +232,10 @@ def _resume(s: RunState) -> Steps:
             ACTIONS["start_attempt"](s, [])
             in_flight = s.attempt_resumed = True
     if in_flight:
-        if _fire(s, "resume"):
+        wants = _fire(s, "resume")
+        if s.config.rules is not None and s.taken.action in ("stop", "answer_stored"):
+            judging.record_execution(s, returned=False)  # it ran before the process died
+        if wants:
             yield from _flush(s)
     elif settled(s):
         yield from _commit_reconciled(s)
@@ -271,7 +290,7 @@ def _decide(s: RunState) -> Steps:
     lossy = {
         c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
         for c in s.decision.calls
-        if clean_text(c.raw_arguments) is not c.raw_arguments
+        if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
     }
     if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
         event["raw_arguments"] = lossy
@@ -312,7 +331,28 @@ def _validate(s: RunState) -> bool:
     d = s.decision
     if d.malformed is None and d.missing_id is None:
         _admit(s)
+        if not d.calls and s.config.rules is not None:
+            judging.answer(s, s.config.rules)
     return _fire(s, "validate")
+
+
+def _observe(s: RunState) -> bool:
+    rules = s.config.rules
+    assert rules is not None
+    judging.before_model(s, rules)
+    return _fire(s, "observe")
+
+
+def _tool_returned(s: RunState) -> bool:
+    """Fire ``tool_returned``; a run with rules judges the result first and, once the
+    call is answered (not retried), adds it to the executed calls rules read."""
+    rules = s.config.rules
+    assert rules is not None
+    judging.after_tool(s, rules)
+    wants = _fire(s, "tool_returned")
+    if s.taken.action != "schedule_retry" and s.outcome.kind != "not_started":
+        judging.record_execution(s)  # answered, or stopped with an unknown outcome: it ran
+    return wants
 
 
 def _wait(s: RunState) -> Steps:
@@ -376,7 +416,7 @@ def _execute(s: RunState) -> Steps:
             call.claimed = False
     s.now = yield READ_CLOCK
     s.in_flight = False
-    if _fire(s, "tool_returned"):
+    if _fire(s, "tool_returned") if s.config.rules is None else _tool_returned(s):
         yield from _flush(s)
 
 
@@ -390,7 +430,7 @@ def _consume(s: RunState, call: PreparedCall) -> Steps:
     limit = s.config.approvals.limit(approval)
     if limit is None:  # unlimited, or a reviewer's approval of this very call
         return
-    edge = select(s.state, "dispatch", lambda name: GUARDS[name](s), s.config.machine)
+    edge = select(s.state, "dispatch", lambda name: guard_of(name)(s), s.config.machine)
     if edge is None or edge.action != "start_attempt":
         return
     granted = yield ConsumeApproval(approval, limit, s.run_id, call.id)
@@ -462,13 +502,16 @@ def _after(s: RunState, edge: Any) -> None:
     if s.inputs:  # what the world answered since the last transition (replayed by check)
         event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
-    if edge.action is not None:
-        ACTIONS[edge.action](s, payloads)
+    action = edge.action
+    if action is not None:
+        ACTIONS[action](s, payloads)
     call = s.call
     if call.index >= 0:
-        event["call_id"], event["tool"], event["attempt"] = call.id, call.name, s.attempt
+        event["call_id"] = call.id
+        event["tool"] = call.name
+        event["attempt"] = s.attempt
         if call.approval is not None and (
-            edge.action == "start_attempt" or (edge.trigger == "resume" and s.attempt_resumed)
+            action == "start_attempt" or (edge.trigger == "resume" and s.attempt_resumed)
         ):
             event["approval"] = call.approval
         if s.approval_use is not None:  # the store's answer to ConsumeApproval, replayable
@@ -476,20 +519,19 @@ def _after(s: RunState, edge: Any) -> None:
         if edge.trigger == "tool_returned":
             # What the tool did (the call_* and is_retryable guards read it), and why it
             # failed (and so why a retry follows): the checker recomputes from these.
-            event["outcome"] = s.outcome.kind
-            if s.outcome.error:
-                event["error"] = s.outcome.error
+            outcome = s.outcome
+            event["outcome"] = outcome.kind
+            if outcome.error:
+                event["error"] = outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
     # Without a redaction hook an event is appended as it is: a list method, not a call
     # of _record per event (five to seven per tool round).
     record = s.events.append if s.config.redact is None else partial(_record, s)
-    s.seq += 1
-    event["seq"] = s.seq
+    seq = s.seq = event["seq"] = s.seq + 1
     record(event)
     for payload in payloads:
-        s.seq += 1
-        payload["seq"] = s.seq
+        seq = s.seq = payload["seq"] = seq + 1
         record(payload)
     if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
         s.seq += 1
@@ -534,7 +576,7 @@ def _admit(s: RunState) -> None:
         got = s.approvals.get(call_id)
         if got is None:
             review = s.reviews.get(call_id) or {}
-            if review.get("action") == "approve" and review.get("digest") == args_digest:
+            if review.get("action") in _APPROVING and review.get("digest") == args_digest:
                 # Kept with the run: the reviews go once applied, and a later resume
                 # (this driver died) must still find the call approved.
                 got = s.approvals[call_id] = f"review:{call_id}"
@@ -543,6 +585,8 @@ def _admit(s: RunState) -> None:
         return got
 
     admit_calls(s.decision, cfg.tools, cfg.allowed, approval)
+    if cfg.rules is not None and s.decision.duplicate_id is None:
+        judging.before_tool(s, cfg.rules)
     for call in s.decision.calls:  # the registrar's keys: code, so recorded for check
         if call.args_digest and call.tool is not None and call.tool.idempotency_key is not None:
             key = call.idempotency_key
@@ -596,6 +640,9 @@ def _recorded_reply(reply: Any, decision: Decision) -> Any:
 def _count_usage(s: RunState, usage: Any) -> None:
     """Add a reply's usage; an unmetered reply marks the run ``tokens_unknown`` or
     ``cost_unknown`` (see :func:`~fsm_agent.core.budget.metered`)."""
+    if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
+        s.tokens_unknown = s.cost_unknown = True
+        return
     m, c = metered(usage), s.counters
     if m.tokens is None:
         s.tokens_unknown = True

@@ -28,6 +28,16 @@ def _tokens(s: RunState) -> str:
     return f"{s.counters.tokens} tokens used; the limit is {limit}"
 
 
+def _usage_unknown(s: RunState) -> str:
+    b = s.config.budget
+    limits = [f"{n}={v}" for n, v in (("max_tokens", b.max_tokens), ("max_cost", b.max_cost))
+              if v is not None]  # fmt: skip
+    return (
+        f"a reply reported no token usage while {' and '.join(limits)} "
+        f"{'is' if len(limits) == 1 else 'are'} set: what it spent is unknown, not zero"
+    )
+
+
 def _approval_required(calls: list[str]) -> str:
     return ", ".join(calls) + (" needs approval" if len(calls) == 1 else " need approval")
 
@@ -71,6 +81,7 @@ _DETAILS: dict[str, Callable[[RunState], str]] = {
         f"{s.counters.model_calls} of {s.config.budget.max_model_calls} model calls used"
     ),
     "tokens": _tokens,
+    "usage_unknown": _usage_unknown,
     "cost": _cost,
     "wall_clock": lambda s: (
         f"{s.now - s.started:.3f}s elapsed; the limit is {s.config.budget.max_wall_clock_s}s"
@@ -93,6 +104,11 @@ _DETAILS: dict[str, Callable[[RunState], str]] = {
     "unknown_tool": _refusals("unknown_tool"),
     "permission_denied": _refusals("permission_denied"),
     "invalid_arguments": _refusals("invalid_arguments"),
+    # The user's rules (core/judging.py): a refused call's words, or the judgement's.
+    "denied_by_rule": lambda s: _refusals("denied_by_rule")(s) or s.rule_detail,
+    "rule_limit": lambda s: _refusals("limit_reached")(s) or s.rule_detail,
+    "rule_review": lambda s: s.rule_detail,
+    "answer_rejected": lambda s: s.rule_detail,
 }
 
 

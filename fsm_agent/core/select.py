@@ -11,14 +11,14 @@ that decided the choice but was not recorded raises :class:`GuardNotRecorded`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fsm_agent.core.table import Transition, edges_from
 
 if TYPE_CHECKING:
     from fsm_agent.core.table import Machine
 
-__all__ = ["GuardNotRecorded", "choose", "select", "select_recorded"]
+__all__ = ["Choice", "GuardNotRecorded", "choose", "compile_choice", "select", "select_recorded"]
 
 
 class GuardNotRecorded(LookupError):
@@ -57,6 +57,48 @@ def choose(edges: tuple[Transition, ...], guard: Callable[[str], bool]) -> Trans
         else:
             return edge
     return None  # a valid table ends every group with an unguarded edge: no trigger there
+
+
+#: ``choice(model, guards, log)``: the edge a group's guards pick (:func:`compile_choice`).
+Choice = Callable[[Any, Mapping[str, Callable[[Any], bool]], dict[str, bool]], "Transition | None"]
+
+
+def compile_choice(
+    edges: tuple[Transition, ...], fixed: Mapping[str, Callable[[Any], bool]] | None = None
+) -> Choice:
+    """:func:`choose` over ``edges`` as one function, for the engine's hot path (some
+    thirty guards per tool round): ``choice(model, guards, log)`` calls
+    ``guards[name](model)`` for each guard the walk meets, in the same order, writes
+    each outcome to ``log``, and returns the same edge.
+
+    The walk is written out as straight-line code (as ``dataclasses`` writes
+    ``__init__``): one call site per guard instead of one shared by every guard, which
+    the interpreter cannot specialise, and no loop or callback per guard. Guards are
+    looked up in ``guards`` when met, so a replaced guard takes effect at once; those
+    named in ``fixed`` (an application's rule rows, ``rule:<id>``, which no guard table
+    holds) are bound when compiled. ``tests/test_machine_equivalence.py`` compares it
+    with :func:`choose`.
+    """
+    fixed = dict(fixed or {})
+    lines = ["def choice(model, guards, log):"]
+    for i, edge in enumerate(edges):
+        depth = 1
+        for name, want in edge.checks:
+            pad = "    " * depth
+            source = "fixed" if name in fixed else "guards"
+            lines.append(f"{pad}value = log[{name!r}] = {source}[{name!r}](model)")
+            lines.append(f"{pad}if value is {want}:")
+            depth += 1
+        lines.append(f"{'    ' * depth}return edges[{i}]")
+        if not edge.checks:
+            break  # an unguarded edge: nothing after it is reached
+    else:
+        lines.append("    return None")
+    namespace: dict[str, Any] = {"edges": edges, "fixed": fixed}
+    # Safe to execute: the code holds only the table's guard names, repr-quoted.
+    exec("\n".join(lines), namespace)
+    choice: Choice = namespace["choice"]
+    return choice
 
 
 def select_recorded(

@@ -31,9 +31,11 @@ from typing import Any, Literal
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
 from fsm_agent.core.decision import NO_DECISION, Decision, PreparedCall, ToolLike, parse_decision
+from fsm_agent.core.jsonsafe import c_dumps
 from fsm_agent.core.requests import ToolOutcome
 from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, TRANSITIONS, Machine, Transition
 from fsm_agent.errors import CorruptRecord, MachineMismatch
+from fsm_agent.rules import RuleSet
 
 __all__ = [
     "SNAPSHOT_VERSION",
@@ -123,6 +125,9 @@ class RunConfig:
     #: The machine the run fires (``Runtime(machine=...)``; a resumed run's is the one
     #: its checkpoint names).
     machine: Machine = DEFAULT_MACHINE
+    #: The application's rules (``Runtime(rules=...)``), judged by the loop
+    #: (``core/judging.py``); ``machine`` then carries their rows. None: no judging at all.
+    rules: RuleSet | None = None
 
     def header_fields(self) -> dict[str, Any]:
         """The caller's settings as the trace header and the store record them."""
@@ -133,6 +138,7 @@ class RunConfig:
             "retry": self.retry.to_dict(),
             "allowed_tools": sorted(self.allowed),
             "approvals": self.approvals.header(),
+            **({"rules": self.rules.to_json()} if self.rules is not None else {}),
             **self.header,
         }
 
@@ -153,10 +159,13 @@ def persisted(
     key: str | None = None,
     dump: Dump | None = None,
     load: Load | None = None,
+    optional: bool = False,
 ) -> Any:
     """A field the checkpoint carries, under ``key`` (default: its name); a plain JSON
-    value unless ``dump``/``load`` say otherwise."""
-    meta = {"persist": True, "key": key, "dump": dump, "load": load}
+    value unless ``dump``/``load`` say otherwise. ``optional``: left out while empty, and
+    its default when absent (a field added later: checkpoints without it still read, and
+    a run that never sets it writes the same checkpoint as before it existed)."""
+    meta = {"persist": True, "key": key, "dump": dump, "load": load, "optional": optional}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -288,6 +297,15 @@ class RunState:
     #: The edge of the last transition (a resume reads whether an attempt had started).
     taken: Transition = persisted(TRANSITIONS[0], dump=lambda s: s.taken.key, load=_load_taken)
     events: list[dict[str, Any]] = apart("stored: trace rows", factory=list)
+    #: The trusted caller's facts for the rules (``run(..., context={...})``).
+    context: dict[str, Any] = persisted(factory=dict, optional=True)
+    #: The run's executed calls as rules read them (``calls``): one entry per call that
+    #: ran, oldest first, never changed once added (only kept when the run has rules).
+    executed: list[dict[str, Any]] = persisted(factory=list, optional=True)
+    #: The rules that decided the judgement the next edge acts on (guards ``rule:<id>``).
+    ruled: frozenset[str] = apart("scratch: the rules of the last judgement", frozenset())
+    #: What those rules said (the stop detail of a rule's edge).
+    rule_detail: str = apart("scratch: the words of the last judgement", "")
     #: A reviewer's decision being recorded (the ``review`` trigger).
     review_request: dict[str, Any] | None = apart("scratch: the review being fired", None)
     #: The store's answer to this dispatch's ``ConsumeApproval`` (granted | refused), until
@@ -335,6 +353,9 @@ class RunState:
         """The checkpoint: the persisted fields, versioned, naming the machine they were
         written under, and covered by a checksum (:meth:`restore` verifies it)."""
         body = {key: dump(self) for key, dump, _ in _PERSISTED}
+        for key in _OPTIONAL:
+            if not body[key]:
+                del body[key]
         out = {
             "version": SNAPSHOT_VERSION,
             "machine_hash": self.config.machine.hash,
@@ -371,7 +392,8 @@ class RunState:
         try:
             s = cls(run_id=run_id, config=config, messages=messages, events=events)
             for key, _, load in _PERSISTED:
-                load(s, body[key])
+                if key in body or key not in _OPTIONAL:
+                    load(s, body[key])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise CorruptRecord(
                 f"run {run_id!r}: unreadable checkpoint ({type(exc).__name__}: {exc})"
@@ -404,14 +426,28 @@ def declarations(cls: type[RunState]) -> tuple[tuple[str, Dump, Load], ...]:
 
 
 _PERSISTED = declarations(RunState)
+#: The keys of the persisted fields a checkpoint may leave out (``persisted(optional=)``).
+_OPTIONAL = frozenset(
+    f.metadata["key"] or f.name
+    for f in fields(RunState)
+    if f.metadata["persist"] and f.metadata.get("optional")
+)
 
 
 def _checksum(body: dict[str, Any]) -> str:
     """CRC-32 of the body's compact JSON (key order as written: a JSON round trip keeps
     it). A checksum against damage, cheap enough for every checkpoint; protection
     against deliberate edits is the trace's hash chain and signature, not this."""
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    text = _compact(body)
     return f"crc32:{zlib.crc32(text.encode('utf-8')):08x}"
+
+
+def _plain_compact(body: Any) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+#: The body's compact JSON, by an encoder built once (a checkpoint per round, durable).
+_compact: Callable[[Any], str] = c_dumps(",", ":", allow_nan=True) or _plain_compact
 
 
 def snapshot_machine(snapshot: Any) -> str | None:

@@ -86,12 +86,13 @@ Reason = Literal[
     "missing_tool_call_id", "duplicate_tool_call_id", "unknown_tool", "permission_denied",
     "invalid_arguments", "tool_rounds", "calls_per_round", "total_calls", "model_calls",
     "tokens", "cost", "wall_clock", "tool_output", "outcome_unknown", "approval_required",
-    "idempotency_conflict", "cancelled", "reply_size",
+    "idempotency_conflict", "cancelled", "reply_size", "usage_unknown", "denied_by_rule",
+    "rule_limit", "rule_review", "answer_rejected",
 ]  # fmt: skip
 Action = Literal[
     "stop", "finish", "start_batch", "next_call", "end_batch", "start_attempt",
     "schedule_retry", "answer_refusal", "answer_replay", "answer_result", "answer_failure",
-    "answer_stored", "apply_review", "record_review",
+    "answer_stored", "apply_review", "record_review", "retry_answer", "answer_rule",
 ]  # fmt: skip
 
 
@@ -156,8 +157,11 @@ _ROWS: tuple[Transition, ...] = (
     # ── deciding: the model has been asked ──────────────────────────────────────────
     T("model_replied", "deciding", "budget_exhausted", ("reply_too_large",), "reply_size",
       "stop", "R9/R12: a reply larger than its size budget is neither read nor run"),
+    T("model_replied", "deciding", "budget_exhausted", ("usage_unknown",), "usage_unknown",
+      "stop", "R9: a reply that reports no usage under a token or cost budget executes "
+      "nothing new (unknown usage is never counted as zero)"),
     T("model_replied", "deciding", "budget_exhausted", ("tokens_spent",), "tokens", "stop",
-      "R9: a reply that takes tokens past the budget (or reports none) executes nothing new"),
+      "R9: a reply that takes tokens past the budget executes nothing new"),
     T("model_replied", "deciding", "budget_exhausted", ("cost_spent",), "cost", "stop",
       "R9: a reply that takes cost past the budget (or cannot be priced) executes nothing new"),
     T("model_replied", "deciding", "validating", (), None, None,
@@ -301,6 +305,10 @@ class Machine:
     #: ``(source, trigger)`` -> its edges in priority order (what :func:`select` walks).
     groups: dict[tuple[str, str], tuple[Transition, ...]] = field(repr=False, default_factory=dict)
     by_key: dict[str, Transition] = field(repr=False, default_factory=dict)
+    #: ``(name, digest)`` of what else the machine's rows stand for, covered by its hash:
+    #: the application's rules (``("rules", RuleSet.hash)``), whose rows name only their
+    #: ids, so a changed condition is a changed machine.
+    covers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(
@@ -311,6 +319,7 @@ class Machine:
         initial: str = INITIAL_STATE,
         states: tuple[str, ...] = STATES,
         terminal: tuple[str, ...] = TERMINAL_STATES,
+        covers: tuple[tuple[str, str], ...] = (),
     ) -> Machine:
         """The machine of ``rows`` (in priority order), each edge re-indexed for it."""
         rows = tuple(rows)
@@ -326,7 +335,7 @@ class Machine:
         by_group: dict[tuple[str, str], tuple[Transition, ...]] = {}
         for t in transitions:
             by_group[(t.source, t.trigger)] = (*by_group.get((t.source, t.trigger), ()), t)
-        definition = _definition(initial, states, terminal, transitions)
+        definition = _definition(initial, states, terminal, transitions, covers)
         return cls(
             transitions=transitions,
             hash=_digest(definition),
@@ -336,6 +345,7 @@ class Machine:
             terminal=tuple(terminal),
             groups=by_group,
             by_key={t.key: t for t in transitions},
+            covers=tuple(covers),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -354,7 +364,7 @@ class Machine:
 
     def definition(self) -> dict[str, Any]:
         """Every column the runtime uses (what :attr:`hash` covers)."""
-        return _definition(self.initial, self.states, self.terminal, self.transitions)
+        return _definition(self.initial, self.states, self.terminal, self.transitions, self.covers)
 
     def extended(self, rows: Iterable[Transition], *, name: str | None = None) -> Machine:
         """This machine plus ``rows``: each is tried after the guarded edges of its trigger
@@ -368,13 +378,20 @@ class Machine:
                     at = i
             table.insert(at, row)
         return Machine.of(table, name=name or self.name, initial=self.initial,
-                          states=self.states, terminal=self.terminal)  # fmt: skip
+                          states=self.states, terminal=self.terminal,
+                          covers=self.covers)  # fmt: skip
 
 
 def _definition(
-    initial: str, states: Iterable[str], terminal: Iterable[str], edges: Iterable[Transition]
+    initial: str,
+    states: Iterable[str],
+    terminal: Iterable[str],
+    edges: Iterable[Transition],
+    covers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    return {
+    extra = {"covers": [list(c) for c in covers]} if covers else {}  # (a machine without
+    return {  # any keeps the hash it had before machines could cover more)
+        **extra,
         "initial": initial,
         "states": list(states),
         "terminal": list(terminal),

@@ -169,6 +169,8 @@ class PostgresStore:
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ConfigError(f"schema must be a lower-case SQL identifier, got {schema!r}")
         self.schema, self.lease_s, self.timeout = schema, lease_s, timeout
+        #: the most connections it opens (a server bounds its concurrent reads by it)
+        self.pool_size = max(pool_size, 1)
         self.statement_timeout_s, self.readonly = statement_timeout_s, readonly
         self.channel = f"{schema}_work"
         self.conninfo, self.name = conninfo(dsn, statement_timeout_s, readonly, timeout)

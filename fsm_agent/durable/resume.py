@@ -25,6 +25,7 @@ from fsm_agent.durable import owners
 from fsm_agent.durable.store import RunStore, StoredRun
 from fsm_agent.errors import ConfigError, CorruptRecord, MachineMismatch, RunBusy, RunNotFound
 from fsm_agent.trace.chain import strip_links
+from fsm_agent.trace.replay import recorded_rules
 
 __all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restore_run",
            "restore_state"]  # fmt: skip
@@ -32,6 +33,10 @@ __all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restor
 #: Builds a run's config from the settings it started with (``Runtime.config``; the
 #: machine is passed by keyword).
 ConfigFactory = Callable[..., RunConfig]
+
+#: Rebuilds the machine a stored run's header names from the rules it records
+#: (``header, recorded machine hash -> machine``, or None: not this one).
+Rebuild = Callable[[Mapping[str, Any], str], "Machine | None"]
 
 #: What a caller that names no machines knows: the default table.
 _DEFAULT_ONLY: Mapping[str, Machine] = {DEFAULT_MACHINE.hash: DEFAULT_MACHINE}
@@ -45,13 +50,22 @@ def known_machines(machines: Iterable[Machine]) -> dict[str, Machine]:
     return known
 
 
-def machine_of(stored: StoredRun, machines: Mapping[str, Machine] | None = None) -> Machine:
+def machine_of(
+    stored: StoredRun,
+    machines: Mapping[str, Machine] | None = None,
+    rebuild: Rebuild | None = None,
+) -> Machine:
     """The machine a stored run was checkpointed under, from ``machines`` (by hash;
-    default: the default table). :class:`MachineMismatch` names both sides if it is not
-    there."""
+    default: the default table), or rebuilt from the rules its header records (a run
+    begun under other rules resumes under those: ``rebuild``, a runtime's, which holds
+    the rules' callables; default: the recorded rules with stand-ins for callables,
+    enough to record a review, which judges nothing). :class:`MachineMismatch` names both
+    sides if it is not there."""
     known = _DEFAULT_ONLY if machines is None else machines
     recorded = snapshot_machine(stored.snapshot) or stored.header.get("machine_hash")
     found = known.get(recorded) if isinstance(recorded, str) else None
+    if found is None and isinstance(recorded, str) and stored.header.get("rules") is not None:
+        found = (rebuild or _recorded_machine)(stored.header, recorded)
     if found is None:
         raise MachineMismatch(
             f"run {stored.run_id!r} was checkpointed by machine {recorded}; this runtime "
@@ -62,16 +76,26 @@ def machine_of(stored: StoredRun, machines: Mapping[str, Machine] | None = None)
     return found
 
 
+def _recorded_machine(header: Mapping[str, Any], recorded: str) -> Machine | None:
+    try:
+        machine = recorded_rules(header)[1]
+    except (ConfigError, ValueError, TypeError, KeyError):
+        return None
+    return machine if machine.hash == recorded else None
+
+
 def restore_state(
     stored: StoredRun,
     config: ConfigFactory,
     narrowed_by: frozenset[str] | None = None,
     machines: Mapping[str, Machine] | None = None,
+    rebuild: Rebuild | None = None,
 ) -> RunState:
     """The state of a stored run under the settings recorded in its header, fired by the
-    machine its checkpoint names (one of ``machines``: see :func:`machine_of`)."""
+    machine its checkpoint names (one of ``machines``, or rebuilt: see
+    :func:`machine_of`)."""
     header = stored.header
-    machine = machine_of(stored, machines)
+    machine = machine_of(stored, machines, rebuild)
     try:
         allowed = frozenset(header["allowed_tools"])
         if narrowed_by is not None:
@@ -101,6 +125,7 @@ def restore_run(
     *,
     claimed_by: str | None = None,
     machines: Mapping[str, Machine] | None = None,
+    rebuild: Rebuild | None = None,
 ) -> tuple[RunState, str, list[dict[str, Any]]]:
     """Claim ``run_id`` and rebuild it; returns its state, the owner token that holds
     the claim (the caller releases it when it stops driving) and the last two events as
@@ -118,7 +143,7 @@ def restore_run(
     try:
         stored = store.load_run(run_id)
         narrowed = _allowed_of(config)
-        state = restore_state(stored, config, narrowed, machines)
+        state = restore_state(stored, config, narrowed, machines, rebuild)
         return state, owner, stored.events[-2:]
     except BaseException:
         owners.let_go(store, run_id, owner)

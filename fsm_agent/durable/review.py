@@ -1,4 +1,4 @@
-"""Review of a paused run (D2): approve, deny or reconcile one call.
+"""Review of a paused run (D2): approve, edit, deny or reconcile one call.
 
 A decision is the table's ``review`` trigger (``core/loop.py``'s :func:`review`): its
 ``review_fits`` guard checks it against what the paused call waits for, and the
@@ -6,7 +6,10 @@ transition, the ``review`` event (who decided, when, an optional note) and the n
 checkpoint are stored in one save. Nothing runs here, so the CLI can record decisions
 without the run's model or tools; the next resume (a worker's, or ``Runtime.resume``)
 applies them once every blocking call of the paused batch is settled. An approval
-authorises exactly that call id, once, for the arguments it was paused with (R8).
+authorises exactly that call id, once, for the arguments it was paused with (R8); an
+``edit`` approves it with the reviewer's corrected arguments instead, validated here
+against the tool's schema as the run's header records it, and bound by their own digest
+(the resume admits the call afresh with them, as any call).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from fsm_agent.core import loop
 from fsm_agent.core.actions import BLOCKING, FITS
 from fsm_agent.core.approvals import ApprovalBook
 from fsm_agent.core.canonical import digest, parse_arguments
+from fsm_agent.core.decision import schema_errors
+from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.state import RunConfig, RunState
 from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.durable import owners
@@ -28,9 +33,15 @@ from fsm_agent.durable.store import Checkpoint, StoredRun, supports_runs
 from fsm_agent.errors import ArgumentsError, ConfigError, ReviewError, StoreError
 from fsm_agent.trace.chain import continue_chain, trace_key
 
-__all__ = ["BLOCKING", "pending_calls", "record", "record_review"]
+__all__ = ["BLOCKING", "InvalidEdit", "pending_calls", "record", "record_review"]
 
-_DONE = {"approve": "approved", "deny": "denied", "reconcile": "reconciled"}
+_DONE = {"approve": "approved", "edit": "approved with edits", "deny": "denied",
+         "reconcile": "reconciled"}  # fmt: skip
+
+
+class InvalidEdit(ReviewError):
+    """Corrected arguments the tool cannot take (not a JSON object, or not valid for its
+    schema): the reviewer's input is wrong, not the moment (the server answers 422)."""
 
 
 def _review_config(
@@ -87,6 +98,7 @@ def record_review(
     *,
     reason: str | None = None,
     result: Any = None,
+    arguments: Any = None,
     key: bytes | str | None = None,
     reviewer: str | None = None,
     note: str | None = None,
@@ -99,14 +111,17 @@ def record_review(
     The run's machine decides: the decision fires the table's ``review`` trigger, whose
     ``review_fits`` guard checks it against what the call waits for; the transition and
     the ``review`` event are stored with the new checkpoint in one save, and nothing
-    runs (resuming the run is a worker's or ``Runtime.resume``'s job). ``reviewer`` is
+    runs (resuming the run is a worker's or ``Runtime.resume``'s job). ``arguments``
+    (``edit`` only): the corrected arguments, a JSON object valid for the tool's schema;
+    the call then runs with them (and nothing else). ``reviewer`` is
     who decided, ``note`` why (both recorded as given); ``at`` when, ISO-8601 UTC
     (default: now, read here, never in the core). ``key``: the runtime's ``trace_key``,
     needed to append to a signed trace. Anything that does not fit raises
     :class:`ReviewError` and changes nothing.
     """
-    return record(store, run_id, call_id, action, reason=reason, result=result, key=key,
-                  reviewer=reviewer, note=note, at=at, machines=machines)[0]  # fmt: skip
+    return record(store, run_id, call_id, action, reason=reason, result=result,
+                  arguments=arguments, key=key, reviewer=reviewer, note=note, at=at,
+                  machines=machines)[0]  # fmt: skip
 
 
 def record(
@@ -117,6 +132,7 @@ def record(
     *,
     reason: str | None = None,
     result: Any = None,
+    arguments: Any = None,
     key: bytes | str | None = None,
     reviewer: str | None = None,
     note: str | None = None,
@@ -127,8 +143,7 @@ def record(
     """:func:`record_review`, also returning the run's state as now stored. ``observe``
     is given the events the review's edge recorded, before they are stored (or, for a
     decision that does not fit, refused): a runtime's interceptors see them."""
-    if action not in FITS:
-        raise ReviewError(f"unknown review action {action!r} (approve, deny, reconcile)")
+    _check_action(action, arguments)
     who = _text_or_none("reviewer", reviewer)
     why = _text_or_none("note", note)
     when = _instant(at)
@@ -141,6 +156,8 @@ def record(
         stored = store.load_run(run_id)
         s = paused_state(stored, machines)
         request = _request(s, call_id, action, reason, result)
+        if action == "edit":
+            request.update(_edited(stored, s, call_id, arguments))
         request["at"] = when
         if who is not None:  # (absent, not null, when nobody was named)
             request["reviewer"] = who
@@ -153,19 +170,41 @@ def record(
             observe(events)
         if not fits:
             raise ReviewError(_refusal(s, call_id, action))
-        lines = None
-        if getattr(store, "wants_lines", False) and stored.events:
-            try:
-                encoder = continue_chain(
-                    run_id, stored.events[0], stored.events[-2:], trace_key(key), 1
-                )
-            except ConfigError as exc:
-                raise ReviewError(str(exc)) from None
-            lines = None if encoder is None else encoder.lines(events)
-        store.save(run_id, owner, events, Checkpoint(s.snapshot(), [], lines))
+        lines = _chained(store, stored, events, key)
+        # An edit rewrote the batch's assistant message in the history.
+        rows = [(i, s.messages[i]) for i in sorted(set(s.rewritten))]
+        s.rewritten.clear()
+        store.save(run_id, owner, events, Checkpoint(s.snapshot(), rows, lines))
         return events[-1], s
     finally:
         owners.let_go(store, run_id, owner)
+
+
+def _chained(
+    store: Any, stored: StoredRun, events: list[dict[str, Any]], key: bytes | str | None
+) -> list[str] | None:
+    """The review's events as trace lines chained onto the stored run's (for a store
+    that keeps lines)."""
+    if not (getattr(store, "wants_lines", False) and stored.events):
+        return None
+    try:
+        encoder = continue_chain(
+            stored.run_id, stored.events[0], stored.events[-2:], trace_key(key), 1
+        )
+    except ConfigError as exc:
+        raise ReviewError(str(exc)) from None
+    return None if encoder is None else encoder.lines(events)
+
+
+def _check_action(action: str, arguments: Any) -> None:
+    if action not in FITS:
+        raise ReviewError(f"unknown review action {action!r} (approve, edit, deny, reconcile)")
+    if (arguments is not None) != (action == "edit"):
+        raise ReviewError(
+            "corrected arguments go with the edit action only (approve with arguments: edit)"
+            if arguments is not None
+            else "an edit needs the corrected arguments (a JSON object)"
+        )
 
 
 def _text_or_none(what: str, value: Any) -> str | None:
@@ -223,6 +262,52 @@ def _request(
     return request
 
 
+def _edited(stored: StoredRun, s: RunState, call_id: str, arguments: Any) -> dict[str, Any]:
+    """The fields an ``edit`` adds to its ``review`` event: the corrected ``arguments``,
+    their ``digest`` and the ``original_arguments``. Refused (:class:`ReviewError`)
+    unless they are a JSON object the tool's recorded schema accepts; a call that is not
+    pending is left to the table to refuse (``_refusal`` says why)."""
+    call = next((c for c in s.decision.calls if c.id == call_id), None)
+    paused = s.placeholders.get(call_id)
+    if call is None or paused is None or paused[1] not in FITS["edit"] or call_id in s.reviews:
+        return {}  # the table refuses it, and _refusal says why
+    if isinstance(arguments, Mapping):
+        arguments = dict(arguments)
+    try:
+        text = json.dumps(arguments, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidEdit(f"the edited arguments must be JSON data: {exc}") from None
+    if not isinstance(arguments, dict):
+        raise InvalidEdit(
+            f"the edited arguments of call {call_id!r} must be a JSON object, "
+            f"got {type(arguments).__name__}"
+        )
+    tools = stored.header.get("tools")
+    facts = tools.get(call.name) if isinstance(tools, Mapping) else None
+    schema = facts.get("schema") if isinstance(facts, Mapping) else None
+    if not isinstance(schema, dict):
+        raise InvalidEdit(
+            f"run {s.run_id!r} records no argument schema for tool {call.name!r}: its "
+            "edits cannot be validated (approve or deny the call instead)"
+        )
+    edited = json.loads(text)
+    problems = schema_errors(arguments_validator(schema), edited)
+    if problems:
+        raise InvalidEdit(
+            f"the edited arguments of call {call_id!r} do not fit tool {call.name!r}'s "
+            f"schema: {'; '.join(problems)}"
+        )
+    try:
+        original = parse_arguments(call.raw_arguments)
+    except ArgumentsError as exc:
+        raise ReviewError(f"call {call_id!r} has unusable arguments: {exc}") from None
+    return {
+        "digest": digest(call.name, edited),
+        "arguments": edited,
+        "original_arguments": original,
+    }
+
+
 def _refusal(s: RunState, call_id: str, action: str) -> str:
     """Why the table refused the decision (``review_fits`` did not hold)."""
     if call_id not in s.placeholders:
@@ -235,7 +320,8 @@ def _refusal(s: RunState, call_id: str, action: str) -> str:
         return f"call {call_id!r} of run {s.run_id!r} was already {done}"
     waiting = s.placeholders[call_id][1]
     fits = sorted(a for a, errors in FITS.items() if waiting in errors)
+    use = " or ".join(fits) if len(fits) < 3 else f"{', '.join(fits[:-1])} or {fits[-1]}"
     return (
         f"call {call_id!r} is waiting for {waiting or 'nothing'}: {action} "
-        f"does not apply (use {' or '.join(fits)})"
+        f"does not apply (use {use})"
     )

@@ -240,7 +240,20 @@ def supports_approvals(store: object) -> TypeGuard[ApprovalStore]:
 
 def supports_runs(store: object) -> TypeGuard[RunStore]:
     """Whether ``store`` keeps runs (stores may keep idempotency records only)."""
-    return bool(getattr(store, "keeps_runs", False)) and isinstance(store, RunStore)
+    if not getattr(store, "keeps_runs", False):
+        return False
+    kind = type(store)
+    if kind in _RUN_STORES:
+        return True
+    # A protocol's isinstance walks its every member: costlier than a short run. A
+    # class found to have them all keeps them (a store that lacks one is asked again).
+    if isinstance(store, RunStore):
+        _RUN_STORES.add(kind)
+        return True
+    return False
+
+
+_RUN_STORES: set[type] = set()
 
 
 def summary_of(run_id: str, body: dict[str, Any], created: float, updated: float) -> RunSummary:

@@ -117,7 +117,11 @@ class ProviderCodec:
         cache_write_tokens: int = 0,
     ) -> Message:
         """Our usage shape; ``cost`` is ``None`` when the model has no price (``prices``
-        first, for the model that answered, then the one asked for; then the database)."""
+        first, for the model that answered, then the one asked for; then the database).
+        The cache figures the shape sums into ``input_tokens`` go to a collector."""
+        report_call(
+            cached_tokens=cached_tokens or None, cache_write_tokens=cache_write_tokens or None
+        )
         tokens = {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -145,14 +149,21 @@ class ProviderCodec:
 
 
 def _report(codec: ProviderCodec) -> None:
-    """What this call is, for a collector (``runtime/context.py``): the model asked for
-    and the server (host and port of the SDK client's base URL)."""
+    """What this call is, for a collector (``runtime/context.py``): the API, the model
+    asked for and the server (host and port of the SDK client's base URL), known before
+    the call (so a call that fails still names them)."""
     url = getattr(getattr(codec, "client", None), "base_url", None)
     host = getattr(url, "host", None)
     port = getattr(url, "port", None)
     if port is None and host:
         port = {"https": 443, "http": 80}.get(str(getattr(url, "scheme", "")))
-    report_call(request_model=codec.model, server_address=host or None, server_port=port)
+    report_call(
+        provider=codec.provider,
+        request_model=codec.model,
+        server_address=host or None,
+        server_port=port,
+        stream=bool(getattr(codec, "stream", False)),
+    )
 
 
 class SyncCall(ProviderCodec):

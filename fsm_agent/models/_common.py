@@ -265,11 +265,6 @@ def need(
     return value
 
 
-def no_usage() -> dict[str, Any]:
-    """The usage of a reply that reported none: tokens unknown, never priced as free."""
-    return {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
-
-
 def whole(value: Any) -> int:
     """A token count from a usage object: a non-negative int, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -15,13 +15,13 @@ then records usage as unknown, never as zero.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from fsm_agent.core.streamed import StreamedBlock
 from fsm_agent.errors import ModelResponseError, ModelUnavailableError
-from fsm_agent.runtime.context import emit_delta
+from fsm_agent.runtime.context import emit_delta, tracing_deltas
 
 __all__ = [
     "AnthropicFold",
@@ -98,34 +98,6 @@ def _line_end(buffer: bytes) -> tuple[int, int] | None:
     return cr, cr + (2 if buffer[cr + 1 : cr + 2] == b"\n" else 1)
 
 
-class _Block:
-    """What the trace keeps of a streamed block: its length, delta count and digest."""
-
-    __slots__ = ("chars", "deltas", "digest", "index", "kind")
-
-    def __init__(self, kind: str, index: int) -> None:
-        self.kind, self.index = kind, index
-        self.chars = 0
-        self.deltas = 0
-        self.digest = hashlib.sha256()
-
-    def add(self, text: str) -> None:
-        self.chars += len(text)
-        self.deltas += 1
-        # Length-prefixed: the digest names the delta sequence, not only its join.
-        data = text.encode("utf-8")
-        self.digest.update(len(data).to_bytes(8, "big") + data)
-
-    def summary(self) -> Message:
-        return {
-            "kind": self.kind,
-            "index": self.index,
-            "chars": self.chars,
-            "deltas": self.deltas,
-            "sha256": self.digest.hexdigest(),
-        }
-
-
 class Fold:
     """The fold of one API's stream into its unstreamed body."""
 
@@ -133,7 +105,8 @@ class Fold:
 
     def __init__(self) -> None:
         self.done = False
-        self._blocks: dict[tuple[str, int], _Block] = {}
+        self._blocks: dict[tuple[str, int], StreamedBlock] = {}
+        self._keep = tracing_deltas()
 
     def feed(self, event: str | None, data: str) -> None:
         raise NotImplementedError
@@ -157,7 +130,9 @@ class Fold:
             return
         block = self._blocks.get((kind, index))
         if block is None:
-            block = self._blocks[(kind, index)] = _Block(kind, index)
+            named = (call_id or "") if kind == "tool_args" else None
+            block = StreamedBlock(kind, index, call_id=named, keep=self._keep)
+            self._blocks[(kind, index)] = block
         block.add(text)
         if kind == "tool_args":
             emit_delta("tool_args_delta", index=index, fragment=text, call_id=call_id or "")
@@ -254,6 +229,13 @@ class ChatFold(Fold):
             if isinstance(fn.get("arguments"), str):
                 call["function"]["arguments"] += fn["arguments"]
                 self._delta("tool_args", index, fn["arguments"], call["id"])
+
+    def blocks(self) -> list[Message]:
+        out = super().blocks()
+        for block in out:  # a call's id may come after its first argument fragment
+            if block["kind"] == "tool_args" and not block.get("call_id"):
+                block["call_id"] = self.calls.get(block["index"], {}).get("id") or ""
+        return out
 
     def body(self) -> Message:
         if not self.done:  # [DONE] ends every complete stream (after the usage chunk)

@@ -41,7 +41,6 @@ from fsm_agent.models._common import (
     ModelResponseError,
     SdkErrors,
     need,
-    no_usage,
     parse_json_object,
     whole,
 )
@@ -259,8 +258,8 @@ class _AnthropicCodec(ProviderCodec):
                 cached_tokens=whole(usage.get("cache_read_input_tokens")),
                 cache_write_tokens=whole(usage.get("cache_creation_input_tokens")),
             )
-        else:
-            reply["usage"] = no_usage()
+        # No usage reported: the reply carries none (unknown, never zeros), so the
+        # loop counts it as unmetered and a token or cost budget stops the run.
         reply["provider"] = {
             "api": p,
             "id": body.get("id"),

@@ -50,7 +50,6 @@ from fsm_agent.models._common import (
     ModelResponseError,
     SdkErrors,
     need,
-    no_usage,
     whole,
 )
 from fsm_agent.models._stream import ChatFold, Fold
@@ -253,8 +252,8 @@ class _ChatCodec(ProviderCodec):
                 cached_tokens=min(cached, prompt),
                 output_tokens=whole(usage.get("completion_tokens")),
             )
-        else:  # no usage reported: tokens unknown, and never priced as free
-            reply["usage"] = no_usage()
+        # No usage reported: the reply carries none (unknown, never zeros), so the
+        # loop counts it as unmetered and a token or cost budget stops the run.
         reply["provider"] = {
             "api": self.provider,
             "id": body.get("id"),

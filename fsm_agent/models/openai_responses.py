@@ -38,7 +38,6 @@ from fsm_agent.models._common import (
     SdkErrors,
     check_fresh_ids,
     need,
-    no_usage,
     whole,
 )
 from fsm_agent.models._stream import Fold, ResponsesFold
@@ -259,8 +258,8 @@ class _ResponsesCodec(ProviderCodec):
                 cached_tokens=min(cached, total_in),
                 output_tokens=whole(usage.get("output_tokens")),
             )
-        else:
-            reply["usage"] = no_usage()
+        # No usage reported: the reply carries none (unknown, never zeros), so the
+        # loop counts it as unmetered and a token or cost budget stops the run.
         reply["provider"] = {
             "api": p,
             "id": body.get("id"),

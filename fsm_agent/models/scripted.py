@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fsm_agent.core.streamed import StreamedBlock
 from fsm_agent.errors import ConfigError, ModelUnavailableError
-from fsm_agent.runtime.context import emit_delta
+from fsm_agent.runtime.context import emit_delta, tracing_deltas
 
 __all__ = ["KeyedScriptedModel", "ScriptedModel", "StreamingScriptedModel", "last_result_id"]
 
@@ -66,7 +67,12 @@ class StreamingScriptedModel(ScriptedModel):
         if not isinstance(reply, dict):
             return reply
         sent = 0
+        keep = tracing_deltas()
+        blocks = []
         for kind, extra, text in _pieces(reply):
+            block = StreamedBlock(
+                kind.removesuffix("_delta"), extra["index"], call_id=extra.get("call_id"), keep=keep
+            )
             for at in range(0, len(text), self.chunk):
                 if self.cut_after is not None and sent >= self.cut_after:
                     raise ModelUnavailableError(
@@ -75,8 +81,13 @@ class StreamingScriptedModel(ScriptedModel):
                 piece = text[at : at + self.chunk]
                 field = "fragment" if kind == "tool_args_delta" else "text"
                 emit_delta(kind, **extra, **{field: piece})
+                block.add(piece)
                 sent += 1
-        return reply
+            if block.deltas:
+                blocks.append(block.summary())
+        # What a streaming adapter records: the blocks' summaries (a copy: the script
+        # may hand out one dict twice).
+        return {**reply, "streamed": blocks} if blocks else reply
 
 
 def _pieces(reply: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:

@@ -30,6 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from fsm_agent._version import __version__
 from fsm_agent.core.events import (
+    UNSET,
     Decided,
     Event,
     Observed,
@@ -64,6 +65,8 @@ _NS = "fsm_agent."
 TRANSITION_EVENT = _NS + "transition"
 REVIEW_EVENT = _NS + "review"
 PAUSE_EVENT = _NS + "review_required"
+#: A call answered with its stored result (an idempotent write done before): no tool ran.
+REPLAY_EVENT = _NS + "replay"
 A_TRIGGER, A_SOURCE, A_DEST, A_GUARDS = (_NS + n for n in ("trigger", "source", "dest", "guards"))
 A_CALL, A_TOOL, A_ATTEMPT, A_APPROVAL = (
     _NS + n for n in ("call_id", "tool", "attempt", "approval")
@@ -92,13 +95,17 @@ RUNS_METRIC = _NS + "runs"
 #: Run statuses that are failures of the run (span status ERROR, ``error.type`` = reason).
 _FAILED = frozenset({"protocol_error", "cancelled"})
 
-#: The usage keys of a reply (``models/_adapter.py``) -> the conventions' attribute.
+#: The usage keys of a reply -> the conventions' attribute. ``input_tokens`` counts
+#: cached input too, as the conventions' does (``models/_adapter.py``); the cache keys
+#: are a model's own report, or what an SDK adapter reported of the call.
 _USAGE = (
+    ("input_tokens", ga.GEN_AI_USAGE_INPUT_TOKENS),
     ("output_tokens", ga.GEN_AI_USAGE_OUTPUT_TOKENS),
     ("cached_tokens", ga.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
     ("cache_write_tokens", ga.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS),
 )
-#: What an adapter records when the provider reported no usage (``no_usage()``).
+#: What adapters recorded for unreported usage before they left it absent (a reply of a
+#: model of your own may still say it this way): absent as well.
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cost": None}
 
 #: How many runs' held events are kept (a review never resumed here is dropped).
@@ -154,6 +161,9 @@ class OpenTelemetry(Interceptor):
     ``agent_name`` names the ``invoke_agent`` span (``gen_ai.agent.name``).
     """
 
+    #: Spans are of model and tool calls: the chain passes every other request by.
+    requests = (AskModel, CallTool)
+
     def __init__(
         self,
         tracer_provider: trace.TracerProvider | None = None,
@@ -170,6 +180,8 @@ class OpenTelemetry(Interceptor):
         meter = metrics.get_meter("fsm_agent", __version__, meter_provider)
         self.token_usage = gm.create_gen_ai_client_token_usage(meter)
         self.duration = gm.create_gen_ai_client_operation_duration(meter)
+        self.first_chunk = gm.create_gen_ai_client_operation_time_to_first_chunk(meter)
+        self.per_chunk = gm.create_gen_ai_client_operation_time_per_output_chunk(meter)
         self.runs = meter.create_counter(RUNS_METRIC, unit="{run}", description="finished drivings")
         self.capture_content = capture_content
         self.agent_name = agent_name
@@ -227,8 +239,10 @@ class OpenTelemetry(Interceptor):
 
     def _open(self, request: Request) -> _Child | None:
         """The span of a model or tool request of the run being followed, started."""
+        if not isinstance(request, (AskModel, CallTool)):
+            return None  # most requests (emit, clock, store) are not spans: asked first
         run = self._current.get()
-        if run is None or not isinstance(request, (AskModel, CallTool)):
+        if run is None:
             return None
         self._settle(run)
         if isinstance(request, AskModel):
@@ -281,10 +295,23 @@ class OpenTelemetry(Interceptor):
             span.set_status(Status(StatusCode.ERROR, f"{error}: {answer}"))
             span.set_attribute(error_attributes.ERROR_TYPE, error)
             metric[error_attributes.ERROR_TYPE] = error
-        elif isinstance(answer, Mapping):
-            _reply_facts(span, answer, metric, child.attrs)
-        _call_facts(span, child.facts, metric)
+        # Every fact in one set_attributes and one rename (each SDK call takes the
+        # span's lock and checks it is not ended).
+        facts: dict[str, Any] = {}
+        if isinstance(answer, Mapping):
+            _reply_facts(facts, answer, metric, child.attrs)
+        _call_facts(facts, child.facts, metric, child.attrs)
+        if facts:
+            span.set_attributes(facts)
+        model = facts.get(ga.GEN_AI_REQUEST_MODEL) or facts.get(ga.GEN_AI_RESPONSE_MODEL)
+        if isinstance(model, str) and model:
+            span.update_name(f"{_CHAT} {model}")
         self.duration.record(seconds, metric)
+        timing = _stream_facts(span, child.facts, child.started)
+        if "to_first" in timing:
+            self.first_chunk.record(timing["to_first"], metric)
+        if "per_chunk" in timing:
+            self.per_chunk.record(timing["per_chunk"], metric)
         for token_type, key in (("input", ga.GEN_AI_USAGE_INPUT_TOKENS),
                                 ("output", ga.GEN_AI_USAGE_OUTPUT_TOKENS)):  # fmt: skip
             if key in child.attrs:
@@ -373,21 +400,26 @@ class OpenTelemetry(Interceptor):
         if isinstance(event, RunStarted):
             run.machine = event.machine_hash
             run.tools = dict(event.tools or {})
-            run.history = list(event.messages)
+            if self.capture_content:
+                run.history = list(event.messages)
         self._current.set(run)
         return run
 
     def _transition(self, run: _Run, event: Transitioned) -> None:
-        attrs = _present({
-            A_TRIGGER: event.trigger, A_SOURCE: event.source, A_DEST: event.dest,
-            # One string, not a list: the SDK checks a list's every item (the bench's cost).
-            A_GUARDS: " ".join(f"{name}={'true' if ok else 'false'}"
-                               for name, ok in event.guards.items()) or None,
-            A_CALL: event.call_id, A_TOOL: event.tool, A_ATTEMPT: event.attempt,
-            A_APPROVAL: event.approval, A_APPROVAL_USE: event.approval_use,
-            A_OUTCOME: event.outcome, A_REASON: event.reason,
-            A_INPUTS: None if event.inputs is None else _json(event.inputs),
-        })  # fmt: skip
+        attrs: dict[str, Any] = {A_TRIGGER: event.trigger, A_SOURCE: event.source,
+                                 A_DEST: event.dest}  # fmt: skip
+        if event.guards:
+            attrs[A_GUARDS] = _guards_text(event.guards)
+        facts = vars(event)  # the optional facts an edge has (most have few)
+        for name, key in _TRANSITION_FACTS:
+            value = facts[name]
+            if value is not None:
+                attrs[key] = value
+        inputs = event.inputs
+        if inputs is not UNSET and inputs is not None:
+            # What the world answered: an intent record holds the tool's result, so only
+            # which answers they were, unless content is captured.
+            attrs[A_INPUTS] = _json(inputs) if self.capture_content else _input_kinds(inputs)
         run.span.add_event(TRANSITION_EVENT, attrs)
         if event.call_id is not None and event.attempt is not None:
             # The edge that starts an attempt is recorded before its CallTool.
@@ -396,7 +428,8 @@ class OpenTelemetry(Interceptor):
     def _decided(self, run: _Run, event: Decided) -> None:
         chat = self._pending(run, _CHAT, "")
         message = event.message
-        if isinstance(message, Mapping):
+        if self.capture_content and isinstance(message, Mapping):
+            # The conversation is kept only to be captured (input messages, arguments).
             for call in message.get("tool_calls") or []:
                 if isinstance(call, Mapping) and isinstance(call.get("id"), str):
                     function = call.get("function")
@@ -412,9 +445,14 @@ class OpenTelemetry(Interceptor):
             chat.span.set_attribute(ga.GEN_AI_OUTPUT_MESSAGES, _json(_messages([message], finish)))
 
     def _observed(self, run: _Run, event: Observed) -> None:
+        result = event.result
+        if isinstance(result, dict) and result.get("replayed") is True:
+            run.span.add_event(REPLAY_EVENT, {A_CALL: event.call_id, A_TOOL: event.tool})
+        if not self.capture_content:
+            return
         run.history.append({"role": "tool", "tool_call_id": event.call_id, "content": event.result})
         tool = self._pending(run, _TOOL, event.call_id)
-        if tool is not None and self.capture_content:
+        if tool is not None:
             tool.span.set_attribute(ga.GEN_AI_TOOL_CALL_RESULT, _json(event.result))
 
     @staticmethod
@@ -456,6 +494,34 @@ class OpenTelemetry(Interceptor):
         self._current.set(None)
 
 
+#: A transition's optional facts -> their attribute (absent ones are left absent).
+_TRANSITION_FACTS = (
+    ("call_id", A_CALL), ("tool", A_TOOL), ("attempt", A_ATTEMPT), ("approval", A_APPROVAL),
+    ("approval_use", A_APPROVAL_USE), ("outcome", A_OUTCOME), ("reason", A_REASON),
+)  # fmt: skip
+
+#: Guard outcomes -> their text, for the combinations seen (a table has few): one
+#: string, not a list, as the SDK checks a list item by item.
+_GUARD_TEXTS: dict[tuple[tuple[str, bool], ...], str] = {}
+
+
+def _guards_text(guards: Mapping[str, bool]) -> str:
+    key = tuple(guards.items())
+    text = _GUARD_TEXTS.get(key)
+    if text is None:
+        text = " ".join(f"{name}={'true' if ok else 'false'}" for name, ok in key)
+        if len(_GUARD_TEXTS) < 4096:
+            _GUARD_TEXTS[key] = text
+    return text
+
+
+def _input_kinds(inputs: Any) -> str:
+    """Which answers a transition's ``inputs`` are (``begin_intent idempotency_key``)."""
+    if not isinstance(inputs, list):
+        return type(inputs).__name__
+    return " ".join(str(next(iter(i), "")) if isinstance(i, Mapping) else "?" for i in inputs)
+
+
 def _review_attrs(event: Reviewed) -> dict[str, Any]:
     return _present({A_ACTION: event.action, A_CALL: event.call_id, A_TOOL: event.tool,
                      A_REVIEWER: event.reviewer or None, A_REASON: event.reason})  # fmt: skip
@@ -475,17 +541,15 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
+def _reply_facts(facts: dict[str, Any], reply: Mapping[str, Any], metric: dict[str, Any],
                  attrs: dict[str, Any]) -> None:  # fmt: skip
-    """The reply's provider facts and usage on its ``chat`` span (and its metric's
-    attributes); usage the provider did not report is left absent."""
+    """The reply's provider facts and usage into ``facts`` (the ``chat`` span's) and its
+    metric's attributes; usage the provider did not report is left absent."""
     provider = reply.get("provider")
-    facts: dict[str, Any] = {}
     if isinstance(provider, Mapping):
         api = provider.get("api")
         if isinstance(api, str):
-            name = _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
-            facts[ga.GEN_AI_PROVIDER_NAME] = name
+            facts[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
         for key, attr in (("model", ga.GEN_AI_RESPONSE_MODEL), ("id", ga.GEN_AI_RESPONSE_ID)):
             if isinstance(provider.get(key), (str, int)) and provider.get(key) != "":
                 facts[attr] = provider[key]
@@ -498,21 +562,12 @@ def _reply_facts(span: Span, reply: Mapping[str, Any], metric: dict[str, Any],
     usage = reply.get("usage")
     if isinstance(usage, Mapping) and dict(usage) != _NO_USAGE:
         tokens = {attr: usage[key] for key, attr in _USAGE if _count(usage.get(key))}
-        if _count(usage.get("input_tokens")):
-            # The conventions count cached input in the input tokens; a reply's
-            # ``input_tokens`` excludes it (models/_adapter.py).
-            cached = usage.get("cached_tokens") if _count(usage.get("cached_tokens")) else 0
-            tokens[ga.GEN_AI_USAGE_INPUT_TOKENS] = usage["input_tokens"] + cached
         facts.update(tokens)
         attrs.update(tokens)
-    model = facts.get(ga.GEN_AI_REQUEST_MODEL) or facts.get(ga.GEN_AI_RESPONSE_MODEL)
-    if isinstance(model, str):
-        span.update_name(f"{_CHAT} {model}")
     for key in (ga.GEN_AI_PROVIDER_NAME, ga.GEN_AI_REQUEST_MODEL, ga.GEN_AI_RESPONSE_MODEL,
                 server_attributes.SERVER_ADDRESS, server_attributes.SERVER_PORT):  # fmt: skip
         if key in facts:
             metric[key] = facts[key]
-    span.set_attributes(facts)
 
 
 #: What an adapter reports of a call -> the conventions' attribute.
@@ -523,17 +578,53 @@ _REPORTED = (
 )
 
 
-def _call_facts(span: Span, facts: Mapping[str, Any], metric: dict[str, Any]) -> None:
-    """The adapter's facts (model asked for, server) on the ``chat`` span and metric;
-    the span is named after the model asked for (the conventions' ``chat {model}``)."""
+def _provider_name(api: str) -> str:
+    """The conventions' provider name of an adapter's API (``openai-chat`` -> ``openai``)."""
+    return _PROVIDERS.get(api.split(".")[0].split("-")[0].split("_")[0], api)
+
+
+def _call_facts(out: dict[str, Any], facts: Mapping[str, Any], metric: dict[str, Any],
+                attrs: dict[str, Any]) -> None:  # fmt: skip
+    """The adapter's facts (API, model asked for, server) into ``out`` (the ``chat``
+    span's) and the metric's; the span is named after the model asked for (the
+    conventions' ``chat {model}``). A failed call has no reply: its provider is the
+    adapter's API."""
+    if not facts:
+        return
+    api = facts.get("provider")
+    if isinstance(api, str) and api and ga.GEN_AI_PROVIDER_NAME not in metric:
+        metric[ga.GEN_AI_PROVIDER_NAME] = out[ga.GEN_AI_PROVIDER_NAME] = _provider_name(api)
+    if ga.GEN_AI_USAGE_INPUT_TOKENS in attrs:  # a reply with usage: its cache figures
+        for key, attr in _USAGE[2:]:
+            if attr not in attrs and _count(facts.get(key)):
+                attrs[attr] = out[attr] = facts[key]
     for key, attr in _REPORTED:
         value = facts.get(key)
         if isinstance(value, (str, int)) and value != "":
-            span.set_attribute(attr, value)
-            metric[attr] = value
-    model = facts.get("request_model")
-    if isinstance(model, str) and model:
-        span.update_name(f"{_CHAT} {model}")
+            out[attr] = metric[attr] = value
+    if facts.get("stream") is True:
+        out[ga.GEN_AI_REQUEST_STREAM] = True
+
+
+def _stream_facts(span: Span, facts: Mapping[str, Any], started: float) -> dict[str, float]:
+    """A streamed reply's timing on its one ``chat`` span: the time to its first chunk as
+    an attribute and as one event at that moment (the deltas themselves never become
+    events); the seconds per chunk after it, for the metric (empty if nothing streamed)."""
+    first, last, count = (facts.get(k) for k in ("first_delta_at", "last_delta_at", "deltas"))
+    if not isinstance(first, float) or not isinstance(last, float) or not isinstance(count, int):
+        return {}
+    to_first = max(first - started, 0.0)
+    span.set_attribute(ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, to_first)
+    at_ns = time.time_ns() - int(max(time.monotonic() - first, 0.0) * 1e9)
+    span.add_event(
+        ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+        {ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: to_first},
+        timestamp=at_ns,
+    )
+    out = {"to_first": to_first}
+    if count > 1:
+        out["per_chunk"] = (last - first) / (count - 1)
+    return out
 
 
 def _count(value: Any) -> bool:

@@ -87,7 +87,25 @@ def detail_line(t: Transition) -> str:
         text += " (else)"  # the fallback: taken when no earlier edge's guards hold
     if t.reason is not None:
         text += f" → {t.reason}"
+    condition = rule_condition(t)
+    if condition:  # an application's rule: its condition says when it decides
+        text += f" when {condition if len(condition) <= 48 else condition[:45] + '...'}"
     return text
+
+
+def rule_ids(t: Transition) -> list[str]:
+    """The ids of the application's rules a row stands for (its ``rule:<id>`` guards)."""
+    return [g[len(_RULE) :] for g in t.guards if g.startswith(_RULE)]
+
+
+def rule_condition(t: Transition) -> str:
+    """A rule row's condition (its ``rule`` column reads ``id: condition``)."""
+    ids = rule_ids(t)
+    prefix = f"{ids[0]}: " if ids else ""
+    return t.rule[len(prefix) :] if ids and t.rule.startswith(prefix) else ""
+
+
+_RULE = "rule:"
 
 
 def _detail(transitions: tuple[Transition, ...]) -> str:
@@ -131,7 +149,11 @@ class Arrow:
         if self.source == WORKING:
             (trigger,) = self.triggers()
             return [trigger, "(from every working state)"]
-        return [f"{k} ({n})" if n > 1 else k for k, n in self.triggers().items()]
+        lines = [f"{k} ({n})" if n > 1 else k for k, n in self.triggers().items()]
+        ids = list(dict.fromkeys(i for t in self.transitions for i in rule_ids(t)))
+        # The application's rules on this arrow by id, a few per line (legible with ten).
+        lines += ["rule " + ", ".join(ids[i : i + 3]) for i in range(0, len(ids), 3)]
+        return lines
 
     def detail(self) -> str:
         """The tooltip: every row the arrow stands for, with its guards and rule."""

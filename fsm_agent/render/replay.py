@@ -11,6 +11,7 @@ selector over its edges, with the same fallback to the event's destination and r
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -22,10 +23,11 @@ from typing import Any
 
 from fsm_agent.core.select import select_recorded
 from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
-from fsm_agent.errors import StepError
+from fsm_agent.errors import ConfigError, StepError
 from fsm_agent.render.dot import Overlay
 from fsm_agent.render.edges import drawing, priority
 from fsm_agent.trace.checker import load_trace, select_edge
+from fsm_agent.trace.replay import recorded_rules
 
 __all__ = ["MAX_TRACE_BYTES", "Replay", "Step", "StepError", "aggregate_overlay"]
 
@@ -92,6 +94,13 @@ class Replay:
         if events is None:
             _refuse_large(self.path, max_bytes)
         self.events = events if events is not None else load_trace(path, machine.hash)
+        head = self.events[0] if self.events else {}
+        if machine == DEFAULT_MACHINE and head.get("rules") is not None:
+            # A run with the application's rules: drawn over the machine its header's
+            # rules build (the one check replays), rule rows included.
+            # (One it cannot rebuild, load_trace refused already.)
+            with contextlib.suppress(ConfigError, ValueError, TypeError, KeyError):
+                machine = self.machine = recorded_rules(head)[1]
         self.steps: list[Step] = []
         # Per step, the failed attempts so far of the call it concerns (computed once:
         # the viewer asks for every step of traces of any length).
@@ -190,14 +199,11 @@ def describe_event(event: dict[str, Any]) -> str:
     """A one-line summary of an event (frame captions, the stepper's title)."""
     kind = event.get("type")
     if kind == "transition":
-        text = f"{event.get('trigger')}: {event.get('source')} -> {event.get('dest')}"
-        if event.get("reason"):
-            text += f" ({event['reason']})"
-        if event.get("call_id"):
-            text += f"  call {event['call_id']} {event.get('tool', '')}"
-        if event.get("outcome") not in (None, "ok"):
-            text += f"  attempt {event.get('attempt')} {_failure(event)}"
-        return text
+        return _transition_text(event)
+    if kind == "rule":
+        text = f"rule {event.get('rule') or '(none held)'} [{event.get('phase')}]: "
+        text += str(event.get("verdict"))
+        return text + (f"  call {event['call_id']}" if event.get("call_id") else "")
     if kind == "observation":
         result = event.get("result")
         ok = result.get("ok") if isinstance(result, dict) else None
@@ -217,6 +223,22 @@ def describe_event(event: dict[str, Any]) -> str:
     if kind == "run_start":
         return f"run_start: run {event.get('run_id')}"
     return str(kind)
+
+
+def _transition_text(event: dict[str, Any]) -> str:
+    text = f"{event.get('trigger')}: {event.get('source')} -> {event.get('dest')}"
+    if event.get("reason"):
+        text += f" ({event['reason']})"
+    if event.get("call_id"):
+        text += f"  call {event['call_id']} {event.get('tool', '')}"
+    if event.get("outcome") not in (None, "ok"):
+        text += f"  attempt {event.get('attempt')} {_failure(event)}"
+    guards = event.get("guards")
+    if isinstance(guards, dict):
+        decided = [g[5:] for g, held in guards.items() if g.startswith("rule:") and held is True]
+        if decided:  # an application's rule row: the rule that decided it
+            text += f"  decided by rule {', '.join(decided)}"
+    return text
 
 
 def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]:
@@ -253,12 +275,35 @@ def describe_step(replay: Replay, n: int, width: int | None = None) -> list[str]
         lines += [f"    #{f['attempt']} {_failure(f)}" for f in failed]
     if n == len(replay) - 1 and event.get("type") == "run_end":
         lines += [f"  next:   {line}" for line in where_the_rest_is(replay)]
+    if event.get("type") == "decision":
+        lines += _streamed_lines(event.get("message"))
     payload = {k: v for k, v in event.items() if k not in ("type", "seq", "guards", "t")}
     if event.get("type") in ("decision", "observation", "run_end", "run_start"):
         text = json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
         lines.append("  payload:")
         lines += ["    " + line for line in text.splitlines()]
     return [part for line in lines for part in _wrap(_printable(line), width)]
+
+
+def _streamed_lines(message: Any) -> list[str]:
+    """A streamed reply as it was produced: per block its counts and, when the trace kept
+    them (``trace_deltas=True``), its deltas in order, ``|`` between them."""
+    streamed = message.get("streamed") if isinstance(message, dict) else None
+    if not isinstance(streamed, list) or not streamed:
+        return []
+    lines = ["  streamed:"]
+    for b in streamed:
+        if not isinstance(b, dict):
+            continue
+        call = f" ({b['call_id']})" if b.get("call_id") else ""
+        head = f"    {b.get('kind')} #{b.get('index')}{call}: {b.get('deltas')} deltas"
+        pieces = b.get("pieces")
+        if isinstance(pieces, list):
+            shown = " | ".join(json.dumps(p, ensure_ascii=False) for p in pieces)
+            lines.append(f"{head}: {shown}")
+        else:
+            lines.append(head + f", {b.get('chars')} chars (coalesced)")
+    return lines
 
 
 def _failure(attempt: dict[str, Any]) -> str:

@@ -34,6 +34,9 @@ class Facts:
     calls: Sequence[Mapping[str, Any]] = ()
     context: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     call_id: str | None = None
+    #: Variables the caller vouches are CEL-ready already (screened, or built by the
+    #: engine from plain JSON within CEL's limits): handed over without the screen.
+    trusted: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def variable(self, name: str) -> Any:
         """The value of one rule variable (``args`` of a call with none is ``{}``)."""

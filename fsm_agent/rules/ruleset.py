@@ -226,19 +226,26 @@ class RuleSet:
         cls,
         data: Mapping[str, Any],
         tools: Mapping[str, ToolFacts | ToolInfo],
-        callables: Iterable[Callable[[Any], Any]] = (),
+        callables: Iterable[Callable[[Any], Any]] | Mapping[str, Callable[[Any], Any]] = (),
     ) -> RuleSet:
         """Rebuild a rule set from :meth:`to_json`'s form (a run's header).
 
         An opaque rule needs its callable among ``callables`` (found by its digest of
         name and source); one missing is a :class:`ConfigError` naming the rule and the
-        digest recorded. The rebuilt set's :attr:`hash` equals the recorded one."""
+        digest recorded. The rebuilt set's :attr:`hash` equals the recorded one.
+        ``callables`` may also map recorded digests to stand-ins (``check``, which cannot
+        run the application's code, takes those verdicts as recorded); the rebuilt
+        set's hash then differs from the recorded one."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
             raise ConfigError(
                 f"rules recorded in format {got!r}; this version reads format {FORMAT}"
             )
-        by_digest = {OpaqueCondition.of(fn).digest: fn for fn in callables}
+        by_digest = (
+            dict(callables)
+            if isinstance(callables, Mapping)
+            else {OpaqueCondition.of(fn).digest: fn for fn in callables}
+        )
         rules: list[Rule] = []
         missing: list[str] = []
         for index, item in enumerate(data.get("rules", ())):
@@ -257,6 +264,16 @@ class RuleSet:
         return cls(rules, tools)
 
     # -- judging ------------------------------------------------------------------------
+
+    def judges(self, phase: str, tool: str | None = None) -> bool:
+        """Whether any rule of ``phase`` can match (``tool``: for the tool phases, that
+        tool): where none can, a judgement would try nothing, so the loop skips it."""
+        rules = self._by_phase.get(phase, ())
+        if not rules:
+            return False
+        if phase not in TOOL_PHASES or tool is None:
+            return True
+        return bool(self._candidates(phase, tool).rules)
 
     def judge(self, phase: str, facts: Facts) -> Judgement:
         """The verdict of ``phase``'s rules on ``facts``: the first rule that holds decides."""
@@ -540,8 +557,12 @@ class _Inputs:
 
     def _activation_of_all(self) -> Any:
         if self._activation is None:
+            trusted = self.facts.trusted
             for name in sorted(self._wanted):
                 value = self.facts.variable(name)
+                if name in trusted:
+                    self._screened[name] = value
+                    continue
                 try:
                     if name == "calls" and isinstance(value, list):
                         self._screened[name] = self._entries.screened(value)

@@ -34,19 +34,31 @@ def _call_of(call: Any) -> tuple[str, Any, Any] | None:
 def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str, str]]:
     """``(call id, tool)`` of the calls asked for in ``messages[since:]`` that repeat a
     call of an earlier assistant message (same id, tool and arguments), in order."""
-    earlier: dict[str, tuple[Any, Any]] = {}
+    # One pass over the history, run after every driving: id -> (tool, arguments, the
+    # index of the message that first asked for it; a batch is not compared with itself).
+    earlier: dict[str, tuple[Any, Any, int]] = {}
     repeated: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
-        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if message.get("role") != "assistant":
+            continue
+        calls = message.get("tool_calls")
         if not isinstance(calls, list):
             continue
-        found = [c for c in map(_call_of, calls) if c is not None]
-        if index >= since:
-            for call_id, name, arguments in found:
-                if earlier.get(call_id) == (name, arguments) and (call_id, name) not in repeated:
-                    repeated.append((call_id, str(name)))
-        for call_id, name, arguments in found:
-            earlier.setdefault(call_id, (name, arguments))
+        for raw in calls:
+            found = _call_of(raw)
+            if found is None:
+                continue
+            call_id, name, arguments = found
+            first = earlier.get(call_id)
+            if first is None:
+                earlier[call_id] = (name, arguments, index)
+            elif (
+                index >= since
+                and first[2] < index
+                and first[:2] == (name, arguments)
+                and (call_id, name) not in repeated
+            ):
+                repeated.append((call_id, str(name)))
     return repeated
 
 

@@ -4,6 +4,7 @@ construction (or when the run is asked for), never a surprise mid-run."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,9 +15,10 @@ from fsm_agent.core.history import check_history
 from fsm_agent.core.jsonsafe import make_safe
 from fsm_agent.core.table import Machine
 from fsm_agent.errors import ConfigError
+from fsm_agent.rules import Rule, RuleSet, cel
 from fsm_agent.tools.registry import ToolRegistry
 
-__all__ = ["check_settings", "initial_messages", "tool_facts"]
+__all__ = ["check_context", "check_settings", "initial_messages", "rule_set", "tool_facts"]
 
 
 def check_settings(
@@ -98,3 +100,39 @@ def tool_facts(tools: ToolRegistry) -> dict[str, dict[str, Any]]:
         }
         for t in tools
     }
+
+
+def rule_set(rules: Iterable[Rule], tools: ToolRegistry) -> RuleSet | None:
+    """The runtime's rules compiled against its registry (every mistake in one
+    :class:`ConfigError`), or None without rules: a run then judges nothing."""
+    if isinstance(rules, Rule):
+        raise ConfigError("rules must be a list of Rule values, not one Rule (rules=[...])")
+    listed = tuple(rules)
+    if not listed:
+        return None
+    return RuleSet(listed, {t.name: t for t in tools})
+
+
+def check_context(context: Any) -> dict[str, Any]:
+    """A run's trusted ``context``, as a copy of plain JSON data (it is stored with the run
+    and recorded in its trace header), or :class:`ConfigError` saying what is wrong."""
+    if context is None:
+        return {}
+    if not isinstance(context, dict):
+        raise ConfigError(f"context must be a dict of JSON data, got {type(context).__name__}")
+    try:
+        text = json.dumps(context, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"context must be JSON data (string keys; strings, numbers, booleans, null, "
+            f"lists and dicts; no NaN): {type(exc).__name__}: {exc}"
+        ) from None
+    copied: dict[str, Any] = json.loads(text)
+    if make_safe(copied) != copied:
+        raise ConfigError("context holds a value a trace cannot record exactly (too deep?)")
+    try:  # what CEL can take (the loop hands the context over without screening it again)
+        cel.screen(copied, "context")
+    except cel.Unrepresentable as exc:
+        raise ConfigError(f"context cannot be read by rules: {exc}") from None
+    return copied

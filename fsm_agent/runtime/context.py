@@ -24,8 +24,11 @@ __all__ = [
     "driving_trace_context",
     "emit_delta",
     "report_call",
+    "reset_trace_deltas",
     "set_delta_sink",
+    "set_trace_deltas",
     "time_left",
+    "tracing_deltas",
     "wait_room",
 ]
 
@@ -68,6 +71,12 @@ def emit_delta(kind: str, **fields: Any) -> None:
     """One delta (``text_delta``, ``reasoning_delta``, ``tool_args_delta``) to the
     current sink. The sink may block (back-pressure) or raise a ``BaseException`` to
     cancel the run; an adapter lets both through."""
+    found = _call_facts.get()
+    if found is not None:  # a collector follows this call: when its chunks came
+        now = time.monotonic()
+        found.setdefault("first_delta_at", now)
+        found["last_delta_at"] = now
+        found["deltas"] = found.get("deltas", 0) + 1
     sink = _delta_sink.get()
     if sink is not None:
         sink(kind, fields)
@@ -79,6 +88,25 @@ def set_delta_sink(sink: DeltaSink | None) -> contextvars.Token[DeltaSink | None
 
 def reset_delta_sink(token: contextvars.Token[DeltaSink | None]) -> None:
     _delta_sink.reset(token)
+
+
+_trace_deltas: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fsm_agent_trace_deltas", default=False
+)
+
+
+def tracing_deltas() -> bool:
+    """Whether the reply being streamed keeps its raw deltas in the trace
+    (``Runtime.stream(..., trace_deltas=True)``), not only each block's digest."""
+    return _trace_deltas.get()
+
+
+def set_trace_deltas(on: bool) -> contextvars.Token[bool]:
+    return _trace_deltas.set(on)
+
+
+def reset_trace_deltas(token: contextvars.Token[bool]) -> None:
+    _trace_deltas.reset(token)
 
 
 _room: contextvars.ContextVar[Callable[[], Awaitable[None]] | None] = contextvars.ContextVar(
@@ -105,7 +133,9 @@ _call_facts: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Context
 
 def report_call(**facts: Any) -> None:
     """An adapter's facts about the model call under way (``request_model``,
-    ``server_address``, ``server_port``); nothing happens unless someone collects them."""
+    ``server_address``, ``server_port``, ``stream``); nothing happens unless someone
+    collects them. :func:`emit_delta` adds, for a streamed reply, ``first_delta_at``,
+    ``last_delta_at`` (``time.monotonic()``) and ``deltas``."""
     found = _call_facts.get()
     if found is not None:
         found.update({k: v for k, v in facts.items() if v is not None})

@@ -132,13 +132,14 @@ class Io:
         limit = s.config.budget.max_wall_clock_s
 
         def deadline(now: float) -> float | None:
-            if limit is None:
-                return None
+            assert limit is not None
             return time.monotonic() + max(limit - (now - s.started), 0.0)
 
         # A run its store keeps is fenced: see ``fenced`` below.
         fenced = s.config.save != "never"
-        return cls(run_id=s.run_id, tools=s.config.tools, deadline=deadline, fenced=fenced, **parts)
+        built = s.config.redact is None
+        return cls(run_id=s.run_id, tools=s.config.tools, fenced=fenced, built=built,
+                   deadline=None if limit is None else deadline, **parts)  # fmt: skip
 
     run_id: str
     model: Model
@@ -147,7 +148,9 @@ class Io:
     clock: Callable[[], float]
     sleep: Callable[[float], Any] | None
     threads: ToolThreads
-    deadline: Callable[[float], float | None]
+    #: The model call's deadline from a clock reading (``None``: no wall-clock budget,
+    #: so no clock is read for it).
+    deadline: Callable[[float], float | None] | None
     store: Store | None = None
     owner: str | None = None
     sink: TraceSink | None = None
@@ -159,6 +162,9 @@ class Io:
     encoder: Encoder | None = None
     #: The interceptors of this driving (``None``: there are none, nothing is called).
     chain: Chain | None = None
+    #: The run's events are as the engine built them (no redaction hook rewrites them):
+    #: the interceptors get them typed unchecked (``core/events.typed``).
+    built: bool = False
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
 
@@ -326,7 +332,7 @@ class _Driver:
                 failure = exc
         chain = io.chain
         if chain is not None and chain.watchers:
-            chain.deliver(io.run_id, request.events)
+            chain.deliver(io.run_id, request.events, built=io.built)
         if failure is not None:
             raise failure
 
@@ -422,7 +428,8 @@ class SyncDriver(_Driver):
 
     @answers(AskModel)
     def ask(self, request: AskModel) -> Any:
-        token = set_deadline(self.io.deadline(self.io.clock()))
+        deadline = self.io.deadline
+        token = set_deadline(None if deadline is None else deadline(self.io.clock()))
         try:
             reply = self.io.model(request.messages, request.tool_specs)
         except BaseException as exc:
@@ -536,7 +543,8 @@ class AsyncDriver(_Driver):
 
     @answers_async(AskModel)
     async def ask(self, request: AskModel) -> Any:
-        token = set_deadline(self.io.deadline(self.io.clock()))
+        deadline = self.io.deadline
+        token = set_deadline(None if deadline is None else deadline(self.io.clock()))
         try:
             reply = self.io.model(request.messages, request.tool_specs)
             if inspect.isawaitable(reply):

@@ -13,6 +13,10 @@
     the same for the async driver (``arun``/``aresume``): an ``async def`` whose
     ``call_next`` must be awaited. The sync driver never calls it, the async driver never
     calls ``intercept``: an interceptor for both kinds of runs defines both.
+``requests`` (a class attribute)
+    the request types ``intercept``/``aintercept`` are called for (``None``, the default:
+    every request); the others pass it by at no cost (the OpenTelemetry interceptor
+    wants model and tool calls, not the emits, clock reads and store operations).
 ``on_event(event)``
     each event of the run, typed (``core/events.py``), the moment the loop records it and
     before the next request is performed, as recorded (after ``Runtime(redact=...)``).
@@ -57,6 +61,9 @@ AsyncCallNext = Callable[[Request], Awaitable[Any]]
 class Interceptor:
     """The base of interceptors: every method passes through; override the ones you need."""
 
+    #: The request types ``intercept``/``aintercept`` are called for (``None``: all).
+    requests: tuple[type[Request], ...] | None = None
+
     def intercept(self, request: Request, call_next: CallNext) -> Any:
         return call_next(request)
 
@@ -92,6 +99,12 @@ def _overrides(obj: Any, name: str) -> bool:
     return method is not None and method is not getattr(Interceptor, name)
 
 
+def _wants(interceptor: Any, kind: type) -> bool:
+    """Whether ``interceptor`` is called for requests of type ``kind``."""
+    kinds = getattr(interceptor, "requests", None)
+    return kinds is None or issubclass(kind, kinds)
+
+
 _METHODS = ("intercept", "aintercept", "on_event")
 
 
@@ -108,6 +121,14 @@ def _checked(interceptors: Iterable[Any]) -> tuple[Any, ...]:
             raise ConfigError(
                 f"{where} has none of intercept, aintercept, on_event: subclass "
                 "fsm_agent.Interceptor and override the ones you need"
+            )
+        kinds = getattr(each, "requests", None)
+        if kinds is not None and not (
+            isinstance(kinds, tuple) and all(isinstance(k, type) for k in kinds)
+        ):
+            raise ConfigError(
+                f"{where}: requests must be None (every request) or a tuple of request "
+                f"classes (fsm_agent.core.requests: AskModel, CallTool, ...), got {kinds!r}"
             )
         if inspect.iscoroutinefunction(getattr(each, "intercept", None)):
             raise ConfigError(
@@ -165,6 +186,9 @@ class Chain:
         self.around = [i for i in every if _overrides(i, "intercept")]
         self.around_async = [i for i in every if _overrides(i, "aintercept")]
         self.watchers = [i for i in every if _overrides(i, "on_event")]
+        #: Per request type, the interceptors that want it (``Interceptor.requests``).
+        self._sync_for: dict[type, list[Any]] = {}
+        self._async_for: dict[type, list[Any]] = {}
 
     @property
     def wants_events(self) -> bool:
@@ -172,20 +196,30 @@ class Chain:
 
     # ── requests ──────────────────────────────────────────────────────────────────
 
+    @staticmethod
+    def _wanting(kind: type, every: list[Any], cache: dict[type, list[Any]]) -> list[Any]:
+        found = cache.get(kind)
+        if found is None:
+            found = cache[kind] = [i for i in every if _wants(i, kind)]
+        return found
+
     def perform(self, request: Request, perform: CallNext) -> Any:
         """``perform(request)`` through every ``intercept``, outermost first."""
-        return self._link(0, request, perform) if self.around else perform(request)
-
-    def _link(self, i: int, request: Request, perform: CallNext) -> Any:
-        if i == len(self.around):
+        if not self.around:
             return perform(request)
-        interceptor = self.around[i]
+        around = self._wanting(type(request), self.around, self._sync_for)
+        return self._link(around, 0, request, perform) if around else perform(request)
+
+    def _link(self, around: list[Any], i: int, request: Request, perform: CallNext) -> Any:
+        if i == len(around):
+            return perform(request)
+        interceptor = around[i]
         inner = _Inner()
 
         def call_next(given: Request) -> Any:
             inner.called = True
             try:
-                inner.answer = self._link(i + 1, given, perform)
+                inner.answer = self._link(around, i + 1, given, perform)
             except BaseException as exc:
                 inner.failure = exc
                 raise
@@ -198,24 +232,29 @@ class Chain:
                 self.owner.failed(interceptor, "intercept", type(request).__name__, exc)
             if inner.failure is not None:
                 raise inner.failure from None  # the request's own failure, as it was
-            return inner.answer if inner.called else self._link(i + 1, request, perform)
+            return inner.answer if inner.called else self._link(around, i + 1, request, perform)
 
     async def aperform(self, request: Request, perform: AsyncCallNext) -> Any:
         """``await perform(request)`` through every ``aintercept``, outermost first."""
         if not self.around_async:
             return await perform(request)
-        return await self._alink(0, request, perform)
-
-    async def _alink(self, i: int, request: Request, perform: AsyncCallNext) -> Any:
-        if i == len(self.around_async):
+        around = self._wanting(type(request), self.around_async, self._async_for)
+        if not around:
             return await perform(request)
-        interceptor = self.around_async[i]
+        return await self._alink(around, 0, request, perform)
+
+    async def _alink(
+        self, around: list[Any], i: int, request: Request, perform: AsyncCallNext
+    ) -> Any:
+        if i == len(around):
+            return await perform(request)
+        interceptor = around[i]
         inner = _Inner()
 
         async def call_next(given: Request) -> Any:
             inner.called = True
             try:
-                inner.answer = await self._alink(i + 1, given, perform)
+                inner.answer = await self._alink(around, i + 1, given, perform)
             except BaseException as exc:
                 inner.failure = exc
                 raise
@@ -230,14 +269,17 @@ class Chain:
                 raise inner.failure from None
             if inner.called:
                 return inner.answer
-            return await self._alink(i + 1, request, perform)
+            return await self._alink(around, i + 1, request, perform)
 
     # ── events ────────────────────────────────────────────────────────────────────
 
-    def deliver(self, run_id: str, events: Iterable[dict[str, Any]]) -> None:
-        """Each event, typed, to every ``on_event`` in order."""
+    def deliver(
+        self, run_id: str, events: Iterable[dict[str, Any]], *, built: bool = False
+    ) -> None:
+        """Each event, typed, to every ``on_event`` in order (``built``: the engine's
+        own dicts, no redaction hook between: ``core/events.typed``)."""
         for data in events:
-            event = typed(data, run_id)
+            event = typed(data, run_id, built=built)
             for watcher in self.watchers:
                 try:
                     watcher.on_event(event)

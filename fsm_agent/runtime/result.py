@@ -20,6 +20,9 @@ class RunResult:
     (every tool call answered exactly once); ``events`` is the trace. ``warnings`` holds
     what the runtime warned about while driving it this time (each also a
     ``RuntimeWarning``): a model that repeated calls of an earlier round.
+    ``usage_unknown`` is true when a reply reported no token usage (a stream without its
+    usage event, a model that returns none): the token counters then count only what was
+    reported, a lower bound, never the run's spend.
     """
 
     run_id: str
@@ -32,6 +35,7 @@ class RunResult:
     detail: str = ""
     pending: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    usage_unknown: bool = False
 
     @property
     def ok(self) -> bool:
@@ -57,4 +61,5 @@ def result_of(s: RunState) -> RunResult:
         counters=s.counters.as_dict(),
         detail=s.detail,
         pending={call_id: at for call_id, (at, _) in s.placeholders.items()},
+        usage_unknown=s.tokens_unknown,
     )

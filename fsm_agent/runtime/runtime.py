@@ -14,7 +14,7 @@ import inspect
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fsm_agent.core.approvals import Approval, ApprovalBook
 from fsm_agent.core.budget import Budget, RetryPolicy
+from fsm_agent.core.judging import rules_machine
 from fsm_agent.core.loop import start, steps
 from fsm_agent.core.requests import SaveCheckpoint
 from fsm_agent.core.state import RunConfig, RunState
@@ -30,9 +31,16 @@ from fsm_agent.durable import owners, review
 from fsm_agent.durable.memory import MemoryStore
 from fsm_agent.durable.resume import known_machines, restore_run
 from fsm_agent.durable.store import Checkpoint, Store, supports_approvals, supports_runs
-from fsm_agent.errors import ConfigError, StoreError
+from fsm_agent.errors import ConfigError, MachineMismatch, StoreError
+from fsm_agent.rules import Rule, RuleSet
 from fsm_agent.runtime.call_ids import warn_repeated_calls
-from fsm_agent.runtime.config import check_settings, initial_messages, tool_facts
+from fsm_agent.runtime.config import (
+    check_context,
+    check_settings,
+    initial_messages,
+    rule_set,
+    tool_facts,
+)
 from fsm_agent.runtime.context import DEFAULT_CAPACITY
 from fsm_agent.runtime.drivers import AsyncDriver, Driving, Io, Model, SyncDriver, ToolThreads
 from fsm_agent.runtime.interceptors import Interceptors
@@ -102,6 +110,7 @@ class Runtime:
         machine: Machine = DEFAULT_MACHINE,
         machines: Iterable[Machine] = (),
         interceptors: Iterable[Any] = (),
+        rules: Iterable[Rule] = (),
     ) -> None:
         approvals = tuple(approvals)
         machines = tuple(machines)
@@ -130,10 +139,24 @@ class Runtime:
         self._trace_key = chain.trace_key(trace_key)
         self._threads = ToolThreads(tool_threads)
         self._tool_facts = tool_facts(tools)
-        self.machine = machine
+        self.machine = self._with_rules(rules, machine)
         #: Every machine this runtime resumes runs of, by hash (``machine`` first).
         self.machines: dict[str, Machine] = known_machines((machine, *machines))
         self._interceptors = Interceptors(interceptors)
+
+    def _with_rules(self, rules: Iterable[Rule], machine: Machine) -> Machine:
+        """Compile the application's rules once (``ConfigError`` listing every mistake);
+        new runs then fire ``machine`` plus the rules' rows (``core/judging.py``)."""
+        #: The application's rules (None without any: runs judge nothing).
+        self.rules: RuleSet | None = rule_set(rules, self.tools)
+        #: machine hash -> the rules its runs are judged by.
+        self._rule_sets: dict[str, RuleSet] = {}
+        self._base_machine = machine
+        if self.rules is None:
+            return machine
+        with_rules = rules_machine(self.rules, machine)
+        self._rule_sets[with_rules.hash] = self.rules
+        return with_rules
 
     @property
     def interceptors(self) -> tuple[Any, ...]:
@@ -154,14 +177,17 @@ class Runtime:
         run_id: str | None = None,
         trace: TraceArg = None,
         model: Model | None = None,
+        context: dict[str, Any] | None = None,
     ) -> RunResult:
         """Run to a terminal state synchronously. Bad model output never raises.
 
         ``model`` replaces the runtime's model for this run only (same tools, store and
         policy); ``trace`` is a new file path (one file holds one run) or a sink.
+        ``context``: the trusted caller's facts the rules read (``context.tier``), stored
+        with the run and recorded in its header (JSON data).
         """
         model = self._sync_model(model, "run")
-        state, sink = self._new_run(task, run_id, trace)
+        state, sink = self._new_run(task, run_id, trace, context=context)
         return self._drive(state, model, sink, resumed=False, encoder=self._encoder(state, sink))
 
     async def arun(
@@ -171,10 +197,12 @@ class Runtime:
         run_id: str | None = None,
         trace: TraceArg = None,
         model: Model | None = None,
+        context: dict[str, Any] | None = None,
     ) -> RunResult:
-        """Run to a terminal state; sync or async models and tools both work."""
+        """Run to a terminal state; sync or async models and tools both work (``context``:
+        as :meth:`run`)."""
         model = self._model_for(model)
-        state, sink = self._new_run(task, run_id, trace)
+        state, sink = self._new_run(task, run_id, trace, context=context)
         encoder = self._encoder(state, sink)
         return await self._adrive(state, model, sink, resumed=False, encoder=encoder)
 
@@ -186,15 +214,21 @@ class Runtime:
         trace: TraceArg = None,
         model: Model | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        trace_deltas: bool = False,
     ) -> StreamRun:
         """``with runtime.stream(task) as run: for event in run: ...``, then ``run.result``:
         the run driven as :meth:`run` drives it (in a thread of its own), its typed events
         live in ``seq`` order, with the deltas of a ``stream=True`` model. Leaving the block
-        early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``)."""
+        early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``). The
+        trace keeps each streamed block's length and digest; ``trace_deltas=True`` keeps
+        the raw deltas too (``fsm-agent check`` verifies that they fold to the message)."""
         from fsm_agent.runtime.streaming import StreamRun
 
         self._sync_model(model, "stream")
-        return StreamRun(self, task, run_id=run_id, trace=trace, model=model, capacity=capacity)
+        return StreamRun(
+            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity,
+            trace_deltas=_flag("trace_deltas", trace_deltas),
+        )  # fmt: skip
 
     def astream(
         self,
@@ -204,6 +238,7 @@ class Runtime:
         trace: TraceArg = None,
         model: Model | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        trace_deltas: bool = False,
     ) -> AsyncStreamRun:
         """``async with runtime.astream(task) as run: async for event in run: ...``: the
         async twin of :meth:`stream` (driven as :meth:`arun` drives it); cancelling the
@@ -212,8 +247,9 @@ class Runtime:
 
         self._model_for(model)
         return AsyncStreamRun(
-            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity
-        )
+            self, task, run_id=run_id, trace=trace, model=model, capacity=capacity,
+            trace_deltas=_flag("trace_deltas", trace_deltas),
+        )  # fmt: skip
 
     def _stream_drive(
         self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
@@ -244,7 +280,13 @@ class Runtime:
         except (asyncio.CancelledError, StreamCancelled):  # the consumer stopped it
             return self._result(state)
 
-    def submit(self, task: str | list[dict[str, Any]], *, run_id: str | None = None) -> str:
+    def submit(
+        self,
+        task: str | list[dict[str, Any]],
+        *,
+        run_id: str | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> str:
         """Record a new run in the store without driving it, and return its id: a worker
         (``fsm-agent worker``) claims and drives it, with the settings of this runtime
         (budget, retry, policy, allow-list) recorded in its header. Its trace starts
@@ -257,7 +299,7 @@ class Runtime:
         store = self.store
         if not supports_runs(store):
             raise StoreError(f"{type(store).__name__} does not keep runs; submit needs a store")
-        state, _ = self._new_run(task, run_id, None, traced=False)
+        state, _ = self._new_run(task, run_id, None, traced=False, context=context)
         self._carry_context(state.trace_context)
         # The loop's own first step writes the run's creation (its header and the
         # checkpoint at ``deciding``); it is stopped there, before asking the model. Its
@@ -325,6 +367,7 @@ class Runtime:
         note: str | None = None,
         at: str | None = None,
         resume: bool = False,
+        arguments: Mapping[str, Any] | None = None,
     ) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments).
 
@@ -332,7 +375,14 @@ class Runtime:
         (still ``review_required``; ``pending`` shows what waits). A worker then drives
         it, or :meth:`resume` (``await aresume(...)``); ``resume=True`` does that here.
         ``by``: who decided; ``note``: why; ``at``: when (ISO-8601 UTC, default now).
+        ``arguments``: approve the call with these corrected arguments instead (an
+        ``edit``): validated now against the tool's schema (``ReviewError`` if they do
+        not fit, nothing recorded), bound by their own digest, and admitted afresh when
+        the run resumes; the ``review`` event records them with the original ones.
         """
+        if arguments is not None:
+            return self._review(run_id, call_id, "edit", by, note, at, resume,
+                                arguments=arguments)  # fmt: skip
         return self._review(run_id, call_id, "approve", by, note, at, resume)
 
     def deny(
@@ -432,6 +482,7 @@ class Runtime:
             header={"tools": self._tool_facts, "integrity": chain.mode_for(self._trace_key)},
             redact=self.redact,
             machine=machine or self.machine,
+            rules=self._rule_sets.get((machine or self.machine).hash),
         )
 
     def _new_run(
@@ -441,8 +492,10 @@ class Runtime:
         trace: TraceArg,
         *,
         traced: bool = True,
+        context: dict[str, Any] | None = None,
     ) -> tuple[RunState, TraceSink | None]:
         messages = initial_messages(task)
+        facts = check_context(context)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ConfigError(f"run_id must be a non-empty string, got {run_id!r}")
         run_id = run_id or uuid.uuid4().hex
@@ -454,6 +507,7 @@ class Runtime:
         state = RunState(
             run_id=run_id, config=self.config(emit=sink is not None), messages=messages
         )
+        state.context = facts
         start(state)
         return state, sink
 
@@ -469,7 +523,12 @@ class Runtime:
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
         state, owner, tail = restore_run(
-            store, run_id, self.config, claimed_by=claimed_by, machines=self.machines
+            store,
+            run_id,
+            self.config,
+            claimed_by=claimed_by,
+            machines=self.machines,
+            rebuild=self._rebuild,
         )
         sink: TraceSink | None = None
         try:
@@ -505,6 +564,29 @@ class Runtime:
             return store_encoder
         to_store = s.config.save != "never" and getattr(self.store, "wants_lines", False)
         return Encoder(file_chain, 1 + int(to_store))
+
+    def _rebuild(self, header: Mapping[str, Any], recorded: str) -> Machine | None:
+        """The machine of a run begun under other rules than this runtime's, rebuilt
+        from the rules its header records with this runtime's tools and callables; it
+        resumes under those rules. A recorded callable this runtime does not hold stops
+        the resume (``MachineMismatch``), naming the rule and both machines' hashes."""
+        data = header.get("rules")
+        if not isinstance(data, Mapping):
+            return None
+        callables = [r.when for r in (self.rules.rules if self.rules else ()) if callable(r.when)]
+        try:
+            rules = RuleSet.from_json(data, {t.name: t for t in self.tools}, callables=callables)
+        except ConfigError as exc:
+            raise MachineMismatch(
+                f"the run was begun by machine {recorded} under rules this runtime "
+                f"(machine {self.machine.hash}) cannot rebuild: {exc}"
+            ) from None
+        machine = rules_machine(rules, self._base_machine)
+        if machine.hash != recorded:
+            return None
+        self._rule_sets[machine.hash] = rules
+        self.machines.setdefault(machine.hash, machine)
+        return machine
 
     def _adopt(self, s: RunState, owner: str) -> bool:
         """A run submitted and never driven has no trace yet: its first driver starts
@@ -595,3 +677,9 @@ class Runtime:
         result = self._result(s)
         result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value

@@ -18,7 +18,8 @@ by ``capacity`` plus the events of one transition.
 
 A delta's ``seq`` is that of the lifecycle event it follows (the stream is in
 non-decreasing ``seq`` order); deltas are not recorded events: the trace keeps, in the
-decision's ``message.streamed``, each block's length, delta count and digest.
+decision's ``message.streamed``, each block's length, delta count and digest, and with
+``trace_deltas=True`` the deltas themselves (``core/streamed.py``; ``check`` folds them).
 
 Cancellation. Leaving the block before the run ended, :meth:`StreamRun.cancel`, or
 cancelling the task that consumes :meth:`Runtime.astream` stops the run at the next
@@ -40,7 +41,12 @@ from typing import Any
 
 from fsm_agent.core.events import Event, ReasoningDelta, TextDelta, ToolArgsDelta
 from fsm_agent.core.requests import Request
-from fsm_agent.runtime.context import reset_delta_sink, set_delta_sink, set_room
+from fsm_agent.runtime.context import (
+    reset_delta_sink,
+    set_delta_sink,
+    set_room,
+    set_trace_deltas,
+)
 from fsm_agent.runtime.interceptors import Interceptor, observing
 from fsm_agent.runtime.result import RunResult
 
@@ -146,8 +152,10 @@ class StreamRun:
         trace: Any,
         model: Any,
         capacity: int,
+        trace_deltas: bool = False,
     ) -> None:
         self._buffer = _Buffer(capacity)
+        self._trace_deltas = trace_deltas
         self._cond = threading.Condition()
         self._runtime, self._task = runtime, task
         self._args = {"run_id": run_id, "trace": trace, "model": model}
@@ -184,6 +192,7 @@ class StreamRun:
     def _drive(self) -> None:
         runtime, a = self._runtime, self._args
         token = set_delta_sink(self._delta)
+        set_trace_deltas(self._trace_deltas)  # this thread's own context copy
         try:
             with observing(_Watch(self)):
                 self._result = runtime._stream_drive(self._task, **a)
@@ -277,8 +286,10 @@ class AsyncStreamRun:
         trace: Any,
         model: Any,
         capacity: int,
+        trace_deltas: bool = False,
     ) -> None:
         self._buffer = _Buffer(capacity)
+        self._trace_deltas = trace_deltas
         self._runtime, self._task = runtime, task
         self._args = {"run_id": run_id, "trace": trace, "model": model}
         self._result: RunResult | None = None
@@ -316,6 +327,7 @@ class AsyncStreamRun:
     async def _drive(self) -> None:
         sink = set_delta_sink(self._delta)
         set_room(self._room)  # in this task's own context copy: gone with the task
+        set_trace_deltas(self._trace_deltas)
         try:
             with observing(_AWatch(self)):
                 self._result = await self._runtime._astream_drive(self._task, **self._args)

@@ -24,7 +24,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fsm_agent.durable.review import record
+from fsm_agent.durable.cancel import NotCancellable, cancel_run
+from fsm_agent.durable.review import InvalidEdit, record
 from fsm_agent.errors import ReviewError, RunBusy, RunExists, RunNotFound, StoreError
 from fsm_agent.server import runs as views
 from fsm_agent.server.auth import Principal, Sessions, authenticate, check_csrf
@@ -36,6 +37,8 @@ __all__ = ["CSP", "MAX_BODY", "create_app"]
 
 log = logging.getLogger("fsm_agent.server")
 
+#: Concurrent store calls for a store that names no pool size (SQLite, memory).
+_SLOTS = 8
 #: Request bodies larger than this are refused (413) before they are read whole.
 MAX_BODY = 1 << 20
 CSP = (
@@ -48,7 +51,7 @@ _HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-_ACTIONS = ("approve", "deny", "reconcile")
+_ACTIONS = ("approve", "deny", "edit", "reconcile")
 
 
 class _Guard:
@@ -113,19 +116,29 @@ class Server:
         self.worker: asyncio.Task[None] | None = None
         #: reads in flight, shared by the streams that wait for the same one
         self._reads: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+        # Store calls in flight at most as many as the store has connections: a burst
+        # (500 streams opening at once) queues here, on the event loop, instead of in
+        # the pool, whose wait times out (a 503 for a request that only had to wait).
+        self._slots = asyncio.Semaphore(int(getattr(store, "pool_size", _SLOTS)))
 
     async def who(self, request: Request, scope: str, csrf: str | None = None) -> Principal:
         """The caller, allowed ``scope``; an unsafe request of a session must carry its
         CSRF token (``csrf``: a form's field, else the ``X-CSRF-Token`` header)."""
-        principal = await authenticate(request, self.store, self.sessions)
+        principal = await authenticate(request, self.key_of, self.sessions)
         if request.method not in ("GET", "HEAD"):
             check_csrf(principal, csrf or request.headers.get("x-csrf-token"))
         principal.require(scope)  # type: ignore[arg-type]
         return principal
 
+    async def key_of(self, key_id: str) -> Any:
+        """The stored key ``key_id``; requests that ask while a read of it is in flight
+        share that read (500 streams opening at once: one read, not 500)."""
+        return await self.shared(("key", key_id), self.store.get_key, key_id)
+
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            return await run_in_threadpool(fn, *args, **kwargs)
+            async with self._slots:
+                return await run_in_threadpool(fn, *args, **kwargs)
         except RunNotFound as exc:
             raise ApiError(404, "not_found", str(exc)) from None
         except (RunBusy, RunExists) as exc:
@@ -160,7 +173,8 @@ class Server:
         run_id = request.path_params["run_id"]
         after = _after(request)
         if "text/event-stream" in request.headers.get("accept", ""):
-            await self.call(self.store.events_since, run_id, after, 0)  # 404 before streaming
+            # 404 before streaming (one read for the streams that open at once)
+            await self.shared(("exists", run_id), self.store.events_since, run_id, after, 0)
             return EventSourceResponse(self._stream(run_id, after), ping=15)
         limit = views._limit(request.query_params.get("limit") or "200")
         events = await self.call(self.store.events_since, run_id, after, limit)
@@ -204,21 +218,7 @@ class Server:
         """Record a review through the run's machine (``durable/review.record``), as the
         key's holder; ``if_match`` (``"SEQ"``): refuse if the run moved on past it."""
         principal.require("review")
-        call_id, action = body.get("call_id"), body.get("action")
-        if not isinstance(call_id, str) or not call_id:
-            raise ApiError(422, "invalid", "call_id: a non-empty string is required")
-        if action == "edit":
-            raise ApiError(
-                422,
-                "invalid",
-                "edit is not available yet: deny the call with a reason naming the "
-                "corrected arguments, or approve it as it is",
-            )
-        if action not in _ACTIONS:
-            raise ApiError(422, "invalid", f"action must be one of {', '.join(_ACTIONS)}")
-        for name in ("note", "reason"):
-            if body.get(name) is not None and not isinstance(body[name], str):
-                raise ApiError(422, "invalid", f"{name}: a string")
+        call_id, action, arguments = _review_fields(body)
         expected = _etag_seq(if_match)
 
         def moved_on(events: list[dict[str, Any]]) -> None:
@@ -238,15 +238,18 @@ class Server:
                     self.store,
                     run_id,
                     call_id,
-                    str(action),
+                    action,
                     reason=body.get("reason"),
                     result=body.get("result"),
+                    arguments=arguments,
                     key=self.trace_key,
                     reviewer=principal.name,
                     note=body.get("note"),
                     machines=getattr(self.runtime, "machines", None),
                     observe=moved_on,
                 )
+            except InvalidEdit as exc:
+                raise ApiError(422, "invalid", str(exc)) from None
             except ReviewError as exc:
                 raise ApiError(409, "conflict", str(exc)) from None
             return event
@@ -254,6 +257,40 @@ class Server:
         event: dict[str, Any] = await self.call(decide)
         self.broadcaster.poke()
         return event
+
+    async def cancel(self, request: Request) -> Response:
+        principal = await self.who(request, "admin")
+        run_id = request.path_params["run_id"]
+        await self.stop_run(run_id, principal)
+        stored = await self.call(self.store.load_run, run_id)
+        return JSONResponse({"run": views.detail_of(stored)})
+
+    async def stop_run(self, run_id: str, principal: Principal) -> None:
+        """Cancel ``run_id`` through its machine's ``cancel`` trigger
+        (``durable/cancel.py``); 409 for a run this cannot cancel, saying why."""
+        principal.require("admin")
+
+        def stop() -> None:
+            try:
+                cancel_run(
+                    self.store,
+                    run_id,
+                    key=self.trace_key,
+                    machines=getattr(self.runtime, "machines", None),
+                )
+            except NotCancellable as exc:
+                raise ApiError(409, "conflict", str(exc)) from None
+            except RunBusy as exc:
+                raise ApiError(
+                    409,
+                    "conflict",
+                    f"{exc}; a run being driven is cancelled where it runs (its driver's "
+                    "stop); try again once it pauses or ends",
+                ) from None
+
+        await self.call(stop)
+        log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
+        self.broadcaster.poke()
 
     async def submit(self, request: Request) -> Response:
         await self.who(request, "admin")
@@ -297,6 +334,28 @@ class Server:
             except Exception as exc:  # one bad run must not stop the worker
                 log.warning("fsm-agent serve: driving runs failed: %s", exc)
             seen = await self.broadcaster.wait(seen, 2.0)
+
+
+def _review_fields(body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+    """A review body's call id, action and (edit) arguments; 422 for what does not fit."""
+    call_id, action = body.get("call_id"), body.get("action")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(422, "invalid", "call_id: a non-empty string is required")
+    if action not in _ACTIONS:
+        raise ApiError(422, "invalid", f"action must be one of {', '.join(_ACTIONS)}")
+    for name in ("note", "reason"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise ApiError(422, "invalid", f"{name}: a string")
+    arguments = body.get("arguments")
+    if (action == "edit") != isinstance(arguments, dict):
+        raise ApiError(
+            422,
+            "invalid",
+            "arguments: edit needs the corrected arguments as a JSON object"
+            if action == "edit"
+            else f"arguments: only an edit carries arguments, not {action}",
+        )
+    return call_id, str(action), arguments
 
 
 def _drive_ready(store: Any, runtime: Any) -> None:
@@ -408,6 +467,7 @@ def create_app(
         route("/api/runs/{run_id}", server.run, ["GET"]),
         route("/api/runs/{run_id}/events", server.events, ["GET"]),
         route("/api/runs/{run_id}/reviews", server.review, ["POST"]),
+        route("/api/runs/{run_id}/cancel", server.cancel, ["POST"]),
         route("/api/runs/{run_id}/trace", server.trace, ["GET"]),
         route("/api/runs/{run_id}/diagram.svg", server.diagram, ["GET"]),
         route("/openapi.json", server.openapi, ["GET"]),

@@ -3,7 +3,8 @@
 Every API request needs ``Authorization: Bearer KEY``: 401 without one, with a malformed,
 unknown or revoked one; 403 when the key's scope does not allow the request. The key is
 looked up by its id and its secret compared in constant time (``durable/feed.py``); the
-record is re-read on every request, so a revocation takes effect at once on every server.
+record is re-read for every request (requests arriving while a read of the same key is in
+flight share it), so a revocation takes effect at once on every server.
 
 The UI signs in with a key into a server-side session: the cookie holds only a random
 session id (HttpOnly, SameSite=Strict, Secure unless on loopback), and each session has
@@ -16,10 +17,9 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from fsm_agent.durable.feed import KeyRecord, Scope, parse_key, verify_key
@@ -79,12 +79,17 @@ class Sessions:
             self._by_id.pop(session, None)
 
 
-async def check_key(store: Any, text: str) -> KeyRecord:
+#: Reads a stored key by id: ``Server.key_of``, through the server's bounded store calls
+#: (a store failure is a JSON 503), one read for the requests that ask at once.
+KeyReader = Callable[[str], Awaitable["KeyRecord | None"]]
+
+
+async def check_key(read: KeyReader, text: str) -> KeyRecord:
     """The active key ``text`` is, else a 401 naming what is wrong."""
     parsed = parse_key(text)
     if parsed is None:
         raise ApiError(401, "unauthorized", "malformed key (expected fsmk_<id>_<secret>)")
-    record: KeyRecord | None = await run_in_threadpool(store.get_key, parsed[0])
+    record = await read(parsed[0])
     if not verify_key(record, parsed[1]) or record is None:
         raise ApiError(401, "unauthorized", "unknown key")
     if record.revoked is not None:
@@ -92,7 +97,7 @@ async def check_key(store: Any, text: str) -> KeyRecord:
     return record
 
 
-async def authenticate(request: Request, store: Any, sessions: Sessions) -> Principal:
+async def authenticate(request: Request, read: KeyReader, sessions: Sessions) -> Principal:
     """The bearer key's holder, else the session's (unsafe methods then need the CSRF
     token), else 401."""
     header = request.headers.get("authorization")
@@ -100,13 +105,13 @@ async def authenticate(request: Request, store: Any, sessions: Sessions) -> Prin
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(401, "unauthorized", "use Authorization: Bearer KEY")
-        return Principal(await check_key(store, token))
+        return Principal(await check_key(read, token))
     session = request.cookies.get(COOKIE)
     found = sessions.get(session) if session else None
     if found is None or session is None:
         raise ApiError(401, "unauthorized", "no key: send Authorization: Bearer KEY or sign in")
     key_id, csrf = found
-    record = await run_in_threadpool(store.get_key, key_id)
+    record = await read(key_id)
     if record is None or record.revoked is not None:
         sessions.close(session)
         raise ApiError(401, "unauthorized", "the session's key was revoked; sign in again")

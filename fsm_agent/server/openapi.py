@@ -85,9 +85,14 @@ OPENAPI: dict[str, Any] = {
                 "required": ["call_id", "action"],
                 "properties": {
                     "call_id": {"type": "string"},
-                    "action": {"enum": ["approve", "deny", "reconcile"]},
-                    "reason": {"type": "string"},
-                    "result": {},
+                    "action": {"enum": ["approve", "deny", "edit", "reconcile"]},
+                    "reason": {"type": "string", "description": "deny: what the model is told"},
+                    "result": {"description": "reconcile: the result observed outside"},
+                    "arguments": {
+                        "type": "object",
+                        "description": "edit: the corrected arguments the call runs with "
+                        "(validated against the tool's schema; their own digest)",
+                    },
                     "note": {"type": "string"},
                 },
             },
@@ -195,7 +200,26 @@ OPENAPI: dict[str, Any] = {
                     "201": _ok("recorded: the review event and the run", {"type": "object"}),
                     "403": _error("the key's scope does not allow reviews"),
                     "409": _error("the run moved on, or the call was decided already"),
-                    "422": _error("a bad call_id, action or field"),
+                    "422": _error(
+                        "a bad call_id, action or field, or edited arguments the tool's "
+                        "schema refuses"
+                    ),
+                    **_COMMON,
+                },
+            }
+        },
+        "/api/runs/{run_id}/cancel": {
+            "post": {
+                "summary": "cancel a run waiting to be driven (scope admin), through the "
+                "machine's cancel trigger: every open call answered, run_end written",
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _ok("cancelled: the run", {"type": "object"}),
+                    "403": _error("the key's scope does not allow cancelling (admin)"),
+                    "409": _error(
+                        "the run has ended, waits for review, stopped mid-batch, or a live "
+                        "driver holds it (the detail says which and what to do)"
+                    ),
                     **_COMMON,
                 },
             }

@@ -121,7 +121,12 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
         if call["review"]:
             decided = call["review"]
             by = f" by {decided.get('reviewer')}" if decided.get("reviewer") else ""
-            out.append(f"<p>decided: {escape(str(decided.get('action')))}{escape(by)}</p>")
+            edited = decided.get("arguments")
+            shown_edit = "" if edited is None else " with " + json.dumps(edited, ensure_ascii=False)
+            out.append(
+                f"<p>decided: {escape(str(decided.get('action')))}{escape(by)}"
+                f"{escape(shown_edit)}</p>"
+            )
         elif may_review:
             hidden = (
                 f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
@@ -145,9 +150,38 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
                     '<input type="hidden" name="action" value="deny">'
                     '<input type="text" name="reason" placeholder="why not">'
                     '<button class="deny">Deny</button></form>'
+                    f'<form method="post" action="{action}" class="edit">{hidden}'
+                    '<input type="hidden" name="action" value="edit">'
+                    "<label>or approve with corrected arguments (checked against the "
+                    "tool's schema)<br>"
+                    f'<textarea name="arguments" rows="4">{escape(_pretty(args))}</textarea>'
+                    "</label>"
+                    f'{note}<button class="edit">Approve with these arguments</button></form>'
                 )
         out.append("</div>")
     return "".join(out)
+
+
+def _cancel_form(run: dict[str, Any], csrf: str) -> str:
+    """The cancel button of a run that has not ended (the server says why it cannot
+    when the run is not waiting to be driven)."""
+    if run["status"] in views.FINISHED:
+        return ""
+    action = escape("/runs/" + quote(run["run_id"], safe="") + "/cancel")
+    return (
+        f'<form method="post" action="{action}" class="cancel">'
+        f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
+        '<button class="cancel">Cancel this run</button></form>'
+    )
+
+
+def _pretty(arguments: Any) -> str:
+    """The call's arguments as indented JSON to edit (as they came if not JSON)."""
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        return json.dumps(value, ensure_ascii=False, indent=2)
+    except (TypeError, ValueError):
+        return str(arguments)
 
 
 def _server(request: Request) -> Any:
@@ -184,7 +218,7 @@ async def signin(request: Request) -> Response:
     if not expected or not secrets.compare_digest(sent, expected):
         return await signin_form(request, "the sign-in form expired; try again", 403)
     try:
-        record = await check_key(server.store, str(form.get("key") or ""))
+        record = await check_key(server.key_of, str(form.get("key") or ""))
     except ApiError as exc:
         return await signin_form(request, exc.detail, 401)
     session, _ = server.sessions.open(record.key_id)
@@ -241,6 +275,7 @@ async def run_page(request: Request) -> Response:
     body = (
         f"<h1>Run {escape(run_id)}</h1>{notes}"
         f"{_calls(run, principal.csrf or '', principal.key.allows('review'))}"
+        f"{_cancel_form(run, principal.csrf or '') if principal.key.allows('admin') else ''}"
         f'<div id="live" hx-get="{escape(link)}/live" hx-trigger="every 1s">'
         f"{_live(run, stored.events, link)}</div>"
     )
@@ -271,6 +306,12 @@ async def run_review(request: Request) -> Response:
             fields["result"] = json.loads(str(form["result"]))
         except ValueError:
             fields["result"] = str(form["result"])
+    if form.get("arguments") is not None:
+        try:
+            fields["arguments"] = json.loads(str(form["arguments"]))
+        except ValueError as exc:
+            detail = f"the edited arguments are not valid JSON: {exc}; nothing was recorded"
+            return RedirectResponse(f"{link}?{urlencode({'error': detail})}", 303)
     try:
         await server.decide(run_id, fields, principal, str(form.get("seq") or "") or None)
     except ApiError as exc:
@@ -279,6 +320,22 @@ async def run_review(request: Request) -> Response:
         return RedirectResponse(f"{link}?{urlencode({'error': exc.detail})}", 303)
     done = f"recorded {fields.get('action')} of {fields.get('call_id')}"
     return RedirectResponse(f"{link}?{urlencode({'msg': done})}", status_code=303)
+
+
+async def run_cancel(request: Request) -> Response:
+    server = _server(request)
+    form = await request.form()
+    principal = await server.who(request, "read", str(form.get("csrf") or ""))
+    principal.require("admin")
+    run_id = request.path_params["run_id"]
+    link = "/runs/" + quote(run_id, safe="")
+    try:
+        await server.stop_run(run_id, principal)
+    except ApiError as exc:
+        if exc.status in (401, 403):
+            raise
+        return RedirectResponse(f"{link}?{urlencode({'error': exc.detail})}", 303)
+    return RedirectResponse(f"{link}?{urlencode({'msg': 'cancelled the run'})}", 303)
 
 
 async def static(request: Request) -> Response:
@@ -300,6 +357,7 @@ def routes() -> list[Route]:
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/live", run_live, methods=["GET"]),
         Route("/runs/{run_id}/review", run_review, methods=["POST"]),
+        Route("/runs/{run_id}/cancel", run_cancel, methods=["POST"]),
         Route("/static/{name}", static, methods=["GET"]),
     ]
 

@@ -23,6 +23,8 @@ guard that must hold                         unreachable when
 ``is_retryable``                             no read tool and no write that declares dedup
 ``strict_policy``                            the runtime's policy is not ``strict``
 ``tokens_spent``                             the budget sets no ``max_tokens``
+``usage_unknown``                            the budget sets neither ``max_tokens`` nor
+                                             ``max_cost``
 ``cost_spent``                               the budget sets no ``max_cost``
 ``wall_clock_spent``                         the budget sets no ``max_wall_clock_s``
 ``output_budget_spent``                      the budget sets no ``max_output_bytes``
@@ -154,6 +156,11 @@ RULES: dict[str, Callable[[Facts], str | None]] = {
     "is_retryable": _nothing_retryable,
     "strict_policy": lambda f: None if f.policy == "strict" else "the policy is not strict",
     "tokens_spent": _unset("max_tokens"),
+    "usage_unknown": lambda f: (
+        None
+        if f.max_tokens is not None or f.max_cost is not None
+        else "the budget sets neither max_tokens nor max_cost"
+    ),
     "cost_spent": _unset("max_cost"),
     "wall_clock_spent": _unset("max_wall_clock_s"),
     "output_budget_spent": _unset("max_output_bytes"),

@@ -87,7 +87,7 @@ def _misfit_review(runtime: Runtime, run_id: str) -> list[RunResult]:
     try:  # a call waiting for approval cannot be reconciled: refused, nothing recorded
         runtime.reconcile(run_id, "c1", {"ticket": "T-1"})
     except ReviewError as exc:
-        assert "does not apply (use approve or deny)" in str(exc), exc
+        assert "does not apply (use approve, deny or edit)" in str(exc), exc
         return []
     raise AssertionError("a reconcile of a call waiting for approval was recorded")
 
@@ -128,6 +128,19 @@ def _huge_reply_check(o: ScenarioRun) -> None:
     assert o.result.messages[-1]["role"] == "user"  # nor joined the history
     decision = next(e for e in o.result.events if e["type"] == "decision")
     assert "message" not in decision and decision["oversized"] > 1000  # kept by its size
+
+
+def _no_usage(kit: FaultyTools) -> list[list[Step]]:
+    # A reply with no usage at all, as a stream that never sent its usage event folds to.
+    _kit(kit)
+    return [[decide(_lookup())]]
+
+
+def _no_usage_check(o: ScenarioRun) -> None:
+    assert o.kit["lookup"].attempts == 0  # an unknown spend runs nothing new
+    decision = next(e for e in o.result.events if e["type"] == "decision")
+    assert "usage" not in decision["message"]  # absent, not zeros
+    assert "unknown, not zero" in o.result.detail
 
 
 def _tokens(kit: FaultyTools) -> list[list[Step]]:
@@ -460,6 +473,9 @@ SUITE: tuple[Scenario, ...] = (
                               "reply_too_large"),
       _huge_reply, "budget_exhausted", "reply_size", {"model_calls": 1, "tokens": 7},
       _huge_reply_check, options={"budget": Budget(max_reply_bytes=1000)}),
+    S("usage_unknown", _key("model_replied", "deciding", "budget_exhausted", "usage_unknown"),
+      _no_usage, "budget_exhausted", "usage_unknown", {"model_calls": 1, "tokens": 0},
+      _no_usage_check, options={"budget": Budget(max_tokens=1000)}),
     S("tokens_spent", _key("model_replied", "deciding", "budget_exhausted", "tokens_spent"),
       _tokens, "budget_exhausted", "tokens", {"model_calls": 1, "tokens": 49, "tool_rounds": 0},
       _tokens_check, options={"budget": Budget(max_tokens=10)}),

@@ -37,7 +37,7 @@ from fsm_agent.core.jsonsafe import MAX_DEPTH, make_safe
 from fsm_agent.core.loop import SCHEMA
 from fsm_agent.core.select import select_recorded
 from fsm_agent.core.table import LEGACY_MACHINE_HASHES, MACHINE_HASH, Transition, edges_from
-from fsm_agent.errors import TraceError
+from fsm_agent.errors import ConfigError, TraceError
 from fsm_agent.trace.chain import (
     CHAIN_FIELDS,
     LINK_HEX,
@@ -47,7 +47,7 @@ from fsm_agent.trace.chain import (
     link_bytes,
 )
 from fsm_agent.trace.io import MAX_LINE
-from fsm_agent.trace.replay import Replay
+from fsm_agent.trace.replay import Replay, recorded_rules
 from fsm_agent.trace.walk import Walk, Write
 
 __all__ = [
@@ -187,6 +187,13 @@ class _Header:
         self.legacy = schema == LEGACY_SCHEMA
         self.replayed = schema == SCHEMA
         hashes = {machine_hash} | (set(LEGACY_MACHINE_HASHES) if self.legacy else set())
+        if event.get("rules") is not None and self.replayed:
+            # A run with the application's rules fires the default machine plus their
+            # rows: the machine the recorded rules build is the one it must name.
+            try:
+                hashes.add(recorded_rules(event)[1].hash)
+            except (ConfigError, ValueError, TypeError, KeyError) as exc:
+                raise TraceError(name, 1, f"the header's rules cannot be rebuilt: {exc}") from None
         if event.get("machine_hash") not in hashes:
             raise TraceError(
                 name,

@@ -8,7 +8,8 @@ recompute the guard instead of trusting the recorded outcome:
 ==========================  ===========================================================
 guard                       recomputed from
 ==========================  ===========================================================
-``tokens_spent``,           ``budget`` and the usage of every decision so far
+``usage_unknown``,          ``budget`` and the usage of every decision so far
+``tokens_spent``,
 ``cost_spent``
 ``decision_malformed`` ...  the decision event (its message, its ``malformed`` verdict)
 ``call_id_duplicate``

@@ -53,6 +53,7 @@ from fsm_agent.core.decision import Refused, parse_decision
 from fsm_agent.core.formats import arguments_validator
 from fsm_agent.core.intents import claim_from_json, record_from_json
 from fsm_agent.core.jsonsafe import dumps_safe
+from fsm_agent.core.judging import rules_machine
 from fsm_agent.core.loop import Cancelled, review, steps
 from fsm_agent.core.requests import (
     READ_CLOCK,
@@ -69,11 +70,15 @@ from fsm_agent.core.requests import (
     ToolOutcome,
 )
 from fsm_agent.core.state import RunConfig, RunState
+from fsm_agent.core.streamed import fold_problems
+from fsm_agent.core.table import DEFAULT_MACHINE, Machine
 from fsm_agent.errors import ConfigError
+from fsm_agent.rules import RuleSet, ToolInfo
+from fsm_agent.rules.canonical import digest as rule_digest
 from fsm_agent.trace.model import Settings
 from fsm_agent.trace.walk import Write
 
-__all__ = ["MAX_AHEAD", "Replay"]
+__all__ = ["MAX_AHEAD", "Replay", "recorded_rules"]
 
 #: Recorded events held while the engine has not reached them; past this the trace is
 #: not replayable (memory stays bounded whatever a hostile trace holds).
@@ -167,9 +172,60 @@ class _RecordedBook(ApprovalBook):
         return bool(self.limits)
 
 
+#: ``(rule id, phase, facts) -> whether it held``: what an opaque rule's stand-in answers.
+StandIn = Callable[[str, str, Any], bool]
+
+
+def recorded_rules(
+    head: Mapping[str, Any], stand_in: StandIn | None = None
+) -> tuple[RuleSet | None, Machine]:
+    """The rules a header records, rebuilt, and the machine they ran in (the default one
+    plus their rows, covering the recorded rules' hash): :class:`ConfigError` if they
+    cannot be rebuilt. An opaque rule (a Python ``when``) is rebuilt with a stand-in
+    calling ``stand_in(rule id, facts)`` (default: never holds), since ``check`` cannot
+    run the application's code."""
+    data = head.get("rules")
+    if data is None:
+        return None, DEFAULT_MACHINE
+    if not isinstance(data, Mapping) or not isinstance(data.get("rules"), list):
+        raise ConfigError("the header's rules are not a recorded rule set")
+    facts = head.get("tools")
+    tools = {
+        str(name): ToolInfo(str(f.get("effect")), f.get("schema"))
+        for name, f in (facts.items() if isinstance(facts, Mapping) else ())
+        if isinstance(f, Mapping)
+    }
+    ask: StandIn = stand_in or (lambda rule_id, phase, facts: False)
+    stand_ins: dict[str, Callable[[Any], Any]] = {}
+    for item in data["rules"]:
+        when = item.get("when") if isinstance(item, Mapping) else None
+        if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
+            rule_id, phase = str(item.get("id")), str(item.get("on"))
+            stand_ins[when["digest"]] = _stand_in(ask, rule_id, phase, when.get("python"))
+    rules = RuleSet.from_json(data, tools, callables=stand_ins)
+    return rules, rules_machine(rules, rules_hash=rule_digest(dict(data)))
+
+
+def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[Any], Any]:
+    """An opaque rule's stand-in, named as the recorded callable (a verdict's default
+    detail names it), answering as ``ask`` says."""
+
+    def stand_in(facts: Any) -> bool:
+        return ask(rule_id, phase, facts)
+
+    module, _, qualname = str(name).partition(".")
+    stand_in.__module__, stand_in.__qualname__ = module, qualname or module
+    return stand_in
+
+
 def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
     settings = Settings(head)
     problems = list(settings.problems)
+    try:
+        rules, machine = recorded_rules(head, replay.recorded_verdict)
+    except (ConfigError, ValueError, TypeError, KeyError) as exc:
+        problems.append(f"rules cannot be rebuilt ({exc})")
+        rules, machine = None, DEFAULT_MACHINE
     tools: dict[str, ReplayTool] = {}
     for name, facts in settings.tools.items():
         try:
@@ -190,6 +246,8 @@ def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, 
         save="replies",
         # An emit after every edge: the points where a driver may stop the run.
         emit=True,
+        machine=machine,
+        rules=rules,
     )
     return config, []
 
@@ -247,6 +305,12 @@ class Replay:
             run_id=run_id if isinstance(run_id, str) else "", config=config, messages=[]
         )
         self.s.seq = 0
+        context = head.get("context")
+        self.s.context = dict(context) if isinstance(context, Mapping) else {}
+        if config.rules is not None and note is not None:
+            for rule_id in config.rules.opaque_rules:
+                note(f"rule {rule_id!r} is a Python callable: check cannot re-evaluate it, "
+                     "so its verdicts are taken as the trace records them")  # fmt: skip
         self.gen = steps(self.s)
         self.request: Any = next(self.gen)
 
@@ -692,6 +756,8 @@ class Replay:
                         "is not a result size this check replays",
                     )
                     return _WAIT
+            elif withheld := self._withheld(at):
+                value = withheld[0]  # an after_tool rule denied it: the rule event has it
             elif after.get("type") == "observation" and isinstance(result, dict):
                 if result.get("error") == "output_too_large":  # an ok call's stand-in
                     self.stop(
@@ -707,6 +773,16 @@ class Replay:
                     # which the engine splits off, counts and numbers again.
                     value = _with_media(value, self.config.budget.max_media_bytes)
         return ToolOutcome(kind, value, error)
+
+    def _withheld(self, at: int) -> tuple[Any] | None:
+        """The result an ``after_tool`` rule withheld from the model, as its ``rule``
+        event (just before the ``tool_returned`` at ``at``) records it."""
+        if at < 1:
+            return None
+        e = self.pending[at - 1][1]
+        if e.get("type") == "rule" and e.get("phase") == "after_tool" and "result" in e:
+            return (e["result"],)
+        return None
 
     def _use(self, at: int, nxt: dict[str, Any], request: ConsumeApproval) -> Any:
         """The store's answer to spending a use of a limited approval: ``approval_use``
@@ -761,6 +837,20 @@ class Replay:
             "in inputs)",
         )
         return _WAIT
+
+    def recorded_verdict(self, rule_id: str, phase: str, facts: Any) -> bool:
+        """An opaque rule's verdict as recorded: whether the next recorded ``rule`` event
+        of its phase and call names it (the replay cannot run the application's code; the
+        executions an opaque ``limit`` counts cannot be replayed either, and its verdict
+        is then compared as the engine reaches it)."""
+        call_id = getattr(facts, "call_id", None)
+        for _, event in self.pending:
+            if event.get("type") == "rule" and (event.get("phase"), event.get("call_id")) == (
+                phase,
+                call_id,
+            ):
+                return bool(event.get("rule") == rule_id)
+        return False
 
     def recorded_key(self, arguments: dict[str, Any]) -> str:
         """A keyed tool's idempotency key: the registrar's function is code, so the
@@ -879,6 +969,8 @@ class Replay:
         elif kind == "decision":
             message = e.get("message")
             self.calls = message.get("tool_calls") if isinstance(message, dict) else None
+            for problem in fold_problems(message):  # a streamed reply: its deltas fold to it
+                self._payload(line, f"decision: {problem}")
         elif kind == "observation" and e.get("synthetic") is False:
             result = e.get("result")
             tool = e.get("tool")

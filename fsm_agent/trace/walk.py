@@ -583,6 +583,8 @@ class Walk:
             u = self.usage
             return {
                 "reply_too_large": self.reply_oversized,
+                "usage_unknown": u.tokens_unknown
+                and (b.max_tokens is not None or b.max_cost is not None),
                 "tokens_spent": b.max_tokens is not None
                 and (u.tokens_unknown or u.tokens > b.max_tokens),
                 "cost_spent": b.max_cost is not None and (u.cost_unknown or u.cost > b.max_cost),

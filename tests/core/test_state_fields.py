@@ -105,6 +105,11 @@ SAMPLES: dict[str, tuple[Callable[[RunState], None], Callable[[RunState], Any]]]
     ),
     "reviews": (_set("reviews", lambda: {"c1": {"action": "approve"}}), _get("reviews")),
     "approvals": (_set("approvals", lambda: {"c2": "ok-2"}), _get("approvals")),
+    "context": (_set("context", lambda: {"tier": "gold"}), _get("context")),
+    "executed": (
+        _set("executed", lambda: [{"tool": "t", "args": {}, "ok": True, "result": 1}]),
+        _get("executed"),
+    ),
     "status": (_set("status", lambda: "review_required"), _get("status")),
     "reason": (_set("reason", lambda: "approval_required"), _get("reason")),
     "detail": (_set("detail", lambda: "why"), _get("detail")),

@@ -116,6 +116,38 @@
     return ul;
   }
 
+  // A streamed block as it was produced: its deltas in order, each its own span (the
+  // recorded pieces with trace_deltas=True; otherwise only the counts were kept), and a
+  // button that plays them back one by one.
+  function streamedBlock(b) {
+    var cell = el("div", null, "streamed");
+    var what = b.kind + " #" + b.index + (b.call_id ? " (" + b.call_id + ")" : "") + ": " +
+      b.deltas + " deltas, " + b.chars + " chars";
+    cell.appendChild(el("div", what, "streamed-head"));
+    if (!Array.isArray(b.pieces)) {
+      cell.appendChild(el("div", "deltas coalesced (sha256 " + String(b.sha256).slice(0, 12) +
+        "\u2026); record them with trace_deltas=True", "streamed-note"));
+      return cell;
+    }
+    var text = el("div", null, "deltas");
+    b.pieces.forEach(function (piece) { text.appendChild(el("span", String(piece), "delta")); });
+    cell.appendChild(text);
+    var play = el("button", "\u25b6 play", "play-deltas");
+    play.title = "show the deltas as they arrived";
+    play.addEventListener("click", function () {
+      var spans = text.querySelectorAll("span.delta");
+      spans.forEach(function (s) { s.classList.add("pending"); });
+      var i = 0;
+      var timer = setInterval(function () {
+        if (i >= spans.length) { clearInterval(timer); return; }
+        spans[i].classList.remove("pending");
+        i += 1;
+      }, 60);
+    });
+    cell.appendChild(play);
+    return cell;
+  }
+
   function formatted(event, failed) {
     var box = el("div");
     var table = el("table", null, "kv");
@@ -154,6 +186,9 @@
         row(table, "call", cell);
       });
       if (event.usage) { row(table, "usage", block(event.usage)); }
+      (Array.isArray(message.streamed) ? message.streamed : []).forEach(function (b) {
+        row(table, "streamed", streamedBlock(b));
+      });
     } else if (kind === "observation") {
       if (event.call_id) { row(table, "call", callLink(event.call_id)); }
       if (event.tool) { row(table, "tool", event.tool); }
