@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench diagrams clean fuzz docs dist screenshots mcp-servers
+.PHONY: venv demo test test-fast lint bench diagrams clean fuzz docs dist screenshots mcp-servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ mcp-servers: $(STAMP)
 
 test: $(STAMP) mcp-servers
 	$(PY) -m pytest --fsm-coverage --fsm-coverage-fail-under=100
+
+# The fast tier: the per-edge suite driven by hand through the sans-I/O loop, under the
+# determinism trap of tests/core/ (no driver, thread, clock or file; milliseconds each).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m fast tests/core
 
 # Long property-based run of the run invariants: FUZZ_EXAMPLES examples split over
 # FUZZ_WORKERS processes; prints examples/s and whether any invariant broke.

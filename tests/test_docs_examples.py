@@ -80,11 +80,18 @@ def blocks_of(page: Path) -> list[Block]:
 ALL = [b for page in PAGES for b in blocks_of(page)]
 
 
+#: The example application the testing guide's test files import (``support_desk``), as
+#: a reader running them from its folder has it.
+EXAMPLES = [ROOT / "examples" / "support_desk"]
+
+
 def _env() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)  # where the installed `fsm-agent` lives
+    path = [str(p) for p in EXAMPLES] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     return {
         **os.environ,
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONPATH": os.pathsep.join(path),
         "NO_COLOR": "1",
     }
 

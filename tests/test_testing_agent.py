@@ -128,3 +128,64 @@ def test_bad_harness_input_is_a_precise_error() -> None:
 
     with pytest.raises(TypeError, match="returned dict, not a Runtime"):
         AgentUnderTest(not_a_factory).run("x", model=model())
+
+
+def test_injected_faults_never_start_a_call_or_flood_the_output() -> None:
+    agent, _ = desk(lookup_order=["not_started"])
+    result = agent.run("Where is A17?", model=model(c1="The order service is busy."))
+    assert_stopped(result, "done")
+    assert agent.ledger.executed() == []
+    assert '"not_executed"' in result.messages[-2]["content"]
+    agent, _ = desk(lookup_order=["oversized"])
+    result = agent.run("Where is A17?", model=model(c1="never asked"))
+    assert_stopped(result, "budget_exhausted", "tool_output")
+    assert len(agent.ledger.executed("lookup_order")) == 1  # it ran; its answer was too big
+
+
+@pytest.mark.parametrize("state", ["validating", "executing", "observing", "deciding"])
+def test_ctrl_c_on_entering_a_state_cancels_the_run_there(state: str) -> None:
+    agent = AgentUnderTest(make_runtime, cancel_on_entering=state)
+    result = agent.run("Where is A17?", model=model(c1="Delivered."))
+    assert_stopped(result, "cancelled", "cancelled")
+    assert agent.interrupted and not agent.crashed
+    (cancel,) = [e for e in result.events if e.get("trigger") == "cancel"]
+    assert cancel["source"] == state
+    assert_history_valid(result)
+
+
+def test_a_real_ctrl_c_is_never_swallowed() -> None:
+    agent, _ = desk()
+    with pytest.raises(KeyboardInterrupt):
+        agent.run("Where is A17?", model=KeyedScriptedModel({None: KeyboardInterrupt()}))
+
+
+def test_a_crash_after_the_refund_ran_resumes_from_its_stored_result() -> None:
+    backend = Backend()
+    agent = AgentUnderTest(make_runtime, crash_at="tool_returned", backend=backend)
+    paused = agent.run("Refund A17", model=KeyedScriptedModel({None: REFUND, "c2": "Done."}))
+    died = agent.approve(paused.run_id, "c2", resume=True)
+    assert agent.crashed and died.status == "executing"  # what the store kept
+    assert len(backend.refunds) == 1
+    result = agent.resume(died.run_id)
+    assert_stopped(result, "done")
+    resumed = [e for e in result.events if e.get("trigger") == "resume"][-1]
+    assert resumed["guards"] == {"write_outcome_lost": False, "write_result_stored": True}
+    assert len(backend.refunds) == 1 and not agent.crashed
+    assert_no_duplicate_writes(agent)
+
+
+def test_a_crash_before_the_intent_is_claimed_runs_the_refund_once_after_resume() -> None:
+    backend = Backend()
+    agent = AgentUnderTest(make_runtime, crash_at="BeginIntent", backend=backend)
+    paused = agent.run("Refund A17", model=KeyedScriptedModel({None: REFUND, "c2": "Done."}))
+    died = agent.approve(paused.run_id, "c2", resume=True)
+    assert agent.crashed and backend.refunds == []  # it died before the refund could start
+    assert_stopped(agent.resume(died.run_id), "done")
+    assert backend.refunds == [{"order_id": "A17", "amount": 42.0}]
+
+
+def test_bad_mishaps_are_precise_errors() -> None:
+    with pytest.raises(ValueError, match=r"cancel_on_entering='done' is not a working state"):
+        AgentUnderTest(make_runtime, cancel_on_entering="done").run("x", model=model())
+    with pytest.raises(ValueError, match=r"crash_at='explode' is neither a trigger .* BeginIntent"):
+        AgentUnderTest(make_runtime, crash_at="explode").run("x", model=model())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -10,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from fsm_agent.models.scripted import ScriptedModel
 from fsm_agent.testing import AgentUnderTest
-from fsm_agent.testing.fuzz import FuzzFailure, FuzzRun, fuzz_agent, replay
+from fsm_agent.testing.fuzz import FUZZ_FAULTS, FuzzFailure, FuzzRun, corpus, fuzz_agent, replay
 
 DESK = Path(__file__).parents[1] / "examples" / "support_desk" / "support_desk.py"
 WRITES = ["issue_refund", "send_email"]
@@ -84,3 +86,32 @@ def test_the_fuzz_run_finds_the_planted_bug_and_prints_a_test(desk_read: ModuleT
     exec(compile(test, "reproduction", "exec"), namespace)  # the printed test runs
     with pytest.raises(AssertionError):
         namespace["test_fuzz_reproduction"]()
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("bug", ["desk_read", "desk_dedup"])
+def test_every_planted_bug_is_found_on_every_seed(
+    bug: str, seed: int, request: pytest.FixtureRequest
+) -> None:
+    desk = request.getfixturevalue(bug)
+    with pytest.raises(FuzzFailure) as info:
+        fuzz_agent(desk.make_runtime, writes=WRITES, seed=seed)  # the default budget
+    assert "ran 2 times" in str(info.value)
+    # The corpus run that shows it is one call and the final answer: nothing to shrink.
+    assert info.value.test.count("'tool_calls'") == 1
+
+
+def test_the_corpus_calls_each_tool_once_under_each_fault() -> None:
+    sys.path.insert(0, str(DESK.parent))
+    from support_desk import make_runtime
+
+    tools = list(make_runtime(model=ScriptedModel([])).tools)
+    runs = corpus(tools)
+    assert len(runs) == len(tools) * len(FUZZ_FAULTS)
+    assert {(tool, faults[0]) for run in runs for tool, faults in run.faults.items()} == {
+        (t.name, f) for t in tools for f in FUZZ_FAULTS
+    }
+    refund = next(r for r in runs if "issue_refund" in r.faults)
+    arguments = refund.decisions[0]["tool_calls"][0]["function"]["arguments"]
+    validator = next(t for t in tools if t.name == "issue_refund").validator
+    assert validator is not None and validator.is_valid(json.loads(arguments))

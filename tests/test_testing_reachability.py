@@ -64,12 +64,30 @@ def test_the_default_machine_with_every_fact_is_wholly_reachable() -> None:
         lambda k: k, name="pay", schema={"type": "object"}, effect="write",
         requires_approval=True, idempotency_key=lambda a: a["k"],
     )  # fmt: skip
+    registry.register(
+        lambda k: k, name="mail", schema={"type": "object"}, effect="write",
+        idempotency_key=lambda a: a["k"], dedup=True,
+    )  # fmt: skip
     runtime = Runtime(
         model=lambda m, t: "", tools=registry, allowed_tools=["lookup", "pay"], policy="strict",
-        budget=Budget(max_tokens=9, max_cost=1.0, max_wall_clock_s=5),
+        budget=Budget(max_tokens=9, max_cost=1.0, max_wall_clock_s=5, max_model_calls=8),
         approvals=[Approval("pay", {"k": "1"}, max_uses=1)],
     )  # fmt: skip
     assert why(runtime) == {}
+
+
+def test_model_calls_past_the_rounds_and_a_resume_without_dedup_are_unreachable() -> None:
+    gone = why(reads_only(budget=Budget(max_tool_rounds=6, max_model_calls=7)))
+    assert gone["observe/observing->budget_exhausted[model_calls_spent]"] == (
+        "the model is asked at most max_tool_rounds + 1 = 7 times, so max_model_calls = 7 is "
+        "never reached (guard model_calls_spent)"
+    )
+    assert gone["resume/executing->executing"].startswith("no write declares downstream dedup")
+    # One model call per round reaches the limit at the last round's observe.
+    assert not any(
+        "model_calls" in key
+        for key in why(reads_only(budget=Budget(max_tool_rounds=6, max_model_calls=6)))
+    )
 
 
 def test_unreachable_edges_are_not_counted_but_listed() -> None:
@@ -108,7 +126,7 @@ def test_fsm_app_measures_the_application_machine(pytester: pytest.Pytester) -> 
     out = result.stdout.str()
     # The desk sets no wall-clock/token/cost budget and runs the default policy.
     assert "unreachable: #" in out and "the budget sets no max_wall_clock_s" in out
-    assert "(9 unreachable, not counted)" in out
+    assert "(11 unreachable, not counted)" in out
     page = (html / "index.html").read_text(encoding="utf-8")
     assert "background:#999999" in page and "unreachable: the policy is not strict" in page
 
@@ -129,3 +147,19 @@ def test_a_bad_fsm_app_is_a_usage_error(
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest_inprocess("--fsm-app", value, "-p", "no:cacheprovider")
     assert message in result.stderr.str()
+
+
+def test_the_desk_s_own_tests_take_every_edge_it_can_in_under_60_lines(
+    pytester: pytest.Pytester,
+) -> None:
+    tests = (DESK.parent / "test_support_desk.py").read_text(encoding="utf-8")
+    assert len(tests.splitlines()) < 60
+    pytester.makepyfile(support_desk=DESK.read_text(encoding="utf-8"), test_support_desk=tests)
+    result = pytester.runpytest_inprocess(
+        "--fsm-app", "support_desk:make_runtime", "--fsm-coverage-fail-under=100",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "transition coverage: 39/39 = 100.0% (11 unreachable, not counted)" in out
+    assert "never taken" not in out

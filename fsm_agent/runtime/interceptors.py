@@ -80,10 +80,13 @@ _AMBIENT: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def observing(*interceptors: Any) -> Iterator[None]:
+def observing(*interceptors: Any, first: bool = False) -> Iterator[None]:
     """Add ``interceptors`` to every run driven inside the ``with`` block, in this
-    context (a test harness's way to watch runs it did not configure)."""
-    token = _AMBIENT.set((*_AMBIENT.get(), *interceptors))
+    context (a test harness's way to watch runs it did not configure). ``first`` puts
+    them before the context's earlier ones (still after the runtime's own): a faked
+    crash must stop an event before any other observer counts it."""
+    ambient = _AMBIENT.get()
+    token = _AMBIENT.set((*interceptors, *ambient) if first else (*ambient, *interceptors))
     try:
         yield
     finally:

@@ -34,7 +34,7 @@ with a failure instead of performing it, or performs it and then fails::
 Faking a crash: :class:`ProcessDied` is a ``BaseException``. Raised by an interceptor
 (``ToolFaults``' ``crash`` behaviours, an ``on_event`` of your own at the edge you choose)
 it goes through the driver as the process dying does: the run stops there, and, with the
-store made unwritable first (``testing.scenarios.Mortal``), nothing more is written. An
+store made unwritable first (``testing.mortal.Mortal``), nothing more is written. An
 ``Exception`` an interceptor raises, by contrast, is logged and never changes the run.
 
 Timeouts use the fake clock instead of real waiting: an adapter that enforces its own
@@ -68,6 +68,7 @@ __all__ = [
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
+    "InjectedInterrupt",
     "ProcessDied",
     "SideEffect",
     "ToolFaults",
@@ -114,8 +115,14 @@ HOSTILE_TEXT = (
 class ProcessDied(BaseException):
     """The process dying mid-run (a test's crash). Not an ``Exception``: the driver and
     the interceptor chain let it through, so the run stops where it was raised; with the
-    store killed first (``testing.scenarios.Mortal``), nothing the dying process would
+    store killed first (``testing.mortal.Mortal``), nothing the dying process would
     not have written is written."""
+
+
+class InjectedInterrupt(KeyboardInterrupt):
+    """A Ctrl-C a test injected (``ToolFaults``' ``interrupt`` behaviours,
+    ``AgentUnderTest(cancel_on_entering=...)``): a ``KeyboardInterrupt`` the harness can
+    tell from the one a person at the keyboard sends, which it never swallows."""
 
 
 class FakeClock:
@@ -367,6 +374,10 @@ _INJECTED: dict[str, tuple[str | None, str | None]] = {
     "raise": ("error", None),
     "lost_response": (None, "lost"),
     "slow": (None, "slow"),
+    # Queued behind a busy pool past its timeout: the tool never began.
+    "not_started": ("not_started", None),
+    # The tool runs and answers far more text than a tool-output budget allows.
+    "oversized": (None, "oversized"),
 }
 
 #: The behaviours :class:`ToolFaults` injects.
@@ -384,10 +395,18 @@ class ToolFaults(Interceptor):
     any effect), ``lost_response`` (the tool runs, its answer is lost: a timeout after
     the effect), ``slow`` (the tool runs and answers, ``slow_s`` seconds of the run's
     clock later: every ``ReadClock`` after it reads that much later, so budgets and
-    deadlines see the time pass without a test waiting). ``calls`` lists each call's
-    ``(tool, behaviour)``."""
+    deadlines see the time pass without a test waiting), ``not_started`` (the call was
+    queued and never began: nothing ran), ``oversized`` (the tool runs and answers
+    ``oversized_bytes`` of text, past the default 1 MB tool-output budget). ``calls``
+    lists each call's ``(tool, behaviour)``."""
 
-    def __init__(self, script: Mapping[str, Sequence[str]], *, slow_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        script: Mapping[str, Sequence[str]],
+        *,
+        slow_s: float = 60.0,
+        oversized_bytes: int = 2_000_000,
+    ) -> None:
         if isinstance(script, (str, bytes)) or not isinstance(script, Mapping):
             raise ValueError(
                 "ToolFaults: the script maps tool names to lists of behaviours, e.g. "
@@ -408,6 +427,7 @@ class ToolFaults(Interceptor):
         self.script = {tool: list(behaviours) for tool, behaviours in script.items()}
         self.calls: list[tuple[str, str]] = []
         self.slow_s = slow_s
+        self.oversized_bytes = oversized_bytes
         #: Seconds the injected ``slow`` calls added to the run's clock so far.
         self.elapsed = 0.0
 
@@ -422,6 +442,8 @@ class ToolFaults(Interceptor):
         if after == "slow":
             self.elapsed += self.slow_s
             return outcome
+        if after == "oversized":
+            return ToolOutcome("ok", value="x" * self.oversized_bytes)
         return outcome if after is None else _inject(after, request)
 
     def intercept(self, request: Request, call_next: CallNext) -> Any:
@@ -448,7 +470,9 @@ class ToolFaults(Interceptor):
 def _inject(kind: str, request: CallTool) -> ToolOutcome:
     name = request.tool
     if kind == "interrupt":
-        raise KeyboardInterrupt(f"injected Ctrl-C at {name} ({request.call_id})")
+        raise InjectedInterrupt(f"injected Ctrl-C at {name} ({request.call_id})")
+    if kind == "not_started":
+        return ToolOutcome("not_started", error=f"{name}: injected: the call never started")
     if kind == "crash":
         raise ProcessDied(f"injected crash at {name} ({request.call_id})")
     if kind == "transient":

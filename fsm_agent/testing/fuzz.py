@@ -17,6 +17,14 @@ factory and checks, on every run:
 
 A failure raises :class:`FuzzFailure` with the smallest run Hypothesis found, written
 out as a ready pytest test.
+
+Every seed starts with the same :func:`corpus`: each tool called once, with its simplest
+valid arguments, under each fault (approved if it pauses). A bug that one fault of one
+tool shows (a write registered as a read and retried after its answer was lost; a write
+whose registrar falsely declares downstream dedup) is found there, in about a second,
+and reported as that one-call run. Then Hypothesis draws the rest of the budget, steered
+by ``target`` towards a write that ran twice and towards the rows (told apart by read
+and write calls) the runs so far took least.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings, target
+from hypothesis import HealthCheck, example, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
 
 from fsm_agent.core.history import check_history
 from fsm_agent.core.table import TERMINAL_STATES
@@ -43,7 +52,9 @@ from fsm_agent.testing.agent import AgentUnderTest, RuntimeFactory
 from fsm_agent.tools.registry import Tool
 from fsm_agent.trace.checker import check_events
 
-__all__ = ["FUZZ_FAULTS", "FuzzFailure", "FuzzRun", "agent_runs", "fuzz_agent", "violations"]
+__all__ = [
+    "FUZZ_FAULTS", "FuzzFailure", "FuzzRun", "agent_runs", "corpus", "fuzz_agent", "violations",
+]  # fmt: skip
 
 #: The faults a fuzz run injects (no crash or Ctrl-C: those end the process, not the run).
 FUZZ_FAULTS: tuple[str, ...] = (
@@ -141,17 +152,14 @@ def _break(valid: dict[str, Any], schema: Mapping[str, Any]) -> st.SearchStrateg
     return st.one_of(unknown, wrong, missing, duplicate, raw)
 
 
-def _arguments(tool: Tool) -> st.SearchStrategy[Any]:
-    # Mostly valid: a call has to run before a fault can make it run twice.
-    return _valid_arguments(tool).flatmap(
-        lambda valid: (
-            st.integers(0, 3).flatmap(
-                lambda n: _break(valid, tool.schema) if n == 0 else st.just(valid)
-            )
-            if isinstance(valid, dict)
-            else st.just(valid)
-        )
-    )
+@st.composite
+def _arguments(draw: st.DrawFn, tool: Tool) -> Any:
+    # Mostly valid: a call has to run before a fault can make it run twice. Drawn step by
+    # step (no flatmap), so the shrinker can simplify each part on its own.
+    valid = draw(_valid_arguments(tool))
+    if isinstance(valid, dict) and draw(st.integers(0, 3)) == 0:
+        return draw(_break(valid, tool.schema))
+    return valid
 
 
 def _json_text(arguments: Any) -> str:
@@ -160,16 +168,14 @@ def _json_text(arguments: Any) -> str:
     return json.dumps(arguments, allow_nan=True, ensure_ascii=True)
 
 
-def _call(tools: Sequence[Tool]) -> st.SearchStrategy[tuple[str, str]]:
+@st.composite
+def _call(draw: st.DrawFn, tools: Sequence[Tool]) -> tuple[str, str]:
     # Writes twice as often as reads: they are where the invariants bite.
+    if not tools or draw(st.integers(0, 7)) == 0:
+        return ("no_such_tool", "{}")
     weighted = [t for t in tools for _ in range(2 if t.effect == "write" else 1)]
-    by_name = st.sampled_from(weighted).flatmap(
-        lambda t: _arguments(t).map(lambda a: (t.name, _json_text(a)))
-    )
-    unknown = st.just(("no_such_tool", "{}"))
-    if not tools:
-        return unknown
-    return st.integers(0, 7).flatmap(lambda n: unknown if n == 0 else by_name)
+    tool = draw(st.sampled_from(weighted))
+    return (tool.name, _json_text(draw(_arguments(tool))))
 
 
 @st.composite
@@ -215,6 +221,48 @@ def agent_runs(tools: Sequence[Tool], *, max_rounds: int = 4) -> st.SearchStrate
         return FuzzRun(decisions, faults, reviews)
 
     return run()
+
+
+def _simplest(tool: Tool) -> Any:
+    """The simplest arguments the tool accepts (what Hypothesis shrinks a valid draw to),
+    or ``None`` when its schema admits none the drawer can find."""
+    quiet = settings(
+        database=None, max_examples=200, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    try:
+        return find(_valid_arguments(tool), lambda _: True, settings=quiet)
+    except HypothesisException:
+        return None
+
+
+def corpus(tools: Sequence[Tool]) -> list[FuzzRun]:
+    """One small run per tool and fault: the tool called once with its simplest valid
+    arguments, that fault on its first call, an approval if it pauses. Every seed runs
+    them first, so a bug one fault of one tool shows is found whatever the seed, and
+    reported as this run, already minimal."""
+    runs = []
+    for tool in tools:
+        arguments = _simplest(tool)
+        if arguments is None:
+            continue
+        call = {"id": "r1c1", "type": "function",
+                "function": {"name": tool.name, "arguments": _json_text(arguments)}}  # fmt: skip
+        decisions: list[Any] = [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "assistant", "content": "Done."},
+        ]
+        runs += [FuzzRun(list(decisions), {tool.name: [f]}, [True]) for f in FUZZ_FAULTS]
+    return runs
+
+
+def _rows(result: Any, writes: set[str]) -> set[tuple[str, ...]]:
+    """The rows a run took, told apart by whether the call's tool writes (a retry of a
+    read and a retry of a write are one row, and only the second one is news)."""
+    return {
+        (e["trigger"], e["source"], e["dest"], "write" if e.get("tool") in writes else "")
+        for e in result.events
+        if e.get("type") == "transition"
+    }
 
 
 def violations(agent: AgentUnderTest, result: Any) -> list[str]:
@@ -297,6 +345,18 @@ def replay(agent: AgentUnderTest, run: FuzzRun, *, task: str = "Help the custome
     return violations(agent, _drive(agent, run, task))
 
 
+def _steer(
+    agent: AgentUnderTest, result: Any, writing: set[str], seen: Counter[tuple[str, ...]]
+) -> None:
+    """Steer the search towards one write running again (the duplicate-write bugs) and
+    towards the rows, told apart by reads and writes, the runs so far took least."""
+    writes = Counter(e.identity for e in agent.ledger.executed() if e.tool in writing)
+    target(float(max(writes.values(), default=0)), label="most runs of one write")
+    rows = _rows(result, writing)
+    target(sum(1.0 / (1 + seen[row]) for row in rows), label="rarely taken rows")
+    seen.update(rows)
+
+
 def fuzz_agent(
     factory: RuntimeFactory,
     *,
@@ -305,19 +365,29 @@ def fuzz_agent(
     max_examples: int = 300,
     max_rounds: int = 4,
     seed: int | None = None,
+    use_corpus: bool = True,
     **options: Any,
 ) -> None:
     """Draw ``max_examples`` runs of the application ``factory`` builds and check the
     invariants on each (see the module docstring); raises :class:`FuzzFailure` with a
     reproducing test for the smallest failing run. ``writes`` states which tools write
-    (default: what the registry declares); ``options`` go to the factory."""
+    (default: what the registry declares); ``options`` go to the factory.
+
+    The first runs of the budget are the :func:`corpus` (one call of each tool with each
+    fault, unless ``use_corpus=False``), the same for every seed; the drawn ones are
+    steered towards a write running twice and towards the rows taken least so far."""
     write_list = sorted(writes) if writes is not None else None
     probe = AgentUnderTest(factory, **options).build(ScriptedModel([]))
     tools = list(probe.tools)
+    writing = set(write_list) if write_list is not None else {
+        t.name for t in tools if t.effect == "write"
+    }  # fmt: skip
     failure: list[tuple[FuzzRun, list[str]]] = []
+    seeds = corpus(tools)[:max_examples] if use_corpus else []
+    seen: Counter[tuple[str, ...]] = Counter()
 
     @settings(
-        max_examples=max_examples,
+        max_examples=max(1, max_examples - len(seeds)),
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
@@ -325,14 +395,15 @@ def fuzz_agent(
     @given(agent_runs(tools, max_rounds=max_rounds))
     def check(run: FuzzRun) -> None:
         agent = AgentUnderTest(factory, faults=run.faults, writes=write_list, **options)
-        problems = violations(agent, _drive(agent, run, task))
-        # Steer the search towards one call running again: the duplicate-write bugs.
-        repeats = Counter(e.identity for e in agent.ledger.executed())
-        target(float(max(repeats.values(), default=0)), label="most runs of one call")
+        result = _drive(agent, run, task)
+        problems = violations(agent, result)
+        _steer(agent, result, writing, seen)
         if problems:
             failure.append((run, problems))
             raise AssertionError("; ".join(problems))
 
+    for run in reversed(seeds):  # (decorators apply inside out: keep the corpus order)
+        check = example(run)(check)
     if seed is not None:
         check = hypothesis_seed(seed)(check)
     try:

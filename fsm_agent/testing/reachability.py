@@ -28,7 +28,16 @@ guard that must hold                         unreachable when
 ``cost_spent``                               the budget sets no ``max_cost``
 ``wall_clock_spent``                         the budget sets no ``max_wall_clock_s``
 ``output_budget_spent``                      the budget sets no ``max_output_bytes``
+``model_calls_spent``                        ``max_model_calls`` > ``max_tool_rounds``
+                                             (the model is asked once per tool round and
+                                             once more: it never reaches the limit)
 ===========================================  ============================================
+
+Some edges have no guard that must hold, yet are ruled out by what their siblings take
+(:data:`EDGE_RULES`, by edge key): ``resume/executing->executing`` (a write in flight
+when the process died is dispatched again) needs a write that declares downstream
+dedup, because an unkeyed write in flight is always lost, a keyed one is lost or
+stored, and a read's attempt is never checkpointed.
 
 Then the graph: an edge whose source state no reachable edge enters (from the initial
 state) is unreachable too (``review`` edges when nothing can pause, say). Only a guard
@@ -45,7 +54,7 @@ from typing import Any
 from fsm_agent.core.table import Machine
 from fsm_agent.tools.registry import Tool
 
-__all__ = ["RULES", "Facts", "facts_of", "unreachable_edges"]
+__all__ = ["EDGE_RULES", "RULES", "Facts", "facts_of", "unreachable_edges"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class Facts:
     max_output_bytes: int | None
     #: Whether an approval of the runtime sets ``max_uses`` (only those run out).
     limited_approvals: bool = False
+    max_model_calls: int | None = None
+    max_tool_rounds: int | None = None
 
     @property
     def writes(self) -> list[Tool]:
@@ -77,6 +88,8 @@ def facts_of(runtime: Any) -> Facts:
         max_wall_clock_s=budget.max_wall_clock_s,
         max_output_bytes=budget.max_output_bytes,
         limited_approvals=any(a.max_uses is not None for a in runtime.approvals),
+        max_model_calls=budget.max_model_calls,
+        max_tool_rounds=budget.max_tool_rounds,
     )
 
 
@@ -96,6 +109,27 @@ def _no_write(f: Facts) -> str | None:
 def _nothing_retryable(f: Facts) -> str | None:
     retryable = any(t.effect == "read" or t.dedup for t in f.tools)
     return None if retryable else "no read tool and no write that declares dedup"
+
+
+def _model_calls_unspendable(f: Facts) -> str | None:
+    # At an observe after tool round k the model was asked k times, and round k began
+    # only if k - 1 < max_tool_rounds: the guard needs max_model_calls <= max_tool_rounds.
+    calls, rounds = f.max_model_calls, f.max_tool_rounds
+    if calls is None or rounds is None or calls <= rounds:
+        return None
+    return (
+        f"the model is asked at most max_tool_rounds + 1 = {rounds + 1} times, "
+        f"so max_model_calls = {calls} is never reached"
+    )
+
+
+def _no_dedup(f: Facts) -> str | None:
+    if any(t.dedup for t in f.writes):
+        return None
+    return (
+        "no write declares downstream dedup: a write in flight at a crash is lost or "
+        "stored, and a read's attempt is never checkpointed"
+    )
 
 
 def _unset(name: str) -> Callable[[Facts], str | None]:
@@ -130,6 +164,12 @@ RULES: dict[str, Callable[[Facts], str | None]] = {
     "cost_spent": _unset("max_cost"),
     "wall_clock_spent": _unset("max_wall_clock_s"),
     "output_budget_spent": _unset("max_output_bytes"),
+    "model_calls_spent": _model_calls_unspendable,
+}
+
+#: edge key -> the reason it can never be taken for these facts (``None``: it can).
+EDGE_RULES: dict[str, Callable[[Facts], str | None]] = {
+    "resume/executing->executing": _no_dedup,
 }
 
 
@@ -137,6 +177,11 @@ def unreachable_edges(machine: Machine, facts: Facts) -> dict[int, str]:
     """Edge index -> why ``facts`` make that edge of ``machine`` impossible to take."""
     why: dict[int, str] = {}
     for t in machine.transitions:
+        edge_rule = EDGE_RULES.get(t.key)
+        reason = edge_rule(facts) if edge_rule is not None else None
+        if reason is not None:
+            why[t.index] = f"{reason} (edge {t.key})"
+            continue
         for guard in t.conditions:
             rule = RULES.get(guard)
             reason = rule(facts) if rule is not None else None

@@ -24,12 +24,10 @@ from typing import Any
 from fsm_agent.core.events import Event, Transitioned
 from fsm_agent.core.table import Transition, edge_by_key
 from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.resume import restore_state
-from fsm_agent.durable.store import Store, supports_runs
-from fsm_agent.errors import RunNotFound
+from fsm_agent.durable.store import Store
 from fsm_agent.models.scripted import ScriptedModel, Step
 from fsm_agent.runtime.interceptors import Interceptor, observing
-from fsm_agent.runtime.result import RunResult, result_of
+from fsm_agent.runtime.result import RunResult
 from fsm_agent.runtime.runtime import Runtime
 from fsm_agent.testing.assertions import (
     assert_history_valid,
@@ -38,6 +36,7 @@ from fsm_agent.testing.assertions import (
 )
 from fsm_agent.testing.coverage import edge_of
 from fsm_agent.testing.faults import FaultyTools, ProcessDied
+from fsm_agent.testing.mortal import Mortal, stored_result
 
 __all__ = [
     "Mortal",
@@ -137,68 +136,6 @@ def run_through_interrupts(
         if result is None:
             raise
         return result, True
-
-
-def stored_result(runtime: Runtime, run_id: str) -> RunResult | None:
-    """The result of run ``run_id`` as the runtime's store last saved it (``None`` if
-    the store keeps no such run)."""
-    store = runtime.store
-    if not supports_runs(store):
-        return None
-    try:
-        stored = store.load_run(run_id)
-    except RunNotFound:
-        return None
-    return result_of(restore_state(stored, runtime.config))
-
-
-_STORE_WRITES = (
-    "begin_intent",
-    "commit_intent",
-    "abort_intent",
-    "create_run",
-    "save",
-    "claim",
-    "renew",
-    "release",
-    "consume_approval",
-    # PostgresStore's: what rides behind, and the folded statements.
-    "commit_intent_behind",
-    "save_behind",
-    "save_and_release",
-    "claim_and_load",
-)
-
-
-class Mortal:
-    """A store whose process can die: after :meth:`kill` (or, with ``before_commit``, at
-    the first idempotency commit) every write to it raises :class:`ProcessDied`, so a
-    dying run writes nothing more — as a killed process would not. :meth:`restart` is the
-    next process: the same data, writable again. Reads always work."""
-
-    def __init__(self, store: Store, *, before_commit: bool = False) -> None:
-        self.store, self.before_commit, self.dead = store, before_commit, False
-        for name in _STORE_WRITES:
-            if hasattr(store, name):
-                setattr(store, name, self._guard(name, getattr(store, name)))
-
-    def _guard(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if self.dead:
-                raise ProcessDied(f"the process is dead ({name} not written)")
-            if name in ("commit_intent", "commit_intent_behind") and self.before_commit:
-                self.before_commit = False
-                self.kill()
-                raise ProcessDied(f"the process died before {args[0]!r} {args[1]!r} was stored")
-            return original(*args, **kwargs)
-
-        return call
-
-    def kill(self) -> None:
-        self.dead = True
-
-    def restart(self) -> None:
-        self.dead = False
 
 
 #: What a trusted caller does with a run after it stopped or its process died
