@@ -63,7 +63,7 @@ diagrams: $(STAMP)
 	rm -rf $(DIAGRAM_TRACES)
 	$(PY) -m fsm_agent demo --scenario all --trace-dir $(DIAGRAM_TRACES) > /dev/null
 	$(PY) -m fsm_agent check --quiet $(DIAGRAM_TRACES)/*.jsonl
-	$(PY) -m fsm_agent.cli.regen $(DIAGRAM_TRACES) diagrams docs
+	$(PY) -m fsm_agent._cli.regen $(DIAGRAM_TRACES) diagrams docs
 
 # The documentation site (MkDocs Material + mkdocstrings) into site/; warnings are errors.
 docs: $(STAMP)

@@ -6,7 +6,7 @@ than 3 GB free) is generated (benchmarks/long_trace.py: a real run's rounds repe
 every guard and counter recomputable). In one process, best of ``--repeats``:
 
 * parse: read every line and parse it with the checker's own parser
-  (``fsm_agent.trace.checker.parse_line``, the stdlib's C scanner);
+  (``fsm_agent._trace.checker.parse_line``, the stdlib's C scanner);
 * check: ``check_trace`` — read, verify every chain link, parse, recompute and verify.
 
 The ratio check/parse is the figure (target <= 1.5); absolute speeds vary with the load
@@ -30,15 +30,15 @@ from typing import Any
 
 from long_trace import write_long_trace
 
-from fsm_agent.trace import checker
-from fsm_agent.trace.checker import check_trace, parse_line
+from fsm_agent._trace import checker
+from fsm_agent._trace.checker import check_trace, parse_line
 
 TARGET_RATIO = 1.5
 TARGET_RSS_MB = 200
 
 _CHILD = """
 import resource, sys
-from fsm_agent.trace.checker import check_trace
+from fsm_agent._trace.checker import check_trace
 report = check_trace(sys.argv[1])
 assert report.ok, report.violations[:3]
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

@@ -22,7 +22,7 @@ from typing import Any
 from orders import SCHEMA, lookup, record
 
 from fsm_agent import Budget, MemoryStore, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._durable.sqlite import SqliteStore
 
 ROUNDS = 100
 REPEATS = 10

@@ -1,6 +1,6 @@
 """Long property-based fuzz run of the run invariants (``make fuzz``).
 
-Draws whole cases from ``fsm_agent.testing.strategies.cases()`` (decisions valid and
+Draws whole cases from ``fsm_agent.testing._strategies.cases()`` (decisions valid and
 malformed, fault tools, budgets, policies), runs them, and checks every invariant. Prints
 what it ran, examples per second, the stop reasons reached, the transitions taken and
 whether any invariant broke; exits 1 with the (shrunk) failing case if one did.
@@ -24,9 +24,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from fsm_agent.core.table import TRANSITIONS
-from fsm_agent.testing.coverage import TransitionCoverage
-from fsm_agent.testing.strategies import FuzzCase, cases, invariant_problems, run_case
+from fsm_agent._core.table import TRANSITIONS
+from fsm_agent.testing._coverage import TransitionCoverage
+from fsm_agent.testing._strategies import FuzzCase, cases, invariant_problems, run_case
 
 
 def _fuzz(examples: int, seed_value: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A real run of one round (a batch of three reads, one transient failure retried, then an
 answer) is recorded; its round is repeated with fresh call ids and contiguous ``seq``
 until the trace has the wanted number of events or bytes, and every line is chained
-(``fsm_agent.trace.chain``) as the runtime writes it. The header's budget is raised so
+(``fsm_agent._trace.chain``) as the runtime writes it. The header's budget is raised so
 that every round is within it and the final ``run_end`` reports the counters of all the
 rounds: the checker recomputes every guard and counter of a realistic trace, not of a
 synthetic one. Lines are streamed to the file, so a trace of any size is written in
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Budget, RetryPolicy, Runtime, ScriptedModel, ToolRegistry, TransientToolError
-from fsm_agent.trace.chain import Chain
+from fsm_agent._trace.chain import Chain
 
 SCHEMA = {
     "type": "object",

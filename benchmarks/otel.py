@@ -45,8 +45,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from overhead import ROUNDS, engine, script
 
+from fsm_agent._runtime.interceptors import Interceptor
 from fsm_agent.otel import OpenTelemetry
-from fsm_agent.runtime.interceptors import Interceptor
 
 REPEATS = 25
 TARGET = 1.3

@@ -33,7 +33,7 @@ from orders import SCHEMA, lookup
 from timing import instructions
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.canonical import parse_arguments
+from fsm_agent._core.canonical import parse_arguments
 
 ROUNDS = 100
 REPEATS = 30

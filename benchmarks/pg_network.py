@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import postgres as pg_bench
 
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.testing.pgserver import Server
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent.testing._pgserver import Server
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = ("-c synchronous_commit=off",)

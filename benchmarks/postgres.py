@@ -41,10 +41,10 @@ import orders
 import pg_app
 
 from fsm_agent import MemoryStore, Runtime, ScriptedModel
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.durable.review import record_review
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.testing.pgserver import Server
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.review import record_review
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent.testing._pgserver import Server
 
 #: LangGraph saving each step's checkpoint before the next step runs, as fsm-agent does
 #: (``durability="sync"``: the comparison), and its default, which saves while the next

@@ -20,9 +20,9 @@ from pathlib import Path
 from long_trace import write_long_trace
 from timing import best
 
-from fsm_agent.render.dot import machine_dot
-from fsm_agent.render.engine import RenderError, render
-from fsm_agent.render.replay import Replay
+from fsm_agent._render.dot import machine_dot
+from fsm_agent._render.engine import RenderError, render
+from fsm_agent._render.replay import Replay
 
 EVENTS = 10_000
 TARGET_S = 1.0

@@ -21,7 +21,7 @@ from orders import SCHEMA, lookup
 from timing import best, instructions
 
 from fsm_agent import Budget, Runtime, ScriptedModel
-from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
+from fsm_agent._rules import Facts, Rule, RuleSet, ToolInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tau2_policy import policy, steps_with_facts, tasks

@@ -15,7 +15,7 @@ resident memory with the subscribers connected, and reviews per second over HTTP
     python benchmarks/server_latency.py [--subscribers 1,100,500] [--rounds 10]
         [--stores sqlite,postgres] [--pg DSN | --pg auto]
 
-``--pg auto`` starts a throwaway PostgreSQL cluster (``fsm_agent/testing/pgserver.py``).
+``--pg auto`` starts a throwaway PostgreSQL cluster (``fsm_agent/testing/_pgserver.py``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import httpx  # noqa: E402 (after the path insert)
 from conftest import Backend, call, calls, make_runtime, say  # noqa: E402 (after the path insert)
 
-from fsm_agent.durable.feed import make_key  # noqa: E402 (after the path insert)
-from fsm_agent.durable.review import record  # noqa: E402 (after the path insert)
-from fsm_agent.durable.sqlite import SqliteStore  # noqa: E402 (after the path insert)
+from fsm_agent._durable.feed import make_key  # noqa: E402 (after the path insert)
+from fsm_agent._durable.review import record  # noqa: E402 (after the path insert)
+from fsm_agent._durable.sqlite import SqliteStore  # noqa: E402 (after the path insert)
 
 
 class Refused(Exception):
@@ -224,11 +224,11 @@ def main() -> None:
             path = Path(tempfile.mkdtemp()) / "bench.db"
             stores.append(("sqlite", stack.enter_context(SqliteStore(path)), ["--db", str(path)]))
         if "postgres" in args.stores:
-            from fsm_agent.durable.postgres import PostgresStore
+            from fsm_agent._durable.postgres import PostgresStore
 
             dsn = args.pg
             if dsn == "auto":
-                from fsm_agent.testing.pgserver import pg_server
+                from fsm_agent.testing._pgserver import pg_server
 
                 dsn = stack.enter_context(pg_server()).dsn
             schema = f"bench_server_{os.getpid()}"

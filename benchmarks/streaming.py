@@ -31,9 +31,9 @@ import openai
 from stream_server import Play, StreamServer, body_of, recorded
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.core.events import TextDelta
+from fsm_agent._core.events import TextDelta
+from fsm_agent._runtime.streaming import StreamRun
 from fsm_agent.models import ModelRetry, OpenAIChatModel
-from fsm_agent.runtime.streaming import StreamRun
 
 DELTAS = 2000
 REPEATS = 7

@@ -1,3 +1,3 @@
-from fsm_agent.cli import main
+from fsm_agent._cli import main
 
 raise SystemExit(main())

@@ -21,10 +21,10 @@ from fsm_agent import (
     ToolRejected,
     TransientToolError,
 )
-from fsm_agent.core.table import STATES
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.testing.assertions import assert_history_valid, assert_trace_legal
+from fsm_agent._core.table import STATES
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent.testing._assertions import assert_history_valid, assert_trace_legal
 
 # In CI (``CI`` set, as .ci/run does) every Hypothesis test draws the same examples on
 # every run, so a landing never hangs on a lucky draw; run locally, each run draws new
@@ -199,7 +199,8 @@ def clock() -> FakeClock:
 def pg_server() -> Iterator[Any]:
     """A real PostgreSQL server for the session: ``FSM_AGENT_PG_DSN``, else a throwaway
     cluster from the installed binaries, else the test is skipped saying why."""
-    from fsm_agent.testing import pgserver
+
+    from fsm_agent.testing import _pgserver as pgserver
 
     reason = pgserver.unavailable()
     if reason:
@@ -226,7 +227,7 @@ def pg_schema(pg_server: Any) -> Iterator[str]:
 
 @pytest.fixture
 def pg_store(pg_server: Any, pg_schema: str) -> Iterator[Any]:
-    from fsm_agent.durable.postgres import PostgresStore
+    from fsm_agent._durable.postgres import PostgresStore
 
     with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
         yield store

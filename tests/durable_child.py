@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import durable_scenario as scenario
 
-from fsm_agent.errors import RunBusy
+from fsm_agent._errors import RunBusy
 
 
 def main() -> int:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Interceptor, Runtime, ToolRegistry
-from fsm_agent.core.events import Event, Transitioned
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._core.events import Event, Transitioned
+from fsm_agent._durable.sqlite import SqliteStore
 
 TOOLS = {"lookup", "create_ticket", "notify"}
 

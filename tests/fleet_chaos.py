@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet_app
 
-from fsm_agent.core.actions import BLOCKING
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.durable.review import pending_calls, record_review
-from fsm_agent.errors import ReviewError, StoreError
-from fsm_agent.testing.pgserver import Server
+from fsm_agent._core.actions import BLOCKING
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.review import pending_calls, record_review
+from fsm_agent._errors import ReviewError, StoreError
+from fsm_agent.testing._pgserver import Server
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = "chaos"
@@ -411,7 +411,7 @@ def _check_with_the_cli(dsn: str, tmp: Path, store: PostgresStore, report: Repor
 
 
 def _runnable_review(body: dict[str, Any]) -> bool:
-    from fsm_agent.durable.postgres import runnable
+    from fsm_agent._durable.postgres import runnable
 
     return runnable(body)
 

@@ -4,8 +4,8 @@ stop", as an edge of ``observe``."""
 
 from __future__ import annotations
 
-from fsm_agent.core.engine import compile_machine
-from fsm_agent.core.table import DEFAULT_MACHINE, Transition
+from fsm_agent._core.engine import compile_machine
+from fsm_agent._core.table import DEFAULT_MACHINE, Transition
 
 #: After a batch's last result, a run whose decision had tool calls stops instead of
 #: asking the model again (tried after the built-in observe edges, before the fallback).

@@ -21,9 +21,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from fsm_agent.core.table import STATES
-from fsm_agent.trace.chain import dumps_event, encode_events, strip_links
-from fsm_agent.trace.checker import check_bytes
+from fsm_agent._core.table import STATES
+from fsm_agent._trace.chain import dumps_event, encode_events, strip_links
+from fsm_agent._trace.checker import check_bytes
 
 KEY = b"mutation-suite-key"
 PER_KIND = 6

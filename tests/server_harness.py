@@ -10,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from fsm_agent.server.app import create_app
+from fsm_agent.server._app import create_app
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.core.table import MACHINE_HASH
+from fsm_agent._core.table import MACHINE_HASH
 
 _FILE = Path(__file__).parent / "data" / "run_snapshot_v2.json"
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
+from fsm_agent._rules import Facts, Rule, RuleSet, ToolInfo
 
 CORPUS = Path(__file__).parent / "data" / "tau2_retail"
 TOOL_SPECS: list[dict[str, Any]] = json.loads(

@@ -17,15 +17,15 @@ import pytest
 from conftest import assert_valid_run, call, calls, say
 
 from fsm_agent import Approval, Budget, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.loop import start, steps
-from fsm_agent.core.requests import ConsumeApproval
-from fsm_agent.core.state import RunState
-from fsm_agent.durable import review
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import ConfigError
-from fsm_agent.testing.scenarios import Mortal, ProcessDied
-from fsm_agent.trace.checker import check_events
+from fsm_agent._core.loop import start, steps
+from fsm_agent._core.requests import ConsumeApproval
+from fsm_agent._core.state import RunState
+from fsm_agent._durable import review
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import ConfigError
+from fsm_agent._trace.checker import check_events
+from fsm_agent.testing._scenarios import Mortal, ProcessDied
 
 PAY = {"to": "A", "amount": 10}
 
@@ -145,7 +145,7 @@ def test_a_use_is_spent_only_for_a_call_about_to_start() -> None:
 
 
 def bank_outcome() -> Any:
-    from fsm_agent.core.requests import ToolOutcome
+    from fsm_agent._core.requests import ToolOutcome
 
     return ToolOutcome("ok", {"receipt": 1})
 
@@ -202,7 +202,7 @@ _WORKER = textwrap.dedent(
     import json, sys
     sys.path.insert(0, sys.argv[3])
     from test_approval_uses import Bank, bank_runtime, pay_once
-    from fsm_agent.durable.sqlite import SqliteStore
+    from fsm_agent._durable.sqlite import SqliteStore
 
     with SqliteStore(sys.argv[1], timeout=30.0) as store:
         rt = bank_runtime(Bank(), store, 3)
@@ -289,7 +289,7 @@ def test_concurrent_uses_never_pass_max_uses(
 def test_concurrent_uses_never_pass_max_uses_on_postgresql(
     pg_server: Any, pg_schema: str, fast_switching: None
 ) -> None:
-    from fsm_agent.durable.postgres import PostgresStore
+    from fsm_agent._durable.postgres import PostgresStore
 
     PostgresStore(pg_server.dsn, schema=pg_schema).close()
     assert_race_holds(lambda: PostgresStore(pg_server.dsn, schema=pg_schema, pool_size=1))
@@ -316,7 +316,7 @@ def assert_race_holds(stores: Callable[[], Any]) -> None:
 def test_max_uses_holds_on_postgresql_with_concurrent_workers(
     pg_server: Any, pg_schema: str, fast_switching: None
 ) -> None:
-    from fsm_agent.durable.postgres import PostgresStore
+    from fsm_agent._durable.postgres import PostgresStore
 
     PostgresStore(pg_server.dsn, schema=pg_schema).close()
     bank = Bank()

@@ -17,7 +17,7 @@ from conftest import (
     say,
 )
 
-from fsm_agent.cli.demo import SCENARIOS
+from fsm_agent._cli.demo import SCENARIOS
 
 # ── article 1: six regression cases ───────────────────────────────────────────────
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import Backend, TransientToolError, assert_valid_run, call, calls, make_runtime, say
 
 from fsm_agent import RetryPolicy, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.tools.registry import Effect
+from fsm_agent.tools._registry import Effect
 
 
 def _strip(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

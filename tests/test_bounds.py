@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.budget import MAX_RECORD_BYTES
-from fsm_agent.core.content import Image
-from fsm_agent.errors import ConfigError
-from fsm_agent.trace.checker import check_events, check_file
-from fsm_agent.trace.io import MAX_LINE
+from fsm_agent._core.budget import MAX_RECORD_BYTES
+from fsm_agent._core.content import Image
+from fsm_agent._errors import ConfigError
+from fsm_agent._trace.checker import check_events, check_file
+from fsm_agent._trace.io import MAX_LINE
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -152,7 +152,7 @@ def test_an_oversized_answer_must_be_the_stand_in(tmp_path: Path) -> None:
 
 
 def test_a_huge_error_message_is_recorded_bounded(tmp_path: Path) -> None:
-    from fsm_agent.core.budget import MAX_ERROR_CHARS
+    from fsm_agent._core.budget import MAX_ERROR_CHARS
 
     tools = ToolRegistry()
 
@@ -203,7 +203,7 @@ def test_the_new_event_fields_are_declared(tmp_path: Path) -> None:
     fields of their typed events and of the events' JSON Schema, not ``extra``."""
     from jsonschema import Draft202012Validator
 
-    from fsm_agent.core.events import event_from_json, json_schema
+    from fsm_agent._core.events import event_from_json, json_schema
 
     validator = Draft202012Validator(json_schema())
     huge = {"role": "assistant", "content": "x" * 5000, "usage": {"total_tokens": 3}}

@@ -15,12 +15,12 @@ from conftest import (
     say,
 )
 
-from fsm_agent.cli import main
-from fsm_agent.core.requests import IntentClaim
-from fsm_agent.core.table import TRANSITIONS
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.trace.chain import encode_events
-from fsm_agent.trace.checker import check_events, check_file, select_edge
+from fsm_agent._cli import main
+from fsm_agent._core.requests import IntentClaim
+from fsm_agent._core.table import TRANSITIONS
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._trace.chain import encode_events
+from fsm_agent._trace.checker import check_events, check_file, select_edge
 
 LOOKUP = call("c1", "lookup", order_id="A17")
 TICKET = {"request_id": "R-1", "title": "Damaged parcel"}

@@ -14,8 +14,8 @@ import pytest
 from test_bounds import PNG, SCHEMA, _call, _run
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.content import Image
-from fsm_agent.trace.checker import check_events, check_trace
+from fsm_agent._core.content import Image
+from fsm_agent._trace.checker import check_events, check_trace
 
 Events = list[dict[str, Any]]
 

@@ -12,11 +12,11 @@ import pytest
 from conftest import Backend, TransientToolError, call, calls, make_runtime, say
 
 from fsm_agent import Approval, Budget, RetryPolicy
-from fsm_agent.cli import main
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.render.replay import Replay, describe_step
-from fsm_agent.trace.chain import encode_events
-from fsm_agent.trace.checker import check_events, load_trace
+from fsm_agent._cli import main
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._render.replay import Replay, describe_step
+from fsm_agent._trace.chain import encode_events
+from fsm_agent._trace.checker import check_events, load_trace
 
 TICKET = {"request_id": "R-1", "title": "Damaged parcel"}
 LOOKUP = call("c1", "lookup", order_id="A17")
@@ -233,7 +233,7 @@ def test_a_legacy_trace_still_checks_with_a_note(tmp_path: Path) -> None:
     old[0]["machine_hash"] = "sha256:b0c6ee309f35fbb9"
     path = tmp_path / "old.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in old), "utf-8")
-    from fsm_agent.trace.checker import check_trace
+    from fsm_agent._trace.checker import check_trace
 
     report = check_trace(path)
     assert report.ok, report.violations

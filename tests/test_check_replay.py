@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.core import guards as guards_module
-from fsm_agent.core.loop import SCHEMA
-from fsm_agent.core.state import RunState
-from fsm_agent.errors import TraceError
-from fsm_agent.trace.chain import encode_events
-from fsm_agent.trace.checker import V2_SCHEMA, check_events, check_trace
+from fsm_agent._core import guards as guards_module
+from fsm_agent._core.loop import SCHEMA
+from fsm_agent._core.state import RunState
+from fsm_agent._errors import TraceError
+from fsm_agent._trace.chain import encode_events
+from fsm_agent._trace.checker import V2_SCHEMA, check_events, check_trace
 
 DATA = Path(__file__).parent / "data"
 TICKET = {"request_id": "R-1", "title": "Damaged parcel"}
@@ -144,7 +144,7 @@ def test_a_replay_runs_in_bounded_memory_on_a_trace_the_engine_never_reaches() -
 
 
 def test_a_resumed_write_replays_from_its_checkpoint(tmp_path: Path) -> None:
-    from fsm_agent.durable.memory import MemoryStore
+    from fsm_agent._durable.memory import MemoryStore
 
     store = MemoryStore()
     rt = make_runtime(

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import Backend, make_runtime, say
 
-from fsm_agent.cli import main
-from fsm_agent.cli._output import write_output
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import UsageError
+from fsm_agent._cli import main
+from fsm_agent._cli._output import write_output
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import UsageError
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def db(tmp_path: Path, backend: Backend) -> Path:
 def trace(tmp_path: Path, backend: Backend) -> Path:
     path = tmp_path / "t.jsonl"
     result = make_runtime([say("Hello.")], backend).run("hi")
-    from fsm_agent.trace.chain import dumps_event
+    from fsm_agent._trace.chain import dumps_event
 
     path.write_text("".join(dumps_event(e) + "\n" for e in result.events), encoding="utf-8")
     return path

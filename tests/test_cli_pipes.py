@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import Runtime, ScriptedModel, SqliteStore, ToolRegistry
-from fsm_agent.cli import main
+from fsm_agent._cli import main
 from fsm_agent.testing import answer, call, decide
 
 

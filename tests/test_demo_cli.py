@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import read_trace
-from fsm_agent.cli import main
-from fsm_agent.cli.demo import SCENARIOS, Scenario
-from fsm_agent.cli.demo_report import path_line
-from fsm_agent.trace.chain import strip_links
+from fsm_agent._cli import main
+from fsm_agent._cli.demo import SCENARIOS, Scenario
+from fsm_agent._cli.demo_report import path_line
+from fsm_agent._trace.chain import strip_links
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -167,7 +167,7 @@ def _check_unrun(block: Block) -> None:
             for name in (n.strip() for n in names.split(",")):
                 assert name and hasattr(loaded, name), f"{module}.{name} does not exist"
     if block.lang == "sh":
-        from fsm_agent.cli import build_parser
+        from fsm_agent._cli import build_parser
 
         for line in block.code.splitlines():
             line = line.split("#", 1)[0].strip()

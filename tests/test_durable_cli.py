@@ -15,9 +15,9 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import read_trace
-from fsm_agent.cli import main
-from fsm_agent.durable.sqlite import SCHEMA_VERSION, SqliteStore
-from fsm_agent.trace.checker import check_events
+from fsm_agent._cli import main
+from fsm_agent._durable.sqlite import SCHEMA_VERSION, SqliteStore
+from fsm_agent._trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -85,7 +85,7 @@ def test_list_columns_line_up_whatever_the_cells_hold(
 
     def starts(line: str) -> list[int]:
         """Display columns where each cell after the first begins."""
-        from fsm_agent.cli.runs import _width
+        from fsm_agent._cli.runs import _width
 
         cols, col, prev = [], 0, "x"
         for i, c in enumerate(line):

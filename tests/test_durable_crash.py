@@ -21,9 +21,9 @@ import durable_scenario as scenario
 import pytest
 
 from fsm_agent import RunResult, check_history
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.trace.chain import strip_links
-from fsm_agent.trace.checker import check_events
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._trace.chain import strip_links
+from fsm_agent._trace.checker import check_events
 
 CHILD = Path(__file__).with_name("durable_child.py")
 #: Transitions of the scenario's run when nothing goes wrong, and the checkpoints

@@ -14,11 +14,11 @@ import pytest
 from conftest import Backend, assert_valid_run, call, calls, edges, make_runtime, say
 
 from fsm_agent import RunResult
-from fsm_agent.core.canonical import digest
-from fsm_agent.core.events import Event, Transitioned
-from fsm_agent.runtime.interceptors import Interceptor, observing
-from fsm_agent.testing.scenarios import Mortal, ProcessDied
-from fsm_agent.trace.checker import check_events
+from fsm_agent._core.canonical import digest
+from fsm_agent._core.events import Event, Transitioned
+from fsm_agent._runtime.interceptors import Interceptor, observing
+from fsm_agent._trace.checker import check_events
+from fsm_agent.testing._scenarios import Mortal, ProcessDied
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 
@@ -331,7 +331,7 @@ def test_resuming_a_finished_run_returns_it_unchanged(store: Any, backend: Backe
 def test_aresume_drives_async_models_after_a_recorded_review(store: Any, backend: Backend) -> None:
     import asyncio
 
-    from fsm_agent.durable.review import record_review
+    from fsm_agent._durable.review import record_review
 
     async def model(messages: list[dict[str, Any]], specs: list[dict[str, Any]]) -> Any:
         asked = sum(m["role"] == "assistant" for m in messages)

@@ -18,11 +18,11 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import IdempotencyRecord, JsonlTrace, MemoryStore
-from fsm_agent.durable import owners
-from fsm_agent.durable.review import record_review
-from fsm_agent.durable.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
-from fsm_agent.durable.store import Checkpoint, IntentClaim, RunSave
-from fsm_agent.errors import (
+from fsm_agent._durable import owners
+from fsm_agent._durable.review import record_review
+from fsm_agent._durable.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
+from fsm_agent._durable.store import Checkpoint, IntentClaim, RunSave
+from fsm_agent._errors import (
     CorruptRecord,
     IntentConflict,
     MachineMismatch,
@@ -360,7 +360,7 @@ def test_a_checkpoint_this_version_cannot_read_is_refused(tmp_path: Path, backen
 
 
 def _resum(body: dict[str, Any]) -> str:
-    from fsm_agent.core.state import _checksum
+    from fsm_agent._core.state import _checksum
 
     return _checksum(body)
 

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from fsm_agent.cli.demo import SCENARIOS
-from fsm_agent.cli.regen import EVENTS_SCHEMA
-from fsm_agent.core.events import (
+from fsm_agent._cli.demo import SCENARIOS
+from fsm_agent._cli.regen import EVENTS_SCHEMA
+from fsm_agent._core.events import (
     EVENT_TYPES,
     UNSET,
     Decided,
@@ -31,7 +31,7 @@ from fsm_agent.core.events import (
     json_schema_text,
     typed,
 )
-from fsm_agent.testing.suite import SUITE
+from fsm_agent.testing._suite import SUITE
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -166,7 +166,7 @@ def test_the_keyed_reading_builds_the_event_the_dataclass_builds(
 ) -> None:
     # from_json reads a dict that fits key by key and fills the frozen instance at once
     # (the interceptors' hot path); the ordered reading through __init__ is the reference.
-    from fsm_agent.core.events import _parse
+    from fsm_agent._core.events import _parse
 
     for data in [*demo_lines, *suite_events]:
         cls = EVENT_TYPES[data["type"]]

@@ -2,7 +2,7 @@
 the chaos run (real worker processes, SIGKILL, SIGSTOP past the lease, a server restart).
 
 Skipped, with the reason, only where no PostgreSQL server can be had (see
-``fsm_agent/testing/pgserver.py``); CI installs one (``.ci/run``)."""
+``fsm_agent/testing/_pgserver.py``); CI installs one (``.ci/run``)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import IdempotencyRecord
-from fsm_agent.durable import owners
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.durable.review import record_review
-from fsm_agent.durable.store import Checkpoint
-from fsm_agent.errors import RunBusy, StoreError
-from fsm_agent.runtime.worker import Worker
-from fsm_agent.testing import pgserver
+from fsm_agent._durable import owners
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.review import record_review
+from fsm_agent._durable.store import Checkpoint
+from fsm_agent._errors import RunBusy, StoreError
+from fsm_agent._runtime.worker import Worker
+from fsm_agent.testing import _pgserver as pgserver
 
 HERE = Path(__file__).resolve().parent
 

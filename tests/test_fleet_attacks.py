@@ -20,10 +20,10 @@ from typing import Any
 import fleet_app
 import pytest
 
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import RunExists, StoreError
-from fsm_agent.runtime.worker import Worker
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import RunExists, StoreError
+from fsm_agent._runtime.worker import Worker
 
 FINISHED = {"done", "budget_exhausted", "protocol_error", "cancelled"}
 

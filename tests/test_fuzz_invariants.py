@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from fsm_agent import Budget, RetryPolicy
-from fsm_agent.testing.strategies import (
+from fsm_agent.testing._strategies import (
     FuzzCase,
     ModelStep,
     ToolConfig,

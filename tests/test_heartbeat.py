@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from fsm_agent.durable.resume import Heartbeat
-from fsm_agent.errors import RunBusy, StoreError
+from fsm_agent._durable.resume import Heartbeat
+from fsm_agent._errors import RunBusy, StoreError
 
 
 class _Flaky:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.content import File, Image
+from fsm_agent._core.content import File, Image
 from fsm_agent.models import check_openai_chat, to_openai_chat
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(16)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from fsm_agent import Interceptor, RetryPolicy, Runtime, ToolRegistry
-from fsm_agent.core.events import Event, RunEnded, RunStarted, Transitioned
-from fsm_agent.core.requests import (
+from fsm_agent._core.events import Event, RunEnded, RunStarted, Transitioned
+from fsm_agent._core.requests import (
     AskModel,
     CallTool,
     EmitEvents,
@@ -30,12 +30,12 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.models.scripted import ScriptedModel
-from fsm_agent.runtime.interceptors import AsyncCallNext, CallNext
-from fsm_agent.runtime.result import RunResult
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._runtime.interceptors import AsyncCallNext, CallNext
+from fsm_agent._runtime.result import RunResult
+from fsm_agent.models._scripted import ScriptedModel
 from fsm_agent.testing import FaultyTools, ProcessDied, ToolFaults, answer, call, decide
-from fsm_agent.testing.scenarios import Mortal, scripted_runtime
+from fsm_agent.testing._scenarios import Mortal, scripted_runtime
 
 EVERY_KIND = {
     "ReadClock",
@@ -408,8 +408,8 @@ def test_an_async_intercept_is_refused_with_the_name_to_use() -> None:
 
 
 def test_interceptors_belong_to_their_runtime_and_observing_to_its_context() -> None:
-    import fsm_agent.core.engine as engine
-    from fsm_agent.runtime.interceptors import observing
+    import fsm_agent._core.engine as engine
+    from fsm_agent._runtime.interceptors import observing
 
     assert not hasattr(engine, "TRANSITION_LISTENERS")  # no process-global hook is left
 

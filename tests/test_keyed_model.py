@@ -28,8 +28,8 @@ from fsm_agent import (
     ScriptedModel,
     ToolRegistry,
 )
-from fsm_agent.durable import review
-from fsm_agent.runtime.call_ids import repeated_calls
+from fsm_agent._durable import review
+from fsm_agent._runtime.call_ids import repeated_calls
 from fsm_agent.testing import answer, call, decide
 
 HERE = Path(__file__).resolve().parent

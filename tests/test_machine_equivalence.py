@@ -1,6 +1,6 @@
 """The engine's trigger chooses exactly what stock ``transitions`` would.
 
-``fsm_agent.core.engine`` fires each trigger through a ``transitions`` event whose edge is
+``fsm_agent._core.engine`` fires each trigger through a ``transitions`` event whose edge is
 chosen by the one selector (``core/select.py``), skipping the stock per-candidate logging
 and empty callback lists. Under thousands of random guard outcomes, for every (state,
 trigger), the engine and a stock machine must take the same edge, and both must refuse a
@@ -15,10 +15,10 @@ from typing import Any, cast
 import pytest
 from transitions import Machine, MachineError
 
-from fsm_agent.core.engine import build_machine
-from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.select import choose
-from fsm_agent.core.table import DEFAULT_MACHINE, INITIAL_STATE, STATES, TRANSITIONS, Transition
+from fsm_agent._core.engine import build_machine
+from fsm_agent._core.guards import GUARDS
+from fsm_agent._core.select import choose
+from fsm_agent._core.table import DEFAULT_MACHINE, INITIAL_STATE, STATES, TRANSITIONS, Transition
 
 
 class Model:
@@ -113,7 +113,7 @@ def test_take_moves_the_run_and_logs_its_guards() -> None:
     model = Model("validating", {name: name == "has_tool_calls" for name in GUARDS})
     event = cast(Any, lean.events["validate"])
     with pytest.MonkeyPatch.context() as m:
-        import fsm_agent.core.engine as engine
+        import fsm_agent._core.engine as engine
 
         m.setattr(engine, "GUARDS", {n: (lambda s, n=n: s.values[n]) for n in GUARDS})
         edge = event.take(model)

@@ -10,11 +10,11 @@ import pytest
 from conftest import Backend, call, calls, edges, make_runtime, say
 from machine_app import ONE_ROUND, STRICT
 
-from fsm_agent.cli import main
-from fsm_agent.core.engine import RUN_MACHINE, compile_machine, engine_of
-from fsm_agent.core.table import DEFAULT_MACHINE, MACHINE_HASH, TRANSITIONS, Machine, Transition
-from fsm_agent.errors import ConfigError, MachineMismatch, TraceError
-from fsm_agent.testing.assertions import assert_history_valid
+from fsm_agent._cli import main
+from fsm_agent._core.engine import RUN_MACHINE, compile_machine, engine_of
+from fsm_agent._core.table import DEFAULT_MACHINE, MACHINE_HASH, TRANSITIONS, Machine, Transition
+from fsm_agent._errors import ConfigError, MachineMismatch, TraceError
+from fsm_agent.testing._assertions import assert_history_valid
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 SCRIPT = [calls(call("c1", "write", **WRITE), call("c2", "lookup", order_id="A")), say("Filed.")]
@@ -153,7 +153,7 @@ def test_fsm_agent_diagram_draws_an_applications_machine(
 
 
 def test_transition_coverage_counts_the_edges_of_its_machine(backend: Backend) -> None:
-    from fsm_agent.testing.coverage import TransitionCoverage, to_dot
+    from fsm_agent.testing._coverage import TransitionCoverage, to_dot
 
     strict, plain = TransitionCoverage(STRICT), TransitionCoverage()
     script = [calls(call("c1", "lookup", order_id="A")), say("never asked")]
@@ -176,7 +176,7 @@ def test_transition_coverage_counts_the_edges_of_its_machine(backend: Backend) -
 def test_a_trace_of_an_applications_machine_replays_over_it(
     tmp_path: Path, backend: Backend
 ) -> None:
-    from fsm_agent.render.replay import Replay
+    from fsm_agent._render.replay import Replay
 
     trace = tmp_path / "strict.jsonl"
     script = [calls(call("c1", "lookup", order_id="A")), say("never asked")]

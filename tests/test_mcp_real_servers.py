@@ -19,10 +19,10 @@ import pytest
 from mcp_servers import executable
 
 from fsm_agent import Budget, RunResult, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.content import File, Image
-from fsm_agent.errors import ConfigError
-from fsm_agent.models.anthropic_messages import to_anthropic
-from fsm_agent.tools.mcp import (
+from fsm_agent._core.content import File, Image
+from fsm_agent._errors import ConfigError
+from fsm_agent.models._anthropic_messages import to_anthropic
+from fsm_agent.tools._mcp import (
     McpServerStartError,
     list_mcp_tools,
     register_mcp_tools,

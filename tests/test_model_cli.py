@@ -12,7 +12,7 @@ import pytest
 from fake_provider import FakeProvider
 from provider_shapes import APIS, ChatApi
 
-from fsm_agent.cli import main
+from fsm_agent._cli import main
 
 FLAG = {
     "openai-chat": "openai-compatible",

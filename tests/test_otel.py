@@ -34,14 +34,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 from provider_shapes import APIS
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.core.events import RuleJudged
-from fsm_agent.durable.memory import MemoryStore
+from fsm_agent._core.events import RuleJudged
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._runtime.interceptors import observing
 from fsm_agent.otel import GUARDRAIL_EVENT, OpenTelemetry
-from fsm_agent.otel import interceptor as otel_names
-from fsm_agent.runtime.interceptors import observing
+from fsm_agent.otel import _interceptor as otel_names
 from fsm_agent.testing import FaultyTools, ProcessDied, answer, call, decide
-from fsm_agent.testing.scenarios import Mortal, scripted_runtime
-from fsm_agent.testing.suite import SUITE
+from fsm_agent.testing._scenarios import Mortal, scripted_runtime
+from fsm_agent.testing._suite import SUITE
 
 USAGE = {"input_tokens": 7, "output_tokens": 3, "cached_tokens": 2, "cost": 0.001}
 
@@ -287,8 +287,8 @@ def test_a_driving_that_never_recorded_its_end_is_closed_by_the_next_run(otel: O
     ot = otel.interceptor()
     script = [answer("a")]
     # A synthetic driving: events of a run whose run_end never comes (a killed process).
-    from fsm_agent.core.events import Transitioned
-    from fsm_agent.runtime.context import reset_trace_context, set_trace_context
+    from fsm_agent._core.events import Transitioned
+    from fsm_agent._runtime.context import reset_trace_context, set_trace_context
 
     token = set_trace_context({})  # as the driver of a run does
     ot.on_event(Transitioned(seq=1, run_id="ghost", trigger="resume", source="deciding",
@@ -666,10 +666,10 @@ sys.path.insert(0, sys.argv[2])
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._durable.sqlite import SqliteStore
 from fsm_agent.otel import OpenTelemetry
 from fsm_agent.testing import FaultyTools, answer
-from fsm_agent.testing.scenarios import scripted_runtime
+from fsm_agent.testing._scenarios import scripted_runtime
 
 exporter = InMemorySpanExporter()
 provider = TracerProvider()
@@ -686,7 +686,7 @@ print(json.dumps({"status": result.status, "spans": [
 
 
 def test_a_run_resumed_by_another_process_continues_its_trace(otel: Otel, tmp_path: Path) -> None:
-    from fsm_agent.durable.sqlite import SqliteStore
+    from fsm_agent._durable.sqlite import SqliteStore
 
     db = tmp_path / "runs.db"
     kit = FaultyTools()
@@ -754,7 +754,7 @@ def test_a_runtime_without_the_interceptor_loads_nothing_of_opentelemetry() -> N
     code = """
 import sys
 from fsm_agent.testing import FaultyTools, answer, call, decide
-from fsm_agent.testing.scenarios import scripted_runtime
+from fsm_agent.testing._scenarios import scripted_runtime
 kit = FaultyTools()
 kit.read("lookup")
 kit.write("file", requires_approval=True)

@@ -17,9 +17,9 @@ from test_otel import Otel
 from test_stream_recorded import APIS, _adapter, _text_only
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.core.events import TextDelta
+from fsm_agent._core.events import TextDelta
+from fsm_agent._runtime.context import reset_delta_sink, set_delta_sink
 from fsm_agent.models import ModelRetry, OpenAIChatModel
-from fsm_agent.runtime.context import reset_delta_sink, set_delta_sink
 
 
 @pytest.fixture(scope="module")

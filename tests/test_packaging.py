@@ -60,10 +60,10 @@ def test_the_wheel_holds_the_package_its_assets_and_the_license(dist: Path) -> N
         "fsm_agent/__init__.py",
         "fsm_agent/_version.py",
         "fsm_agent/py.typed",
-        "fsm_agent/core/table.py",
-        "fsm_agent/render/viewer/viewer.js",
-        "fsm_agent/render/viewer/viewer.css",
-        "fsm_agent/testing/plugin.py",
+        "fsm_agent/_core/table.py",
+        "fsm_agent/_render/viewer/viewer.js",
+        "fsm_agent/_render/viewer/viewer.css",
+        "fsm_agent/testing/_plugin.py",
         f"{info}/licenses/LICENSE",
         f"{info}/entry_points.txt",
     ):
@@ -73,8 +73,8 @@ def test_the_wheel_holds_the_package_its_assets_and_the_license(dist: Path) -> N
         meta = email.message_from_bytes(z.read(f"{info}/METADATA"))
         entry_points = z.read(f"{info}/entry_points.txt").decode()
     assert meta["Version"] == __version__ and meta["License-Expression"] == "MIT"
-    assert "fsm-agent = fsm_agent.cli:main" in entry_points
-    assert "fsm_agent = fsm_agent.testing.plugin" in entry_points
+    assert "fsm-agent = fsm_agent._cli:main" in entry_points
+    assert "fsm_agent = fsm_agent.testing._plugin" in entry_points
     extras = set(meta.get_all("Provides-Extra") or [])
     assert {"openai", "anthropic", "mcp", "docs", "dist", "dev"} <= extras
     sdist = next(dist.glob("*.tar.gz"))

@@ -28,10 +28,10 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.requests import IdempotencyRecord
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.durable.store import Checkpoint
-from fsm_agent.errors import IntentConflict, RunBusy
+from fsm_agent._core.requests import IdempotencyRecord
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.store import Checkpoint
+from fsm_agent._errors import IntentConflict, RunBusy
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -294,7 +294,7 @@ CHILD = textwrap.dedent(
     """
     import json, os, signal, sys
     from fsm_agent import Runtime, ToolRegistry
-    from fsm_agent.durable.postgres import PostgresStore
+    from fsm_agent._durable.postgres import PostgresStore
 
     dsn, schema, ledger = sys.argv[1:]
     tools = ToolRegistry()
@@ -358,7 +358,7 @@ def test_killed_before_a_result_behind_was_sent_resumes_to_outcome_unknown(
 def test_the_last_checkpoint_lets_the_claim_go_and_a_held_run_is_judged(
     pg_server: Any, pg_store: PostgresStore
 ) -> None:
-    from fsm_agent.durable import owners
+    from fsm_agent._durable import owners
 
     result = make_runtime([say("Nothing to do.")], Backend(), store=pg_store).run("go", run_id="r1")
     assert result.status == "done"

@@ -17,13 +17,13 @@ import psycopg
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.cli import main
-from fsm_agent.durable.audit import audit_run
-from fsm_agent.durable.pg_schema import SCHEMA_VERSION
-from fsm_agent.durable.postgres import PostgresStore
-from fsm_agent.errors import ConfigError, CorruptRecord, StoreError
-from fsm_agent.trace.chain import strip_links
-from fsm_agent.trace.checker import check_events
+from fsm_agent._cli import main
+from fsm_agent._durable.audit import audit_run
+from fsm_agent._durable.pg_schema import SCHEMA_VERSION
+from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._errors import ConfigError, CorruptRecord, StoreError
+from fsm_agent._trace.chain import strip_links
+from fsm_agent._trace.checker import check_events
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 

@@ -41,7 +41,7 @@ from provider_corpus import (
     responses_shape,
 )
 
-from fsm_agent.core.decision import parse_decision
+from fsm_agent._core.decision import parse_decision
 from fsm_agent.models import (
     AnthropicModel,
     HistoryError,
@@ -54,7 +54,7 @@ from fsm_agent.models import (
     OpenAIChatModel,
     OpenAIResponsesModel,
 )
-from fsm_agent.models.validate import (
+from fsm_agent.models._validate import (
     check_anthropic_request,
     check_openai_chat_request,
     check_openai_responses_request,

@@ -15,14 +15,14 @@ from fake_provider import Answer, FakeProvider
 from provider_corpus import Exchange, load
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.core.content import File, Image
+from fsm_agent._core.content import File, Image
 from fsm_agent.models import (
     AnthropicModel,
     HistoryError,
     OpenAIChatModel,
     OpenAIResponsesModel,
 )
-from fsm_agent.models.validate import (
+from fsm_agent.models._validate import (
     check_anthropic_request,
     check_openai_chat_request,
     check_openai_responses_request,

@@ -14,9 +14,9 @@ from fsm_agent.models import (
     check_openai_chat,
     check_openai_responses,
 )
-from fsm_agent.models.anthropic_messages import to_anthropic
-from fsm_agent.models.openai_responses import to_items
-from fsm_agent.models.validate import recognise_history_rejection
+from fsm_agent.models._anthropic_messages import to_anthropic
+from fsm_agent.models._openai_responses import to_items
+from fsm_agent.models._validate import recognise_history_rejection
 
 
 def call(cid: str, name: str = "t", args: Any = None) -> dict[str, Any]:

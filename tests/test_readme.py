@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.cli.demo import SCENARIOS
-from fsm_agent.trace.checker import check_file
+from fsm_agent._cli.demo import SCENARIOS
+from fsm_agent._trace.checker import check_file
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

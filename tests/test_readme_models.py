@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.cli import build_parser
+from fsm_agent._cli import build_parser
 
 SECTION = (Path(__file__).parents[1] / "docs" / "guides" / "providers.md").read_text(
     encoding="utf-8"

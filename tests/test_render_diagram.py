@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.cli import main
-from fsm_agent.core.table import (
+from fsm_agent._cli import main
+from fsm_agent._core.table import (
     INITIAL_STATE,
     MACHINE_HASH,
     STATES,
@@ -18,10 +18,10 @@ from fsm_agent.core.table import (
     TRANSITIONS,
     transitions_from,
 )
-from fsm_agent.render import EDGES, RenderError, edge_of, machine_dot, machine_mermaid, render
-from fsm_agent.render.edges import ARROWS, WORKING, arrow_of
-from fsm_agent.render.engine import available_renderer
-from fsm_agent.render.svg import machine_svg, titles
+from fsm_agent._render import EDGES, RenderError, edge_of, machine_dot, machine_mermaid, render
+from fsm_agent._render.edges import ARROWS, WORKING, arrow_of
+from fsm_agent._render.engine import available_renderer
+from fsm_agent._render.svg import machine_svg, titles
 
 DIAGRAMS = Path(__file__).resolve().parent.parent / "diagrams"
 HAS_DOT = shutil.which("dot") is not None
@@ -174,7 +174,7 @@ def test_webassembly_graphviz_renders_the_same_svg_without_dot(
 
 def test_no_renderer_at_all_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
-    monkeypatch.setattr("fsm_agent.render.engine._wasm_available", lambda: False)
+    monkeypatch.setattr("fsm_agent._render.engine._wasm_available", lambda: False)
     with pytest.raises(RenderError, match=r"no Graphviz renderer.*apt-get install graphviz"):
         render(machine_dot())
 
@@ -197,7 +197,7 @@ def test_cli_formats_suffixes_and_errors(
     assert main(["diagram", "-o", str(tmp_path / "no" / "such" / "m.dot")]) == 2
     assert "cannot write" in capsys.readouterr().err
     monkeypatch.setenv("PATH", "")
-    monkeypatch.setattr("fsm_agent.render.engine._wasm_available", lambda: False)
+    monkeypatch.setattr("fsm_agent._render.engine._wasm_available", lambda: False)
     assert main(["diagram", "-o", str(tmp_path / "m.svg")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no Graphviz renderer") and err.count("\n") == 1
@@ -218,7 +218,7 @@ def test_make_diagrams_is_byte_stable_whichever_renderer_is_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What `make diagrams` does, with system `dot` forced: the committed bytes come back."""
-    from fsm_agent.cli.regen import regenerate
+    from fsm_agent._cli.regen import regenerate
 
     monkeypatch.setenv("FSM_AGENT_RENDERER", "dot")  # ignored for committed pictures
     traces = tmp_path / "traces"

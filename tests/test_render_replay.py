@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from conftest import Backend, TransientToolError, call, calls, make_runtime, say
 
-from fsm_agent.cli import main
-from fsm_agent.core.table import TRANSITIONS
-from fsm_agent.render.dot import machine_dot
-from fsm_agent.render.edges import edge_of
-from fsm_agent.render.html import json_for_script
-from fsm_agent.render.replay import Replay
+from fsm_agent._cli import main
+from fsm_agent._core.table import TRANSITIONS
+from fsm_agent._render.dot import machine_dot
+from fsm_agent._render.edges import edge_of
+from fsm_agent._render.html import json_for_script
+from fsm_agent._render.replay import Replay
 
 LOOKUP = call("c1", "lookup", order_id="A17")
 HOSTILE = '</script><script>window.__pwned=1;alert(1)</script><img src=x onerror="alert(2)">'
@@ -147,7 +147,7 @@ def test_control_characters_in_payloads_never_reach_the_terminal(tmp_path: Path)
     b.output = "\x1b[2J\x1b]0;owned\x07"
     events = make_runtime([calls(LOOKUP), say("ok")], b).run("Where?").events
     trace = write_trace(tmp_path / "esc.jsonl", events)
-    from fsm_agent.render.replay import describe_step
+    from fsm_agent._render.replay import describe_step
 
     lines = [line for n in range(len(Replay(trace))) for line in describe_step(Replay(trace), n)]
     assert not any("\x1b" in line or "\x07" in line for line in lines)
@@ -201,7 +201,7 @@ def test_in_a_tty_keys_step_forward_back_jump_and_quit(tmp_path: Path) -> None:
 
 
 def test_long_steps_wrap_to_the_terminal_width(tmp_path: Path) -> None:
-    from fsm_agent.render.replay import describe_step
+    from fsm_agent._render.replay import describe_step
 
     replay = Replay(retry_trace(tmp_path))
     for n in range(len(replay)):
@@ -284,7 +284,7 @@ def test_html_page_embeds_trace_content_only_as_escaped_json(tmp_path: Path) -> 
 
 @pytest.mark.skipif(not HAS_RENDERER, reason="no Graphviz renderer installed")
 def test_regen_writes_the_machine_a_frame_per_trace_and_a_heat_map(tmp_path: Path) -> None:
-    from fsm_agent.cli.regen import main as regen
+    from fsm_agent._cli.regen import main as regen
 
     traces = tmp_path / "traces"
     traces.mkdir()

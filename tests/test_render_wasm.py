@@ -18,8 +18,8 @@ pytest.importorskip("wasmtime")
 DRAW = (
     "import time, sys\n"
     "t = time.perf_counter()\n"
-    "from fsm_agent.render import wasm\n"
-    "from fsm_agent.render.dot import machine_dot\n"
+    "from fsm_agent._render import wasm\n"
+    "from fsm_agent._render.dot import machine_dot\n"
     "svg = wasm.render_svg(machine_dot(detail='overview'))\n"
     "assert svg.rstrip().endswith(b'</svg>')\n"
     "print(time.perf_counter() - t)\n"

@@ -11,10 +11,10 @@ import pytest
 from conftest import Backend, TransientToolError, call, calls, make_runtime, say
 
 from fsm_agent import RetryPolicy
-from fsm_agent.cli import main
-from fsm_agent.errors import StepError
-from fsm_agent.render.replay import MAX_TRACE_BYTES, Replay, describe_step
-from fsm_agent.render.stepper import print_steps
+from fsm_agent._cli import main
+from fsm_agent._errors import StepError
+from fsm_agent._render.replay import MAX_TRACE_BYTES, Replay, describe_step
+from fsm_agent._render.stepper import print_steps
 
 
 def retried(tmp_path: Path) -> Path:

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.core.canonical import digest
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.review import record
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import ReviewError
-from fsm_agent.trace.checker import check_events
+from fsm_agent._core.canonical import digest
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._durable.review import record
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import ReviewError
+from fsm_agent._trace.checker import check_events
 
 ASKED = {"request_id": "R-1", "title": "refund 80 EUR"}
 EDITED = {"request_id": "R-1", "title": "refund 50 EUR"}

@@ -11,13 +11,13 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import ScriptedModel
-from fsm_agent.core import loop
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.review import paused_state
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import ReviewError
-from fsm_agent.testing.scenarios import Mortal, ProcessDied
-from fsm_agent.trace.checker import check_events
+from fsm_agent._core import loop
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._durable.review import paused_state
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import ReviewError
+from fsm_agent._trace.checker import check_events
+from fsm_agent.testing._scenarios import Mortal, ProcessDied
 
 WRITE = {"request_id": "R-1", "title": "refund"}
 

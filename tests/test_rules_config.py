@@ -10,7 +10,7 @@ import pytest
 
 import fsm_agent
 from fsm_agent import ConfigError
-from fsm_agent.rules import Rule, RuleSet, ToolInfo, cel
+from fsm_agent._rules import Rule, RuleSet, ToolInfo, cel
 
 # CEL conditions need the `cel` extra (CPython 3.11+); without it these tests cannot run.
 pytest.importorskip("cel_expr_python")
@@ -194,7 +194,7 @@ def test_rule_is_a_frozen_value_exported_from_the_package() -> None:
 def test_an_unknown_phase_to_judge_is_refused() -> None:
     rules = RuleSet([], TOOLS)
     with pytest.raises(ValueError, match=re.escape("'on_tool' is not a phase")):
-        rules.judge("on_tool", fsm_agent.rules.Facts())
+        rules.judge("on_tool", fsm_agent._rules.Facts())
 
 
 def test_tools_that_are_not_tools_are_refused_with_the_fix() -> None:
@@ -224,7 +224,7 @@ def test_importing_the_package_does_not_load_the_cel_engine() -> None:
     import sys
 
     code = (
-        "import sys, fsm_agent; from fsm_agent.rules import RuleSet, Rule\n"
+        "import sys, fsm_agent; from fsm_agent._rules import RuleSet, Rule\n"
         "assert 'cel_expr_python' not in sys.modules\n"
         "RuleSet([Rule('r', on='before_model', when=lambda f: True, then='deny')], {})\n"
         "assert 'cel_expr_python' not in sys.modules\n"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fsm_agent.rules import Facts, Rule, RuleSet, ToolInfo
-from fsm_agent.rules.canonical import canonical_text, digest
+from fsm_agent._rules import Facts, Rule, RuleSet, ToolInfo
+from fsm_agent._rules.canonical import canonical_text, digest
 
 # CEL conditions need the `cel` extra (CPython 3.11+); without it these tests cannot run.
 pytest.importorskip("cel_expr_python")

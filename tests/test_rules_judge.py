@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from fsm_agent import ConfigError
-from fsm_agent.rules import Facts, Judgement, OpaqueCondition, Rule, RuleSet, ToolInfo
-from fsm_agent.rules.canonical import canonical_text, digest
+from fsm_agent._rules import Facts, Judgement, OpaqueCondition, Rule, RuleSet, ToolInfo
+from fsm_agent._rules.canonical import canonical_text, digest
 
 # CEL conditions need the `cel` extra (CPython 3.11+); without it these tests cannot run.
 pytest.importorskip("cel_expr_python")

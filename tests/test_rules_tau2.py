@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tau2_policy import RULES, Judged, executed, outcome, policy, steps_with_facts, tasks
 
-from fsm_agent.rules import Facts, RuleSet
+from fsm_agent._rules import Facts, RuleSet
 
 # CEL conditions need the `cel` extra (CPython 3.11+); without it these tests cannot run.
 pytest.importorskip("cel_expr_python")

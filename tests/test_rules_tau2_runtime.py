@@ -16,8 +16,8 @@ from conftest import assert_valid_run, call, calls, say
 from tau2_policy import RULES, TOOL_SPECS, outcome, tasks
 
 from fsm_agent import Approval, Budget, Runtime, ScriptedModel, ToolRegistry, ToolRejected
-from fsm_agent.core.canonical import canonical_json
-from fsm_agent.trace.checker import check_trace
+from fsm_agent._core.canonical import canonical_json
+from fsm_agent._trace.checker import check_trace
 
 pytest.importorskip("cel_expr_python")
 

@@ -17,11 +17,11 @@ import pytest
 from conftest import call, calls, say
 
 from fsm_agent import Budget, Rule, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.table import DEFAULT_MACHINE
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import ConfigError, MachineMismatch
-from fsm_agent.trace.chain import encode_events, strip_links
-from fsm_agent.trace.checker import check_bytes, check_trace
+from fsm_agent._core.table import DEFAULT_MACHINE
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import ConfigError, MachineMismatch
+from fsm_agent._trace.chain import encode_events, strip_links
+from fsm_agent._trace.checker import check_bytes, check_trace
 
 REFUND = {"type": "object", "properties": {"amount_cents": {"type": "integer"}},
           "required": ["amount_cents"]}  # fmt: skip
@@ -449,7 +449,7 @@ def test_fsm_agent_diagram_app_draws_the_rules_rows_by_id_and_condition() -> Non
 def test_the_coverage_report_counts_the_applications_rule_rows() -> None:
     from rules_app import app
 
-    from fsm_agent.testing.coverage import TransitionCoverage
+    from fsm_agent.testing._coverage import TransitionCoverage
 
     rt = app()
     coverage = TransitionCoverage(rt.machine)
@@ -467,7 +467,7 @@ def test_the_coverage_report_counts_the_applications_rule_rows() -> None:
 
 
 def test_the_stepper_names_the_rule_that_decided(tmp_path: Path) -> None:
-    from fsm_agent.render.replay import describe_event
+    from fsm_agent._render.replay import describe_event
 
     script = [calls(call("c1", "issue_refund", amount_cents=9000))]
     result = runtime(World(), script, [BIG_REFUNDS]).run("go")
@@ -500,7 +500,7 @@ def test_a_limit_holds_across_a_resume_in_another_process(tmp_path: Path) -> Non
 
 
 def test_replay_draws_a_rule_run_over_the_machine_its_header_builds(tmp_path: Path) -> None:
-    from fsm_agent.render.replay import Replay
+    from fsm_agent._render.replay import Replay
 
     script = [calls(call("c1", "issue_refund", amount_cents=9000))]
     rt = runtime(World(), script, [BIG_REFUNDS])

@@ -11,9 +11,9 @@ import pytest
 from conftest import Backend, FakeClock, assert_valid_run, call, calls, make_runtime, say
 
 from fsm_agent import RetryPolicy, Runtime
-from fsm_agent.core.events import Event, TextDelta, ToolArgsDelta
+from fsm_agent._core.events import Event, TextDelta, ToolArgsDelta
+from fsm_agent._trace.checker import check_events
 from fsm_agent.models import StreamingScriptedModel
-from fsm_agent.trace.checker import check_events
 
 
 def _script() -> list[Any]:

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsm_agent import JsonlTrace, MemoryStore, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.core.history import check_history
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.testing.strategies import Unprintable, hostile_replies, hostile_values
-from fsm_agent.trace.chain import strip_links
-from fsm_agent.trace.checker import check_events, check_file
+from fsm_agent._core.history import check_history
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._trace.chain import strip_links
+from fsm_agent._trace.checker import check_events, check_file
+from fsm_agent.testing._strategies import Unprintable, hostile_replies, hostile_values
 
 WRITE = {"request_id": "R-1", "title": "refund"}
 
@@ -106,7 +106,7 @@ def test_a_hostile_reply_through_the_openai_adapter(tmp_path: Path) -> None:
     pytest.importorskip("openai")
     from fake_provider import Answer, FakeProvider
 
-    from fsm_agent.models.openai_chat import OpenAIChatModel
+    from fsm_agent.models._openai_chat import OpenAIChatModel
 
     body = {
         "id": "chatcmpl-1",

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import MemoryStore, Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._durable.sqlite import SqliteStore
 
 KEYS = 150  # trials per variant: one key each, raced by every worker
 SCHEMA = {"type": "object", "required": ["key"], "properties": {"key": {"type": "string"}}}
@@ -154,7 +154,7 @@ def test_asyncio_tasks_sharing_a_store() -> None:
 WORKER = """
 import json, sqlite3, sys, time
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._durable.sqlite import SqliteStore
 db, ledger, name, keys = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 sys.setswitchinterval(1e-6)
 

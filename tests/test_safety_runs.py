@@ -30,12 +30,12 @@ from fsm_agent import (
     ToolRegistry,
     TransientToolError,
 )
-from fsm_agent.core.events import Event, Transitioned
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import StoreError
-from fsm_agent.runtime.interceptors import Interceptor, observing
-from fsm_agent.testing.scenarios import Mortal, ProcessDied
-from fsm_agent.trace.checker import check_events
+from fsm_agent._core.events import Event, Transitioned
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import StoreError
+from fsm_agent._runtime.interceptors import Interceptor, observing
+from fsm_agent._trace.checker import check_events
+from fsm_agent.testing._scenarios import Mortal, ProcessDied
 
 HERE = Path(__file__).resolve().parent
 WRITE = {"request_id": "R-1", "title": "refund"}
@@ -114,10 +114,10 @@ from pathlib import Path
 from fsm_agent import Runtime, ToolRegistry
 where, ready = sys.argv[1], Path(sys.argv[2])
 if where.startswith("postgresql"):
-    from fsm_agent.durable.postgres import PostgresStore
+    from fsm_agent._durable.postgres import PostgresStore
     store = PostgresStore(where, schema=sys.argv[3], lease_s=300)
 else:
-    from fsm_agent.durable.sqlite import SqliteStore
+    from fsm_agent._durable.sqlite import SqliteStore
     store = SqliteStore(where)
 tools = ToolRegistry()
 @tools.tool(schema={"type": "object", "properties": {}}, effect="read")
@@ -159,8 +159,8 @@ def live_in_another_pid_namespace(tmp: Path, *where: str) -> subprocess.Popen[st
 
 
 def test_a_live_driver_in_another_pid_namespace_keeps_its_run(tmp_path: Path) -> None:
-    from fsm_agent.durable import owners
-    from fsm_agent.errors import RunBusy
+    from fsm_agent._durable import owners
+    from fsm_agent._errors import RunBusy
 
     child = live_in_another_pid_namespace(tmp_path, str(tmp_path / "runs.db"))
     try:

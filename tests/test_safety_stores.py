@@ -19,9 +19,9 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
 from fsm_agent import IdempotencyRecord, MemoryStore, Runtime, ScriptedModel
-from fsm_agent.cli import main
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import StoreError
+from fsm_agent._cli import main
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import StoreError
 
 WRITE = {"request_id": "R-1", "title": "refund"}
 TRIALS = 200  # random single-bit flips of a store file

@@ -17,9 +17,9 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 from server_harness import LiveServer
 
-from fsm_agent.durable.feed import make_key
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.server.openapi import OPENAPI
+from fsm_agent._durable.feed import make_key
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent.server._openapi import OPENAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
@@ -480,7 +480,7 @@ def test_cancel_over_http_takes_the_cancel_edge_and_the_trace_checks(
 def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
     store: SqliteStore, keys: dict[str, str], server: LiveServer
 ) -> None:
-    from fsm_agent.durable import owners
+    from fsm_agent._durable import owners
 
     backend = Backend()
     pause(store, backend)  # r1: waiting for review
@@ -511,7 +511,7 @@ def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
 
 
 def test_on_postgresql_cancel_and_edit_go_through_the_machine(pg_store: Any) -> None:
-    from fsm_agent.trace.checker import check_bytes
+    from fsm_agent._trace.checker import check_bytes
 
     key, record = make_key("root", "admin")
     pg_store.add_key(record)

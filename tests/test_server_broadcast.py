@@ -8,8 +8,8 @@ from typing import Any
 
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.server.broadcast import Broadcaster
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent.server._broadcast import Broadcaster
 
 
 def test_waiters_wake_time_out_and_survive_cancellation() -> None:
@@ -79,7 +79,7 @@ def test_a_burst_of_streams_shares_key_reads_and_stays_within_the_pool() -> None
     import httpx
     from server_harness import LiveServer
 
-    from fsm_agent.durable.feed import make_key
+    from fsm_agent._durable.feed import make_key
 
     store = _SmallPool()
     rt = make_runtime([calls(call("c1", "write", request_id="R", title="t")), say("ok")],
@@ -109,8 +109,8 @@ def test_a_store_outage_during_sign_in_is_a_json_503() -> None:
     import httpx
     from server_harness import LiveServer
 
-    from fsm_agent.durable.feed import make_key
-    from fsm_agent.errors import StoreError
+    from fsm_agent._durable.feed import make_key
+    from fsm_agent._errors import StoreError
 
     store = MemoryStore()
     key, record = make_key("ana", "read")

@@ -15,8 +15,8 @@ from browser import chromium, needs_browser
 from conftest import Backend, call, calls, make_runtime, say
 from server_harness import LiveServer
 
-from fsm_agent.durable.feed import make_key
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._durable.feed import make_key
+from fsm_agent._durable.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent
 

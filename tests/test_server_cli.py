@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.cli import main
-from fsm_agent.durable.feed import parse_key
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._cli import main
+from fsm_agent._durable.feed import parse_key
+from fsm_agent._durable.sqlite import SqliteStore
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_the_demo_writes_a_database_that_serves_its_runs(
     import httpx
     from server_harness import LiveServer
 
-    from fsm_agent.trace.checker import check_bytes
+    from fsm_agent._trace.checker import check_bytes
 
     db = str(tmp_path / "demo.db")
     code, out, _ = run(capsys, "demo", "--quiet", "--db", db)

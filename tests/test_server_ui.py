@@ -14,8 +14,8 @@ import pytest
 from conftest import Backend, call, calls, make_runtime, say
 from server_harness import LiveServer
 
-from fsm_agent.durable.feed import make_key
-from fsm_agent.durable.sqlite import SqliteStore
+from fsm_agent._durable.feed import make_key
+from fsm_agent._durable.sqlite import SqliteStore
 
 # within the write tool's 50-character title (the arguments must validate to pause)
 HOSTILE = '<script>alert(1)</script><a href="javascript:x">'

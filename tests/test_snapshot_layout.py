@@ -7,8 +7,8 @@ from conftest import Backend, make_runtime, say
 from snapshot_v2 import load_v2
 
 from fsm_agent import MemoryStore
-from fsm_agent.durable import owners
-from fsm_agent.durable.store import Checkpoint
+from fsm_agent._durable import owners
+from fsm_agent._durable.store import Checkpoint
 
 V2 = load_v2()
 

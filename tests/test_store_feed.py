@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.durable.feed import make_key, parse_key, supports_feed, verify_key
-from fsm_agent.errors import ConfigError, RunNotFound
+from fsm_agent._durable.feed import make_key, parse_key, supports_feed, verify_key
+from fsm_agent._errors import ConfigError, RunNotFound
 
 WRITE = {"request_id": "R-1", "title": "A17 is late"}
 

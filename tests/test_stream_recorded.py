@@ -22,7 +22,8 @@ import openai
 import pytest
 from stream_server import Play, StreamServer, body_of, event_ends, recorded
 
-from fsm_agent.errors import ModelError, ModelUnavailableError
+from fsm_agent._errors import ModelError, ModelUnavailableError
+from fsm_agent._runtime.context import reset_delta_sink, set_delta_sink
 from fsm_agent.models import (
     AnthropicModel,
     AsyncAnthropicModel,
@@ -32,7 +33,6 @@ from fsm_agent.models import (
     OpenAIChatModel,
     OpenAIResponsesModel,
 )
-from fsm_agent.runtime.context import reset_delta_sink, set_delta_sink
 
 APIS = ("chat", "responses", "anthropic")
 ONCE = ModelRetry(max_attempts=1)
@@ -243,8 +243,8 @@ def test_recorded_streams_through_runtime_stream_end_to_end(server: StreamServer
     from conftest import assert_valid_run
 
     from fsm_agent import Runtime, ToolRegistry
-    from fsm_agent.core.events import TextDelta
-    from fsm_agent.trace.checker import check_events
+    from fsm_agent._core.events import TextDelta
+    from fsm_agent._trace.checker import check_events
 
     entries = _text_only(api)[:3]
     assert entries, f"no text-only {api} stream"
@@ -339,8 +339,8 @@ def test_recorded_tool_loops_replay_end_to_end_through_runtime_stream(
     from conftest import assert_valid_run
 
     from fsm_agent import Budget, Runtime, ToolRegistry
-    from fsm_agent.core.events import Observed, TextDelta, ToolArgsDelta
-    from fsm_agent.trace.checker import check_events
+    from fsm_agent._core.events import Observed, TextDelta, ToolArgsDelta
+    from fsm_agent._trace.checker import check_events
 
     replies = []
     for entry in entries:

@@ -13,12 +13,12 @@ from stream_server import Play, StreamServer, body_of, recorded
 from test_stream_recorded import APIS, USER, _adapter
 
 from fsm_agent import Runtime, ToolRegistry
-from fsm_agent.core.events import TextDelta, ToolArgsDelta
-from fsm_agent.core.streamed import digest_of, fold_problems
-from fsm_agent.errors import ConfigError, ModelError
+from fsm_agent._core.events import TextDelta, ToolArgsDelta
+from fsm_agent._core.streamed import digest_of, fold_problems
+from fsm_agent._errors import ConfigError, ModelError
+from fsm_agent._runtime.context import reset_trace_deltas, set_trace_deltas
+from fsm_agent._trace.checker import check_events
 from fsm_agent.models import StreamingScriptedModel
-from fsm_agent.runtime.context import reset_trace_deltas, set_trace_deltas
-from fsm_agent.trace.checker import check_events
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from conftest import assert_valid_run
 from stream_server import Play, StreamServer, body_of, recorded
 
 from fsm_agent import Budget, Runtime, ToolRegistry
+from fsm_agent._trace.checker import check_events
 from fsm_agent.models import ModelRetry, OpenAIChatModel
-from fsm_agent.trace.checker import check_events
 
 RECORDED = "chat/test_dbos_agent_run_stream-0-6acc6a.sse"
 
@@ -104,7 +104,7 @@ def test_the_material_holds_real_streams_without_usage() -> None:
 def test_every_real_stream_without_usage_is_unknown_and_stops_a_budget(
     server: StreamServer, entry: dict[str, Any]
 ) -> None:
-    from fsm_agent.errors import ModelError
+    from fsm_agent._errors import ModelError
 
     body = body_of(entry)
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)

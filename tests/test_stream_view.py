@@ -11,11 +11,11 @@ import pytest
 from browser import chromium, needs_browser
 from conftest import call, calls, make_runtime, say
 
-from fsm_agent.cli import main
+from fsm_agent._cli import main
+from fsm_agent._render.html import viewer_html
+from fsm_agent._render.replay import Replay, describe_step
+from fsm_agent._trace.checker import check_file
 from fsm_agent.models import StreamingScriptedModel
-from fsm_agent.render.html import viewer_html
-from fsm_agent.render.replay import Replay, describe_step
-from fsm_agent.trace.checker import check_file
 
 ANSWER = "A17 is in transit, arriving Thursday."
 
@@ -133,8 +133,8 @@ def test_the_viewer_says_when_the_deltas_were_coalesced(tmp_path: Path) -> None:
 def test_demo_stream_never_prints_a_control_sequence_raw(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from fsm_agent.cli.demo import _LivePrinter
-    from fsm_agent.core.events import TextDelta
+    from fsm_agent._cli.demo import _LivePrinter
+    from fsm_agent._core.events import TextDelta
 
     _LivePrinter("x")(TextDelta(seq=1, run_id="r", index=0, text="ok\x1b[2J\x07 done\n"))
     assert capsys.readouterr().out == "[x] ok\ufffd[2J\ufffd done\n"

@@ -14,8 +14,8 @@ import fleet_app
 import pytest
 
 from fsm_agent import Approval, Runtime
-from fsm_agent.durable.audit import audit_run
-from fsm_agent.durable.memory import MemoryStore
+from fsm_agent._durable.audit import audit_run
+from fsm_agent._durable.memory import MemoryStore
 
 
 def _driver(store: Any, approvals: list[Approval], key: str | None) -> Runtime:

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from fsm_agent.core.requests import CallTool, Request
-from fsm_agent.runtime.interceptors import CallNext, Interceptor, observing
-from fsm_agent.testing.scenarios import Scenario
-from fsm_agent.testing.suite import SUITE
+from fsm_agent._core.requests import CallTool, Request
+from fsm_agent._runtime.interceptors import CallNext, Interceptor, observing
+from fsm_agent.testing._scenarios import Scenario
+from fsm_agent.testing._suite import SUITE
 
 PINS_FILE = Path(__file__).parent / "core" / "suite_requests.json"
 

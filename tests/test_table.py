@@ -6,11 +6,11 @@ import subprocess
 import sys
 from typing import Any, get_args
 
-from fsm_agent.core.actions import ACTIONS
-from fsm_agent.core.engine import RUN_MACHINE
-from fsm_agent.core.guards import GUARDS
-from fsm_agent.core.judging import RULE_ACTIONS, RULE_REASONS
-from fsm_agent.core.table import (
+from fsm_agent._core.actions import ACTIONS
+from fsm_agent._core.engine import RUN_MACHINE
+from fsm_agent._core.guards import GUARDS
+from fsm_agent._core.judging import RULE_ACTIONS, RULE_REASONS
+from fsm_agent._core.table import (
     INITIAL_STATE,
     LEGACY_MACHINE_HASHES,
     MACHINE_HASH,
@@ -124,7 +124,7 @@ def test_the_hash_covers_every_column_the_runtime_uses() -> None:
 
 
 def test_hash_is_stable_across_processes() -> None:
-    code = "import fsm_agent.core.table as m; print(m.MACHINE_HASH)"
+    code = "import fsm_agent._core.table as m; print(m.MACHINE_HASH)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

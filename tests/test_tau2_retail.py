@@ -23,7 +23,7 @@ from fsm_agent import (
     ToolRegistry,
     ToolRejected,
 )
-from fsm_agent.core.canonical import canonical_json
+from fsm_agent._core.canonical import canonical_json
 
 DATA = Path(__file__).parent / "data" / "tau2_retail"
 TOOLS = json.loads((DATA / "tau2_retail_tools.json").read_text())

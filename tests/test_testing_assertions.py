@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import Runtime
+from fsm_agent._trace.checker import check_events
 from fsm_agent.testing import (
     FaultyTools,
     answer,
@@ -21,8 +22,7 @@ from fsm_agent.testing import (
     decide,
     duplicate_writes,
 )
-from fsm_agent.testing.faults import SideEffect
-from fsm_agent.trace.checker import check_events
+from fsm_agent.testing._faults import SideEffect
 
 MakeRuntime = Callable[..., Runtime]
 

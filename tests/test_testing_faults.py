@@ -122,7 +122,7 @@ def test_fsm_model_fixture(fsm_model: Callable[..., object]) -> None:
 def test_interrupts_end_the_run_in_a_defined_state(
     fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
 ) -> None:
-    from fsm_agent.testing.scenarios import run_through_interrupts
+    from fsm_agent.testing._scenarios import run_through_interrupts
 
     ticket = fsm_tools.write("ticket", faults=["interrupt_after_effect"])
     fsm_tools.read("lookup")
@@ -178,7 +178,7 @@ def test_a_call_with_other_argument_names_runs_instead_of_passing_silently(
 def test_with_key_schema_a_mismatched_call_is_refused_and_never_runs(
     fsm_tools: FaultyTools, fsm_runtime: MakeRuntime
 ) -> None:
-    from fsm_agent.testing.faults import KEY_SCHEMA
+    from fsm_agent.testing._faults import KEY_SCHEMA
 
     lookup = fsm_tools.read("lookup", schema=KEY_SCHEMA)
     result = fsm_runtime(

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from fsm_agent.models.scripted import ScriptedModel
+from fsm_agent.models._scripted import ScriptedModel
 from fsm_agent.testing import AgentUnderTest
-from fsm_agent.testing.fuzz import FUZZ_FAULTS, FuzzFailure, FuzzRun, corpus, fuzz_agent, replay
+from fsm_agent.testing._fuzz import FUZZ_FAULTS, FuzzFailure, FuzzRun, corpus, fuzz_agent, replay
 
 DESK = Path(__file__).parents[1] / "examples" / "support_desk" / "support_desk.py"
 WRITES = ["issue_refund", "send_email"]

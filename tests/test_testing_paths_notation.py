@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from fsm_agent.cli.demo_report import path_line
+from fsm_agent._cli.demo_report import path_line
 from fsm_agent.testing import FaultyTools, answer, assert_path, call, decide
-from fsm_agent.testing.assertions import collapsed, parse_path
-from fsm_agent.testing.scenarios import scripted_runtime
+from fsm_agent.testing._assertions import collapsed, parse_path
+from fsm_agent.testing._scenarios import scripted_runtime
 
 pytest_plugins = ["pytester"]
 
@@ -81,5 +81,5 @@ def test_toolkit_assertions_hide_their_frames(pytester: pytest.Pytester) -> None
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     assert "differs at step 1" in text
-    assert "fsm_agent/testing/assertions.py" not in text
+    assert "fsm_agent/testing/_assertions.py" not in text
     assert "def assert_path" not in text

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.core.table import TRANSITIONS, edge_by_key
-from fsm_agent.testing.coverage import TransitionCoverage, to_dot
+from fsm_agent._core.table import TRANSITIONS, edge_by_key
+from fsm_agent.testing._coverage import TransitionCoverage, to_dot
 
 pytest_plugins = ["pytester"]
 
@@ -142,7 +142,7 @@ def test_dot_is_a_heat_map_of_hits() -> None:
 
 def test_coverage_counts_only_while_installed() -> None:
     from fsm_agent.testing import answer, scripted_runtime
-    from fsm_agent.testing.faults import FaultyTools
+    from fsm_agent.testing._faults import FaultyTools
 
     cov = TransitionCoverage()
     runtime = scripted_runtime(FaultyTools(), [answer("a"), answer("b")])

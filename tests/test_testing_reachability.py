@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from fsm_agent import Approval, Budget, Runtime, ToolRegistry
-from fsm_agent.core.table import DEFAULT_MACHINE
-from fsm_agent.testing.coverage import TransitionCoverage
-from fsm_agent.testing.reachability import facts_of, unreachable_edges
+from fsm_agent._core.table import DEFAULT_MACHINE
+from fsm_agent.testing._coverage import TransitionCoverage
+from fsm_agent.testing._reachability import facts_of, unreachable_edges
 
 pytest_plugins = ["pytester"]
 

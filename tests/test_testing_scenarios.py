@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from fsm_agent.core.select import select_recorded
-from fsm_agent.core.table import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
+from fsm_agent._core.select import select_recorded
+from fsm_agent._core.table import INITIAL_STATE, TERMINAL_STATES, TRANSITIONS, Transition
 from fsm_agent.testing import SUITE, is_path, paths, shortest_paths
-from fsm_agent.testing.scenarios import record_transitions
+from fsm_agent.testing._scenarios import record_transitions
 
 
 def test_the_trace_alone_identifies_each_edge_taken() -> None:

@@ -20,7 +20,7 @@ from provider_shapes import ChatApi
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent.models import AsyncOpenAIChatModel
-from fsm_agent.tools.mcp import (
+from fsm_agent.tools._mcp import (
     McpBridge,
     McpServerStartError,
     list_mcp_tools,

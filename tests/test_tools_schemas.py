@@ -14,8 +14,8 @@ import pytest
 from provider_corpus import APIS, chat_specs, load
 
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
-from fsm_agent.tools.mcp import register_mcp_tools, stdio_client
-from fsm_agent.tools.registry import CHECKED_FORMATS, translate_nullable
+from fsm_agent.tools._mcp import register_mcp_tools, stdio_client
+from fsm_agent.tools._registry import CHECKED_FORMATS, translate_nullable
 
 SERVER = str(Path(__file__).with_name("mcp_nested_server.py"))
 

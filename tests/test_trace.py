@@ -10,8 +10,8 @@ import pytest
 from conftest import Backend, assert_valid_run, call, calls, make_runtime, say
 
 from fsm_agent import MACHINE_HASH, TraceError, read_trace
-from fsm_agent.core.loop import SCHEMA
-from fsm_agent.trace.chain import strip_links
+from fsm_agent._core.loop import SCHEMA
+from fsm_agent._trace.chain import strip_links
 
 
 def _run(tmp_path: Path, **options: Any) -> Any:
@@ -30,7 +30,7 @@ def test_the_file_round_trips_every_event(tmp_path: Path) -> None:
     result = _run(tmp_path)
     assert_valid_run(result)
     events = read_trace(tmp_path / "t.jsonl")
-    # Each line is the event plus its run id and chain link (fsm_agent/trace/chain.py).
+    # Each line is the event plus its run id and chain link (fsm_agent/_trace/chain.py).
     assert all(e["run"] == "r1" and len(e["chain"]) == 32 for e in events)
     assert strip_links(events) == json.loads(json.dumps(result.events))
 

@@ -24,10 +24,10 @@ from fsm_agent import (
     SqliteStore,
     ToolRegistry,
 )
-from fsm_agent.durable import review
-from fsm_agent.runtime.trace_files import _last_line, continue_trace_file
+from fsm_agent._durable import review
+from fsm_agent._runtime.trace_files import _last_line, continue_trace_file
+from fsm_agent._trace.chain import encode_events
 from fsm_agent.testing import call, decide
-from fsm_agent.trace.chain import encode_events
 
 KEY_ENV = {"FSM_TRACE_KEY": "a key the desk and its auditors share"}
 

@@ -13,10 +13,10 @@ from conftest import Backend, TransientToolError, call, calls, make_runtime, say
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fsm_agent.errors import TraceError
-from fsm_agent.render.replay import Replay, describe_step
-from fsm_agent.trace.chain import encode_events
-from fsm_agent.trace.checker import check_bytes, check_events, load_trace
+from fsm_agent._errors import TraceError
+from fsm_agent._render.replay import Replay, describe_step
+from fsm_agent._trace.chain import encode_events
+from fsm_agent._trace.checker import check_bytes, check_events, load_trace
 
 CORRUPTIONS = 3000
 

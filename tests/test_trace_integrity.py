@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.cli import main
-from fsm_agent.durable.audit import audit_run
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.errors import ConfigError
-from fsm_agent.trace.chain import Chain, encode_events, link_function, strip_links
-from fsm_agent.trace.checker import check_events, check_file, check_trace
+from fsm_agent._cli import main
+from fsm_agent._durable.audit import audit_run
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._errors import ConfigError
+from fsm_agent._trace.chain import Chain, encode_events, link_function, strip_links
+from fsm_agent._trace.checker import check_events, check_file, check_trace
 
 KEY = b"audit-key-0123456789"
 TICKET = {"request_id": "R-1", "title": "Damaged parcel"}

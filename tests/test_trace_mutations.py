@@ -12,10 +12,10 @@ import mutation_suite
 from conftest import Backend, call, calls, make_runtime, say
 from durable_scenario import runtime as durable_runtime
 
-from fsm_agent.cli.demo import SCENARIOS
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.durable.sqlite import SqliteStore
-from fsm_agent.testing.suite import SUITE
+from fsm_agent._cli.demo import SCENARIOS
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent.testing._suite import SUITE
 
 
 def real_traces(tmp_path: Path) -> list[list[dict[str, Any]]]:

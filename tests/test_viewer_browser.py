@@ -16,8 +16,8 @@ import pytest
 from browser import CHROMIUM, chromium, sync_playwright
 from conftest import Backend, call, calls, make_runtime, say
 
-from fsm_agent.render.html import viewer_html
-from fsm_agent.render.replay import Replay
+from fsm_agent._render.html import viewer_html
+from fsm_agent._render.replay import Replay
 
 pytestmark = [
     pytest.mark.skipif(

@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent import Budget, Runtime
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.tools.registry import ToolRegistry
+from fsm_agent import Budget, MemoryStore, Runtime, ToolRegistry
 
 
 @dataclass

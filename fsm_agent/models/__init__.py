@@ -19,9 +19,9 @@ from fsm_agent.models._common import (
     ModelRetry,
     ModelUnavailableError,
 )
-from fsm_agent.models.pricing import DEFAULT_PRICES, Price
-from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel, StreamingScriptedModel
-from fsm_agent.models.validate import (
+from fsm_agent.models._pricing import DEFAULT_PRICES, Price
+from fsm_agent.models._scripted import KeyedScriptedModel, ScriptedModel, StreamingScriptedModel
+from fsm_agent.models._validate import (
     check_anthropic_messages,
     check_anthropic_request,
     check_openai_chat,
@@ -59,12 +59,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "OpenAIChatModel": "openai_chat",
-    "AsyncOpenAIChatModel": "openai_chat",
-    "OpenAIResponsesModel": "openai_responses",
-    "AsyncOpenAIResponsesModel": "openai_responses",
-    "AnthropicModel": "anthropic_messages",
-    "AsyncAnthropicModel": "anthropic_messages",
+    "OpenAIChatModel": "_openai_chat",
+    "AsyncOpenAIChatModel": "_openai_chat",
+    "OpenAIResponsesModel": "_openai_responses",
+    "AsyncOpenAIResponsesModel": "_openai_responses",
+    "AnthropicModel": "_anthropic_messages",
+    "AsyncAnthropicModel": "_anthropic_messages",
 }
 
 

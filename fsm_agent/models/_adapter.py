@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
+from fsm_agent._runtime.context import report_call, wait_room
 from fsm_agent.models._common import (
     HistoryError,
     ModelRetry,
@@ -26,9 +27,8 @@ from fsm_agent.models._common import (
     call_with_retries,
     decode_body,
 )
+from fsm_agent.models._pricing import Price, db_cost, find_price
 from fsm_agent.models._stream import Fold, SseParser, fold_bytes
-from fsm_agent.models.pricing import Price, db_cost, find_price
-from fsm_agent.runtime.context import report_call, wait_room
 
 __all__ = ["AsyncCall", "ProviderCodec", "SyncCall"]
 

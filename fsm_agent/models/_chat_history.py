@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from fsm_agent.core.content import part_media
+from fsm_agent._core.content import part_media
 
 __all__ = ["CHAT_KEYS", "REASONING_KEYS", "TOOL_MEDIA", "to_openai_chat"]
 

@@ -1,5 +1,5 @@
 """What the Anthropic Messages API refuses in ``messages`` (private: use
-:mod:`fsm_agent.models.validate`).
+:mod:`fsm_agent.models._validate`).
 
 The API joins consecutive turns of one role into one turn before it checks anything, so
 the rules below apply to those joined turns (real accepted requests send a text turn and

@@ -1,5 +1,5 @@
 """What the OpenAI Responses API refuses in an ``input`` item list (private: use
-:mod:`fsm_agent.models.validate`).
+:mod:`fsm_agent.models._validate`).
 
 Known rules, each seen in a real 400:
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fsm_agent.errors import (
+from fsm_agent._errors import (
     HistoryError,
     ModelAuthError,
     ModelError,
@@ -23,8 +23,8 @@ from fsm_agent.errors import (
     ModelResponseError,
     ModelUnavailableError,
 )
-from fsm_agent.models.validate import recognise_history_rejection, recognise_reasoning_rejection
-from fsm_agent.runtime.context import time_left
+from fsm_agent._runtime.context import time_left
+from fsm_agent.models._validate import recognise_history_rejection, recognise_reasoning_rejection
 
 __all__ = [
     "HistoryError",

@@ -19,9 +19,9 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from fsm_agent.core.streamed import StreamedBlock
-from fsm_agent.errors import ModelResponseError, ModelUnavailableError
-from fsm_agent.runtime.context import emit_delta, tracing_deltas
+from fsm_agent._core.streamed import StreamedBlock
+from fsm_agent._errors import ModelResponseError, ModelUnavailableError
+from fsm_agent._runtime.context import emit_delta, tracing_deltas
 
 __all__ = [
     "AnthropicFold",

@@ -17,6 +17,6 @@ which the conventions do not name. See docs/guides/opentelemetry.md.
 
 from __future__ import annotations
 
-from fsm_agent.otel.interceptor import GUARDRAIL_EVENT, OpenTelemetry
+from fsm_agent.otel._interceptor import GUARDRAIL_EVENT, OpenTelemetry
 
 __all__ = ["GUARDRAIL_EVENT", "OpenTelemetry"]

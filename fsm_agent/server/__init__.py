@@ -13,7 +13,7 @@ __all__ = ["create_app"]
 
 
 def create_app(store: Any, **options: Any) -> Any:
-    """The Starlette app serving ``store`` (see :func:`fsm_agent.server.app.create_app`)."""
-    from fsm_agent.server.app import create_app as build
+    """The Starlette app serving ``store`` (see :func:`fsm_agent.server._app.create_app`)."""
+    from fsm_agent.server._app import create_app as build
 
     return build(store, **options)

@@ -1,15 +1,15 @@
 """Testing toolkit for fsm-agent runs: fault tools, scripted decisions, assertions,
 paths through the machine and per-transition scenarios.
 
-The pytest plugin (``fsm_agent.testing.plugin``, registered through the ``pytest11``
+The pytest plugin (``fsm_agent.testing._plugin``, registered through the ``pytest11``
 entry point) adds fixtures and ``--fsm-coverage``. Hypothesis strategies live in
-``fsm_agent.testing.strategies`` and are imported only when asked for, so this package
+``fsm_agent.testing._strategies`` and are imported only when asked for, so this package
 needs neither pytest nor Hypothesis.
 """
 
-from fsm_agent.models.scripted import KeyedScriptedModel, ScriptedModel
-from fsm_agent.testing.agent import AgentUnderTest, Execution, Ledger
-from fsm_agent.testing.assertions import (
+from fsm_agent.models._scripted import KeyedScriptedModel, ScriptedModel
+from fsm_agent.testing._agent import AgentUnderTest, Execution, Ledger
+from fsm_agent.testing._assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
     assert_path,
@@ -17,9 +17,10 @@ from fsm_agent.testing.assertions import (
     assert_trace_legal,
     duplicate_writes,
 )
-from fsm_agent.testing.decisions import answer, call, decide
-from fsm_agent.testing.faults import (
+from fsm_agent.testing._decisions import answer, call, decide
+from fsm_agent.testing._faults import (
     BEHAVIOURS,
+    KEY_SCHEMA,
     FakeClock,
     FaultyTool,
     FaultyTools,
@@ -27,26 +28,26 @@ from fsm_agent.testing.faults import (
     SideEffect,
     ToolFaults,
 )
-from fsm_agent.testing.paths import (
+from fsm_agent.testing._paths import (
     Path,
     is_path,
     paths,
     shortest_paths,
 )
-from fsm_agent.testing.scenarios import (
+from fsm_agent.testing._scenarios import (
     Scenario,
     ScenarioRun,
     record_transitions,
     scripted_runtime,
 )
-from fsm_agent.testing.suite import SUITE, missing, scenario_for
+from fsm_agent.testing._suite import SUITE, missing, scenario_for
 
 
 def __getattr__(name: str) -> object:
     # ``fuzz_agent`` needs Hypothesis, which the rest of the toolkit does not: imported
     # only when asked for.
     if name == "fuzz_agent":
-        from fsm_agent.testing.fuzz import fuzz_agent
+        from fsm_agent.testing._fuzz import fuzz_agent
 
         return fuzz_agent
     raise AttributeError(f"module 'fsm_agent.testing' has no attribute {name!r}")
@@ -54,6 +55,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "BEHAVIOURS",
+    "KEY_SCHEMA",
     "SUITE",
     "AgentUnderTest",
     "Execution",

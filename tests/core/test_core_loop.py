@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from fsm_agent import ToolRegistry
-from fsm_agent.core.approvals import ApprovalBook
-from fsm_agent.core.budget import Budget, RetryPolicy
-from fsm_agent.core.intents import IdempotencyRecord, IntentClaim
-from fsm_agent.core.loop import SCHEMA, Cancelled, Steps, start, steps
-from fsm_agent.core.requests import (
+from fsm_agent._core.approvals import ApprovalBook
+from fsm_agent._core.budget import Budget, RetryPolicy
+from fsm_agent._core.intents import IdempotencyRecord, IntentClaim
+from fsm_agent._core.loop import SCHEMA, Cancelled, Steps, start, steps
+from fsm_agent._core.requests import (
     AbortIntent,
     AskModel,
     BeginIntent,
@@ -32,8 +32,8 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
-from fsm_agent.core.state import RunConfig, RunState, SaveMode
-from fsm_agent.errors import TransientToolError
+from fsm_agent._core.state import RunConfig, RunState, SaveMode
+from fsm_agent._errors import TransientToolError
 
 TOOLS = ToolRegistry()
 TOOLS.register(

@@ -7,9 +7,9 @@ from dataclasses import replace
 from machine_app import STRICT
 
 from core.test_core_loop import ANSWER, call, decide, drive, kinds, new_state, scripted
-from fsm_agent.core.loop import start, steps
-from fsm_agent.core.state import RunState
-from fsm_agent.core.table import DEFAULT_MACHINE
+from fsm_agent._core.loop import start, steps
+from fsm_agent._core.state import RunState
+from fsm_agent._core.table import DEFAULT_MACHINE
 
 
 def strict_state() -> RunState:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fsm_agent.core.jsonsafe import MAX_DEPTH, clean_text, copy_json, dumps_safe
+from fsm_agent._core.jsonsafe import MAX_DEPTH, clean_text, copy_json, dumps_safe
 
 PLAIN: list[Any] = [
     None, True, 0, -7, 2.5, 1e300, "", "é ü 中 😀", 'quote " back \\ slash \n\t\x01',

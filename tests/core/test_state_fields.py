@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from snapshot_v2 import load_v2
 
-from fsm_agent.core.approvals import ApprovalBook
-from fsm_agent.core.budget import Budget, RetryPolicy
-from fsm_agent.core.decision import parse_decision
-from fsm_agent.core.requests import ToolOutcome
-from fsm_agent.core.state import (
+from fsm_agent._core.approvals import ApprovalBook
+from fsm_agent._core.budget import Budget, RetryPolicy
+from fsm_agent._core.decision import parse_decision
+from fsm_agent._core.requests import ToolOutcome
+from fsm_agent._core.state import (
     SNAPSHOT_VERSION,
     Counters,
     RunConfig,
@@ -24,8 +24,8 @@ from fsm_agent.core.state import (
     declarations,
     snapshot_machine,
 )
-from fsm_agent.core.table import MACHINE_HASH, TRANSITIONS
-from fsm_agent.errors import CorruptRecord
+from fsm_agent._core.table import MACHINE_HASH, TRANSITIONS
+from fsm_agent._errors import CorruptRecord
 
 # Read at import: the determinism trap forbids files while a core test runs.
 V2 = load_v2()

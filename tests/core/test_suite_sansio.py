@@ -1,9 +1,9 @@
 """The fast tier: the one-scenario-per-edge suite driven by hand through the sans-I/O loop.
 
-No driver, no thread, no real clock: each scenario of ``fsm_agent.testing.suite`` that
+No driver, no thread, no real clock: each scenario of ``fsm_agent.testing._suite`` that
 needs no review, crash or tool threads (those go through a store or a driver by nature,
 and the slow tier runs them) is run by :func:`hand_drive`, which answers every request of
-:func:`fsm_agent.core.loop.steps` itself (the model by the scenario's script, tools by
+:func:`fsm_agent._core.loop.steps` itself (the model by the scenario's script, tools by
 calling the kit's functions, the clock by the kit's fake clock, intents by an in-memory
 store). Each test asserts the exact request sequence (pinned in ``suite_requests.json``,
 which ``tests/test_suite_requests.py`` checks against the real driver), the edge the
@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from fsm_agent.core.intents import IdempotencyRecord, IntentClaim, may_claim
-from fsm_agent.core.loop import Cancelled, steps
-from fsm_agent.core.loop import start as start_run
-from fsm_agent.core.requests import (
+from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
+from fsm_agent._core.loop import Cancelled, steps
+from fsm_agent._core.loop import start as start_run
+from fsm_agent._core.requests import (
     AbortIntent,
     AskModel,
     BeginIntent,
@@ -39,14 +39,14 @@ from fsm_agent.core.requests import (
     Sleep,
     ToolOutcome,
 )
-from fsm_agent.core.state import RunState
-from fsm_agent.durable.memory import MemoryStore
-from fsm_agent.models.scripted import ScriptedModel
-from fsm_agent.runtime.config import initial_messages
-from fsm_agent.runtime.drivers import outcome_of, propagates
-from fsm_agent.testing.faults import FaultyTools
-from fsm_agent.testing.scenarios import Scenario, scripted_runtime
-from fsm_agent.testing.suite import SUITE
+from fsm_agent._core.state import RunState
+from fsm_agent._durable.memory import MemoryStore
+from fsm_agent._runtime.config import initial_messages
+from fsm_agent._runtime.drivers import outcome_of, propagates
+from fsm_agent.models._scripted import ScriptedModel
+from fsm_agent.testing._faults import FaultyTools
+from fsm_agent.testing._scenarios import Scenario, scripted_runtime
+from fsm_agent.testing._suite import SUITE
 
 pytestmark = pytest.mark.fast
 

@@ -1,0 +1,132 @@
+"""Cancelling a stored run from outside its application (the review server's
+``POST /api/runs/{id}/cancel``, ``fsm-agent runs cancel``): the table's ``cancel``
+trigger, fired by the engine's own loop, exactly as when a driver is stopped (R2).
+
+The run is claimed (``RunBusy`` while a live driver holds it: that driver's own stop
+is the way to cancel it there), restored, and driven by the loop with nothing of the
+world behind it: the clock and the store answer, and the first request that would ask
+the model, run a tool or begin an intent gets :class:`~fsm_agent._core.loop.Cancelled`
+thrown in instead, so the loop takes its ``cancel`` edge, answers every open call and
+writes ``run_end``. Only a run waiting at ``deciding`` (submitted and never driven, or
+checkpointed between rounds) is cancelled here: a run stopped mid-batch needs its
+tools to settle the batch (its application resumes it), and a run in
+``review_required`` is settled by its reviewers (the table has no ``cancel`` edge out
+of a terminal state). Check replays the result like any stopped run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from fsm_agent._core.loop import Cancelled, start, steps
+from fsm_agent._core.requests import EmitEvents, ReadClock, SaveCheckpoint
+from fsm_agent._core.state import RunState
+from fsm_agent._core.table import Machine
+from fsm_agent._durable import owners
+from fsm_agent._durable.resume import restore_state
+from fsm_agent._durable.review import _review_config
+from fsm_agent._durable.store import Checkpoint, supports_runs
+from fsm_agent._errors import ConfigError, ReviewError, StoreError
+from fsm_agent._trace.chain import Encoder, continue_chain, trace_key
+
+__all__ = ["NotCancellable", "cancel_run"]
+
+_FINISHED = frozenset({"done", "budget_exhausted", "protocol_error", "cancelled"})
+
+
+class NotCancellable(ReviewError):
+    """The run is in a state this cancel does not take (finished, paused for review,
+    stopped mid-batch); the message says what to do instead."""
+
+
+def cancel_run(
+    store: Any,
+    run_id: str,
+    *,
+    key: bytes | str | None = None,
+    machines: Mapping[str, Machine] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunState:
+    """Cancel ``run_id`` through its machine's ``cancel`` trigger and store the result;
+    returns the run's state as now stored (``cancelled``). ``key``: the runtime's
+    ``trace_key`` (a signed trace is continued under it). Raises ``RunNotFound``,
+    ``RunBusy``, :class:`NotCancellable` or ``StoreError``, changing nothing."""
+    if not supports_runs(store):
+        raise StoreError(f"{type(store).__name__} does not keep runs")
+    owner = owners.new_owner()
+    owners.hold(owner)
+    store.claim(run_id, owner)
+    try:
+        stored = store.load_run(run_id)
+        s = restore_state(stored, _review_config, machines=machines)
+        _refuse_unless_waiting(s)
+        s.config = replace(s.config, save="writes", header=dict(stored.header))
+        if not s.events:  # submitted, never driven: its trace starts here
+            adopt = getattr(store, "adopt_run", None)
+            if adopt is not None and not adopt(run_id, owner, s.config.header_fields()):
+                raise StoreError(f"run {run_id!r}: its trace began meanwhile; cancel it again")
+            start(s)
+            s.emitted = s.saved_events = 0
+        encoder = _encoder(store, s, stored.events[-2:], key)
+        for save in _stopped(s, clock):
+            lines = None if encoder is None else encoder.lines(save.events)
+            store.save(run_id, owner, save.events, Checkpoint(save.snapshot, save.messages, lines))
+        return s
+    finally:
+        owners.let_go(store, run_id, owner)
+
+
+def _refuse_unless_waiting(s: RunState) -> None:
+    status = s.state + (f"/{s.reason}" if s.reason else "")
+    if s.state in _FINISHED:
+        raise NotCancellable(f"run {s.run_id!r} is {status}: it has ended, nothing to cancel")
+    if s.state == "review_required":
+        raise NotCancellable(
+            f"run {s.run_id!r} is {status}, waiting for review: deny its pending calls "
+            "(the model is told why) instead; a paused run ends when its reviewers decide"
+        )
+    if s.state != "deciding":
+        raise NotCancellable(
+            f"run {s.run_id!r} stopped in {s.state}, in the middle of a batch: resume it "
+            "with its application (Runtime.resume or a worker) to settle the batch"
+        )
+
+
+def _stopped(s: RunState, clock: Callable[[], float]) -> list[SaveCheckpoint]:
+    """Drive the restored run until it would ask the world anything, then stop it there
+    (``Cancelled``, as a driver does); the checkpoints the loop asked to save."""
+    saves: list[SaveCheckpoint] = []
+    loop = steps(s, resumed=True)
+    request: Any = next(loop)
+    stopping = False
+    while True:
+        try:
+            if isinstance(request, ReadClock):
+                request = loop.send(clock())
+            elif isinstance(request, EmitEvents):
+                request = loop.send(None)
+            elif isinstance(request, SaveCheckpoint):
+                saves.append(request)
+                request = loop.send(None)
+            elif stopping:  # (once stopped, the loop asks only for the above)
+                raise NotCancellable(f"run {s.run_id!r} asked for {type(request).__name__}")
+            else:  # the model, a tool, an intent: the world would be asked
+                stopping = True
+                request = loop.throw(Cancelled())
+        except StopIteration:
+            return saves
+
+
+def _encoder(
+    store: Any, s: RunState, tail: list[dict[str, Any]], key: bytes | str | None
+) -> Encoder | None:
+    """What chains the new events onto the stored ones (for a store keeping lines)."""
+    if not getattr(store, "wants_lines", False) or not s.events:
+        return None
+    try:
+        return continue_chain(s.run_id, s.events[0], tail, trace_key(key), 1)
+    except ConfigError as exc:
+        raise NotCancellable(str(exc)) from None

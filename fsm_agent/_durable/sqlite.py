@@ -1,0 +1,845 @@
+"""A durable :class:`~fsm_agent._durable.store.RunStore` in one SQLite file (stdlib ``sqlite3``).
+
+WAL journal with ``synchronous=NORMAL``: a committed transaction survives the process
+being killed (SIGKILL included); after a power loss the last few commits may be lost,
+but the file stays consistent. Every checkpoint is one short ``BEGIN IMMEDIATE``
+transaction that appends the new events and history rows and replaces one small row, so
+its cost does not grow with the length of the run. Beginning a write's intent is its own
+``BEGIN IMMEDIATE`` compare-and-set, so two runs, two store objects or two processes on
+one file never both own one key (R11).
+
+Every stored row carries a CRC-32 of its body, checked on read: a damaged row is a
+:class:`~fsm_agent._errors.CorruptRecord`, never data read back silently changed (the
+checkpoint also carries its own CRC-32). Every failure is a
+:class:`~fsm_agent._errors.StoreError` that names the file and the cause.
+
+The schema version lives in ``PRAGMA user_version`` and is migrated on open; a file
+written by a newer fsm-agent is refused rather than guessed at. ``PRAGMA application_id``
+marks the file as ours: another program's database, or an existing empty file, is never
+written into. ``readonly=True`` opens without writing anything (the CLI's read commands).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import astuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
+from fsm_agent._core.state import SaveMode
+from fsm_agent._durable import owners
+from fsm_agent._durable.feed import KeyRecord, Watch
+from fsm_agent._durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
+from fsm_agent._errors import (
+    ConfigError,
+    CorruptRecord,
+    IntentConflict,
+    RunBusy,
+    RunExists,
+    RunNotFound,
+    StoreError,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
+
+#: ``PRAGMA application_id`` of an fsm-agent database ("FSMA").
+APPLICATION_ID = 0x46534D41
+
+#: Migrations in order: ``_MIGRATIONS[n]`` takes the schema from version n to n + 1.
+#: Events and history rows are keyed ``run number << 32 | seq`` in rowid tables with no
+#: secondary index, so a checkpoint appends at the right edge of each B-tree and writes
+#: few pages (keyed by the text run id, runs interleave and split pages mid-tree: measured
+#: 8 pages per commit against about 4 this way).
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE runs (
+        num         INTEGER PRIMARY KEY,
+        run_id      TEXT NOT NULL UNIQUE,
+        state       TEXT NOT NULL,
+        reason      TEXT NOT NULL DEFAULT '',
+        pending     INTEGER NOT NULL DEFAULT 0,
+        ctx         TEXT NOT NULL,
+        owner       TEXT,
+        lease_until REAL NOT NULL DEFAULT 0,
+        created     REAL NOT NULL,
+        updated     REAL NOT NULL
+    );
+    CREATE TABLE headers (num INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TABLE events (key INTEGER PRIMARY KEY, type TEXT NOT NULL, body TEXT NOT NULL);
+    CREATE TABLE messages (key INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TABLE approvals (
+        num INTEGER NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL,
+        digest TEXT NOT NULL, granted REAL NOT NULL, PRIMARY KEY (num, call_id)
+    );
+    CREATE TABLE idempotency (
+        tool        TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        args_digest TEXT NOT NULL,
+        status      TEXT NOT NULL,
+        run_id      TEXT NOT NULL,
+        call_id     TEXT NOT NULL,
+        result      TEXT,
+        updated     REAL NOT NULL,
+        PRIMARY KEY (tool, key)
+    ) WITHOUT ROWID;
+    """,
+    # 2: row checksums (NULL on rows written by version 1: read unverified), the tool's
+    # effect facts on intents, and no separate approvals (they live in the checkpoint).
+    """
+    ALTER TABLE runs ADD COLUMN sum INTEGER;
+    ALTER TABLE headers ADD COLUMN sum INTEGER;
+    ALTER TABLE events ADD COLUMN sum INTEGER;
+    ALTER TABLE messages ADD COLUMN sum INTEGER;
+    ALTER TABLE idempotency ADD COLUMN effect TEXT NOT NULL DEFAULT 'write';
+    ALTER TABLE idempotency ADD COLUMN dedup INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE idempotency ADD COLUMN sum INTEGER;
+    DROP TABLE approvals;
+    """,
+    # 3: the uses of limited approvals, one row per (approval, run, call) that holds one
+    # (counted by a range scan of the key's prefix).
+    """
+    CREATE TABLE approval_uses (
+        approval_id TEXT NOT NULL,
+        run_id      TEXT NOT NULL,
+        call_id     TEXT NOT NULL,
+        spent       REAL NOT NULL,
+        PRIMARY KEY (approval_id, run_id, call_id)
+    ) WITHOUT ROWID;
+    """,
+    # 4: the review server's API keys (a salted hash of each, never the key).
+    """
+    CREATE TABLE api_keys (
+        key_id  TEXT PRIMARY KEY,
+        name    TEXT NOT NULL,
+        scope   TEXT NOT NULL,
+        salt    TEXT NOT NULL,
+        digest  TEXT NOT NULL,
+        created REAL NOT NULL,
+        revoked REAL
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX api_keys_active ON api_keys (name) WHERE revoked IS NULL;
+    """,
+)
+
+_SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
+
+#: The schema version this code writes.
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def _dumps(value: Any) -> str:
+    # Everything the engine stores is JSON-safe already (core/jsonsafe.py); a value that
+    # is not is a bug to surface, not to paper over with repr().
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _sum(text: str | None) -> int | None:
+    return None if text is None else zlib.crc32(text.encode("utf-8"))
+
+
+class SqliteStore:
+    """Runs, events, checkpoints and idempotency records in one SQLite file.
+
+    ``timeout``: how long to wait for another process's lock before a ``StoreError``.
+    ``lease_s``: how long a claim by an owner this host cannot ask (another host, another
+    boot) holds without a heartbeat. ``create=False`` refuses a missing file;
+    ``readonly=True`` never writes (no schema, no migration, no claim).
+    """
+
+    blocking = True
+    keeps_runs = True
+    save_mode: SaveMode = "replies"
+    #: Events are stored as the driver's chained trace lines (``Checkpoint.event_lines``).
+    wants_lines = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        timeout: float = 5.0,
+        lease_s: float = 300.0,
+        create: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.timeout, self.lease_s, self.readonly = timeout, lease_s, readonly
+        self._lock = threading.RLock()
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory, not a database file")
+        exists = self.path.exists()
+        if not exists and (readonly or not create):
+            raise StoreError(f"{self.path}: no such database")
+        if exists and self.path.stat().st_size == 0:
+            raise StoreError(
+                f"{self.path}: an empty file, not an fsm-agent database (remove "
+                "it to let fsm-agent create one there)"
+            )
+        try:
+            target = f"{self.path.resolve().as_uri()}?mode=ro" if readonly else str(self.path)
+            self._conn = sqlite3.connect(
+                target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=readonly
+            )
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            self._open()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _open(self) -> None:
+        try:
+            app_id, version = self._conn.execute(
+                "SELECT * FROM pragma_application_id, pragma_user_version"
+            ).fetchone()
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: schema version {version} is newer than this fsm-agent "
+                    f"supports ({SCHEMA_VERSION}); upgrade fsm-agent to open it"
+                )
+            if app_id not in (0, APPLICATION_ID):
+                raise StoreError(
+                    f"{self.path}: not an fsm-agent database (application_id {app_id:#x})"
+                )
+            if app_id == 0:
+                tables = self._conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+                ).fetchone()[0]
+                if tables:
+                    raise StoreError(
+                        f"{self.path}: not an fsm-agent database (it holds {tables} other tables)"
+                    )
+            if self.readonly:
+                if version < SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path}: schema version {version} needs migrating "
+                        "to this fsm-agent's; open it writable once"
+                    )
+                return
+            # WAL lets readers (the CLI) work while a run writes; NORMAL syncs at
+            # checkpoints of the WAL, not at every commit (crash-safe, not power-safe).
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            if version < SCHEMA_VERSION:
+                self._migrate()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        except UnicodeDecodeError as exc:  # a damaged schema row, read as it is opened
+            raise CorruptRecord(
+                f"{self.path}: the schema is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); the file is damaged"
+            ) from None
+
+    def _migrate(self) -> None:
+        with self._write() as c:
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            current = c.execute("PRAGMA user_version").fetchone()[0]
+            for step in range(current, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        c.execute(statement)
+            c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ── transactions and errors ───────────────────────────────────────────────────
+
+    def _error(self, exc: BaseException) -> StoreError:
+        text = str(exc)
+        lowered = text.lower()
+        if "locked" in lowered or "busy" in lowered:
+            return StoreError(
+                f"{self.path}: database is locked by another process (waited {self.timeout:g}s)"
+            )
+        if "full" in lowered:
+            return StoreError(
+                f"{self.path}: the disk is full ({text}); nothing of this transaction was stored"
+            )
+        if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
+            return CorruptRecord(f"{self.path}: not an SQLite database or corrupt ({text})")
+        if "unable to open" in lowered:
+            return StoreError(f"{self.path}: cannot open the database file ({text})")
+        if "readonly" in lowered or "read-only" in lowered:
+            return StoreError(f"{self.path}: the database is read-only ({text})")
+        return StoreError(f"{self.path}: {text}")
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: all of it is committed, or none. A failure
+        is reported by its first cause (a ROLLBACK that fails after a full disk must not
+        hide why)."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only; this command does not write")
+        with self._lock:
+            c = self._conn
+            try:
+                c.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+            try:
+                yield c
+                c.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback(c)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._error(exc) from None
+                raise
+
+    @staticmethod
+    def _rollback(c: sqlite3.Connection) -> None:
+        if c.in_transaction:
+            # The transaction is gone either way; the first error is what counts.
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("ROLLBACK")
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+            except UnicodeDecodeError as exc:  # a damaged TEXT value
+                raise CorruptRecord(
+                    f"{self.path}: a stored row is not UTF-8 text ({exc.reason}"
+                    f" at byte {exc.start}); the file is damaged"
+                ) from None
+
+    def _loads(self, text: Any, stored_sum: Any, what: str) -> Any:
+        if not isinstance(text, str) or (stored_sum is not None and _sum(text) != stored_sum):
+            raise CorruptRecord(
+                f"{self.path}: {what} fails its checksum (the row was changed or damaged)"
+            )
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptRecord(f"{self.path}: {what} is not readable JSON ({exc})") from None
+
+    # ── idempotency ───────────────────────────────────────────────────────────────
+
+    _INTENT = (
+        "SELECT args_digest, status, run_id, call_id, result, effect, dedup, sum "
+        "FROM idempotency WHERE tool = ? AND key = ?"
+    )
+
+    def _intent(self, c: sqlite3.Connection, tool: str, key: str) -> IdempotencyRecord | None:
+        row = c.execute(self._INTENT, (tool, key)).fetchone()
+        if row is None:
+            return None
+        digest, status, run_id, call_id, result, effect, dedup, stored_sum = row
+        where = f"the idempotency record of {tool!r} key {key!r}"
+        body = "|".join((digest, status, run_id, call_id, result or "", effect, str(dedup)))
+        if stored_sum is not None and _sum(body) != stored_sum:
+            raise CorruptRecord(
+                f"{self.path}: {where} fails its checksum (the row was changed or damaged)"
+            )
+        if status not in ("pending", "committed"):
+            raise CorruptRecord(f"{self.path}: {where} has status {status!r}")
+        value = None if result is None else self._loads(result, None, where)
+        return IdempotencyRecord(
+            tool, key, digest, status, run_id, call_id, value, effect, bool(dedup)
+        )
+
+    @staticmethod
+    def _put_intent(c: sqlite3.Connection, r: IdempotencyRecord, result: str | None) -> None:
+        body = "|".join(
+            (
+                r.args_digest,
+                r.status,
+                r.run_id,
+                r.call_id,
+                result or "",
+                r.effect,
+                str(int(r.dedup)),
+            )
+        )
+        c.execute(
+            "INSERT OR REPLACE INTO idempotency (tool, key, args_digest, status, run_id, "
+            "call_id, result, updated, effect, dedup, sum) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                r.tool,
+                r.key,
+                r.args_digest,
+                r.status,
+                r.run_id,
+                r.call_id,
+                result,
+                time.time(),
+                r.effect,
+                int(r.dedup),
+                _sum(body),
+            ),
+        )
+
+    def begin_intent(
+        self,
+        record: IdempotencyRecord,
+        *,
+        take_over: bool = False,
+        fence: Fence | None = None,
+        save: RunSave | None = None,
+    ) -> IntentClaim:
+        with self._write() as c:
+            self._check_fence(c, fence)
+            self._save_with(c, save)
+            found = self._intent(c, record.tool, record.key)
+            if may_claim(found, record, take_over):
+                self._put_intent(c, record, None)
+                return IntentClaim(True, found)
+            return IntentClaim(False, found)
+
+    def commit_intent(
+        self,
+        tool: str,
+        key: str,
+        owner: tuple[str, str],
+        result: Any,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
+        text = _dumps(result)
+        with self._write() as c:
+            self._check_fence(c, fence)
+            found = self._intent(c, tool, key)
+            if found is not None and found.status == "committed" and found.owner == owner:
+                return  # committed already
+            if found is None or found.status != "pending":
+                raise IntentConflict(
+                    f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
+                )
+            done = IdempotencyRecord(
+                tool,
+                key,
+                found.args_digest,
+                "committed",
+                found.run_id,
+                found.call_id,
+                None,
+                found.effect,
+                found.dedup,
+            )
+            self._put_intent(c, done, text)
+
+    def abort_intent(
+        self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
+    ) -> None:
+        with self._write() as c:
+            self._check_fence(c, fence)
+            c.execute(
+                "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
+                "'pending' AND run_id = ? AND call_id = ?",
+                (tool, key, *owner),
+            )
+
+    def _check_fence(self, c: sqlite3.Connection, fence: Fence | None) -> None:
+        """Inside the intent's own transaction: refuse a driver that lost its claim."""
+        if fence is None:
+            return
+        run_id, owner = fence
+        row = c.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or row[0] != owner:
+            self._not_owner(c, run_id)
+
+    def get_intent(self, tool: str, key: str) -> IdempotencyRecord | None:
+        with self._lock:
+            try:
+                return self._intent(self._conn, tool, key)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+            except UnicodeDecodeError as exc:
+                raise CorruptRecord(
+                    f"{self.path}: the idempotency record of {tool!r} key "
+                    f"{key!r} is not UTF-8 text ({exc.reason})"
+                ) from None
+
+    #: The 0.1 name of :meth:`get_intent`.
+    get_idempotency = get_intent
+
+    def find_intents(
+        self, *, run_id: str | None = None, tool: str | None = None, args_digest: str | None = None
+    ) -> list[IdempotencyRecord]:
+        """Idempotency records owned by ``run_id`` and/or of ``tool`` with ``args_digest``
+        (``fsm-agent check --db`` compares a run's trace with them). A scan: an audit
+        query, not a hot path."""
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("tool", tool), ("args_digest", args_digest)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT tool, key FROM idempotency"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            try:
+                keys = self._conn.execute(sql + " ORDER BY tool, key", params).fetchall()
+                found = [self._intent(self._conn, t, k) for t, k in keys]
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return [r for r in found if r is not None]
+
+    # ── runs ──────────────────────────────────────────────────────────────────────
+
+    def create_run(
+        self,
+        run_id: str,
+        header: dict[str, Any],
+        owner: str,
+        events: list[dict[str, Any]],
+        checkpoint: Checkpoint,
+    ) -> None:
+        now = time.time()
+        header_text, snapshot = _dumps(header), _dumps(checkpoint.snapshot)
+        with self._write() as c:
+            if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
+                raise RunExists(f"run id {run_id!r} is already stored in {self.path}")
+            state, reason, pending = _columns(checkpoint.snapshot)
+            # The header is written once, apart: the runs row stays small because every
+            # checkpoint rewrites it.
+            num = c.execute(
+                "INSERT INTO runs (run_id, state, reason, pending, ctx, owner, lease_until, "
+                "created, updated, sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    state,
+                    reason,
+                    pending,
+                    snapshot,
+                    owner,
+                    now + self.lease_s,
+                    now,
+                    now,
+                    _sum(snapshot),
+                ),
+            ).lastrowid
+            assert num is not None
+            c.execute("INSERT INTO headers VALUES (?, ?, ?)", (num, header_text, _sum(header_text)))
+            self._append(c, num, events, checkpoint)
+
+    def save(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        with self._write() as c:
+            self._save(c, run_id, owner, events, checkpoint)
+
+    def _save_with(self, c: sqlite3.Connection, save: RunSave | None) -> None:
+        """A run's save riding with an intent operation (first, in its transaction: a
+        fenced owner changes nothing at all)."""
+        if save is not None:
+            self._save(c, save.run_id, save.owner, save.events, save.checkpoint)
+
+    def _save(
+        self,
+        c: sqlite3.Connection,
+        run_id: str,
+        owner: str,
+        events: list[dict[str, Any]],
+        checkpoint: Checkpoint,
+    ) -> None:
+        snapshot = _dumps(checkpoint.snapshot)
+        state, reason, pending = _columns(checkpoint.snapshot)
+        now = time.time()
+        # The fence: only the owner that holds the claim commits anything.
+        cur = c.execute(
+            "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
+            "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
+            (state, reason, pending, snapshot, _sum(snapshot), now, now + self.lease_s, run_id,
+             owner),
+        )  # fmt: skip
+        row = cur.fetchone()
+        if row is None:
+            self._not_owner(c, run_id)
+        self._append(c, int(row[0]), events, checkpoint)
+
+    @staticmethod
+    def _append(
+        c: sqlite3.Connection, num: int, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        base = num << _SHIFT
+        if events:
+            rows = []
+            # The driver's chained lines when it encoded them (the trace file's bytes).
+            lines = checkpoint.event_lines
+            if lines is None or len(lines) != len(events):
+                lines = [_dumps(e) for e in events]
+            for e, text in zip(events, lines, strict=True):
+                rows.append((base + e["seq"], e["type"], text, _sum(text)))
+            c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
+        if checkpoint.messages:
+            texts = [(base + i, _dumps(m)) for i, m in checkpoint.messages]
+            c.executemany(
+                "INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
+                [(k, t, _sum(t)) for k, t in texts],
+            )
+
+    def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
+        row = c.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r} in {self.path}")
+        raise RunBusy(
+            f"run {run_id!r} was taken over by {row[0] or 'nobody'}; this driver stopped driving it"
+        )
+
+    def adopt_run(self, run_id: str, owner: str, header: dict[str, Any]) -> bool:
+        """As :meth:`PostgresStore.adopt_run`: a run with no event yet takes its first
+        driver's header."""
+        header_text = _dumps(header)
+        with self._write() as c:
+            row = c.execute(
+                "SELECT num FROM runs WHERE run_id = ? AND owner = ?", (run_id, owner)
+            ).fetchone()
+            if row is None:
+                self._not_owner(c, run_id)
+            num = int(row[0])
+            if c.execute(
+                "SELECT 1 FROM events WHERE key BETWEEN ? AND ? LIMIT 1",
+                (num << _SHIFT, ((num + 1) << _SHIFT) - 1),
+            ).fetchone():
+                return False
+            c.execute(
+                "UPDATE headers SET body = ?, sum = ? WHERE num = ?",
+                (header_text, _sum(header_text), num),
+            )
+        return True
+
+    def load_run(self, run_id: str) -> StoredRun:
+        with self._lock:
+            rows = self._read(
+                "SELECT r.num, h.body, h.sum, r.ctx, r.sum FROM runs r JOIN "
+                "headers h USING (num) WHERE r.run_id = ?",
+                (run_id,),
+            )
+            if not rows:
+                raise RunNotFound(f"no run {run_id!r} in {self.path}")
+            num, header, header_sum, snapshot, snapshot_sum = rows[0]
+            span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
+            messages = self._read(
+                "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
+            )
+            events = self._read(
+                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key", span
+            )
+        where = f"run {run_id!r}"
+        return StoredRun(
+            run_id,
+            self._loads(header, header_sum, f"the header of {where}"),
+            self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
+            [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
+            [self._loads(b, s, f"event {k - span[0]} of {where}") for k, b, s in events],
+        )
+
+    def list_runs(self, state: str | None = None) -> list[RunSummary]:
+        sql = "SELECT run_id, state, reason, pending, created, updated FROM runs"
+        params: tuple[Any, ...] = ()
+        if state is not None:
+            sql, params = sql + " WHERE state = ?", (state,)
+        rows = self._read(sql + " ORDER BY updated DESC", params)
+        return [RunSummary(*row) for row in rows]
+
+    # ── change feed and keys (the review server) ──────────────────────────────────
+
+    def events_since(self, run_id: str, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+        """See :meth:`~fsm_agent._durable.feed.FeedStore.events_since`."""
+        with self._lock:
+            rows = self._read("SELECT num FROM runs WHERE run_id = ?", (run_id,))
+            if not rows:
+                raise RunNotFound(f"no run {run_id!r} in {self.path}")
+            base = rows[0][0] << _SHIFT
+            events = self._read(
+                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key LIMIT ?",
+                (base + max(seq + 1, 0), base + (1 << _SHIFT) - 1, max(limit, 0)),
+            )
+        where = f"run {run_id!r}"
+        return [self._loads(b, s, f"event {k - base} of {where}") for k, b, s in events]
+
+    def watch(self, poll_s: float = 0.02) -> Watch:
+        """A watch polling the file every ``poll_s`` seconds (see ``_DataVersionWatch``)."""
+        try:
+            return _DataVersionWatch(self.path, poll_s)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    _KEY_COLUMNS = "key_id, name, scope, salt, digest, created, revoked"
+
+    def add_key(self, record: KeyRecord) -> None:
+        with self._write() as c:
+            if c.execute(
+                "SELECT 1 FROM api_keys WHERE name = ? AND revoked IS NULL", (record.name,)
+            ).fetchone():
+                raise ConfigError(f"a key named {record.name!r} exists; revoke it first")
+            c.execute(
+                f"INSERT INTO api_keys ({self._KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                astuple(record),
+            )
+
+    def get_key(self, key_id: str) -> KeyRecord | None:
+        rows = self._read(f"SELECT {self._KEY_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,))
+        return _key_record(rows[0]) if rows else None
+
+    def list_keys(self) -> list[KeyRecord]:
+        rows = self._read(f"SELECT {self._KEY_COLUMNS} FROM api_keys ORDER BY created")
+        return [_key_record(row) for row in rows]
+
+    def revoke_key(self, name: str) -> int:
+        with self._write() as c:
+            cursor = c.execute(
+                "UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked IS NULL",
+                (time.time(), name),
+            )
+            return int(cursor.rowcount)
+
+    def claim(self, run_id: str, owner: str) -> None:
+        now = time.time()
+        with self._write() as c:
+            row = c.execute(
+                "SELECT owner, lease_until FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.path}")
+            holder, until = row
+            if holder not in (None, owner) and owners.is_live(holder, until, now):
+                raise RunBusy(
+                    f"run {run_id!r} is being driven by {holder}; try again when it stops"
+                )
+            c.execute(
+                "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
+                (owner, now + self.lease_s, run_id),
+            )
+
+    def renew(self, run_id: str, owner: str) -> None:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
+                (time.time() + self.lease_s, run_id, owner),
+            )
+            if cur.rowcount != 1:
+                self._not_owner(c, run_id)
+
+    def release(self, run_id: str, owner: str) -> None:
+        with self._write() as c:
+            c.execute(
+                "UPDATE runs SET owner = NULL WHERE run_id = ? AND owner = ?", (run_id, owner)
+            )
+
+    # ── retention ─────────────────────────────────────────────────────────────────
+
+    # ── approval uses ─────────────────────────────────────────────────────────────
+
+    def consume_approval(self, approval_id: str, max_uses: int, run_id: str, call_id: str) -> bool:
+        """See :meth:`~fsm_agent._durable.store.ApprovalStore.consume_approval`: one
+        ``BEGIN IMMEDIATE`` transaction, so processes sharing the file count together."""
+        with self._write() as c:
+            held = c.execute(
+                "SELECT 1 FROM approval_uses WHERE approval_id = ? AND run_id = ? AND call_id = ?",
+                (approval_id, run_id, call_id),
+            ).fetchone()
+            if held is not None:
+                return True
+            (used,) = c.execute(
+                "SELECT count(*) FROM approval_uses WHERE approval_id = ?", (approval_id,)
+            ).fetchone()
+            if used >= max_uses:
+                return False
+            c.execute(
+                "INSERT INTO approval_uses (approval_id, run_id, call_id, spent) "
+                "VALUES (?, ?, ?, ?)",
+                (approval_id, run_id, call_id, time.time()),
+            )
+            return True
+
+    def approval_uses(self, approval_id: str) -> int:
+        rows = self._read(
+            "SELECT count(*) FROM approval_uses WHERE approval_id = ?", (approval_id,)
+        )
+        return int(rows[0][0])
+
+    def prune(self, older_than_s: float, *, intents: bool = True) -> tuple[int, int]:
+        """Delete runs that ended (any terminal state but ``review_required``) more than
+        ``older_than_s`` seconds ago and are not being driven, with their events and
+        history; with ``intents``, also committed idempotency records that old (a request
+        that old runs again instead of replaying). A run waiting for review and a pending
+        intent are never pruned. Returns ``(runs, intents)`` deleted."""
+        cutoff = time.time() - older_than_s
+        with self._write() as c:
+            nums = [
+                n
+                for (n,) in c.execute(
+                    "SELECT num FROM runs WHERE updated < ? AND owner IS NULL AND state IN "
+                    "('done', 'budget_exhausted', 'protocol_error', 'cancelled')",
+                    (cutoff,),
+                )
+            ]
+            for num in nums:
+                span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
+                c.execute("DELETE FROM events WHERE key BETWEEN ? AND ?", span)
+                c.execute("DELETE FROM messages WHERE key BETWEEN ? AND ?", span)
+                c.execute("DELETE FROM headers WHERE num = ?", (num,))
+                c.execute("DELETE FROM runs WHERE num = ?", (num,))
+            dropped = 0
+            if intents:
+                dropped = c.execute(
+                    "DELETE FROM idempotency WHERE status = 'committed' AND updated < ?", (cutoff,)
+                ).rowcount
+        return len(nums), dropped
+
+
+def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
+    body = snapshot.get("body") if isinstance(snapshot, dict) else None
+    body = body if isinstance(body, dict) else {}
+    return (
+        str(body.get("state", "")),
+        str(body.get("reason") or ""),
+        len(body.get("placeholders") or {}),
+    )
+
+
+class _DataVersionWatch:
+    """A watch on an SQLite file: ``PRAGMA data_version`` of a connection that never
+    writes changes on every commit by any other connection (this process's store
+    included), so polling it is one cheap read of the file header."""
+
+    def __init__(self, path: Path, poll_s: float) -> None:
+        self._conn = sqlite3.connect(str(path), check_same_thread=False)
+        self._poll_s = poll_s
+        self._seen = self._version()
+
+    def _version(self) -> int:
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            version = self._version()
+            if version != self._seen:
+                self._seen = version
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self._poll_s, left))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _key_record(row: tuple[Any, ...]) -> KeyRecord:
+    return KeyRecord(*row)

@@ -1,0 +1,88 @@
+"""What a rule sees (:class:`Facts`) and what judging it gives (:class:`Judgement`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["PASS", "Facts", "Judgement"]
+
+#: The verdict of a judgement no rule decided.
+PASS = "pass"
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The run's facts at one point where rules are judged (JSON values from the run).
+
+    ``calls`` are this run's executed calls, oldest first, each a mapping with ``tool``,
+    ``args``, ``ok`` and ``result``. ``context`` holds the caller's trusted facts
+    (``run(..., context={...})``). A Python ``when`` reads these as attributes; a CEL
+    condition reads the ones its phase declares (``fsm_agent._rules.cel.PHASE_VARIABLES``).
+    """
+
+    tool: str | None = None
+    effect: str | None = None
+    args: Mapping[str, Any] | None = None
+    result: Any = None
+    answer: str | None = None
+    counters: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    calls: Sequence[Mapping[str, Any]] = ()
+    context: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    call_id: str | None = None
+    #: Variables the caller vouches are CEL-ready already (screened, or built by the
+    #: engine from plain JSON within CEL's limits): handed over without the screen.
+    trusted: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def variable(self, name: str) -> Any:
+        """The value of one rule variable (``args`` of a call with none is ``{}``)."""
+        value = getattr(self, name)
+        if value is None and name == "args":
+            return {}
+        if name == "calls" and isinstance(value, list | tuple):
+            return list(value)
+        return value
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the rules of one phase said about one call (or model turn, or answer).
+
+    ``rule_id`` is the rule that decided (``None`` with verdict ``pass``: none held);
+    ``inputs_digest`` is the digest of the inputs the tried rules read (what a ``rule``
+    event records); ``error`` says why the deciding rule could not be evaluated (it then
+    failed closed: ``deny``, or ``stop`` for answers); ``opaque`` names the Python
+    conditions that were run, which ``check`` cannot re-evaluate.
+    """
+
+    phase: str
+    verdict: str
+    rule_id: str | None
+    inputs_digest: str
+    detail: str | None = None
+    call_id: str | None = None
+    error: str | None = None
+    tried: tuple[str, ...] = ()
+    opaque: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The payload of the ``rule`` trace event, empty fields left out."""
+        out: dict[str, Any] = {
+            "type": "rule",
+            "rule": self.rule_id,
+            "phase": self.phase,
+            "inputs_digest": self.inputs_digest,
+            "verdict": self.verdict,
+        }
+        if self.call_id is not None:
+            out["call_id"] = self.call_id
+        for key in ("detail", "error"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.opaque:
+            out["opaque"] = list(self.opaque)
+        return out

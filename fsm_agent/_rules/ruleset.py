@@ -1,0 +1,797 @@
+"""A list of rules, checked together against the registered tools, and judged in order.
+
+Rules are tried in list order; the first whose ``when`` holds decides; none holding is
+``pass``. Two kinds of rule decide only past a threshold:
+
+* a ``limit`` rule holds for a matching call, but decides (``limit``) only once the run
+  has already executed ``limit`` matching calls; below that, the next rules are tried
+  (a budget, not a blanket allow);
+* a rule with a ``schema`` holds only when the answer fails the schema.
+
+A condition that cannot be evaluated fails closed: the rule decides ``deny`` (``stop``
+for answers) with the error in the judgement.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from typing import Any, Protocol
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from fsm_agent._errors import ConfigError
+from fsm_agent._rules import cel
+from fsm_agent._rules.canonical import canonical_text, digest
+from fsm_agent._rules.facts import PASS, Facts, Judgement
+from fsm_agent._rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
+
+__all__ = ["FORMAT", "RuleSet", "ToolFacts", "ToolInfo"]
+
+#: The version of :meth:`RuleSet.to_json`'s form; a reader refuses another.
+FORMAT = 1
+
+#: How many schema failures a retry's detail lists (the model is told exactly what failed;
+#: past a few it is noise).
+_SCHEMA_ERRORS_SHOWN = 5
+
+
+class ToolFacts(Protocol):
+    """What the rules need of a registered tool (``fsm_agent.Tool`` has both)."""
+
+    @property
+    def effect(self) -> str: ...
+
+    @property
+    def schema(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """A tool's facts as plain data, for a rule set built without a registry."""
+
+    effect: str = "read"
+    schema: Mapping[str, Any] | None = None
+
+
+Condition = cel.CelProgram | OpaqueCondition | None
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: keys of the reads cache
+class _Compiled:
+    rule: Rule
+    index: int
+    condition: Condition
+    validator: Draft202012Validator | None
+
+    @property
+    def is_opaque(self) -> bool:
+        return isinstance(self.condition, OpaqueCondition)
+
+    def matches_tool(self, tool: str | None) -> bool:
+        globs = self.rule.tools
+        return globs is None or (isinstance(tool, str) and any(fnmatchcase(tool, g) for g in globs))
+
+
+class RuleSet:
+    """Rules compiled once: every mistake found at construction, in one :class:`ConfigError`.
+
+    :param rules: the rules, in the order they are tried.
+    :param tools: the registered tools by name (their ``effect`` and ``schema``); a glob
+        must match one of them, and a rule's ``args.NAME`` must be an argument of a tool
+        it matches.
+    """
+
+    def __init__(self, rules: Iterable[Rule], tools: Mapping[str, ToolFacts | ToolInfo]) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        problems = _tools_problems(tools)
+        if problems:  # nothing about the rules can be checked against tools like these
+            raise ConfigError(
+                "the rule set's tools cannot be read:\n" + "\n".join(f"  - {p}" for p in problems)
+            )
+        self._tools = dict(tools)
+        # Each tool's argument names, once (not once per rule that matches it).
+        self._arguments = {name: _declared_arguments(t.schema) for name, t in self._tools.items()}
+        compiled: list[_Compiled] = []
+        seen: dict[str, int] = {}
+        for index, rule in enumerate(self.rules):
+            if not isinstance(rule, Rule):
+                problems.append(f"rules[{index}]: not a Rule but {type(rule).__name__}")
+                continue
+            name = f"rule {rule.id!r} (rules[{index}])"
+            mistakes = rule.field_problems()
+            if isinstance(rule.id, str) and rule.id in seen:
+                mistakes.append(f"the id is also rules[{seen[rule.id]}]'s; ids must be unique")
+            if isinstance(rule.id, str):
+                seen.setdefault(rule.id, index)
+            if not any(m.startswith("on=") for m in mistakes):
+                mistakes += self._glob_problems(rule)
+                condition, more = self._condition(rule)
+                mistakes += more
+                validator, more = self._validator(rule)
+                mistakes += more
+                if not mistakes:
+                    compiled.append(_Compiled(rule, index, condition, validator))
+            problems += [f"{name}: {m}" for m in mistakes]
+        if problems:
+            count = "1 mistake" if len(problems) == 1 else f"{len(problems)} mistakes"
+            raise ConfigError(f"{count} in the rules:\n" + "\n".join(f"  - {p}" for p in problems))
+        self._compiled = tuple(compiled)
+        self._by_phase: dict[str, tuple[_Compiled, ...]] = {
+            phase: tuple(c for c in compiled if c.rule.on == phase) for phase in PHASES
+        }
+        # The rules of a phase that can match a tool, worked out once per tool name (for
+        # every registered tool here, with their conditions compiled into one batch).
+        # Tools that match the same rules share one batch (compiled once, not per tool).
+        self._for_tool: dict[tuple[str, str | None], _Candidates] = {}
+        shared: dict[tuple[_Compiled, ...], _Candidates] = {}
+        for phase, of_phase in self._by_phase.items():
+            for tool in self._tools if phase in TOOL_PHASES else (None,):
+                matching = tuple(c for c in of_phase if tool is None or c.matches_tool(tool))
+                if matching not in shared:
+                    shared[matching] = _Candidates.of(phase, matching)
+                self._for_tool[(phase, tool)] = shared[matching]
+        self._entries = _EntryCache()
+        self.hash = digest(self.to_json())
+
+    # -- construction -------------------------------------------------------------------
+
+    def _glob_problems(self, rule: Rule) -> list[str]:
+        if rule.on not in TOOL_PHASES or not isinstance(rule.tools, tuple):
+            return []
+        names = sorted(self._tools)
+        unmatched = [
+            g
+            for g in rule.tools
+            if isinstance(g, str) and g and not any(fnmatchcase(n, g) for n in names)
+        ]
+        known = ", ".join(names) if names else "none are registered"
+        return [f"tools glob {g!r} matches no registered tool (tools: {known})" for g in unmatched]
+
+    def _condition(self, rule: Rule) -> tuple[Condition, list[str]]:
+        when = rule.when
+        if when is None:
+            return None, []
+        if not isinstance(when, str):
+            return (OpaqueCondition.of(when), []) if callable(when) else (None, [])
+        if not cel.available():
+            return None, [
+                "a CEL condition needs the CEL engine: pip install 'fsm-agent[cel]' "
+                "(Python 3.11+), or give when as a Python callable"
+            ]
+        program = cel.compile_condition(when, rule.on)
+        if isinstance(program, list):
+            return None, [f"when {when!r:.80}, {p.where()}: {p.message}" for p in program]
+        return program, self._argument_problems(rule, when)
+
+    def _argument_problems(self, rule: Rule, source: str) -> list[str]:
+        """``args.NAME`` where no tool the rule matches has an argument NAME: a typo CEL's
+        checker cannot see (``args`` is a map of any key)."""
+        if rule.on not in TOOL_PHASES:
+            return []
+        matched = [
+            self._arguments[n]
+            for n in self._tools
+            if rule.tools is None or any(fnmatchcase(n, g) for g in rule.tools)
+        ]
+        declared: set[str] = set()
+        for names in matched:
+            if names is None:
+                return []  # a tool that takes any argument: nothing to hold a name against
+            declared |= names
+        if not matched:
+            return []
+        return [
+            f"when {source!r:.80}, line {line}, column {column}: args.{name} is an argument "
+            f"of no tool this rule matches (they take {', '.join(sorted(declared)) or 'none'})"
+            for name, line, column in cel.argument_fields(source)
+            if name not in declared
+        ]
+
+    @staticmethod
+    def _validator(rule: Rule) -> tuple[Draft202012Validator | None, list[str]]:
+        if not isinstance(rule.schema, Mapping) or rule.on != "answer":
+            return None, []  # no schema, or one the field checks already refused
+        try:
+            Draft202012Validator.check_schema(rule.schema)
+        except SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "(top)"
+            return None, [
+                f"schema is not valid JSON Schema (Draft 2020-12) at {where}: {exc.message}"
+            ]
+        return Draft202012Validator(rule.schema), []
+
+    # -- canonical form -----------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The rules in order, in canonical form: what a run's header records."""
+        return {"format": FORMAT, "rules": [_rule_json(c) for c in self._compiled]}
+
+    @property
+    def canonical(self) -> str:
+        """:meth:`to_json` as canonical text (its digest is :attr:`hash`)."""
+        return canonical_text(self.to_json())
+
+    @property
+    def opaque_rules(self) -> tuple[str, ...]:
+        """The ids of rules whose ``when`` is a Python callable (not re-checkable)."""
+        return tuple(c.rule.id for c in self._compiled if c.is_opaque)
+
+    @classmethod
+    def from_json(
+        cls,
+        data: Mapping[str, Any],
+        tools: Mapping[str, ToolFacts | ToolInfo],
+        callables: Iterable[Callable[[Any], Any]] | Mapping[str, Callable[[Any], Any]] = (),
+    ) -> RuleSet:
+        """Rebuild a rule set from :meth:`to_json`'s form (a run's header).
+
+        An opaque rule needs its callable among ``callables`` (found by its digest of
+        name and source); one missing is a :class:`ConfigError` naming the rule and the
+        digest recorded. The rebuilt set's :attr:`hash` equals the recorded one.
+        ``callables`` may also map recorded digests to stand-ins (``check``, which cannot
+        run the application's code, takes those verdicts as recorded); the rebuilt
+        set's hash then differs from the recorded one."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ConfigError(
+                f"rules recorded in format {got!r}; this version reads format {FORMAT}"
+            )
+        by_digest = (
+            dict(callables)
+            if isinstance(callables, Mapping)
+            else {OpaqueCondition.of(fn).digest: fn for fn in callables}
+        )
+        rules: list[Rule] = []
+        missing: list[str] = []
+        for index, item in enumerate(data.get("rules", ())):
+            try:
+                rule, wanted = _rule_from_json(item, by_digest)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"recorded rules[{index}] cannot be read: {exc}") from None
+            if wanted is not None:
+                missing.append(f"rule {rule.id!r}: its when is the Python callable {wanted}")
+            rules.append(rule)
+        if missing:
+            raise ConfigError(
+                "the recorded rules need callables this runtime does not hold (pass them "
+                "as callables=[...]):\n" + "\n".join(f"  - {m}" for m in missing)
+            )
+        return cls(rules, tools)
+
+    # -- judging ------------------------------------------------------------------------
+
+    def judges(self, phase: str, tool: str | None = None) -> bool:
+        """Whether any rule of ``phase`` can match (``tool``: for the tool phases, that
+        tool): where none can, a judgement would try nothing, so the loop skips it."""
+        rules = self._by_phase.get(phase, ())
+        if not rules:
+            return False
+        if phase not in TOOL_PHASES or tool is None:
+            return True
+        return bool(self._candidates(phase, tool).rules)
+
+    def judge(self, phase: str, facts: Facts) -> Judgement:
+        """The verdict of ``phase``'s rules on ``facts``: the first rule that holds decides."""
+        return self._judge(phase, facts, ())
+
+    def judge_batch(self, batch: Sequence[Facts]) -> tuple[Judgement, ...]:
+        """``before_tool`` for every call of one batch, before any of them runs.
+
+        A call the rules let through counts toward a later call's ``limit`` in the same
+        batch, as if executed: the batch's calls would all run before the next
+        judgement, so judging each against the executed calls alone would let a batch of
+        four past a limit of three."""
+        ahead: list[Mapping[str, Any]] = []
+        out: list[Judgement] = []
+        for facts in batch:
+            judgement = self._judge("before_tool", facts, tuple(ahead))
+            out.append(judgement)
+            if judgement.verdict in (PASS, "allow"):
+                ahead.append(
+                    {"tool": facts.tool, "args": facts.variable("args"), "ok": True, "result": None}
+                )
+        return tuple(out)
+
+    def executions(self, rule_id: str, facts: Facts) -> int:
+        """How many of ``facts.calls`` count toward rule ``rule_id``'s limit.
+
+        A pure function of the executed calls (so it holds across a resume): a call
+        counts when its tool matches the rule's globs and the rule's ``when`` holds for
+        it (evaluated on that call, with the calls before it). One whose ``when`` cannot
+        be evaluated counts: a limit fails closed too. ``before_model`` limits count
+        ``counters.model_calls``."""
+        compiled = next((c for c in self._compiled if c.rule.id == rule_id), None)
+        if compiled is None or compiled.rule.then != "limit":
+            raise KeyError(f"no limit rule {rule_id!r}")
+        return self._count(compiled, facts, ())
+
+    def _count(self, compiled: _Compiled, facts: Facts, ahead: Sequence[Mapping[str, Any]]) -> int:
+        if compiled.rule.on == "before_model":
+            count = (
+                facts.counters.get("model_calls", 0) if isinstance(facts.counters, Mapping) else 0
+            )
+            return count if isinstance(count, int) else 0
+        if not isinstance(facts.calls, list | tuple):
+            return sys.maxsize  # executions that cannot be counted: the limit fails closed
+        calls = [*facts.calls, *ahead]
+        reads = _reads((compiled,))
+        total = 0
+        for position, call in enumerate(calls):
+            tool = call.get("tool") if isinstance(call, Mapping) else None
+            if not isinstance(tool, str) or not compiled.matches_tool(tool):
+                continue
+            if compiled.condition is None:
+                total += 1
+                continue
+            past = replace(
+                facts,
+                tool=tool,
+                effect=self._effect(tool),
+                args=call.get("args"),
+                result=call.get("result"),
+                calls=calls[:position],
+                call_id=None,
+            )
+            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, reads))
+            total += holds is not False  # True, or an error: counted (fails closed)
+        return total
+
+    def _effect(self, tool: str | None) -> str | None:
+        info = self._tools.get(tool) if isinstance(tool, str) else None
+        return info.effect if info is not None else None
+
+    def _candidates(self, phase: str, tool: str | None) -> _Candidates:
+        if phase not in self._by_phase:
+            raise ValueError(f"{phase!r} is not a phase")
+        # A tool name that is not a string (never one a model may call) matches no glob.
+        key = (phase, tool if phase in TOOL_PHASES and isinstance(tool, str) else None)
+        found = self._for_tool.get(key)
+        if found is None:  # a tool that is not registered: no batch compiled for it
+            rules = tuple(c for c in self._by_phase[phase] if c.matches_tool(tool))
+            found = _Candidates(rules, _reads(rules), None)
+            if len(self._for_tool) < 10_000:  # a bounded cache: tool names come from a model
+                self._for_tool[key] = found
+        return found
+
+    def _judge(self, phase: str, facts: Facts, ahead: Sequence[Mapping[str, Any]]) -> Judgement:
+        found = self._candidates(phase, facts.tool)
+        if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
+            facts = replace(facts, effect=self._effect(facts.tool))
+        inputs = _Inputs(phase, facts, self._entries, found.reads)
+        if found.plain:
+            results = inputs.batch_results(found)
+            if results is not None:
+                return self._plain(inputs, found, results)
+        known = inputs.evaluate_batch(found) if found.batch is not None else None
+        tried: list[str] = []
+        for position, compiled in enumerate(found.rules):
+            rule = compiled.rule
+            tried.append(rule.id)
+            if known is not None:
+                inputs.upto = found.upto[position]
+            holds = _evaluate(compiled, facts, inputs, known)
+            if isinstance(holds, str):
+                closed = "stop" if phase == "answer" else "deny"
+                return self._verdict(
+                    inputs,
+                    tried,
+                    compiled,
+                    closed,
+                    f"rule {rule.id!r} could not be evaluated: {holds}",
+                    holds,
+                )
+            if not holds:
+                continue
+            if rule.then == "limit":
+                count = self._count(compiled, facts, ahead)
+                if count < (rule.limit or 0):
+                    continue
+                what = "model calls" if phase == "before_model" else "executions of matching calls"
+                detail = rule.message or f"at most {rule.limit} {what} per run ({count} so far)"
+                return self._verdict(inputs, tried, compiled, "limit", detail, None)
+            if compiled.validator is not None:
+                failed = _schema_failures(compiled.validator, facts.answer)
+                if failed is None:
+                    continue
+                detail = f"{rule.message}: {failed}" if rule.message else failed
+                return self._verdict(inputs, tried, compiled, rule.then, detail, None)
+            detail = rule.message or f"rule {rule.id!r}: {rule.condition_text()}"
+            return self._verdict(inputs, tried, compiled, rule.then, detail, None)
+        return Judgement(
+            phase=phase,
+            verdict=PASS,
+            rule_id=None,
+            inputs_digest=inputs.digest(),
+            call_id=facts.call_id,
+            tried=tuple(tried),
+            opaque=inputs.opaque_ids(),
+        )
+
+    def _plain(self, inputs: _Inputs, found: _Candidates, results: list[bool]) -> Judgement:
+        """The common case without the loop: every rule a CEL condition with a plain
+        verdict, all evaluated at once, and the first that holds decides."""
+        if True not in results:
+            inputs.upto = found.reads
+            return Judgement(
+                phase=inputs.phase,
+                verdict=PASS,
+                rule_id=None,
+                inputs_digest=inputs.digest(),
+                call_id=inputs.facts.call_id,
+                tried=found.ids,
+            )
+        position = results.index(True)
+        inputs.upto = found.upto[position]
+        compiled = found.rules[position]
+        rule = compiled.rule
+        detail = rule.message or f"rule {rule.id!r}: {rule.condition_text()}"
+        tried = list(found.ids[: position + 1])
+        return self._verdict(inputs, tried, compiled, rule.then, detail, None)
+
+    @staticmethod
+    def _verdict(
+        inputs: _Inputs,
+        tried: list[str],
+        compiled: _Compiled,
+        verdict: str,
+        detail: str,
+        error: str | None,
+    ) -> Judgement:
+        return Judgement(
+            phase=inputs.phase,
+            verdict=verdict,
+            rule_id=compiled.rule.id,
+            inputs_digest=inputs.digest(),
+            detail=detail,
+            call_id=inputs.facts.call_id,
+            error=error,
+            tried=tuple(tried),
+            opaque=inputs.opaque_ids(),
+        )
+
+
+class _EntryCache:
+    """Each executed call's screened form and digest, computed once per run, not once per
+    judgement: ``calls`` only grows, and its entries (built once by the engine, never
+    changed) are screened and hashed in full otherwise at every call the rules judge.
+
+    Keyed by identity, holding the entry itself so that its id is not reused; bounded."""
+
+    __slots__ = ("_digests", "_screened")
+
+    LIMIT = 20_000
+
+    def __init__(self) -> None:
+        self._screened: dict[int, tuple[Any, Any]] = {}
+        self._digests: dict[int, tuple[Any, str]] = {}
+
+    def screened(self, calls: Sequence[Any]) -> list[Any]:
+        out = []
+        for position, entry in enumerate(calls):
+            hit = self._screened.get(id(entry))
+            if hit is None or hit[0] is not entry:
+                hit = (entry, cel.screen(entry, f"calls[{position}]"))
+                if len(self._screened) >= self.LIMIT:
+                    self._screened.clear()
+                self._screened[id(entry)] = hit
+            out.append(hit[1])
+        return out
+
+    def digests(self, calls: Sequence[Any]) -> list[str]:
+        out = []
+        for entry in calls:
+            hit = self._digests.get(id(entry))
+            if hit is None or hit[0] is not entry:
+                hit = (entry, digest(entry))
+                if len(self._digests) >= self.LIMIT:
+                    self._digests.clear()
+                self._digests[id(entry)] = hit
+            out.append(hit[1])
+        return out
+
+
+class _Inputs:
+    """The inputs of one judgement: screened once, on first use, for all its rules."""
+
+    __slots__ = (
+        "_activation",
+        "_entries",
+        "_names",
+        "_opaque",
+        "_refused",
+        "_screened",
+        "_wanted",
+        "facts",
+        "phase",
+        "upto",
+    )
+
+    def __init__(
+        self, phase: str, facts: Facts, entries: _EntryCache, wanted: frozenset[str]
+    ) -> None:
+        self.phase = phase
+        self.facts = facts
+        self._entries = entries
+        self._wanted = wanted  # what the candidate rules read
+        self._screened: dict[str, Any] = {}
+        self._refused: dict[str, cel.Unrepresentable] = {}
+        self.upto: frozenset[str] = frozenset()  # what the batch-evaluated rules tried read
+        self._activation: Any = None
+        self._names: set[str] = set()  # the variables the tried rules read (digested)
+        self._opaque: list[str] = []
+
+    def activation_for(self, program: cel.CelProgram) -> Any:
+        """An activation for ``program``; raises
+        :class:`~fsm_agent._rules.cel.Unrepresentable` for an input of it CEL cannot take.
+
+        Built once per judgement with every variable the candidate rules read, so one
+        activation serves them all; a variable CEL cannot take is left out of it and
+        fails only the rules that read it."""
+        self._names |= program.names
+        try:
+            return self._activation_of_all()
+        except cel.Unrepresentable:
+            for name in program.names & self._refused.keys():
+                raise self._refused[name] from None
+            return self._activation
+
+    def evaluate_batch(self, found: _Candidates) -> dict[int, bool] | None:
+        """The batch's results by condition id, or ``None`` (then one by one)."""
+        assert found.batch is not None
+        results = self.batch_results(found)
+        return dict(zip(found.batch[1], results, strict=True)) if results is not None else None
+
+    def batch_results(self, found: _Candidates) -> list[bool] | None:
+        """The batch's results in the order of its conditions, or ``None``."""
+        assert found.batch is not None
+        try:
+            activation = self._activation_of_all()
+        except cel.Unrepresentable:
+            return None
+        return found.batch[0].evaluate(activation)
+
+    def _activation_of_all(self) -> Any:
+        if self._activation is None:
+            trusted = self.facts.trusted
+            for name in sorted(self._wanted):
+                value = self.facts.variable(name)
+                if name in trusted:
+                    self._screened[name] = value
+                    continue
+                try:
+                    if name == "calls" and isinstance(value, list):
+                        self._screened[name] = self._entries.screened(value)
+                    else:
+                        self._screened[name] = cel.screen(value, name)
+                except cel.Unrepresentable as exc:
+                    self._refused[name] = exc
+            self._activation = cel.activation(self.phase, self._screened)
+        if self._refused:
+            raise next(iter(self._refused.values()))
+        return self._activation
+
+    def read_everything(self, rule_id: str) -> None:
+        """A Python condition may read any fact: all of the phase's are digested."""
+        self._names |= cel.PHASE_VARIABLES[self.phase].keys()
+        self._opaque.append(rule_id)
+
+    def opaque_ids(self) -> tuple[str, ...]:
+        return tuple(self._opaque)
+
+    def digest(self) -> str:
+        """The digest of what the tried rules read. ``calls`` enters as the list of its
+        entries' digests (each computed once per run), so the digest of a judgement late
+        in a long run costs no more than an early one."""
+        seen: dict[str, Any] = {}
+        for name in sorted(self._names | self.upto):
+            value = self.facts.variable(name)
+            listed = name == "calls" and isinstance(value, list)
+            seen[name] = self._entries.digests(value) if listed else value
+        return digest({"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen})
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The rules one judgement tries, what their CEL conditions read, and their batch."""
+
+    rules: tuple[_Compiled, ...]
+    reads: frozenset[str]
+    batch: tuple[cel.CelBatch, tuple[int, ...]] | None  # and the ids of its conditions
+    #: What the CEL conditions of ``rules[: i + 1]`` read: a judgement that stops at rule
+    #: ``i`` digests this, with no set union per rule tried.
+    upto: tuple[frozenset[str], ...] = ()
+    ids: tuple[str, ...] = ()  # the rules' ids
+    #: Every rule a CEL condition deciding as it holds (no limit, no schema): the batch's
+    #: first true result is the verdict.
+    plain: bool = False
+
+    @classmethod
+    def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
+        programs = [c.condition for c in rules if isinstance(c.condition, cel.CelProgram)]
+        batch = cel.compile_batch(programs, phase)
+        ids = tuple(id(p) for p in programs)
+        upto = tuple(_reads(rules[: i + 1]) for i in range(len(rules)))
+        plain = batch is not None and all(
+            isinstance(c.condition, cel.CelProgram)
+            and c.rule.then != "limit"
+            and c.validator is None
+            for c in rules
+        )
+        return cls(
+            rules,
+            _reads(rules),
+            (batch, ids) if batch is not None else None,
+            upto,
+            tuple(c.rule.id for c in rules),
+            plain,
+        )
+
+
+def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
+    """The variables the CEL conditions of ``rules`` read."""
+    return frozenset().union(
+        *(c.condition.names for c in rules if isinstance(c.condition, cel.CelProgram))
+    )
+
+
+def _evaluate(
+    compiled: _Compiled,
+    facts: Facts,
+    inputs: _Inputs,
+    known: Mapping[int, bool] | None = None,
+) -> bool | str:
+    """Whether the rule's condition holds, or why it cannot be said (then: fail closed).
+
+    ``known`` holds the batch's results (by the condition's id) where it evaluated."""
+    condition = compiled.condition
+    if condition is None:
+        return True
+    if known is not None and isinstance(condition, cel.CelProgram):
+        return known[id(condition)]  # what it reads is digested through inputs.upto
+    if isinstance(condition, OpaqueCondition):
+        inputs.read_everything(compiled.rule.id)
+        try:
+            value = condition.fn(facts)
+        except Exception as exc:  # a user's callable: anything it raises fails closed
+            return f"{condition.qualname} raised {type(exc).__name__}: {exc!s:.200}"
+        if not isinstance(value, bool):
+            return f"{condition.qualname} returned {type(value).__name__}, not a bool"
+        return value
+    try:
+        activation = inputs.activation_for(condition)
+    except cel.Unrepresentable as exc:
+        return f"an input CEL cannot take: {exc}"
+    return condition.evaluate(activation)
+
+
+def _schema_failures(validator: Draft202012Validator, answer: str | None) -> str | None:
+    """What is wrong with the answer against the schema, or ``None`` if it meets it."""
+    if not isinstance(answer, str):
+        return "there is no answer text to parse as JSON"
+    try:
+        value = json.loads(answer, parse_constant=_refuse_constant)
+    except RecursionError:
+        return "the answer is nested too deep to parse as JSON"
+    except ValueError as exc:
+        return f"the answer is not JSON ({exc})"
+    try:
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
+    except RecursionError:
+        return "the answer is nested too deep to check against the schema"
+    if not errors:
+        return None
+    shown = [
+        f"at {_json_path(e.absolute_path)}: {e.message:.200}" for e in errors[:_SCHEMA_ERRORS_SHOWN]
+    ]
+    more = len(errors) - len(shown)
+    return (
+        "the answer does not meet the schema: "
+        + "; ".join(shown)
+        + (f" (and {more} more)" if more else "")
+    )
+
+
+#: What makes an object schema take fields it does not list (as ``tools/registry.py``
+#: reads them: a schema silent about extra fields is closed when a tool is registered).
+_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def _tools_problems(tools: Any) -> list[str]:
+    """What makes ``tools`` unusable: it must map names to objects with an ``effect``
+    and a ``schema`` (``fsm_agent.Tool``, or :class:`ToolInfo`)."""
+    if not isinstance(tools, Mapping):
+        hint = " (for a ToolRegistry: {tool.name: tool for tool in registry})"
+        return [f"tools must be a mapping of name to tool, got {type(tools).__name__}{hint}"]
+    problems = []
+    for name, tool in tools.items():
+        if not isinstance(name, str):
+            problems.append(f"a tool name must be a string, got {name!r:.40}")
+        elif not hasattr(tool, "effect") or not hasattr(tool, "schema"):
+            problems.append(
+                f"tools[{name!r}] is a {type(tool).__name__}, not a tool: give an "
+                "fsm_agent.Tool or ToolInfo(effect, schema)"
+            )
+    return problems
+
+
+def _declared_arguments(schema: Any) -> set[str] | None:
+    """The argument names a tool's schema allows, or ``None`` if it allows any name."""
+    if not isinstance(schema, Mapping):
+        return None
+    if any(k in schema and schema[k] is not False for k in _OPEN_KEYWORDS):
+        return None
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping):
+        return set(properties)
+    return set() if schema.get("type") == "object" else None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_path(path: Iterable[Any]) -> str:
+    out = "$"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _rule_json(compiled: _Compiled) -> dict[str, Any]:
+    rule = compiled.rule
+    condition = compiled.condition
+    when: dict[str, Any] | None
+    if condition is None:
+        when = None
+    elif isinstance(condition, OpaqueCondition):
+        when = {
+            "python": condition.qualname,
+            "digest": condition.digest,
+            "source": condition.has_source,
+        }
+    else:
+        when = {"cel": condition.source}
+    return {
+        "id": rule.id,
+        "on": rule.on,
+        "tools": list(rule.tools) if rule.tools is not None else None,
+        "when": when,
+        "then": rule.then,
+        "message": rule.message,
+        "limit": rule.limit,
+        "schema": rule.schema,
+    }
+
+
+def _rule_from_json(
+    item: Mapping[str, Any], by_digest: Mapping[str, Callable[[Any], Any]]
+) -> tuple[Rule, str | None]:
+    """A rule from its recorded form, and the callable it lacks (``None`` if none)."""
+    when_data = item["when"]
+    when: str | Callable[[Any], Any] | None = None
+    wanted = None
+    if isinstance(when_data, Mapping) and "cel" in when_data:
+        when = when_data["cel"]
+    elif isinstance(when_data, Mapping) and "python" in when_data:
+        found = by_digest.get(when_data["digest"])
+        if found is None:
+            wanted = f"{when_data['python']} ({when_data['digest']})"
+        when = found
+    elif when_data is not None:
+        raise ValueError(f"a when of {when_data!r:.60}")
+    rule = Rule(
+        id=item["id"],
+        on=item["on"],
+        tools=item["tools"],
+        when=when,
+        then=item["then"],
+        message=item["message"],
+        limit=item["limit"],
+        schema=item["schema"],
+    )
+    return rule, wanted

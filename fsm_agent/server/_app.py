@@ -1,0 +1,484 @@
+"""The review server's Starlette app: the JSON API and the web UI
+(docs/guides/review-server.md).
+
+Every store call blocks (SQLite, PostgreSQL): it runs in a worker thread, never on the
+event loop. Every answer carries a strict Content-Security-Policy (no inline script, no
+other origin): what a trace holds is shown as text and can never run in the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fsm_agent._durable.cancel import NotCancellable, cancel_run
+from fsm_agent._durable.review import InvalidEdit, record
+from fsm_agent._errors import ReviewError, RunBusy, RunExists, RunNotFound, StoreError
+from fsm_agent.server import _runs as views
+from fsm_agent.server._auth import Principal, Sessions, authenticate, check_csrf
+from fsm_agent.server._broadcast import Broadcaster
+from fsm_agent.server._errors import ApiError, error_response
+from fsm_agent.server._openapi import OPENAPI
+
+__all__ = ["CSP", "MAX_BODY", "create_app"]
+
+log = logging.getLogger("fsm_agent.server")
+
+#: Concurrent store calls for a store that names no pool size (SQLite, memory).
+_SLOTS = 8
+#: Request bodies larger than this are refused (413) before they are read whole.
+MAX_BODY = 1 << 20
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+_ACTIONS = ("approve", "deny", "edit", "reconcile")
+
+
+class _Guard:
+    """Pure ASGI: the security headers on every answer, and the body size limit (by
+    Content-Length up front, and by counting for a chunked body)."""
+
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
+        self.app, self.max_body = app, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_HEADERS]
+            await send(message)
+
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await self._too_large(scope, receive, send_with_headers)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise ApiError(413, "too_large", f"the body is over {self.max_body} bytes")
+            return message
+
+        await self.app(scope, counted, send_with_headers)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"the body is over {self.max_body} bytes (Content-Length)"
+        response = error_response(413, "too_large", detail, {"connection": "close"})
+        await response(scope, receive, send)
+
+
+def _etag_seq(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip().removeprefix("W/").strip('"')
+    if not text.lstrip("-").isdigit():
+        raise ApiError(400, "bad_request", f'If-Match must be "SEQ" (a number), got {value[:40]!r}')
+    return int(text)
+
+
+class Server:
+    """The routes' shared state: the store, sessions, the watch, the optional runtime."""
+
+    def __init__(
+        self, store: Any, runtime: Any, max_body: int, secure_cookies: bool, trace_key: Any
+    ) -> None:
+        self.store, self.runtime, self.max_body = store, runtime, max_body
+        self.trace_key = trace_key
+        self.secure_cookies = secure_cookies
+        self.sessions = Sessions()
+        self.broadcaster = Broadcaster(store)
+        self.worker: asyncio.Task[None] | None = None
+        #: reads in flight, shared by the streams that wait for the same one
+        self._reads: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+        # Store calls in flight at most as many as the store has connections: a burst
+        # (500 streams opening at once) queues here, on the event loop, instead of in
+        # the pool, whose wait times out (a 503 for a request that only had to wait).
+        self._slots = asyncio.Semaphore(int(getattr(store, "pool_size", _SLOTS)))
+
+    async def who(self, request: Request, scope: str, csrf: str | None = None) -> Principal:
+        """The caller, allowed ``scope``; an unsafe request of a session must carry its
+        CSRF token (``csrf``: a form's field, else the ``X-CSRF-Token`` header)."""
+        principal = await authenticate(request, self.key_of, self.sessions)
+        if request.method not in ("GET", "HEAD"):
+            check_csrf(principal, csrf or request.headers.get("x-csrf-token"))
+        principal.require(scope)  # type: ignore[arg-type]
+        return principal
+
+    async def key_of(self, key_id: str) -> Any:
+        """The stored key ``key_id``; requests that ask while a read of it is in flight
+        share that read (500 streams opening at once: one read, not 500)."""
+        return await self.shared(("key", key_id), self.store.get_key, key_id)
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            async with self._slots:
+                return await run_in_threadpool(fn, *args, **kwargs)
+        except RunNotFound as exc:
+            raise ApiError(404, "not_found", str(exc)) from None
+        except (RunBusy, RunExists) as exc:
+            raise ApiError(409, "conflict", str(exc)) from None
+        except StoreError as exc:
+            raise ApiError(503, "store_unavailable", str(exc)) from None
+
+    async def shared(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Any:
+        """One store read for every stream that asks the same thing in the same
+        generation (500 subscribers of one run woken by one commit: one read, not 500).
+        ``key`` names the read and the generation it belongs to."""
+        future = self._reads.get(key)
+        if future is None:
+            future = asyncio.ensure_future(self.call(fn, *args))
+            self._reads[key] = future
+            future.add_done_callback(lambda _: self._reads.pop(key, None))
+        return await asyncio.shield(future)
+
+    # ── the JSON API ──────────────────────────────────────────────────────────────
+
+    async def list_runs(self, request: Request) -> Response:
+        await self.who(request, "read")
+        return JSONResponse(await self.call(views.page_of_runs, self.store, request.query_params))
+
+    async def run(self, request: Request) -> Response:
+        await self.who(request, "read")
+        stored = await self.call(self.store.load_run, request.path_params["run_id"])
+        return JSONResponse(views.detail_of(stored))
+
+    async def events(self, request: Request) -> Response:
+        await self.who(request, "read")
+        run_id = request.path_params["run_id"]
+        after = _after(request)
+        if "text/event-stream" in request.headers.get("accept", ""):
+            # 404 before streaming (one read for the streams that open at once)
+            await self.shared(("exists", run_id), self.store.events_since, run_id, after, 0)
+            return EventSourceResponse(self._stream(run_id, after), ping=15)
+        limit = views._limit(request.query_params.get("limit") or "200")
+        events = await self.call(self.store.events_since, run_id, after, limit)
+        return JSONResponse({"events": events, "seq": events[-1]["seq"] if events else after})
+
+    async def _stream(self, run_id: str, after: int) -> AsyncIterator[dict[str, str]]:
+        """Every event after ``after``, then each new one as it is committed; a finished
+        run's stream ends after its last event. A wake-up is read from the last sent
+        ``seq``, so nothing is sent twice and nothing is skipped."""
+        seq, seen = after, self.broadcaster.generation
+        finished = False
+        while True:
+            events = await self.shared(
+                ("events", run_id, seq, seen), self.store.events_since, run_id, seq, 500
+            )
+            for event in events:
+                seq = int(event["seq"])
+                yield {"id": str(seq), "event": str(event["type"]), "data": json.dumps(event)}
+            if events:
+                continue
+            if finished:  # finished before that read: it found the last events
+                return
+            # The state is read after the events: a run that finished in between is
+            # read once more (its last events are committed with its final state).
+            stored = await self.shared(("run", run_id, seen), self.store.load_run, run_id)
+            finished = stored.body.get("state") in views.FINISHED
+            if not finished:
+                seen = await self.broadcaster.wait(seen, 15.0)
+
+    async def review(self, request: Request) -> Response:
+        principal = await self.who(request, "review")
+        run_id = request.path_params["run_id"]
+        body = await _json_body(request)
+        event = await self.decide(run_id, body, principal, request.headers.get("if-match"))
+        stored = await self.call(self.store.load_run, run_id)
+        return JSONResponse({"review": event, "run": views.detail_of(stored)}, status_code=201)
+
+    async def decide(
+        self, run_id: str, body: dict[str, Any], principal: Principal, if_match: str | None
+    ) -> dict[str, Any]:
+        """Record a review through the run's machine (``durable/review.record``), as the
+        key's holder; ``if_match`` (``"SEQ"``): refuse if the run moved on past it."""
+        principal.require("review")
+        call_id, action, arguments = _review_fields(body)
+        expected = _etag_seq(if_match)
+
+        def moved_on(events: list[dict[str, Any]]) -> None:
+            # Called under the review's claim, before anything is stored: a page that
+            # saw an older seq decides nothing.
+            if expected is not None and events and int(events[0]["seq"]) - 1 != expected:
+                raise ApiError(
+                    409,
+                    "conflict",
+                    f"run {run_id!r} moved on since seq {expected} (now at "
+                    f"{int(events[0]['seq']) - 1}); reload and decide again",
+                )
+
+        def decide() -> dict[str, Any]:
+            try:
+                event, _ = record(
+                    self.store,
+                    run_id,
+                    call_id,
+                    action,
+                    reason=body.get("reason"),
+                    result=body.get("result"),
+                    arguments=arguments,
+                    key=self.trace_key,
+                    reviewer=principal.name,
+                    note=body.get("note"),
+                    machines=getattr(self.runtime, "machines", None),
+                    observe=moved_on,
+                )
+            except InvalidEdit as exc:
+                raise ApiError(422, "invalid", str(exc)) from None
+            except ReviewError as exc:
+                raise ApiError(409, "conflict", str(exc)) from None
+            return event
+
+        event: dict[str, Any] = await self.call(decide)
+        self.broadcaster.poke()
+        return event
+
+    async def cancel(self, request: Request) -> Response:
+        principal = await self.who(request, "admin")
+        run_id = request.path_params["run_id"]
+        await self.stop_run(run_id, principal)
+        stored = await self.call(self.store.load_run, run_id)
+        return JSONResponse({"run": views.detail_of(stored)})
+
+    async def stop_run(self, run_id: str, principal: Principal) -> None:
+        """Cancel ``run_id`` through its machine's ``cancel`` trigger
+        (``durable/cancel.py``); 409 for a run this cannot cancel, saying why."""
+        principal.require("admin")
+
+        def stop() -> None:
+            try:
+                cancel_run(
+                    self.store,
+                    run_id,
+                    key=self.trace_key,
+                    machines=getattr(self.runtime, "machines", None),
+                )
+            except NotCancellable as exc:
+                raise ApiError(409, "conflict", str(exc)) from None
+            except RunBusy as exc:
+                raise ApiError(
+                    409,
+                    "conflict",
+                    f"{exc}; a run being driven is cancelled where it runs (its driver's "
+                    "stop); try again once it pauses or ends",
+                ) from None
+
+        await self.call(stop)
+        log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
+        self.broadcaster.poke()
+
+    async def submit(self, request: Request) -> Response:
+        await self.who(request, "admin")
+        if self.runtime is None:
+            raise ApiError(
+                409, "no_app", "this server drives no runs: start it with --app MODULE:FACTORY"
+            )
+        body = await _json_body(request)
+        task, run_id = body.get("task"), body.get("run_id")
+        if not isinstance(task, str) or not task.strip():
+            raise ApiError(422, "invalid", "task: a non-empty string is required")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ApiError(422, "invalid", "run_id: a non-empty string")
+        new_id = await self.call(self.runtime.submit, task, run_id=run_id)
+        self.broadcaster.poke()
+        return JSONResponse({"run_id": new_id}, status_code=202)
+
+    async def trace(self, request: Request) -> Response:
+        await self.who(request, "read")
+        stored = await self.call(self.store.load_run, request.path_params["run_id"])
+        return Response(views.trace_lines(stored), media_type="application/x-ndjson")
+
+    async def diagram(self, request: Request) -> Response:
+        await self.who(request, "read")
+        stored = await self.call(self.store.load_run, request.path_params["run_id"])
+        svg = await self.call(_diagram, stored, self.runtime)
+        return Response(svg, media_type="image/svg+xml")
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+    # ── the worker (--app) ────────────────────────────────────────────────────────
+
+    async def drive(self) -> None:
+        """With ``--app``: continue every run that can go on (submitted, or paused with
+        every decision made), on each change and every few seconds."""
+        seen = self.broadcaster.generation
+        while True:
+            try:
+                await run_in_threadpool(_drive_ready, self.store, self.runtime)
+            except Exception as exc:  # one bad run must not stop the worker
+                log.warning("fsm-agent serve: driving runs failed: %s", exc)
+            seen = await self.broadcaster.wait(seen, 2.0)
+
+
+def _review_fields(body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+    """A review body's call id, action and (edit) arguments; 422 for what does not fit."""
+    call_id, action = body.get("call_id"), body.get("action")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(422, "invalid", "call_id: a non-empty string is required")
+    if action not in _ACTIONS:
+        raise ApiError(422, "invalid", f"action must be one of {', '.join(_ACTIONS)}")
+    for name in ("note", "reason"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise ApiError(422, "invalid", f"{name}: a string")
+    arguments = body.get("arguments")
+    if (action == "edit") != isinstance(arguments, dict):
+        raise ApiError(
+            422,
+            "invalid",
+            "arguments: edit needs the corrected arguments as a JSON object"
+            if action == "edit"
+            else f"arguments: only an edit carries arguments, not {action}",
+        )
+    return call_id, str(action), arguments
+
+
+def _drive_ready(store: Any, runtime: Any) -> None:
+    for summary in store.list_runs():
+        ready = summary.state == "deciding" and summary.pending == 0
+        if summary.state == "review_required":
+            stored = store.load_run(summary.run_id)
+            ready = views.detail_of(stored)["label"] == "decided, waiting to be resumed"
+        if ready:
+            with contextlib.suppress(RunBusy):
+                runtime.resume(summary.run_id)
+
+
+def _diagram(stored: Any, runtime: Any) -> bytes:
+    from fsm_agent._core.table import DEFAULT_MACHINE
+    from fsm_agent._render.replay import Replay
+    from fsm_agent._render.svg import machine_svg
+    from fsm_agent._trace.chain import strip_links
+
+    machine = DEFAULT_MACHINE
+    head = stored.events[0] if stored.events else {}
+    for known in (getattr(runtime, "machines", None) or {}).values():
+        if head.get("machine") == known.hash:
+            machine = known
+    events = strip_links(stored.events)
+    try:
+        replay = Replay(f"run {stored.run_id}", events, machine=machine)
+        overlay = replay.overlay(None) if events else None
+        return bytes(machine_svg(overlay, machine=machine))
+    except Exception as exc:  # no Graphviz here: say so, as a JSON error
+        raise ApiError(503, "no_renderer", f"cannot draw the diagram: {exc}") from None
+
+
+def _after(request: Request) -> int:
+    text = request.headers.get("last-event-id") or request.query_params.get("after") or "-1"
+    if not text.lstrip("-").isdigit():
+        raise ApiError(
+            400, "bad_request", f"after / Last-Event-ID must be a seq, got {text[:40]!r}"
+        )
+    return max(int(text), -1)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "bad_request", "the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "the body must be a JSON object")
+    return body
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    if request.url.path.startswith("/api/") or exc.status == 413:
+        return error_response(exc.status, exc.error, exc.detail, exc.headers)
+    from fsm_agent.server import _ui as ui
+
+    return ui.error_page(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail))
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.exception("fsm-agent serve: %s %s failed", request.method, request.url.path)
+    return error_response(500, "internal", f"{type(exc).__name__} (see the server's log)")
+
+
+def create_app(
+    store: Any,
+    *,
+    runtime: Any = None,
+    max_body: int = MAX_BODY,
+    secure_cookies: bool = False,
+    trace_key: bytes | str | None = None,
+) -> ASGIApp:
+    """The review server over ``store`` (one with a change feed and keys:
+    ``MemoryStore``, ``SqliteStore``, ``PostgresStore``). ``runtime``: the application's
+    (``--app``), to submit runs and continue decided ones; without it a decided run
+    waits to be resumed elsewhere. ``trace_key``: the runtime's, to append a review to
+    a signed trace."""
+
+    from fsm_agent.server import _ui as ui
+
+    server = Server(store, runtime, max_body, secure_cookies, trace_key)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await server.broadcaster.start()
+        if runtime is not None:
+            server.worker = asyncio.create_task(server.drive())
+        try:
+            yield
+        finally:
+            if server.worker is not None:
+                server.worker.cancel()
+            server.broadcaster.stop()
+
+    def route(path: str, fn: Callable[[Request], Awaitable[Response]], methods: list[str]) -> Route:
+        return Route(path, fn, methods=methods)
+
+    routes = [
+        route("/api/runs", server.list_runs, ["GET"]),
+        route("/api/runs", server.submit, ["POST"]),
+        route("/api/runs/{run_id}", server.run, ["GET"]),
+        route("/api/runs/{run_id}/events", server.events, ["GET"]),
+        route("/api/runs/{run_id}/reviews", server.review, ["POST"]),
+        route("/api/runs/{run_id}/cancel", server.cancel, ["POST"]),
+        route("/api/runs/{run_id}/trace", server.trace, ["GET"]),
+        route("/api/runs/{run_id}/diagram.svg", server.diagram, ["GET"]),
+        route("/openapi.json", server.openapi, ["GET"]),
+        *ui.routes(),
+    ]
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _crash},
+    )
+    app.state.server = server
+    return _Guard(app, max_body)
