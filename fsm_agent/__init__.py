@@ -85,6 +85,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each is imported on first us
     from fsm_agent._durable.postgres import PostgresStore
     from fsm_agent._durable.sqlite import SqliteStore
     from fsm_agent._runtime.worker import Worker
+    from fsm_agent._trace.checker import check_trace
 
 
 def __getattr__(name: str) -> Any:
@@ -97,6 +98,10 @@ def __getattr__(name: str) -> Any:
         from fsm_agent._durable.postgres import PostgresStore
 
         return PostgresStore
+    if name == "check_trace":  # the checker replays the engine: loaded when first used
+        from fsm_agent._trace.checker import check_trace
+
+        return check_trace
     if name == "Worker":  # asyncio, loaded only by those who run workers
         from fsm_agent._runtime.worker import Worker
 
@@ -160,6 +165,7 @@ __all__ = [
     "Worker",
     "__version__",
     "check_history",
+    "check_trace",
     "observing",
     "read_trace",
 ]

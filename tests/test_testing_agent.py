@@ -189,3 +189,40 @@ def test_bad_mishaps_are_precise_errors() -> None:
         AgentUnderTest(make_runtime, cancel_on_entering="done").run("x", model=model())
     with pytest.raises(ValueError, match=r"crash_at='explode' is neither a trigger .* BeginIntent"):
         AgentUnderTest(make_runtime, crash_at="explode").run("x", model=model())
+
+
+def _desk_with_rule(*, model: Any, backend: Backend | None = None, store: Any = None) -> Runtime:
+    """The support desk with one rule of its own: no mail to the competitor."""
+    from fsm_agent import MemoryStore, Rule
+
+    registry = ToolRegistry()
+    register_tools(registry, backend if backend is not None else Backend())
+    rule = Rule("no-mail-to-rival", on="before_tool", tools=["send_email"],
+                when="args.to.endsWith('@rival.example')", then="deny")  # fmt: skip
+    return Runtime(model=model, tools=registry, allowed_tools=registry.names(),
+                   store=store if store is not None else MemoryStore(), rules=[rule])  # fmt: skip
+
+
+def test_the_ledger_sees_a_rule_deny_and_the_denied_call_never_runs() -> None:
+    backend = Backend()
+    agent = AgentUnderTest(_desk_with_rule, backend=backend)
+    rival = decide(call("send_email", {"to": "bob@rival.example", "body": "Hi."}, id="c1"))
+    result = agent.run("Mail Bob", model=KeyedScriptedModel({None: rival, "c1": "Not sent."}))
+    assert_stopped(result, "done")
+    assert backend.emails == [] and agent.ledger.executed("send_email") == []
+    assert agent.ledger.denied == [("c1", 1, "no-mail-to-rival")]
+    assert agent.ledger.denied_but_ran() == []
+
+
+def test_a_denied_call_that_ran_anyway_is_an_invariant_the_fuzzer_reports() -> None:
+    # What an engine that ignored its own rule would leave in the ledger.
+    from fsm_agent.sansio import CallTool, RuleJudged, ToolOutcome
+    from fsm_agent.testing import Ledger
+
+    ledger = Ledger()
+    ledger.rounds = 1
+    ledger.on_event(RuleJudged(seq=4, run_id="r", rule="no-mail-to-rival", phase="before_tool",
+                               inputs_digest="sha256:0", verdict="deny", call_id="c1"))  # fmt: skip
+    ran = CallTool("c1", "send_email", {"to": "bob@rival.example"}, None)
+    ledger.intercept(ran, lambda request: ToolOutcome("ok", {}))
+    assert ledger.denied_but_ran() == ["call 'c1' ran although rule 'no-mail-to-rival' denied it"]

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from support_desk import make_runtime
 
-from fsm_agent._errors import ReviewError
+from fsm_agent import ReviewError
 from fsm_agent.testing import AgentUnderTest, KeyedScriptedModel, assert_no_duplicate_writes, call
 from fsm_agent.testing import decide as do
 

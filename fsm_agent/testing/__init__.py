@@ -8,7 +8,7 @@ needs neither pytest nor Hypothesis.
 """
 
 from fsm_agent.models._scripted import KeyedScriptedModel, ScriptedModel
-from fsm_agent.testing._agent import AgentUnderTest, Execution, Ledger
+from fsm_agent.testing._agent import CRASH_REQUESTS, AgentUnderTest, Execution, Ledger
 from fsm_agent.testing._assertions import (
     assert_history_valid,
     assert_no_duplicate_writes,
@@ -24,10 +24,12 @@ from fsm_agent.testing._faults import (
     FakeClock,
     FaultyTool,
     FaultyTools,
+    InjectedInterrupt,
     ProcessDied,
     SideEffect,
     ToolFaults,
 )
+from fsm_agent.testing._mortal import Mortal
 from fsm_agent.testing._paths import (
     Path,
     is_path,
@@ -44,17 +46,18 @@ from fsm_agent.testing._suite import SUITE, missing, scenario_for
 
 
 def __getattr__(name: str) -> object:
-    # ``fuzz_agent`` needs Hypothesis, which the rest of the toolkit does not: imported
-    # only when asked for.
-    if name == "fuzz_agent":
-        from fsm_agent.testing._fuzz import fuzz_agent
+    # The fuzzer needs Hypothesis, which the rest of the toolkit does not: imported only
+    # when asked for.
+    if name in ("fuzz_agent", "corpus", "FuzzRun", "FuzzFailure", "replay"):
+        from fsm_agent.testing import _fuzz
 
-        return fuzz_agent
+        return getattr(_fuzz, name)
     raise AttributeError(f"module 'fsm_agent.testing' has no attribute {name!r}")
 
 
 __all__ = [
     "BEHAVIOURS",
+    "CRASH_REQUESTS",
     "KEY_SCHEMA",
     "SUITE",
     "AgentUnderTest",
@@ -62,8 +65,12 @@ __all__ = [
     "FakeClock",
     "FaultyTool",
     "FaultyTools",
+    "FuzzFailure",
+    "FuzzRun",
+    "InjectedInterrupt",
     "KeyedScriptedModel",
     "Ledger",
+    "Mortal",
     "Path",
     "ProcessDied",
     "Scenario",
@@ -78,12 +85,15 @@ __all__ = [
     "assert_stopped",
     "assert_trace_legal",
     "call",
+    "corpus",
     "decide",
     "duplicate_writes",
+    "fuzz_agent",
     "is_path",
     "missing",
     "paths",
     "record_transitions",
+    "replay",
     "scenario_for",
     "scripted_runtime",
     "shortest_paths",

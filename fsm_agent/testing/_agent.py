@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_agent._core.events import Event, Transitioned
+from fsm_agent._core.events import Event, RuleJudged, Transitioned
 from fsm_agent._core.requests import AskModel, CallTool, ReadClock, Request, Sleep, ToolOutcome
 from fsm_agent._runtime.interceptors import AsyncCallNext, CallNext, Interceptor, observing
 from fsm_agent._runtime.result import RunResult
@@ -103,6 +103,8 @@ class Ledger(Interceptor):
     writes: frozenset[str] | None = None
     executions: list[Execution] = field(default_factory=list)
     rounds: int = 0
+    #: ``(call_id, round, rule)`` of each call a ``before_tool`` rule denied.
+    denied: list[tuple[str, int, str]] = field(default_factory=list)
     _registry: ToolRegistry | None = field(default=None, repr=False)
 
     def bind(self, registry: ToolRegistry) -> None:
@@ -147,6 +149,25 @@ class Ledger(Interceptor):
         if isinstance(request, CallTool):
             self._record(request, outcome)
         return outcome
+
+    def on_event(self, event: Event) -> None:
+        # Events reach an interceptor before the next request, so ``rounds`` is the round
+        # of the batch the rule judged, as it is for that batch's executions.
+        if (
+            isinstance(event, RuleJudged)
+            and (event.phase, event.verdict) == ("before_tool", "deny")
+            and event.call_id is not None
+        ):
+            self.denied.append((event.call_id, self.rounds, event.rule or "?"))
+
+    def denied_but_ran(self) -> list[str]:
+        """Calls a ``before_tool`` rule denied that reached their tool all the same."""
+        ran = {(e.call_id, e.round) for e in self.executions}
+        return [
+            f"call {call_id!r} ran although rule {rule!r} denied it"
+            for call_id, round_, rule in self.denied
+            if (call_id, round_) in ran
+        ]
 
     def executed(self, tool: str | None = None) -> list[Execution]:
         """The calls that ran (of ``tool`` only, when given) and may have taken effect."""

@@ -13,6 +13,8 @@ factory and checks, on every run:
 - its history is one OpenAI Chat Completions accepts (``models.validate``);
 - its trace is legal (the checker ``fsm-agent check`` runs);
 - no write took effect twice (the :class:`~fsm_agent.testing._agent.Ledger`);
+- no call a ``before_tool`` rule denied reached its tool (the ledger sees each ``rule``
+  event before the batch's calls run);
 - no budget was exceeded (rounds, calls, model calls).
 
 A failure raises :class:`FuzzFailure` with the smallest run Hypothesis found, written
@@ -278,6 +280,7 @@ def violations(agent: AgentUnderTest, result: Any) -> list[str]:
     problems += [f"history: {p}" for p in check_history(result.messages)]
     problems += [f"trace line {v.line}: {v.message}" for v in check_events(result.events)]
     problems += agent.ledger.duplicate_writes()
+    problems += agent.ledger.denied_but_ran()
     runtime = agent.runtime
     if runtime is not None:
         budget, counters = runtime.budget, result.counters
