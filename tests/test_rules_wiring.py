@@ -201,6 +201,28 @@ def test_context_is_read_by_rules_and_recorded_in_the_header(tmp_path: Path) -> 
     checked(tmp_path / "s.jsonl")
 
 
+def test_a_streamed_run_takes_the_context_its_rules_read() -> None:
+    import asyncio
+
+    gold_only = Rule("gold-refunds", on="before_tool", tools=["issue_refund"],
+                     when="context.tier != 'gold'", then="deny")  # fmt: skip
+    script = [calls(call("c1", "issue_refund", amount_cents=100)), say("ok")]
+    rt = runtime(World(), script, [gold_only])
+    with rt.stream("go", context={"tier": "silver"}, model=ScriptedModel(script)) as live:
+        list(live)
+    assert tool_results(live.result.messages)["c1"]["error"] == "denied_by_rule"
+    assert live.result.events[0]["context"] == {"tier": "silver"}
+
+    async def gold() -> Any:
+        async with rt.astream("go", context={"tier": "gold"}, model=ScriptedModel(script)) as run:
+            async for _ in run:
+                pass
+        return run.result
+
+    result = asyncio.run(gold())
+    assert tool_results(result.messages)["c1"] == {"ok": True, "value": {"refunded": 100}}
+
+
 # ── review ────────────────────────────────────────────────────────────────────────
 
 

@@ -215,19 +215,21 @@ class Runtime:
         model: Model | None = None,
         capacity: int = DEFAULT_CAPACITY,
         trace_deltas: bool = False,
+        context: dict[str, Any] | None = None,
     ) -> StreamRun:
         """``with runtime.stream(task) as run: for event in run: ...``, then ``run.result``:
         the run driven as :meth:`run` drives it (in a thread of its own), its typed events
         live in ``seq`` order, with the deltas of a ``stream=True`` model. Leaving the block
         early or ``run.cancel()`` ends it ``cancelled`` (``runtime/streaming.py``). The
         trace keeps each streamed block's length and digest; ``trace_deltas=True`` keeps
-        the raw deltas too (``fsm-agent check`` verifies that they fold to the message)."""
+        the raw deltas too (``fsm-agent check`` verifies that they fold to the message).
+        ``context``: the trusted facts the rules read, as for :meth:`run`."""
         from fsm_agent._runtime.streaming import StreamRun
 
         self._sync_model(model, "stream")
         return StreamRun(
             self, task, run_id=run_id, trace=trace, model=model, capacity=capacity,
-            trace_deltas=_flag("trace_deltas", trace_deltas),
+            trace_deltas=_flag("trace_deltas", trace_deltas), context=context,
         )  # fmt: skip
 
     def astream(
@@ -239,6 +241,7 @@ class Runtime:
         model: Model | None = None,
         capacity: int = DEFAULT_CAPACITY,
         trace_deltas: bool = False,
+        context: dict[str, Any] | None = None,
     ) -> AsyncStreamRun:
         """``async with runtime.astream(task) as run: async for event in run: ...``: the
         async twin of :meth:`stream` (driven as :meth:`arun` drives it); cancelling the
@@ -248,16 +251,22 @@ class Runtime:
         self._model_for(model)
         return AsyncStreamRun(
             self, task, run_id=run_id, trace=trace, model=model, capacity=capacity,
-            trace_deltas=_flag("trace_deltas", trace_deltas),
+            trace_deltas=_flag("trace_deltas", trace_deltas), context=context,
         )  # fmt: skip
 
     def _stream_drive(
-        self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
+        self,
+        task: Any,
+        *,
+        run_id: str | None,
+        trace: TraceArg,
+        model: Model | None,
+        context: dict[str, Any] | None = None,
     ) -> RunResult:
         from fsm_agent._runtime.streaming import StreamCancelled
 
         model = self._sync_model(model, "stream")
-        state, sink = self._new_run(task, run_id, trace)
+        state, sink = self._new_run(task, run_id, trace, context=context)
         try:
             return self._drive(
                 state, model, sink, resumed=False, encoder=self._encoder(state, sink)
@@ -266,14 +275,20 @@ class Runtime:
             return self._result(state)
 
     async def _astream_drive(
-        self, task: Any, *, run_id: str | None, trace: TraceArg, model: Model | None
+        self,
+        task: Any,
+        *,
+        run_id: str | None,
+        trace: TraceArg,
+        model: Model | None,
+        context: dict[str, Any] | None = None,
     ) -> RunResult:
         import asyncio
 
         from fsm_agent._runtime.streaming import StreamCancelled
 
         model = self._model_for(model)
-        state, sink = self._new_run(task, run_id, trace)
+        state, sink = self._new_run(task, run_id, trace, context=context)
         encoder = self._encoder(state, sink)
         try:
             return await self._adrive(state, model, sink, resumed=False, encoder=encoder)

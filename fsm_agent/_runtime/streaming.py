@@ -153,12 +153,13 @@ class StreamRun:
         model: Any,
         capacity: int,
         trace_deltas: bool = False,
+        context: dict[str, Any] | None = None,
     ) -> None:
         self._buffer = _Buffer(capacity)
         self._trace_deltas = trace_deltas
         self._cond = threading.Condition()
         self._runtime, self._task = runtime, task
-        self._args = {"run_id": run_id, "trace": trace, "model": model}
+        self._args = {"run_id": run_id, "trace": trace, "model": model, "context": context}
         self._result: RunResult | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -287,11 +288,12 @@ class AsyncStreamRun:
         model: Any,
         capacity: int,
         trace_deltas: bool = False,
+        context: dict[str, Any] | None = None,
     ) -> None:
         self._buffer = _Buffer(capacity)
         self._trace_deltas = trace_deltas
         self._runtime, self._task = runtime, task
-        self._args = {"run_id": run_id, "trace": trace, "model": model}
+        self._args = {"run_id": run_id, "trace": trace, "model": model, "context": context}
         self._result: RunResult | None = None
         self._error: BaseException | None = None
         self._run_task: asyncio.Task[None] | None = None
