@@ -251,6 +251,24 @@ def test_review_pauses_with_exact_arguments_and_an_approval_runs_the_call(
     checked(tmp_path / "r1.jsonl")
 
 
+def test_an_edited_call_is_judged_again_and_a_rule_it_breaks_denies_it(tmp_path: Path) -> None:
+    # A reviewer's corrected arguments are a new call to the rules: raising the refund past
+    # the cap gets it denied, never run, and the trace still checks.
+    cap = Rule("refund-cap", on="before_tool", tools=["issue_refund"],
+               when="args.amount_cents > 8000", then="deny")  # fmt: skip
+    world = World()
+    script = [calls(call("c1", "issue_refund", amount_cents=7000)), say("done")]
+    rt = runtime(world, script, [cap, BIG_REFUNDS], store=SqliteStore(tmp_path / "runs.db"),
+                 trace_dir=tmp_path)  # fmt: skip
+    paused = rt.run("refund", run_id="r1")
+    assert (paused.status, paused.reason) == ("review_required", "rule_review")
+    done = rt.approve("r1", "c1", by="ana", arguments={"amount_cents": 9000}, resume=True)
+    assert world.ran == []
+    assert tool_results(done.messages)["c1"]["error"] == "denied_by_rule"
+    assert [e["rule"] for e in rule_events(done.events) if e["verdict"] == "deny"] == ["refund-cap"]
+    checked(tmp_path / "r1.jsonl")
+
+
 def test_a_denied_review_never_runs_the_call(tmp_path: Path) -> None:
     world = World()
     script = [calls(call("c1", "issue_refund", amount_cents=9000)), say("sorry")]
