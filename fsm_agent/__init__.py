@@ -34,6 +34,7 @@ layered; each layer imports only the layers above it in this list
     sansio, stores   facades over _core and _durable (nothing imports them)
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from fsm_agent._core.approvals import Approval
@@ -88,25 +89,22 @@ if TYPE_CHECKING:  # for type checkers; at run time each is imported on first us
     from fsm_agent._trace.checker import check_trace
 
 
+#: Imported on first use: ``import sqlite3`` alone costs ~17 ms cold, ``PostgresStore`` needs
+#: the postgres extra only when opened, the checker replays the engine, and a worker loads
+#: asyncio.
+_LAZY = {
+    "SqliteStore": "fsm_agent._durable.sqlite",
+    "PostgresStore": "fsm_agent._durable.postgres",
+    "check_trace": "fsm_agent._trace.checker",
+    "Worker": "fsm_agent._runtime.worker",
+}
+
+
 def __getattr__(name: str) -> Any:
-    # SqliteStore is imported on first use: ``import sqlite3`` alone costs ~17 ms cold.
-    if name == "SqliteStore":
-        from fsm_agent._durable.sqlite import SqliteStore
-
-        return SqliteStore
-    if name == "PostgresStore":  # needs the postgres extra (psycopg) only when opened
-        from fsm_agent._durable.postgres import PostgresStore
-
-        return PostgresStore
-    if name == "check_trace":  # the checker replays the engine: loaded when first used
-        from fsm_agent._trace.checker import check_trace
-
-        return check_trace
-    if name == "Worker":  # asyncio, loaded only by those who run workers
-        from fsm_agent._runtime.worker import Worker
-
-        return Worker
-    raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [
