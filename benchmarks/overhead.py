@@ -157,6 +157,13 @@ def instruction_ratios(runs: int = 5) -> tuple[float, float, float] | None:
     if None in (start, hand, ours, python, deps, package):
         return None
     assert start and hand and ours and python and deps and package
+    if not start < hand < ours:
+        # Each count runs a fresh interpreter over the files as they are then: an edit
+        # made while the bench runs mixes two versions of the code.
+        raise SystemExit(
+            f"instruction counts out of order (pass {start}, hand-written {hand}, engine "
+            f"{ours}): did the code change while the bench ran? Run it again."
+        )
     per_round = (ours - start) / (runs * ROUNDS)
     return (ours - start) / (hand - start), (package - python) / (deps - python), per_round
 
