@@ -106,6 +106,15 @@ def cost_spent(run: RunState) -> bool:
 # ── the decision and its whole batch ──────────────────────────────────────────────
 
 
+def _any_refused(run: RunState, refusal: str) -> bool:
+    # A loop, not ``any(genexpr)``: these guards run every round, and a generator
+    # costs more than the one or two calls a batch usually holds.
+    for c in run.decision.calls:  # noqa: SIM110 - the hot path (see above)
+        if c.refusal == refusal:
+            return True
+    return False
+
+
 @guard
 def decision_malformed(run: RunState) -> bool:
     """The decision is not an assistant message whose calls are well-formed."""
@@ -163,25 +172,28 @@ def strict_policy(run: RunState) -> bool:
 @guard
 def batch_has_unknown_tool(run: RunState) -> bool:
     """Some call names a tool that is not registered."""
-    return any(c.refusal == "unknown_tool" for c in run.decision.calls)
+    return _any_refused(run, "unknown_tool")
 
 
 @guard
 def batch_has_denied_call(run: RunState) -> bool:
     """Some call names a registered tool outside ``allowed_tools``."""
-    return any(c.refusal == "permission_denied" for c in run.decision.calls)
+    return _any_refused(run, "permission_denied")
 
 
 @guard
 def batch_has_invalid_arguments(run: RunState) -> bool:
     """Some call's arguments fail parsing or its tool's schema."""
-    return any(c.refusal == "invalid_arguments" for c in run.decision.calls)
+    return _any_refused(run, "invalid_arguments")
 
 
 @guard
 def batch_needs_approval(run: RunState) -> bool:
     """Some admitted call needs an approval that no configured approval matches exactly."""
-    return any(c.needs_approval for c in run.decision.calls)
+    for c in run.decision.calls:  # noqa: SIM110 - every round: no generator (_any_refused)
+        if c.needs_approval:
+            return True
+    return False
 
 
 # ── the current call, before it runs ──────────────────────────────────────────────

@@ -175,6 +175,10 @@ def copy_json(text: str) -> Any:
 def _depth_ok(text: str) -> bool:
     """Whether JSON ``text`` nests at most :data:`MAX_DEPTH` deep (bracket count; strings
     may hold brackets, which only makes this stricter, never looser)."""
+    if len(text) <= 2 * MAX_DEPTH + 1:
+        # Valid JSON nested n deep has n openers and n closers: a text this short cannot
+        # nest too deep (most replies and results; a count of each bracket costs more).
+        return True
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return True
     depth = deepest = 0

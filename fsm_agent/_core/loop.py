@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
-from functools import partial
 from typing import Any
 
 from fsm_agent._core import events, judging
@@ -278,7 +277,8 @@ def _decide(s: RunState) -> Steps:
         if _fire(s, "model_failed"):
             yield from _flush(s)
         return
-    s.reply_bytes = len(dumps_safe(reply)[1])
+    text, data, changed = dumps_safe(reply)
+    s.reply_bytes = len(data)
     if s.reply_bytes > s.config.budget.max_reply_bytes:
         yield from _oversized_reply(s, reply)
         return
@@ -287,13 +287,15 @@ def _decide(s: RunState) -> Steps:
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
     # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
     event = events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed)
-    lossy = {
-        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
-        for c in s.decision.calls
-        if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
-    }
-    if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
-        event["raw_arguments"] = lossy
+    # (An ASCII reply, as most are, holds no lone surrogate: nothing to look for.)
+    if changed or not text.isascii():
+        lossy = {
+            c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+            for c in s.decision.calls
+            if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
+        }
+        if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
+            event["raw_arguments"] = lossy
     _record(s, event)
     if isinstance(reply, dict):
         _count_usage(s, reply.get("usage"))
@@ -528,17 +530,31 @@ def _after(s: RunState, edge: Any) -> None:
                 event["error"] = outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
-    # Without a redaction hook an event is appended as it is: a list method, not a call
-    # of _record per event (five to seven per tool round).
-    record = s.events.append if s.config.redact is None else partial(_record, s)
-    seq = s.seq = event["seq"] = s.seq + 1
-    record(event)
-    for payload in payloads:
-        seq = s.seq = payload["seq"] = seq + 1
-        record(payload)
+    seq = event["seq"] = s.seq + 1
+    if s.config.redact is not None:
+        _record_all(s, event, payloads)
+    else:
+        # Without a redaction hook an event is appended as it is: a list method, not a
+        # call of _record per event (five to seven per tool round).
+        append = s.events.append
+        append(event)
+        for payload in payloads:
+            seq = payload["seq"] = seq + 1
+            append(payload)
+        s.seq = seq
     if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
         s.seq += 1
-        record(events.run_end(s.seq, s.status, s.reason, s.detail, s.answer, s.counters.as_dict()))
+        _record(s, events.run_end(s.seq, s.status, s.reason, s.detail, s.answer,
+                                  s.counters.as_dict()))  # fmt: skip
+
+
+def _record_all(s: RunState, event: dict[str, Any], payloads: list[dict[str, Any]]) -> None:
+    """Record a transition (its ``seq`` set) and its payloads through the redaction hook."""
+    seq = s.seq = event["seq"]
+    _record(s, event)
+    for payload in payloads:
+        seq = s.seq = payload["seq"] = seq + 1
+        _record(s, payload)
 
 
 def _behind(s: RunState, edge: Transition) -> bool:

@@ -22,21 +22,15 @@ from typing import Any
 __all__ = ["repeated_calls", "warn_repeated_calls"]
 
 
-def _call_of(call: Any) -> tuple[str, Any, Any] | None:
-    if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-        return None
-    function = call.get("function")
-    if not isinstance(function, dict):
-        return None
-    return call["id"], function.get("name"), function.get("arguments")
-
-
 def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str, str]]:
     """``(call id, tool)`` of the calls asked for in ``messages[since:]`` that repeat a
     call of an earlier assistant message (same id, tool and arguments), in order."""
-    # One pass over the history, run after every driving: id -> (tool, arguments, the
-    # index of the message that first asked for it; a batch is not compared with itself).
-    earlier: dict[str, tuple[Any, Any, int]] = {}
+    # One pass over the history, run after every driving: id -> (its ``function``
+    # object, the index of the message that first asked for it; a batch is not compared
+    # with itself). A call without a string id or a ``function`` object is not a call.
+    # The name and arguments are read only when an id comes back: most never do, and
+    # this pass costs every run one step per message.
+    earlier: dict[str, tuple[dict[str, Any], int]] = {}
     repeated: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":
@@ -45,17 +39,21 @@ def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str
         if not isinstance(calls, list):
             continue
         for raw in calls:
-            found = _call_of(raw)
-            if found is None:
+            if not isinstance(raw, dict):
                 continue
-            call_id, name, arguments = found
+            call_id, function = raw.get("id"), raw.get("function")
+            if not isinstance(call_id, str) or not isinstance(function, dict):
+                continue
             first = earlier.get(call_id)
             if first is None:
-                earlier[call_id] = (name, arguments, index)
-            elif (
+                earlier[call_id] = (function, index)
+                continue
+            name = function.get("name")
+            if (
                 index >= since
-                and first[2] < index
-                and first[:2] == (name, arguments)
+                and first[1] < index
+                and (first[0].get("name"), first[0].get("arguments"))
+                == (name, function.get("arguments"))
                 and (call_id, name) not in repeated
             ):
                 repeated.append((call_id, str(name)))
