@@ -298,7 +298,11 @@ def _decide(s: RunState) -> Steps:
             event["raw_arguments"] = lossy
     _record(s, event)
     if isinstance(reply, dict):
-        _count_usage(s, reply.get("usage"))
+        usage = reply.get("usage")
+        if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
+            s.tokens_unknown = s.cost_unknown = True
+        else:
+            _count_usage(s, usage)
     s.batch_appended = False
     s.answered = set()  # ids need only be unique within a batch
     if _fire(s, "model_replied"):
@@ -400,9 +404,8 @@ def _execute(s: RunState) -> Steps:
     # A tool may mutate its arguments: a retry gets them afresh from the exact text that
     # was validated and digested, never what an earlier attempt left behind.
     arguments = call.arguments if s.attempt == 1 else parse_arguments(call.raw_arguments)
-    outcome: ToolOutcome = yield CallTool(
-        call.id, call.name, arguments, _timeout(s, tool.timeout_s)
-    )
+    timeout = tool.timeout_s if s.config.budget.max_wall_clock_s is None else _timeout(s, tool)
+    outcome: ToolOutcome = yield CallTool(call.id, call.name, arguments, timeout)
     s.outcome = outcome
     key = call.idempotency_key
     if key is not None:
@@ -642,7 +645,9 @@ def _intent(s: RunState, call: Any) -> IdempotencyRecord:
     )
 
 
-def _timeout(s: RunState, tool_timeout: float | None) -> float | None:
+def _timeout(s: RunState, tool: Any) -> float | None:
+    """The call's timeout within a wall-clock budget: what is left, or less."""
+    tool_timeout = tool.timeout_s
     limit = s.config.budget.max_wall_clock_s
     if limit is None:
         return tool_timeout
