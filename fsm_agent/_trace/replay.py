@@ -140,8 +140,8 @@ class _Remembering:
 
     def iter_errors(self, arguments: Any) -> list[Any]:
         try:
-            key = json.dumps(arguments, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError):
+            key = _sorted_key(arguments)
+        except (TypeError, ValueError, RecursionError):
             return list(self.validator.iter_errors(arguments))
         errors = self.seen.get(key)
         if errors is None:
@@ -149,6 +149,36 @@ class _Remembering:
             if len(self.seen) < 4096:
                 self.seen[key] = errors
         return errors
+
+
+def _sorted_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=False)
+
+
+def _sorted_encoder() -> Callable[[Any], str] | None:
+    """``json.dumps(value, sort_keys=True, allow_nan=False)`` without building an encoder
+    per call (one per replayed call: half the cost of the cache's key), or ``None``
+    without the C accelerator. No cycle check: parsed arguments have no cycles, and a
+    value that recursed would raise ``RecursionError`` (not remembered)."""
+    try:
+        from json.encoder import c_make_encoder  # type: ignore[attr-defined]
+        from json.encoder import encode_basestring_ascii as c_ascii
+    except ImportError:  # pragma: no cover - CPython has them
+        return None
+    if c_make_encoder is None:
+        return None
+    encode = c_make_encoder(
+        None, json.JSONEncoder().default, c_ascii, None, ": ", ", ", True, False, False
+    )
+    join = "".join
+
+    def dumps(value: Any) -> str:
+        return join(encode(value, 0))
+
+    return dumps
+
+
+_sorted_key: Callable[[Any], str] = _sorted_encoder() or _sorted_json
 
 
 class _RecordedBook(ApprovalBook):
@@ -431,7 +461,7 @@ class Replay:
             problem, self.problem = self.problem, None
             self.fail(self._input_line(), problem)
         s = self.s
-        if not s.placeholders:
+        if not s.placeholders and (s.messages or s.rewritten or s.saved_messages):
             s.messages.clear()  # nothing the loop decides reads the history
             s.saved_messages = 0
             s.rewritten.clear()
@@ -456,10 +486,12 @@ class Replay:
         if not produced:
             return True
         pending = self.pending
+        # (Locals for the per-event loop: every recorded event passes here once.)
+        popleft, note, since = pending.popleft, self._note, self.since_save
         while self.matched < len(produced):
             if not pending:
                 return False
-            line, recorded = pending.popleft()
+            line, recorded = item = popleft()
             if recorded.get("type") == "transition":
                 self.transitions -= 1
             self.line = line
@@ -469,9 +501,9 @@ class Replay:
                 self._diff(line, recorded, mine)
                 if self.dead:
                     return False
-            self._note(line, recorded)
-            if len(self.since_save) < MAX_AHEAD:
-                self.since_save.append((line, recorded))
+            note(line, recorded)
+            if len(since) < MAX_AHEAD:
+                since.append(item)
         produced.clear()
         self.matched = 0
         self.s.emitted = self.s.saved_events = 0
@@ -617,7 +649,8 @@ class Replay:
             return _WAIT
         at, nxt = ahead
         if (
-            _resumed(nxt) is not None
+            "inputs" in nxt
+            and _resumed(nxt) is not None
             and self.pending[at][0] != self.restarted
             and not any(self.pending[i][1].get("type") == "review" for i in range(at))
         ):  # (reviews come first: the run ends, is reviewed, then resumes)
