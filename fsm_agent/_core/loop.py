@@ -44,6 +44,7 @@ from fsm_agent._core.decision import (
     NO_DECISION,
     Decision,
     PreparedCall,
+    ToolLike,
     admit_calls,
     parse_decision,
 )
@@ -645,7 +646,7 @@ def _intent(s: RunState, call: Any) -> IdempotencyRecord:
     )
 
 
-def _timeout(s: RunState, tool: Any) -> float | None:
+def _timeout(s: RunState, tool: ToolLike) -> float | None:
     """The call's timeout within a wall-clock budget: what is left, or less."""
     tool_timeout = tool.timeout_s
     limit = s.config.budget.max_wall_clock_s
