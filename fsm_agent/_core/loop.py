@@ -71,7 +71,7 @@ from fsm_agent._core.requests import (
 )
 from fsm_agent._core.select import select
 from fsm_agent._core.state import RunState
-from fsm_agent._core.table import TERMINAL_STATES, Transition
+from fsm_agent._core.table import CALL_STEP, ENDS, TERMINAL_STATES, Transition
 
 #: Review actions that approve the call (``edit``: with the reviewer's arguments, which
 #: the call then carries, so the digest binds the approval to them).
@@ -459,7 +459,8 @@ def _fire(s: RunState, trigger: str) -> bool:
     edge = fire(s, trigger)
     _after(s, edge)
     config = s.config
-    return config.emit or (config.save != "never" and _wants_save(s, edge))
+    # (An edge at none of the checkpoint points is not asked about: most of a round's.)
+    return config.emit or (config.save != "never" and edge.save_point != 0 and _wants_save(s, edge))
 
 
 def _flush(s: RunState) -> Steps:
@@ -490,12 +491,15 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
     and takes the same edges again, re-running at most a read or a model call.
     """
     # (Read off the edge, not its index: the run's machine may be any table.)
-    if edge.dest in _TERMINAL or edge.trigger == "resume":
+    point = edge.save_point
+    if not point:
+        return False
+    if point == ENDS:
         return True
-    if edge.action == "start_attempt" or edge.trigger == "tool_returned":
+    if point == CALL_STEP:
         call = s.call
         return call.effect == "write" and call.idempotency_key is None
-    if edge.action == "start_batch" and s.config.save == "replies":
+    if s.config.save == "replies":  # STARTS_BATCH
         # Nothing outside the machine depends on the reply until a write: a read may
         # run again after a crash. So the reply's checkpoint rides with the first write
         # of the batch (its intent, or its attempt's checkpoint), one commit instead of
@@ -575,7 +579,7 @@ def _behind(s: RunState, edge: Transition) -> bool:
 
 def _save(s: RunState, *, header: bool = False, behind: bool = False) -> SaveCheckpoint:
     messages = s.messages
-    rows = [(i, messages[i]) for i in range(s.saved_messages, len(messages))]
+    rows = list(enumerate(messages[s.saved_messages :], s.saved_messages))
     rows += [(i, messages[i]) for i in s.rewritten if i < s.saved_messages]
     s.rewritten.clear()
     s.saved_messages = len(messages)

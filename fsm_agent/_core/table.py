@@ -52,10 +52,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 __all__ = [
+    "CALL_STEP",
     "DEFAULT_MACHINE",
+    "ENDS",
     "INITIAL_STATE",
     "LEGACY_MACHINE_HASHES",
     "MACHINE_HASH",
+    "STARTS_BATCH",
     "STATES",
     "TERMINAL_STATES",
     "TRANSITIONS",
@@ -96,6 +99,11 @@ Action = Literal[
 ]  # fmt: skip
 
 
+#: :attr:`Transition.save_point` values: the edge ends the run (a terminal destination)
+#: or resumes it; it starts a call's attempt or takes its result; it starts a batch.
+ENDS, CALL_STEP, STARTS_BATCH = 1, 2, 3
+
+
 @dataclass(frozen=True)
 class Transition:
     """One edge of the run machine (see the module docstring)."""
@@ -114,10 +122,23 @@ class Transition:
     rank: tuple[int, int] = field(default=(0, 0), compare=False, repr=False)
     #: ``(guard name, required outcome)`` in evaluation order.
     checks: tuple[tuple[str, bool], ...] = field(init=False, repr=False, compare=False)
+    #: Which of the loop's checkpoint points the edge is (``core/loop.py``'s
+    #: ``_wants_save``), read off its columns once, not on every firing: :data:`ENDS`,
+    #: :data:`CALL_STEP`, :data:`STARTS_BATCH` or 0 (none).
+    save_point: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         checks = tuple((g[1:], False) if g.startswith("!") else (g, True) for g in self.guards)
         object.__setattr__(self, "checks", checks)
+        if self.dest in TERMINAL_STATES or self.trigger == "resume":
+            point = ENDS
+        elif self.action == "start_attempt" or self.trigger == "tool_returned":
+            point = CALL_STEP
+        elif self.action == "start_batch":
+            point = STARTS_BATCH
+        else:
+            point = 0
+        object.__setattr__(self, "save_point", point)
 
     @property
     def key(self) -> str:
