@@ -238,19 +238,23 @@ def fire(state: RunState, trigger: str) -> Transition:
     # (A guard met twice in one choice is evaluated twice: pure, and cheaper than a memo
     # on the hot path.)
     table = state.config.machine
-    choices = _CHOICES.get(table.hash)
-    if choices is None:
+    try:
+        choice = _CHOICES[table.hash][trigger][state.state]
+    except KeyError:
+        # A machine not fired yet (built now), or no edge of ``trigger`` from here
+        # (``transitions`` raises its stock ``MachineError``); an unknown trigger
+        # raises ``KeyError`` as before.
         engine_of(table)
-        choices = _CHOICES[table.hash]
-    choice = choices[trigger].get(state.state)
-    if choice is None:
-        edge = cast(_Trigger, _ENGINES[table.hash].events[trigger]).take(state)
-    else:
-        log: dict[str, bool] = {}
-        state.guard_log = log
-        found = choice(state, GUARDS, log)
-        assert found is not None, "every group ends with an unguarded edge"
-        edge = found
-        state.state = edge.dest
+        choices = _CHOICES[table.hash][trigger]
+        if state.state not in choices:
+            taken = cast(_Trigger, _ENGINES[table.hash].events[trigger]).take(state)
+            state.taken = taken
+            return taken
+        choice = choices[state.state]
+    log: dict[str, bool] = {}
+    state.guard_log = log
+    edge = choice(state, GUARDS, log)
+    assert edge is not None, "every group ends with an unguarded edge"
+    state.state = edge.dest
     state.taken = edge
     return edge
