@@ -54,18 +54,25 @@ def _short(text: str) -> str:
     return shown if len(shown) <= 40 else f"{shown[:30]}... ({len(text)} chars)"
 
 
+#: What ``json.loads(text, **hooks)`` builds per call (a decoder and its C scanner), built
+#: once: the decoder keeps no state between calls (its scanner's memo is cleared after
+#: each), and parsing is once per call admitted, twice per call replayed.
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates,
+    parse_constant=_no_constant,
+    parse_float=_finite,
+    parse_int=_whole,
+)
+
+
 def parse_arguments(text: str) -> dict[str, Any]:
     """Parse a call's ``arguments`` string under the rules of the module docstring."""
     if not isinstance(text, str):
         raise ArgumentsError(f"arguments must be a JSON string, got {type(text).__name__}")
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-            parse_float=_finite,
-            parse_int=_whole,
-        )
+        if text.startswith("\ufeff"):  # what json.loads refuses before decoding
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        value = _DECODER.decode(text)
     except ArgumentsError:
         raise
     except RecursionError:
