@@ -245,3 +245,14 @@ def test_decide_numbered_scripts_do_not_warn() -> None:
         warnings.simplefilter("error")
         result = Runtime(model=model, tools=_tools(), allowed_tools={"lookup"}).run("go")
     assert result.status == "done"
+
+
+def test_a_call_without_a_function_object_is_not_the_first_of_its_id() -> None:
+    """Only a call with a string id and a ``function`` object counts: a malformed one
+    under the same id neither is the call repeated nor hides the first real one."""
+    good = {"role": "assistant", "tool_calls": [call("lookup", {}, id="a")]}
+    broken = {"role": "assistant", "tool_calls": [{"id": "a", "function": "lookup"}, 7]}
+    history = [broken, {"role": "tool"}, good, {"role": "tool"}, good]
+    assert repeated_calls(history, 0) == [("a", "lookup")]
+    assert repeated_calls(history, 3) == [("a", "lookup")]
+    assert repeated_calls([broken, broken], 0) == []

@@ -147,3 +147,25 @@ def test_importing_the_package_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_each_edge_knows_its_checkpoint_point() -> None:
+    """``save_point`` is read off the edge's columns once: an end or a resume, a call's
+    attempt or result, a batch's start, or none (the loop's ``_wants_save`` reads it)."""
+    from fsm_agent._core.table import CALL_STEP, ENDS, STARTS_BATCH, Transition
+
+    for t in TRANSITIONS:
+        if t.dest in TERMINAL_STATES or t.trigger == "resume":
+            want = ENDS
+        elif t.action == "start_attempt" or t.trigger == "tool_returned":
+            want = CALL_STEP
+        elif t.action == "start_batch":
+            want = STARTS_BATCH
+        else:
+            want = 0
+        assert t.save_point == want, t.key
+    outside = Transition("observe", "observing", "done", ("has_answer",), "final_answer", "finish")
+    assert (
+        outside.save_point == ENDS
+        and Transition("observe", "observing", "deciding").save_point == 0
+    )
