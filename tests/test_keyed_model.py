@@ -250,9 +250,12 @@ def test_decide_numbered_scripts_do_not_warn() -> None:
 def test_a_call_without_a_function_object_is_not_the_first_of_its_id() -> None:
     """Only a call with a string id and a ``function`` object counts: a malformed one
     under the same id neither is the call repeated nor hides the first real one."""
-    good = {"role": "assistant", "tool_calls": [call("lookup", {}, id="a")]}
-    broken = {"role": "assistant", "tool_calls": [{"id": "a", "function": "lookup"}, 7]}
-    history = [broken, {"role": "tool"}, good, {"role": "tool"}, good]
+    good: dict[str, Any] = {"role": "assistant", "tool_calls": [call("lookup", {}, id="a")]}
+    broken: dict[str, Any] = {
+        "role": "assistant",
+        "tool_calls": [{"id": "a", "function": "lookup"}, 7],
+    }
+    history: list[dict[str, Any]] = [broken, {"role": "tool"}, good, {"role": "tool"}, good]
     assert repeated_calls(history, 0) == [("a", "lookup")]
     assert repeated_calls(history, 3) == [("a", "lookup")]
     assert repeated_calls([broken, broken], 0) == []
