@@ -95,9 +95,15 @@ class Retail:
 
     def __init__(self, base: Snapshot | None = None) -> None:
         self._base = base if base is not None else snapshot()
-        # Shallow copies: a record is shared with the snapshot until a write owns it.
-        self.tables: Tables = {name: dict(rows) for name, rows in self._base.tables.items()}
+        self.tables: Tables = {}
         self._owned: set[tuple[str, str]] = set()
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the database as loaded (its registered tools stay valid)."""
+        # Shallow copies: a record is shared with the snapshot until a write owns it.
+        self.tables = {name: dict(rows) for name, rows in self._base.tables.items()}
+        self._owned = set()
 
     # --- the state -------------------------------------------------------------------
 
