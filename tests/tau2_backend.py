@@ -53,8 +53,9 @@ CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 
 
 class Error(ToolRejected):
-    """τ²'s backend refused the call and nothing changed. Named so that the engine's
-    detail, ``"<class>: <message>"``, reads exactly as τ²'s output: ``Error: <why>``."""
+    """τ²'s backend refused the call (τ² raises ``ValueError``). Named so that the
+    engine's detail, ``"<class>: <message>"``, reads exactly as τ²'s output for it,
+    ``Error: <why>``."""
 
 
 def canonical_text(value: Any) -> str:
@@ -91,7 +92,10 @@ def snapshot() -> Snapshot:
 
 
 class Retail:
-    """One τ² retail backend, starting from the database as τ² ships it."""
+    """One τ² retail backend, starting from the database as τ² ships it.
+
+    Its tool methods return the database's own records (shared with the snapshot until
+    a write owns them): read, never edit, what they return; :meth:`tools` copies."""
 
     def __init__(self, base: Snapshot | None = None) -> None:
         self._base = base if base is not None else snapshot()
@@ -222,7 +226,7 @@ class Retail:
         for payment in order["payment_history"]:
             method = self._payment_method(order["user_id"], payment["payment_method_id"])
             refunds.append({"transaction_type": "refund", "amount": payment["amount"],
-                            "payment_method_id": method["id"]})  # fmt: skip
+                            "payment_method_id": payment["payment_method_id"]})  # fmt: skip
             if method["source"] == "gift_card":  # a gift card is refunded at once
                 self._add_to_gift_card(order["user_id"], method["id"], payment["amount"])
         order["status"] = "cancelled"
@@ -290,7 +294,7 @@ class Retail:
         order = self._own("orders", order_id)
         order["payment_history"].append({
             "transaction_type": "payment" if difference > 0 else "refund",
-            "amount": float(abs(difference)),
+            "amount": float(abs(difference)),  # τ²'s model makes an amount a float
             "payment_method_id": payment_method_id,
         })  # fmt: skip
         if method["source"] == "gift_card":
