@@ -209,9 +209,26 @@ def second_exchange(task: dict[str, Any]) -> Mutant | None:
     return None if step is None else (step["name"], step["arguments"], len(task["steps"]))
 
 
+def address_after_items_modified(task: dict[str, Any]) -> Mutant | None:
+    """After the whole trajectory: a new shipping address for an order whose items it
+    modified. The policy: after modifying items "the agent will not be able to modify or
+    cancel the order anymore"; τ²'s backend would take it ("pending (item modified)"
+    passes its loose test of pending), so here the rule alone stops a change."""
+    modified = [s for s in task["steps"] if s["name"] == "modify_pending_order_items"]
+    step = next((s for s in modified if not s["error"]), None)
+    if step is None:
+        return None
+    address = {"address1": "1 Main St", "address2": "", "city": "Austin", "state": "TX",
+               "country": "USA", "zip": "78701"}  # fmt: skip
+    args = {"order_id": step["arguments"]["order_id"], **address}
+    return "modify_pending_order_address", args, len(task["steps"])
+
+
 #: Each mutation (its test id, how it is made) and the rule that must deny it.
 MUTATIONS: list[tuple[str, Mutate, str]] = [
     ("cancel-a-delivered-order", cancel_delivered, "pending-only-cancel-or-modify"),
     ("refund-to-another-card", refund_elsewhere, "refund-to-original-or-gift-card"),
     ("a-second-exchange", second_exchange, "one-exchange-or-modify"),
-]
+    ("address-after-items-modified", address_after_items_modified,
+     "pending-only-cancel-or-modify"),
+]  # fmt: skip

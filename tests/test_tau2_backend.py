@@ -5,7 +5,8 @@ task the hash of its database before and after. Our backend starts from τ²'s d
 (its hash is every task's initial hash); every ground-truth call, through a real
 ``Runtime`` with the τ² policy as rules, returns what τ² returned (records, strings and
 refusals alike); and every task ends at τ²'s final hash. A call that breaks the policy is
-denied by the rule's id and leaves the database as it was.
+denied by the rule's id and leaves the database as it was — including an address change
+after an item modification, which τ²'s backend itself would have made.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from typing import Any
 import pytest
 from conftest import assert_valid_run, call, calls, say
 from tau2_backend import Error, Retail, db_hash, snapshot
-from tau2_policy import MUTATIONS, RULES, Mutant, Mutate, outcome, tasks
+from tau2_policy import (
+    MUTATIONS,
+    RULES,
+    Mutant,
+    Mutate,
+    address_after_items_modified,
+    outcome,
+    tasks,
+)
 
 from fsm_agent import Budget, Runtime, ScriptedModel, check_trace
 
@@ -260,6 +269,7 @@ def test_a_call_breaking_the_policy_is_denied_and_the_state_is_unchanged(
 ) -> None:
     mutated = [(task, m) for task in TASKS if (m := mutate(task)) is not None]
     assert len(mutated) >= 10
+    rule_alone = mutate is address_after_items_modified
     for n, (task, mutant) in enumerate(mutated):
         trace = tmp_path / f"{n}.jsonl" if n < 3 else None
         answer = answers(drive(task, upto=mutant[2], mutant=mutant, trace=trace))["mutant"]
@@ -275,7 +285,12 @@ def test_a_call_breaking_the_policy_is_denied_and_the_state_is_unchanged(
         assert BACKEND.hash() == without.hash(), task["task_id"]
         if mutant[2] == len(task["steps"]):
             assert BACKEND.hash() == task["db_hash_final"]
-        # τ²'s backend would have refused it too: the policy and τ² agree on each.
-        with pytest.raises(Error):
+        # Had it run: τ²'s backend refuses every mutant but one kind, which it would have
+        # executed (the rule alone keeps the state).
+        if rule_alone:
             getattr(BACKEND, mutant[0])(**mutant[1])
-        assert BACKEND.hash() == without.hash()
+            assert BACKEND.hash() != without.hash()
+        else:
+            with pytest.raises(Error):
+                getattr(BACKEND, mutant[0])(**mutant[1])
+            assert BACKEND.hash() == without.hash()
