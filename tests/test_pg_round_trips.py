@@ -429,6 +429,70 @@ def test_killed_before_a_result_behind_was_sent_resumes_to_outcome_unknown(
     assert ledger.read_text().split() == ["K"]
 
 
+READS_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from fsm_agent import Runtime, ToolRegistry
+    from fsm_agent._durable.postgres import PostgresStore
+
+    dsn, schema = sys.argv[1:]
+    tools = ToolRegistry()
+    tools.register(lambda i: {"read": i}, name="read", effect="read",
+                   schema={"type": "object", "properties": {"i": {"type": "string"}}})
+    asked = []
+
+    def model(messages, specs):
+        asked.append(1)
+        if len(asked) == 4:  # three rounds of reads, their checkpoints sent ahead
+            os.kill(os.getpid(), signal.SIGKILL)
+        n = len(asked)
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{n}",
+                "type": "function", "function": {"name": "read",
+                "arguments": '{"i": "%d"}' % n}}]}
+
+    store = PostgresStore(dsn, schema=schema)
+    Runtime(model=model, tools=tools, allowed_tools={"read"}, store=store).run("go", run_id="r1")
+    """
+)
+
+
+def test_reads_sent_ahead_survive_a_kill_9(pg_server: Any, pg_schema: str) -> None:
+    # What was handed to the kernel reaches the server after the process is gone: a
+    # kill loses no reply whose checkpoint was sent (before: every second one, which
+    # rode with the next statement).
+    child = subprocess.run(
+        [sys.executable, "-c", READS_CHILD, pg_server.dsn, pg_schema],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    deadline = time.monotonic() + 10
+    with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
+        while True:  # (the server may still be reading what the kernel sent)
+            stored = store.load_run("r1")
+            replies = [m["tool_calls"][0]["id"] for m in stored.messages if m.get("tool_calls")]
+            if replies == ["c1", "c2", "c3"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert replies == ["c1", "c2", "c3"]
+        model = ScriptedModel([say("done")])
+        reads: list[str] = []
+        tools = ToolRegistry()
+        tools.register(
+            lambda i: reads.append(i) or {"read": i},
+            name="read",
+            effect="read",
+            schema={"type": "object", "properties": {"i": {"type": "string"}}},
+        )
+        runtime = Runtime(model=model, tools=tools, allowed_tools={"read"}, store=store)
+        result = runtime.resume("r1")
+    assert (result.status, result.reason) == ("done", "final_answer"), result.detail
+    # The third reply's read runs again (a read may), and no reply is asked for again.
+    assert (reads, model.calls) == (["3"], 1)
+
+
 def test_the_last_checkpoint_lets_the_claim_go_and_a_held_run_is_judged(
     pg_server: Any, pg_store: PostgresStore
 ) -> None:
