@@ -4,11 +4,12 @@ rides behind is as safe as what was waited for.
 
 Round trips are counted for real: the store talks to the server through
 ``benchmarks/delay_proxy.py``, which counts each time a client sends after it last
-received. What goes behind — a write's result, a batch of reads' checkpoint, a keyless
-write's result — is sent with the driving's next statement in one transaction: a lost
-claim refuses it and that statement both, a commit that commits nothing rolls the
-statement back, and a process killed before it was sent resumes to ``outcome_unknown``,
-never to a second run."""
+received. What goes behind — a write's result, a keyless write's result — is sent with
+the driving's next statement in one transaction: a lost claim refuses it and that
+statement both, a commit that commits nothing rolls the statement back, and a process
+killed before it was sent resumes to ``outcome_unknown``, never to a second run. A batch
+of reads' checkpoint is sent ahead, its answer read later: it lands without a wait,
+survives a kill, and nothing sent after a refusal lands."""
 
 from __future__ import annotations
 

@@ -32,8 +32,11 @@ Each checkpoint is one SQL statement (the fenced update of the run row and the i
 its events and history rows, in one implicit transaction): one round trip. A write's
 result goes *behind* (``commit_intent_behind``): the driver does not wait for it; it is
 sent with the driving's next statement, pipelined in the same round trip and the same
-transaction (psycopg's pipeline mode, one Sync), so a durable round waits on the fewest
-round trips the D rules allow (``docs/concepts/durable-runs.md``).
+transaction (psycopg's pipeline mode, one Sync). A batch of reads' checkpoint goes
+*ahead* (``save_behind``): sent at once as its own transaction on the driving's
+pipelined connection, its answer read with the driving's next statement that waits. So
+a durable round waits on the fewest round trips the D rules allow
+(``docs/concepts/durable-runs.md``).
 """
 
 from __future__ import annotations
