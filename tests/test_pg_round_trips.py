@@ -270,6 +270,20 @@ def test_a_checkpoint_sent_ahead_outlasts_the_statement_timeout(
         assert [e["seq"] for e in store.load_run("r1").events] == [1, 2, 3]
 
 
+def test_where_the_pool_cannot_spare_a_connection_a_checkpoint_rides_behind(
+    pg_server: Any, pg_schema: str
+) -> None:
+    # A driving keeps its pipe through the model call: only while two connections stay
+    # for everything else. Here none can be spared: it rides with the next statement.
+    with PostgresStore(pg_server.dsn, schema=pg_schema, pool_size=2) as store:
+        _started(store, "r1", "A")
+        store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+        assert store._pipes == {}
+        assert [e["seq"] for e in store.load_run("r1").events] == [1]  # not sent
+        store.save("r1", "A", [_event(3)], _checkpoint("deciding"))
+        assert [e["seq"] for e in store.load_run("r1").events] == [1, 2, 3]
+
+
 def test_a_run_of_reads_is_answered_once_at_most_every_few_rounds(
     pg_server: Any, pg_store: PostgresStore
 ) -> None:

@@ -208,8 +208,8 @@ class PostgresStore:
             raise ConfigError(f"schema must be a lower-case SQL identifier, got {schema!r}")
         self.schema, self.lease_s, self.timeout = schema, lease_s, timeout
         #: the most connections it opens (a server bounds its concurrent reads by it)
-        self.pool_size = max(pool_size, 1)
-        self.statement_timeout_s, self.readonly = statement_timeout_s, readonly
+        self.pool_size, self.readonly = max(pool_size, 1), readonly
+        self.statement_timeout_s, self._lock = statement_timeout_s, threading.Lock()
         self.channel = f"{schema}_work"
         self.conninfo, self.name = conninfo(dsn, statement_timeout_s, readonly, timeout)
         self.sql = pg_sql.Statements(f'"{schema}"')
@@ -219,19 +219,13 @@ class PostgresStore:
         self._behind: dict[tuple[str, str], list[_Behind]] = {}
         #: drivings whose last checkpoint released their claim (``save_and_release``)
         self._released: set[tuple[str, str]] = set()
-        #: the runs ``claim_next`` read with their claims, until ``load_claimed``
+        #: the runs ``claim_next`` read with their claims, until ``load_claimed``; per
+        #: driving, its connection while checkpoints it sent ahead are unanswered
         self._picked: dict[tuple[str, str], Any] = {}
-        #: per driving: its connection while checkpoints it sent ahead are unanswered
         self._pipes: dict[tuple[str, str], _Pipe] = {}
-        self._lock = threading.Lock()
-        open_schema(
-            self.conninfo,
-            self.name,
-            schema,
-            readonly=readonly,
-            create=create,
-            timeouts=(timeout, statement_timeout_s),
-        )
+        timeouts = (timeout, statement_timeout_s)
+        open_schema(self.conninfo, self.name, schema, readonly=readonly, create=create,
+                    timeouts=timeouts)  # fmt: skip
         self._pool = ConnectionPool(
             self.conninfo,
             kwargs={"autocommit": True},
