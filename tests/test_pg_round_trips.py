@@ -284,6 +284,33 @@ def test_where_the_pool_cannot_spare_a_connection_a_checkpoint_rides_behind(
         assert [e["seq"] for e in store.load_run("r1").events] == [1, 2, 3]
 
 
+def test_a_server_restart_between_reads_costs_the_run_nothing(
+    pg_server: Any, pg_schema: str
+) -> None:
+    # The pipe's connection dies with the server during a model call: as a pooled
+    # connection found closed, it is replaced, and what it sent and did not land goes
+    # again with the next statement.
+    if not pg_server.throwaway:
+        pytest.skip("this test restarts the server")
+    asked: list[int] = []
+
+    def model(messages: Any, specs: Any) -> dict[str, Any]:
+        asked.append(1)
+        if len(asked) == 3:
+            pg_server.restart()
+        if len(asked) == 5:
+            return {"role": "assistant", "content": "done"}
+        return calls(call(f"c{len(asked)}", "read", i=str(len(asked))))
+
+    with PostgresStore(pg_server.dsn, schema=pg_schema, timeout=15) as store:
+        runtime = Runtime(model=model, tools=_tools(), allowed_tools={"read"}, store=store)
+        result = runtime.run("go", run_id="r1")
+        assert (result.status, result.reason) == ("done", "final_answer"), result.detail
+        stored = store.load_run("r1")
+        assert [e["seq"] for e in stored.events] == [e["seq"] for e in result.events]
+        assert store._pipes == {}
+
+
 def test_a_run_of_reads_is_answered_once_at_most_every_few_rounds(
     pg_server: Any, pg_store: PostgresStore
 ) -> None:
@@ -494,9 +521,14 @@ def test_reads_sent_ahead_survive_a_kill_9(pg_server: Any, pg_schema: str) -> No
         assert replies == ["c1", "c2", "c3"]
         model = ScriptedModel([say("done")])
         reads: list[str] = []
+
+        def read(i: str) -> dict[str, str]:
+            reads.append(i)
+            return {"read": i}
+
         tools = ToolRegistry()
         tools.register(
-            lambda i: reads.append(i) or {"read": i},
+            read,
             name="read",
             effect="read",
             schema={"type": "object", "properties": {"i": {"type": "string"}}},

@@ -317,8 +317,8 @@ class PostgresStore:
         connection: that round trip reads their answers too)."""
         if fence is None:
             return self._one(sql, params)
+        pipe = self._live(fence, self._pipes.get(fence)) if self._pipes else None
         queued = self._queued(fence)
-        pipe = self._pipes.get(fence) if self._pipes else None
         if pipe is not None:
             return self._on_pipe(fence, pipe, queued, sql, params)
         return self._flush(queued, sql, params)
@@ -331,10 +331,11 @@ class PostgresStore:
         import psycopg
         from psycopg_pool import PoolTimeout
 
+        if self._live(fence, self._pipes.get(fence)) is not None:
+            return self._pipes[fence]
         with self._lock:
-            pipe = self._pipes.get(fence)
-            if pipe is not None or len(self._pipes) >= self.pool_size - 2:
-                return pipe
+            if len(self._pipes) >= self.pool_size - 2:
+                return None
             pipe = self._pipes[fence] = _Pipe(contextlib.ExitStack(), sent=[])
         try:
             pipe.conn = self._pool.getconn(timeout=self.timeout)
@@ -343,6 +344,23 @@ class PostgresStore:
             self._drop(fence, pipe)
             raise self._error(exc) from None
         return pipe
+
+    def _live(self, fence: Fence, pipe: _Pipe | None) -> _Pipe | None:
+        """``pipe``, if its connection still holds. One the server closed between two
+        statements (a restart, an administrator, an idle timeout) is discarded, as the
+        pool discards an idle connection it finds closed: nothing was sent on it since,
+        and what it had sent that did not land goes with the driving's next statement
+        (the events' primary key refuses a transaction that landed twice)."""
+        if pipe is None or pipe.conn is None or _holds(pipe.conn):
+            return pipe
+        sent = pipe.sent or []
+        self._drop(fence, pipe, broken=True)
+        threading.Thread(target=self._pool.check, daemon=True).start()
+        again = self._settle_refused([], sent, lost=True)
+        if again:
+            with self._lock:
+                self._behind.setdefault(fence, [])[:0] = again
+        return None
 
     def _send_ahead(self, fence: Fence, pipe: _Pipe, items: list[_Behind]) -> None:
         """Send ``items`` (what rode behind, then a checkpoint) as one transaction on
@@ -452,12 +470,13 @@ class PostgresStore:
         return self._one(sql, params)
 
     def _settle_refused(
-        self, queued: list[_Behind], sent: list[list[_Behind]] | None = None
+        self, queued: list[_Behind], sent: list[list[_Behind]] | None = None, lost: bool = False
     ) -> list[_Behind]:
         """The queued commits to send again after one of them committed nothing (and
         so none did), or the error that stops the driving. Of the transactions
         ``sent`` ahead, those whose checkpoint's events are stored landed; from the
-        first that did not, nothing did."""
+        first that did not, nothing did. ``lost``: their connection was closed, not
+        refused (any of them may be to send again)."""
         if sent:
             row = self._one(self.sql.last_seq, [sent[0][-1].params["run_id"]])
             stored = -1 if row is None or row[0] is None else row[0]
@@ -482,7 +501,7 @@ class PostgresStore:
                     f"{self.name}: no pending intent for {b.tool!r} key {b.key!r} to commit"
                 )
             again.append(b)
-        if len(again) == len(queued):  # (cannot be: one of them committed nothing)
+        if len(again) == len(queued) and not lost:  # (cannot be: one committed nothing)
             raise IntentConflict(f"{self.name}: a commit behind run {fence['frun']!r} was refused")
         return again
 
@@ -1037,6 +1056,24 @@ class PostgresStore:
             if intents:
                 dropped = conn.execute(self.sql.prune_intents, {"age": older_than_s}).rowcount
         return len(nums), dropped
+
+
+def _holds(conn: Any) -> bool:
+    """Whether a pipe's connection still holds, without a round trip: a server that
+    closed it said so (its last message, then the end of the stream). (What it reads
+    stays in libpq's buffer for the next answer: a refusal is raised there.)"""
+    import psycopg
+
+    pgconn = conn.pgconn
+    try:
+        for _ in range(8):  # (its last message, then the end: two reads)
+            readable, _, _ = select.select([pgconn.socket], [], [], 0)
+            if not readable:
+                break
+            pgconn.consume_input()
+    except (psycopg.OperationalError, OSError, ValueError):
+        return False
+    return bool(pgconn.status == psycopg.pq.ConnStatus.OK)
 
 
 def _flushed(conn: Any) -> None:
