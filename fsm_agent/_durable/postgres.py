@@ -331,8 +331,9 @@ class PostgresStore:
         import psycopg
         from psycopg_pool import PoolTimeout
 
-        if self._live(fence, self._pipes.get(fence)) is not None:
-            return self._pipes[fence]
+        live = self._live(fence, self._pipes.get(fence))
+        if live is not None:
+            return live
         with self._lock:
             if len(self._pipes) >= self.pool_size - 2:
                 return None
