@@ -346,6 +346,22 @@ def test_a_new_claim_drops_what_an_earlier_driving_left_behind(
     assert found is not None and found.status == "pending"
 
 
+def test_a_new_claim_closes_the_pipe_an_earlier_driving_left_open(
+    pg_server: Any, pg_store: PostgresStore
+) -> None:
+    _started(pg_store, "r1", "A")
+    pg_store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    assert _landed(pg_server, pg_store.schema, [1, 2]) == [1, 2]
+    sql(pg_server, f'UPDATE "{pg_store.schema}".runs SET owner = NULL')
+    pg_store.claim_and_load("r1", "B")  # A's connection goes back to the pool, closed
+    assert list(pg_store._pipes) == []
+    pg_store.save_behind("r1", "B", [_event(3)], _checkpoint("deciding"))
+    with pytest.raises(RunBusy, match="taken over by B"):  # A, stalled, wakes up
+        pg_store.save("r1", "A", [_event(3)], _checkpoint("done"))
+    pg_store.save("r1", "B", [_event(4)], _checkpoint("observing"))
+    assert [e["seq"] for e in pg_store.load_run("r1").events] == [1, 2, 3, 4]
+
+
 def test_a_lost_claim_refuses_what_rides_behind_and_the_statement_it_rides_with(
     pg_server: Any, pg_store: PostgresStore
 ) -> None:

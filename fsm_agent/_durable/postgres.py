@@ -441,8 +441,15 @@ class PostgresStore:
         refused or committed by the server alone."""
         if pipe.conn is None:
             return
-        with contextlib.suppress(Exception):
-            pipe.conn.close()
+        # (A stale driving of this process may be in the middle of a call on it: it is
+        # let finish that call, which its lost claim refuses anyway.)
+        locked = pipe.conn.lock.acquire(timeout=self.timeout)
+        try:
+            with contextlib.suppress(Exception):
+                pipe.conn.close()
+        finally:
+            if locked:
+                pipe.conn.lock.release()
         with contextlib.suppress(Exception):
             pipe.stack.close()
         with contextlib.suppress(Exception):
