@@ -127,3 +127,95 @@ def test_a_store_outage_during_sign_in_is_a_json_503() -> None:
         live.stop()
     assert r.status_code == 503 and r.json()["error"] == "store_unavailable"
     assert "every connection is busy" in r.json()["detail"]
+
+
+class _Counting(MemoryStore):
+    """A store that counts the reads of each run: events and whole-run loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from collections import Counter
+
+        self.loads: Counter[str] = Counter()
+        self.reads: Counter[str] = Counter()
+
+    def load_run(self, run_id: str) -> Any:
+        self.loads[run_id] += 1
+        return super().load_run(run_id)
+
+    def events_since(self, run_id: str, seq: int, limit: int = 1000) -> Any:
+        self.reads[run_id] += 1
+        return super().events_since(run_id, seq, limit)
+
+
+async def _subscribe(
+    port: int, key: str, run_id: str, replayed: asyncio.Event, n: int
+) -> list[str]:
+    """One SSE stream read off its socket: set ``replayed`` after ``n`` events, return
+    the types of the events after them, up to a ``review``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            f"GET /api/runs/{run_id}/events HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {key}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        )
+        seen, after = 0, []
+        while line := await reader.readline():
+            if line.startswith(b"event: "):
+                seen += 1
+                if seen > n:
+                    after.append(line.decode().split(": ", 1)[1].strip())
+                    if after[-1] == "review":
+                        return after
+                if seen == n:
+                    replayed.set()
+        return [*after, "(the stream ended)"]
+    finally:
+        writer.close()
+
+
+def test_streams_share_one_read_per_commit_and_do_not_reload_a_waiting_run() -> None:
+    """Every commit anywhere woke each run's streams into an events read and a load of
+    the whole run (its history, its checkpoint: for nothing, the run had not moved).
+    Now a commit costs a waiting run's streams one shared events read, and the run's
+    state is read only after the replay and after a ``run_end``."""
+    from server_harness import LiveServer
+
+    from fsm_agent._durable.feed import make_key
+    from fsm_agent._durable.review import record
+
+    store = _Counting()
+    paused = [calls(call("c1", "write", request_id="R", title="t")), say("ok")]
+    make_runtime(paused, Backend(), store=store, approval=True).run("go", run_id="r1")
+    n = len(store.load_run("r1").events)
+    key, rec = make_key("reader", "read")
+    store.add_key(rec)
+    live = LiveServer(store).start()
+    server = live.app.app.state.server
+
+    async def main() -> list[list[str]]:
+        readies = [asyncio.Event() for _ in range(20)]
+        streams = [asyncio.create_task(_subscribe(live.port, key, "r1", e, n)) for e in readies]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in readies)), 10)
+        await asyncio.sleep(0.2)  # (every stream has read the state after its replay)
+        loads, reads, generation = (
+            store.loads["r1"],
+            store.reads["r1"],
+            server.broadcaster.generation,
+        )
+        for i in range(3):  # other runs commit, over and over
+            rt = make_runtime(paused, Backend(), store=store, approval=True)
+            await asyncio.to_thread(rt.run, "go", run_id=f"other{i}")
+        await asyncio.sleep(0.3)
+        generations = server.broadcaster.generation - generation
+        assert generations >= 1
+        assert store.loads["r1"] == loads, "streams of a waiting run reloaded it"
+        assert store.reads["r1"] - reads <= generations, "streams read r1 apart"
+        await asyncio.to_thread(record, store, "r1", "c1", "approve", reviewer="ana")
+        return await asyncio.wait_for(asyncio.gather(*streams), 10)
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        live.stop()
+    assert got == [["transition", "review"]] * 20
