@@ -324,14 +324,21 @@ class Server:
     async def cancel(self, request: Request) -> Response:
         principal = await self.who(request, "admin")
         run_id = request.path_params["run_id"]
-        await self.stop_run(run_id, principal)
+        note = None
+        if await request.body():  # (a body is optional: {"note": "why"})
+            note = (await _json_body(request)).get("note")
+        await self.stop_run(run_id, principal, note)
         stored = await self.call(self.store.load_run, run_id)
         return JSONResponse({"run": views.detail_of(stored)})
 
-    async def stop_run(self, run_id: str, principal: Principal) -> None:
+    async def stop_run(self, run_id: str, principal: Principal, note: Any = None) -> None:
         """Cancel ``run_id`` through its machine's ``cancel`` trigger
-        (``durable/cancel.py``); 409 for a run this cannot cancel, saying why."""
+        (``durable/cancel.py``), as the key's holder (recorded in the ``cancel``
+        transition with the time and ``note``); 409 for a run this cannot cancel,
+        saying why."""
         principal.require("admin")
+        if note is not None and (not isinstance(note, str) or not note.strip()):
+            raise ApiError(422, "invalid", "note: a non-empty string")
 
         def stop() -> None:
             try:
@@ -340,6 +347,8 @@ class Server:
                     run_id,
                     key=self.trace_key,
                     machines=getattr(self.runtime, "machines", None),
+                    by=principal.name,
+                    note=note,
                 )
             except NotCancellable as exc:
                 raise ApiError(409, "conflict", str(exc)) from None
