@@ -219,3 +219,115 @@ def test_streams_share_one_read_per_commit_and_do_not_reload_a_waiting_run() -> 
     finally:
         live.stop()
     assert got == [["transition", "review"]] * 20
+
+
+class _NamingWatch:
+    """A watch that names the runs of each wake-up, as PostgreSQL's does (``None``:
+    it cannot tell which)."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.queue: queue.Queue[frozenset[str] | None] = queue.Queue()
+        self.changed: frozenset[str] | None = frozenset()
+
+    def wait(self, timeout: float) -> bool:
+        import queue
+
+        try:
+            self.changed = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_change_of_one_run_wakes_only_its_waiters() -> None:
+    """Every commit woke every stream of every run (and started a read for each run):
+    now a watch that names the runs wakes only theirs; one that cannot tell (None),
+    and the periodic rescan, wake them all; a change before the wait is not missed."""
+    watch = _NamingWatch()
+
+    class Store:
+        def watch(self) -> _NamingWatch:
+            return watch
+
+    async def main() -> None:
+        b = Broadcaster(Store(), idle_s=0.02, rescan_s=3600)
+        await b.start()
+        try:
+            seen = b.generation
+            a = asyncio.create_task(b.wait(seen, run_id="a"))
+            other = asyncio.create_task(b.wait(seen, run_id="b"))
+            anyone = asyncio.create_task(b.wait(seen, 5.0))
+            await asyncio.sleep(0.05)
+            watch.queue.put(frozenset({"b"}))
+            assert await asyncio.wait_for(other, 2) > seen
+            assert await asyncio.wait_for(anyone, 2) > seen  # (the worker: every change)
+            await asyncio.sleep(0.1)
+            assert not a.done(), "a change of run b woke run a's waiter"
+            watch.queue.put(None)  # cannot tell: every run may have changed
+            assert await asyncio.wait_for(a, 2) > seen
+            # A change that came while nobody waited is there for the next wait.
+            seen = b.generation
+            watch.queue.put(frozenset({"a"}))
+            while b.generation == seen:
+                await asyncio.sleep(0.01)
+            assert await asyncio.wait_for(b.wait(seen, run_id="a"), 0.5) > seen
+            late = asyncio.create_task(b.wait(b.generation, run_id="a"))
+            await asyncio.sleep(0.1)
+            assert not late.done()  # nothing new for a since
+            late.cancel()
+        finally:
+            b.stop()
+
+    asyncio.run(main())
+
+
+def test_on_postgresql_other_runs_commits_cost_a_runs_streams_no_read(pg_store: Any) -> None:
+    """PostgreSQL's notifications name the run: a server reads a run again only when it
+    changed, not at every commit of every run (100 watched runs, one read each per
+    commit anywhere, before)."""
+    from server_harness import LiveServer
+
+    from fsm_agent._durable.feed import make_key
+    from fsm_agent._durable.review import record
+
+    paused = [calls(call("c1", "write", request_id="R", title="t")), say("ok")]
+    make_runtime(paused, Backend(), store=pg_store, approval=True).run("go", run_id="r1")
+    n = len(pg_store.load_run("r1").events)
+    key, rec = make_key("reader", "read")
+    pg_store.add_key(rec)
+    reads: list[str] = []
+    events_since = pg_store.events_since
+
+    def counted(run_id: str, seq: int, limit: int = 1000) -> Any:
+        reads.append(run_id)
+        return events_since(run_id, seq, limit)
+
+    pg_store.events_since = counted
+    live = LiveServer(pg_store).start()
+    server = live.app.app.state.server
+
+    async def main() -> list[list[str]]:
+        readies = [asyncio.Event() for _ in range(10)]
+        streams = [asyncio.create_task(_subscribe(live.port, key, "r1", e, n)) for e in readies]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in readies)), 10)
+        await asyncio.sleep(0.2)
+        before, generation = reads.count("r1"), server.broadcaster.generation
+        for i in range(3):
+            rt = make_runtime(paused, Backend(), store=pg_store, approval=True)
+            await asyncio.to_thread(rt.run, "go", run_id=f"other{i}")
+        await asyncio.sleep(0.5)
+        assert server.broadcaster.generation > generation  # the watch saw those commits
+        assert reads.count("r1") == before, "other runs' commits made r1's streams read"
+        await asyncio.to_thread(record, pg_store, "r1", "c1", "approve", reviewer="ana")
+        return await asyncio.wait_for(asyncio.gather(*streams), 10)
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        live.stop()
+    assert got == [["transition", "review"]] * 10

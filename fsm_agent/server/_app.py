@@ -190,12 +190,19 @@ class Server:
             return future.result()
         return await asyncio.shield(future)
 
-    def _prefetch(self, generation: int) -> None:
+    def _prefetch(self, generation: int, runs: frozenset[str] | None) -> None:
         """At a new generation, before any stream wakes: forget the last generation's
-        reads and start the ones the waiting streams will ask for (so the read is under
-        way while 500 streams are being woken, not after)."""
-        self._kept.clear()
+        reads and start the ones the waiting streams of its ``runs`` (``None``: of
+        every run) will ask for (so the read is under way while 500 streams are being
+        woken, not after). The reads of other runs stay: nothing changed for them."""
+        if runs is None:
+            self._kept.clear()
+        else:
+            for key in [k for k in self._kept if k[1] in runs]:
+                del self._kept[key]
         for run_id, seq in self._waiting:
+            if runs is not None and run_id not in runs:
+                continue
             key = ("events", run_id, seq, generation)
             self._kept_read(key, _frames, self.store, run_id, seq, _PAGE)
 
@@ -259,7 +266,7 @@ class Server:
         at = (run_id, seq)
         self._waiting[at] = self._waiting.get(at, 0) + 1
         try:
-            return await self.broadcaster.wait(seen)
+            return await self.broadcaster.wait(seen, run_id=run_id)
         finally:
             left = self._waiting[at] - 1
             if left:
@@ -318,7 +325,7 @@ class Server:
             return event
 
         event: dict[str, Any] = await self.call(decide)
-        self.broadcaster.poke()
+        self.broadcaster.poke(frozenset({run_id}))
         return event
 
     async def cancel(self, request: Request) -> Response:
@@ -362,7 +369,7 @@ class Server:
 
         await self.call(stop)
         log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
-        self.broadcaster.poke()
+        self.broadcaster.poke(frozenset({run_id}))
 
     async def submit(self, request: Request) -> Response:
         await self.who(request, "admin")
@@ -377,7 +384,7 @@ class Server:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ApiError(422, "invalid", "run_id: a non-empty string")
         new_id = await self.call(self.runtime.submit, task, run_id=run_id)
-        self.broadcaster.poke()
+        self.broadcaster.poke(frozenset({new_id}))
         return JSONResponse({"run_id": new_id}, status_code=202)
 
     async def trace(self, request: Request) -> Response:
