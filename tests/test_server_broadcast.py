@@ -129,6 +129,30 @@ def test_a_store_outage_during_sign_in_is_a_json_503() -> None:
     assert "every connection is busy" in r.json()["detail"]
 
 
+async def _until(condition: Any, timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (a loaded machine delays a wake-up)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+async def _settled(value: Any, quiet_s: float = 0.3) -> None:
+    """Wait until ``value()`` has not changed for ``quiet_s`` seconds."""
+    import time
+
+    deadline, last = time.monotonic() + 10.0, value()
+    since = time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "never settled"
+        await asyncio.sleep(0.02)
+        now = value()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 class _Counting(MemoryStore):
     """A store that counts the reads of each run: events and whole-run loads."""
 
@@ -197,7 +221,8 @@ def test_streams_share_one_read_per_commit_and_do_not_reload_a_waiting_run() -> 
         readies = [asyncio.Event() for _ in range(20)]
         streams = [asyncio.create_task(_subscribe(live.port, key, "r1", e, n)) for e in readies]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in readies)), 10)
-        await asyncio.sleep(0.2)  # (every stream has read the state after its replay)
+        # (every stream has read the state after its replay, and waits)
+        await _settled(lambda: (store.loads["r1"], store.reads["r1"]))
         loads, reads, generation = (
             store.loads["r1"],
             store.reads["r1"],
@@ -206,9 +231,9 @@ def test_streams_share_one_read_per_commit_and_do_not_reload_a_waiting_run() -> 
         for i in range(3):  # other runs commit, over and over
             rt = make_runtime(paused, Backend(), store=store, approval=True)
             await asyncio.to_thread(rt.run, "go", run_id=f"other{i}")
-        await asyncio.sleep(0.3)
+        await _until(lambda: server.broadcaster.generation > generation)  # (seen)
+        await asyncio.sleep(0.3)  # (and any read they started is done)
         generations = server.broadcaster.generation - generation
-        assert generations >= 1
         assert store.loads["r1"] == loads, "streams of a waiting run reloaded it"
         assert store.reads["r1"] - reads <= generations, "streams read r1 apart"
         await asyncio.to_thread(record, store, "r1", "c1", "approve", reviewer="ana")
@@ -315,13 +340,13 @@ def test_on_postgresql_other_runs_commits_cost_a_runs_streams_no_read(pg_store: 
         readies = [asyncio.Event() for _ in range(10)]
         streams = [asyncio.create_task(_subscribe(live.port, key, "r1", e, n)) for e in readies]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in readies)), 10)
-        await asyncio.sleep(0.2)
+        await _settled(lambda: reads.count("r1"))
         before, generation = reads.count("r1"), server.broadcaster.generation
         for i in range(3):
             rt = make_runtime(paused, Backend(), store=pg_store, approval=True)
             await asyncio.to_thread(rt.run, "go", run_id=f"other{i}")
-        await asyncio.sleep(0.5)
-        assert server.broadcaster.generation > generation  # the watch saw those commits
+        await _until(lambda: server.broadcaster.generation > generation)  # (seen)
+        await asyncio.sleep(0.3)  # (and any read they started is done)
         assert reads.count("r1") == before, "other runs' commits made r1's streams read"
         await asyncio.to_thread(record, pg_store, "r1", "c1", "approve", reviewer="ana")
         return await asyncio.wait_for(asyncio.gather(*streams), 10)
