@@ -356,3 +356,54 @@ def test_on_postgresql_other_runs_commits_cost_a_runs_streams_no_read(pg_store: 
     finally:
         live.stop()
     assert got == [["transition", "review"]] * 10
+
+
+def test_a_stream_that_reads_the_run_end_before_its_wake_up_still_closes() -> None:
+    """A stream opened while a run's last commit (its ``run_end`` with the final state)
+    was in flight read the events fresh but took the state read another stream had
+    made before that commit, of the same generation: "not finished"; its wake-up then
+    brought no new event, so it never read the state again and never closed. The state
+    read is keyed by the seq read up to, so it is never older than the events read."""
+    from types import SimpleNamespace
+
+    from fsm_agent.server._app import Server
+
+    watch = _NamingWatch()
+    store = SimpleNamespace(
+        events=[{"type": "run_start", "seq": 0}],
+        state="deciding",
+        watch=lambda: watch,
+    )
+    store.events_since = lambda run_id, seq, limit=1000: [
+        e for e in store.events if e["seq"] > seq
+    ][:limit]
+    store.load_run = lambda run_id: SimpleNamespace(body={"state": store.state})
+
+    async def drain(stream: Any) -> list[bytes]:
+        return [chunk async for chunk in stream]
+
+    async def main() -> None:
+        server = Server(store, None, 1 << 20, False, None)
+        await server.broadcaster.start()
+        try:
+            first = server._stream("r1", -1)
+            assert b"run_start" in await first.__anext__()
+            waiting = asyncio.ensure_future(first.__anext__())  # reads the state, waits
+            await _until(lambda: server._waiting)
+            # The run's last commit lands; its notification is still on its way.
+            store.events += [
+                {"type": "transition", "seq": 1},
+                {"type": "run_end", "seq": 2, "status": "done"},
+            ]
+            store.state = "done"
+            late = asyncio.ensure_future(drain(server._stream("r1", 0)))  # Last-Event-ID 0
+            await asyncio.sleep(0.2)
+            watch.queue.put(frozenset({"r1"}))  # the notification arrives
+            got = await asyncio.wait_for(late, 5)
+            assert b"event: run_end" in b"".join(got)
+            rest = [await asyncio.wait_for(waiting, 5), *await drain(first)]
+            assert b"event: run_end" in b"".join(rest)
+        finally:
+            server.broadcaster.stop()
+
+    asyncio.run(main())

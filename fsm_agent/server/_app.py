@@ -250,10 +250,13 @@ class Server:
             # A run ends with ``run_end``, stored with its final state in one save: the
             # state is read then (and once after the replay), not at every commit. It
             # is read after the events: a run that finished in between is read again.
+            # Keyed by the seq read up to, so a state read this stream takes from
+            # another began after that one had read these events too: never before
+            # the ``run_end`` it follows (whose wake-up may not have come yet).
             if check or frames.ends:
                 check = False
                 stored = await self.this_generation(
-                    ("run", run_id, seen), self.store.load_run, run_id
+                    ("run", run_id, seq, seen), self.store.load_run, run_id
                 )
                 finished = stored.body.get("state") in views.FINISHED
                 if finished:
