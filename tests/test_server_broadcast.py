@@ -139,7 +139,7 @@ async def _until(condition: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _settled(value: Any, quiet_s: float = 0.3) -> None:
+async def _settled(value: Any, quiet_s: float = 0.5) -> None:
     """Wait until ``value()`` has not changed for ``quiet_s`` seconds."""
     import time
 
