@@ -565,3 +565,32 @@ def test_the_canonical_text_is_fixed_across_versions() -> None:
         '"on":"before_tool","schema":null,"then":"limit","tools":["search"],"when":null}]}'
     )
     assert rules.hash == "sha256:44c30c76549bd1df6cc646fd408aa8935aa15d69e8645d9eca47e6c1351dc89d"
+
+
+def test_a_growing_list_of_calls_judges_as_the_same_calls_given_whole() -> None:
+    """``Facts.appended``: the run's executed calls are screened and digested as they are
+    added; every judgement equals the one on a fresh copy (nothing vouched), also when
+    the list is replaced, shrinks, or holds a call CEL cannot take."""
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    grown: list[dict[str, Any]] = []
+
+    def both(calls: list[dict[str, Any]]) -> tuple[Judgement, Judgement]:
+        facts = Facts(tool="send_email", args={"to": "a"}, calls=calls, call_id="m")
+        return (
+            rules.judge("before_tool", replace(facts, appended=True)),
+            rules.judge("before_tool", replace(facts, calls=[dict(c) for c in calls])),
+        )
+
+    for step in range(6):
+        grown.append(executed("fetch_url" if step == 4 else "search", q=str(step)))
+        fast, whole = both(grown)
+        assert fast == whole
+        assert fast.verdict == ("deny" if step >= 4 else "pass")
+    del grown[3:]  # not a run's list any more: judged afresh, not from what was seen
+    grown[0] = executed("search", q="changed")
+    fast, whole = both(grown)
+    assert fast == whole and fast.verdict == "pass"
+    grown.append(executed("search", result={"deep": 2**70}))
+    fast, whole = both(grown)
+    assert fast == whole and fast.verdict == "deny" and fast.error is not None
+    assert "calls[3].result.deep" in fast.error

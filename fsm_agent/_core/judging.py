@@ -166,7 +166,8 @@ _TRUSTED = frozenset({"tool", "effect", "counters", "context"})
 
 def _facts(s: RunState, **more: Any) -> Facts:
     counters = s.counters.as_dict()
-    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED, **more)
+    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED,
+                 appended=True, **more)  # fmt: skip
 
 
 def _words(judgement: Judgement) -> str:
@@ -203,10 +204,13 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
     if not calls:
         s.ruled = frozenset()
         return
-    base = _facts(s)
+    counters = s.counters.as_dict()  # once for the batch, shared by its facts
     batch = [
-        replace(base, tool=c.name, effect=c.effect, args=c.arguments, call_id=c.id) for c in calls
-    ]
+        Facts(tool=c.name, effect=c.effect, args=c.arguments, counters=counters,
+              calls=s.executed, context=s.context, call_id=c.id, trusted=_TRUSTED,
+              appended=True)
+        for c in calls
+    ]  # fmt: skip
     for call, judgement in zip(calls, rules.judge_batch(batch), strict=True):
         verdict, rule_id = judgement.verdict, judgement.rule_id
         call.review_rule = None

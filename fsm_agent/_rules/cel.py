@@ -70,6 +70,9 @@ PHASE_VARIABLES: Mapping[str, Mapping[str, str]] = {
     "answer": {"answer": "string", "counters": "map", "calls": "list", "context": "map"},
 }
 
+#: The element types of a batch whose every condition gave a verdict.
+_BOOL = {bool}
+
 _ERROR_LINE = re.compile(r"ERROR: <input>:(-?\d+):(-?\d+): (.*)")
 _STRING_LITERAL = re.compile(
     r"""[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""", re.S
@@ -179,9 +182,9 @@ class CelBatch:
             results = value.plain_value()
         except Exception:  # any failure: the caller evaluates the rules one by one
             return None
-        if not isinstance(results, list) or len(results) != self.size:
+        if type(results) is not list or len(results) != self.size:
             return None
-        return results if all(isinstance(r, bool) for r in results) else None
+        return results if set(map(type, results)) == _BOOL else None
 
 
 def compile_batch(programs: list[CelProgram], phase: str) -> CelBatch | None:

@@ -336,6 +336,7 @@ class RuleSet:
                 result=call.get("result"),
                 calls=calls[:position],
                 call_id=None,
+                appended=False,  # a slice made here, not the run's growing list
             )
             holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, reads))
             total += holds is not False  # True, or an error: counted (fails closed)
@@ -460,39 +461,92 @@ class _EntryCache:
     judgement: ``calls`` only grows, and its entries (built once by the engine, never
     changed) are screened and hashed in full otherwise at every call the rules judge.
 
-    Keyed by identity, holding the entry itself so that its id is not reused; bounded."""
+    Keyed by identity, holding the entry itself so that its id is not reused; bounded.
+    A list the caller vouches only grows (``Facts.appended``) has a :class:`_Log`: its
+    screened entries and digests as lists that grow with it, so a judgement late in a
+    long run walks none of the entries it has seen before."""
 
-    __slots__ = ("_digests", "_screened")
+    __slots__ = ("_digests", "_logs", "_screened")
 
     LIMIT = 20_000
+    #: The logs kept (one per run being judged; a runtime drives few runs at once).
+    LOGS = 64
 
     def __init__(self) -> None:
         self._screened: dict[int, tuple[Any, Any]] = {}
         self._digests: dict[int, tuple[Any, str]] = {}
+        self._logs: dict[int, _Log] = {}
+
+    def log(self, calls: list[Any]) -> _Log:
+        """The log of ``calls`` (an appended list), brought up to its length."""
+        log = self._logs.get(id(calls))
+        if log is None or log.calls is not calls or not log.holds():
+            if len(self._logs) >= self.LOGS:
+                self._logs.clear()
+            log = self._logs[id(calls)] = _Log(calls)
+        log.extend(self)
+        return log
 
     def screened(self, calls: Sequence[Any]) -> list[Any]:
         out = []
         for position, entry in enumerate(calls):
-            hit = self._screened.get(id(entry))
-            if hit is None or hit[0] is not entry:
-                hit = (entry, cel.screen(entry, f"calls[{position}]"))
-                if len(self._screened) >= self.LIMIT:
-                    self._screened.clear()
-                self._screened[id(entry)] = hit
-            out.append(hit[1])
+            out.append(self.screen_entry(entry, position))
         return out
 
+    def screen_entry(self, entry: Any, position: int) -> Any:
+        hit = self._screened.get(id(entry))
+        if hit is None or hit[0] is not entry:
+            hit = (entry, cel.screen(entry, f"calls[{position}]"))
+            if len(self._screened) >= self.LIMIT:
+                self._screened.clear()
+            self._screened[id(entry)] = hit
+        return hit[1]
+
     def digests(self, calls: Sequence[Any]) -> list[str]:
-        out = []
-        for entry in calls:
-            hit = self._digests.get(id(entry))
-            if hit is None or hit[0] is not entry:
-                hit = (entry, digest(entry))
-                if len(self._digests) >= self.LIMIT:
-                    self._digests.clear()
-                self._digests[id(entry)] = hit
-            out.append(hit[1])
-        return out
+        return [self.digest_entry(entry) for entry in calls]
+
+    def digest_entry(self, entry: Any) -> str:
+        hit = self._digests.get(id(entry))
+        if hit is None or hit[0] is not entry:
+            hit = (entry, digest(entry))
+            if len(self._digests) >= self.LIMIT:
+                self._digests.clear()
+            self._digests[id(entry)] = hit
+        return hit[1]
+
+
+class _Log:
+    """One appended list's entries, screened and digested, as far as it has been seen.
+
+    ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
+    reading ``calls`` then fails closed, as when the whole list is screened at once."""
+
+    __slots__ = ("_last", "calls", "digests", "refused", "screened")
+
+    def __init__(self, calls: list[Any]) -> None:
+        self.calls = calls
+        self._last: Any = None  # the last entry seen, to tell that the list only grew
+        self.screened: list[Any] = []
+        self.digests: list[str] = []
+        self.refused: cel.Unrepresentable | None = None
+
+    def holds(self) -> bool:
+        """Whether the list still starts with the entries seen (it only grew)."""
+        seen = len(self.digests)
+        return seen <= len(self.calls) and (seen == 0 or self._last is self.calls[seen - 1])
+
+    def extend(self, cache: _EntryCache) -> None:
+        calls = self.calls
+        for position in range(len(self.digests), len(calls)):
+            entry = calls[position]
+            self.digests.append(cache.digest_entry(entry))
+            if self.refused is None:
+                try:
+                    self.screened.append(cache.screen_entry(entry, position))
+                except cel.Unrepresentable as exc:
+                    self.refused = exc
+        if calls:
+            self._last = calls[-1]
 
 
 class _Inputs:
@@ -564,7 +618,12 @@ class _Inputs:
                     self._screened[name] = value
                     continue
                 try:
-                    if name == "calls" and isinstance(value, list):
+                    if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
+                        log = self._entries.log(self.facts.calls)
+                        if log.refused is not None:
+                            raise log.refused
+                        self._screened[name] = log.screened
+                    elif name == "calls" and isinstance(value, list):
                         self._screened[name] = self._entries.screened(value)
                     else:
                         self._screened[name] = cel.screen(value, name)
@@ -589,6 +648,9 @@ class _Inputs:
         in a long run costs no more than an early one."""
         seen: dict[str, Any] = {}
         for name in sorted(self._names | self.upto):
+            if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
+                seen[name] = self._entries.log(self.facts.calls).digests
+                continue
             value = self.facts.variable(name)
             listed = name == "calls" and isinstance(value, list)
             seen[name] = self._entries.digests(value) if listed else value
