@@ -348,6 +348,49 @@ def test_before_model_limit_and_deny_stop_before_the_model_is_asked(tmp_path: Pa
     assert result.counters["model_calls"] == 1
 
 
+def test_a_before_model_rule_is_judged_before_the_first_model_call(tmp_path: Path) -> None:
+    """A ``before_model`` deny stops the run before the model is ever asked: no model
+    call, nothing ran, the user's message alone in the history, the rule's event and
+    the ``begin`` edge in the trace, which ``check`` replays."""
+    world = World()
+    closed = Rule("closed-accounts", on="before_model", when="context.closed == true",
+                  then="deny", message="the account is closed")  # fmt: skip
+    script = [calls(call("c1", "search", q="1")), say("x")]
+    model = ScriptedModel(script)
+    tools = world.registry()
+    rt = Runtime(model=model, tools=tools, allowed_tools=tools.names(), rules=[closed])
+    result = rt.run("go", trace=tmp_path / "t.jsonl", context={"closed": True})
+    assert (result.status, result.reason) == ("protocol_error", "denied_by_rule")
+    assert "the account is closed" in result.detail
+    assert result.counters["model_calls"] == 0 and world.ran == []
+    assert [m["role"] for m in result.messages] == ["user"]
+    (judged,) = rule_events(result.events)
+    assert (judged["rule"], judged["phase"], judged["verdict"]) == (
+        "closed-accounts", "before_model", "deny")  # fmt: skip
+    assert "call_id" not in judged
+    moves = [(e["trigger"], e["source"], e["dest"]) for e in result.events
+             if e["type"] == "transition"]  # fmt: skip
+    assert moves == [("begin", "deciding", "protocol_error")]
+    assert [e["type"] for e in result.events] == ["run_start", "rule", "transition", "run_end"]
+    checked(tmp_path / "t.jsonl")
+    # The same rules with the context that lets the run through: begin, then the model.
+    result = rt.run("go", trace=tmp_path / "ok.jsonl", context={"closed": False},
+                    model=ScriptedModel(script))  # fmt: skip
+    assert (result.status, result.reason) == ("done", "final_answer")
+    assert result.counters["model_calls"] == 2 and world.ran == [("search", {"q": "1"})]
+    assert [e["verdict"] for e in rule_events(result.events)] == ["pass", "pass"]
+    triggers = [e["trigger"] for e in result.events if e["type"] == "transition"]
+    assert triggers[:2] == ["begin", "model_replied"]
+    checked(tmp_path / "ok.jsonl")
+
+
+def test_a_before_model_limit_of_none_stops_before_the_first_model_call() -> None:
+    none = Rule("no-model", on="before_model", then="limit", limit=0)
+    result = runtime(World(), [say("x")], [none]).run("go")
+    assert (result.status, result.reason) == ("budget_exhausted", "rule_limit")
+    assert result.counters["model_calls"] == 0
+
+
 def test_answer_schema_retry_tells_the_model_and_then_accepts(tmp_path: Path) -> None:
     world = World()
     is_json = Rule("answer-is-json", on="answer", then="retry",

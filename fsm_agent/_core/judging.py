@@ -14,7 +14,8 @@ The loop judges at four points, each a small function below called from one plac
   digest and lets the call through when the batch is judged again on resume.
 * :func:`after_tool`: a call's successful result, before the history gets it; ``deny``
   answers the call ``denied_by_rule`` instead of the result.
-* :func:`before_model`: before the model is asked again after a tool round.
+* :func:`before_model`: before the model is asked again after a tool round, and before
+  its first call (the ``begin`` edge, fired only where ``before_model`` rules exist).
 * :func:`answer`: the final answer; ``retry`` sends the rule's detail back to the model
   within the model-call budget, ``stop`` ends ``protocol_error/answer_rejected``.
 
@@ -88,7 +89,9 @@ def rule_rows(rules: RuleSet) -> dict[tuple[str, str], list[Transition]]:
                 ("protocol_error", "denied_by_rule") if rule.then == "deny"
                 else ("budget_exhausted", "rule_limit")
             )  # fmt: skip
-            new = [T("observe", "observing", dest, (guard,), reason, "stop", cite)]  # type: ignore[arg-type]
+            new = [T("observe", "observing", dest, (guard,), reason, "stop", cite),  # type: ignore[arg-type]
+                   T("begin", "deciding", dest, (guard,), reason, "stop",  # type: ignore[arg-type]
+                     f"{cite} (before the first model call)")]  # fmt: skip
         elif rule.on == "answer" and rule.then == "retry":
             new = [
                 T("validate", "validating", "deciding", (guard, "!model_calls_spent"), None,
