@@ -332,6 +332,36 @@ def test_after_tool_deny_keeps_the_result_from_the_model(tmp_path: Path) -> None
     checked(tmp_path / "t.jsonl")
 
 
+def test_strict_after_tool_deny_stops_the_run_and_withholds_the_result(tmp_path: Path) -> None:
+    """Under the strict policy a result an ``after_tool`` rule denies stops the run
+    ``protocol_error/denied_by_rule`` (the guide: a deny, strict, stops): the call ran, so it
+    counts as executed and is answered with the rule, never the result; the rest of the
+    batch never runs."""
+    world = World()
+    hide = Rule("no-secrets", on="after_tool", tools=["fetch_url"], when="has(result.secret)",
+                then="deny", message="the page holds a secret")  # fmt: skip
+    batch = calls(call("c1", "fetch_url", url="u"), call("c2", "search", q="s"))
+    rt = runtime(world, [batch, say("never asked")], [hide], policy="strict")
+    result = rt.run("go", trace=tmp_path / "t.jsonl")
+    assert (result.status, result.reason) == ("protocol_error", "denied_by_rule")
+    assert "rule 'no-secrets': the page holds a secret" in result.detail
+    assert world.ran == [("fetch_url", {"url": "u"})]  # it ran; the search never did
+    assert "s3cr3t" not in json.dumps(result.messages)
+    answers = tool_results(result.messages)
+    assert answers["c1"] == {"ok": False, "error": "denied_by_rule",
+                             "detail": "rule 'no-secrets': the page holds a secret"}  # fmt: skip
+    assert answers["c2"]["error"] == "not_executed"
+    assert result.counters["model_calls"] == 1
+    assert result.counters["tool_attempts"] == {"fetch_url": 1}
+    judged = [e for e in rule_events(result.events) if e["phase"] == "after_tool"]
+    assert [(e["rule"], e["verdict"], e["call_id"]) for e in judged] == [
+        ("no-secrets", "deny", "c1")]  # fmt: skip
+    last = [e for e in result.events if e["type"] == "transition"][-1]
+    assert (last["trigger"], last["source"], last["dest"], last["reason"]) == (
+        "tool_returned", "executing", "protocol_error", "denied_by_rule")  # fmt: skip
+    checked(tmp_path / "t.jsonl")
+
+
 def test_before_model_limit_and_deny_stop_before_the_model_is_asked(tmp_path: Path) -> None:
     world = World()
     two = Rule("two-model-calls", on="before_model", then="limit", limit=2)
@@ -522,9 +552,10 @@ def test_fsm_agent_diagram_app_draws_the_rules_rows_by_id_and_condition() -> Non
     assert app().machine.hash in overview
     for rule in RULES:
         assert rule.id in overview, rule.id
-    # The overview stays one arrow per source and destination: ten rules add one arrow
-    # (an answer sent back: validating -> deciding), and lines naming them.
-    assert overview.count(" -> ") == _dot().count(" -> ") + 1
+    # The overview stays one arrow per source and destination: ten rules add two arrows
+    # (an answer sent back: validating -> deciding; a result the strict policy stops on:
+    # executing -> protocol_error), and lines naming them.
+    assert overview.count(" -> ") == _dot().count(" -> ") + 2
     assert "when args.amount_cents > 5000" in full
     assert "[rule:big-refunds-need-review]" in full
 

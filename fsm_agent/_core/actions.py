@@ -240,6 +240,10 @@ def _placeholder(s: RunState, call: PreparedCall) -> tuple[str, str]:
         return "approval_required", "no approval matches these exact arguments"
     if reason == "rule_review" and call.review_rule is not None:
         return "rule_review", f"rule {call.review_rule!r} asks a reviewer for these exact arguments"
+    if reason == "denied_by_rule" and call is s.call and s.taken.trigger == "tool_returned":
+        # It ran, and an after_tool rule withholds its result (the strict policy's stop):
+        # the model is told which rule, as without the stop, never "not executed".
+        return "denied_by_rule", s.rule_detail
     if s.state == "review_required":
         if call is s.call and reason != "approval_required":
             return reason, stop_detail(s)

@@ -13,7 +13,8 @@ The loop judges at four points, each a small function below called from one plac
   reviewer (``rule_review``), whose approval is bound to the call id and its arguments'
   digest and lets the call through when the batch is judged again on resume.
 * :func:`after_tool`: a call's successful result, before the history gets it; ``deny``
-  answers the call ``denied_by_rule`` instead of the result.
+  answers the call ``denied_by_rule`` instead of the result (the strict policy's row stops
+  the run ``protocol_error/denied_by_rule``, the call answered the same way).
 * :func:`before_model`: before the model is asked again after a tool round, and before
   its first call (the ``begin`` edge, fired only where ``before_model`` rules exist).
 * :func:`answer`: the final answer; ``retry`` sends the rule's detail back to the model
@@ -82,7 +83,10 @@ def rule_rows(rules: RuleSet) -> dict[tuple[str, str], list[Transition]]:
             new = [T("validate", "validating", "budget_exhausted", ("strict_policy", guard),
                      "rule_limit", "stop", cite)]  # fmt: skip
         elif rule.on == "after_tool" and rule.then == "deny":
-            new = [T("tool_returned", "executing", "observing", ("call_succeeded", guard),
+            new = [T("tool_returned", "executing", "protocol_error",
+                     ("strict_policy", "call_succeeded", guard), "denied_by_rule", "stop",
+                     f"{cite} (strict: the run stops; the call ran, its result withheld)"),
+                   T("tool_returned", "executing", "observing", ("call_succeeded", guard),
                      None, "answer_rule", cite)]  # fmt: skip
         elif rule.on == "before_model" and rule.then in ("deny", "limit"):
             dest, reason = (
