@@ -521,7 +521,7 @@ class _Log:
     ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
     reading ``calls`` then fails closed, as when the whole list is screened at once."""
 
-    __slots__ = ("_last", "calls", "digests", "refused", "screened")
+    __slots__ = ("_last", "calls", "digests", "refused", "screened", "tallies")
 
     def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
@@ -529,6 +529,21 @@ class _Log:
         self.screened: list[Any] = []
         self.digests: list[str] = []
         self.refused: cel.Unrepresentable | None = None
+        #: Per quantifier (by identity: the rule set holds them), its tally so far.
+        self.tallies: dict[int, cel.Tally] = {}
+
+    def verdict(self, quantifier: cel.Quantifier) -> bool | None:
+        """The quantifier's value over every call, each call's body evaluated once:
+        ``None`` where a call is one CEL cannot take, or the value is an error."""
+        if self.refused is not None:
+            return None
+        tally = self.tallies.get(id(quantifier))
+        if tally is None:
+            tally = self.tallies[id(quantifier)] = cel.Tally()
+        screened = self.screened
+        for position in range(tally.seen, len(screened)):
+            tally.add(quantifier.holds(screened[position]))
+        return quantifier.verdict(tally)
 
     def holds(self) -> bool:
         """Whether the list still starts with the entries seen (it only grew)."""
@@ -607,6 +622,11 @@ class _Inputs:
             activation = self._activation_of_all()
         except cel.Unrepresentable:
             return None
+        split, facts = found.split, self.facts
+        if split is not None and facts.appended and type(facts.calls) is list:
+            results = split.results(self._entries.log(facts.calls), activation, found.batch[0].size)
+            if results is not None:
+                return results
         return found.batch[0].evaluate(activation)
 
     def _activation_of_all(self) -> Any:
@@ -671,6 +691,10 @@ class _Candidates:
     #: Every rule a CEL condition deciding as it holds (no limit, no schema): the batch's
     #: first true result is the verdict.
     plain: bool = False
+    #: The batch's conditions that are quantifiers over ``calls`` (their positions in
+    #: it), and the rest (their positions, and one program for them): a run's growing
+    #: calls are then judged from tallies, and CEL is handed the rest only.
+    split: _Split | None = None
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
@@ -691,7 +715,57 @@ class _Candidates:
             upto,
             tuple(c.rule.id for c in rules),
             plain,
+            _Split.of(phase, programs) if batch is not None else None,
         )
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A batch as its quantifiers over ``calls`` and one program for the rest."""
+
+    quantified: tuple[tuple[int, cel.Quantifier], ...]
+    rest: tuple[int, ...]
+    program: cel.CelBatch | cel.CelProgram | None  # for ``rest``: none, one, or a batch
+
+    @classmethod
+    def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
+        quantified = tuple(
+            (i, p.quantifier) for i, p in enumerate(programs) if p.quantifier is not None
+        )
+        if not quantified:
+            return None
+        rest = tuple(i for i, p in enumerate(programs) if p.quantifier is None)
+        others = [programs[i] for i in rest]
+        program: cel.CelBatch | cel.CelProgram | None = (
+            None if not others else others[0] if len(others) == 1 else None
+        )
+        if len(others) > 1:
+            program = cel.compile_batch(others, phase)
+            if program is None:
+                return None  # the rest cannot be one program: the whole batch it is
+        return cls(quantified, rest, program)
+
+    def results(self, log: _Log, activation: Any, size: int) -> list[bool] | None:
+        """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
+        out: list[Any] = [None] * size
+        for position, quantifier in self.quantified:
+            held = log.verdict(quantifier)
+            if held is None:
+                return None
+            out[position] = held
+        program = self.program
+        if isinstance(program, cel.CelBatch):
+            rest = program.evaluate(activation)
+            if rest is None:
+                return None
+            for position, value in zip(self.rest, rest, strict=True):
+                out[position] = value
+        elif program is not None:
+            value = program.evaluate(activation)
+            if type(value) is not bool:
+                return None
+            out[self.rest[0]] = value
+        return out
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
