@@ -594,3 +594,70 @@ def test_a_growing_list_of_calls_judges_as_the_same_calls_given_whole() -> None:
     fast, whole = both(grown)
     assert fast == whole and fast.verdict == "deny" and fast.error is not None
     assert "calls[3].result.deep" in fast.error
+
+
+QUANTIFIED = [
+    "calls.exists(c, c.tool == 'fetch_url')",
+    "calls.exists(c, c.args.q == 'x')",  # an error on a call without q
+    "calls.all(c, c.ok)",
+    "calls.all(x, x.args.q != 'y')",
+    "calls.exists_one(c, c.tool == 'search')",
+    "calls.filter(c, c.tool == 'search' && c.ok).size() >= 2",
+    "calls.filter(c, c.result.n > 1).size() == 1",  # errors on results without n
+    "calls.exists(c, c.result.n)",  # not a bool (a number, or no n): an error
+    "calls.exists(c, c.tool == ')' || c.tool == 'search')",
+]
+
+
+@pytest.mark.parametrize("source", QUANTIFIED)
+def test_a_quantifier_over_calls_judges_as_the_condition_evaluated_whole(source: str) -> None:
+    """A quantifier over ``calls`` (judged from a tally kept with the run's growing list,
+    each call's body evaluated once) gives what CEL gives on the whole list: the same
+    verdict, and the same error, word for word, where there is one."""
+    from fsm_agent._rules import cel
+
+    assert cel.quantifier(source, "before_tool") is not None
+    rules = RuleSet(
+        [
+            Rule("cheap", on="before_tool", tools=["send_email"], when="args.to == 'z'",
+                 then="deny"),
+            Rule("it", on="before_tool", tools=["send_email"], when=source, then="deny"),
+        ],
+        TOOLS,
+    )  # fmt: skip
+    steps = [
+        executed("search", q="z", result={"n": 1}),
+        executed("search", ok=False, q="y"),
+        executed("fetch_url", url="u", result={"n": 2}),
+        executed("search", q="x", result={"n": 3}),
+        executed("search", q="x"),
+    ]
+    grown: list[dict[str, Any]] = []
+    seen = set()
+    for step in [executed("search", q="w", result={"n": 0}), *steps]:
+        grown.append(step)
+        facts = Facts(tool="send_email", args={"to": "a"}, calls=grown, call_id="m")
+        fast = rules.judge("before_tool", replace(facts, appended=True))
+        whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
+        assert fast == whole, (len(grown), fast, whole)
+        seen.add((fast.verdict, fast.error is not None))
+    assert seen  # (which verdicts a condition meets over these calls varies with it)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "calls.exists(c, c.tool == 'a') && true",
+        "calls.exists(c, tool == c.tool)",  # reads a phase variable
+        "calls.exists(c, c.tool == 'a') // a comment",
+        "calls.filter(c, c.ok).size() > 0 || false",
+        "size(calls) > 1",
+        "calls.exists(args, args.tool == 'a')",  # the call named like a phase variable
+    ],
+)
+def test_only_a_whole_quantifier_with_a_body_of_its_call_is_judged_call_by_call(
+    source: str,
+) -> None:
+    from fsm_agent._rules import cel
+
+    assert cel.quantifier(source, "before_tool") is None

@@ -245,7 +245,7 @@ class Quantifier:
             return None
         if self.kind == "exists_one":
             return tally.trues == 1
-        return _COMPARE[self.op](tally.trues, self.bound)
+        return bool(_COMPARE[self.op](tally.trues, self.bound))
 
 
 class Tally:

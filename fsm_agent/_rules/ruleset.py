@@ -761,10 +761,10 @@ class _Split:
             for position, value in zip(self.rest, rest, strict=True):
                 out[position] = value
         elif program is not None:
-            value = program.evaluate(activation)
-            if type(value) is not bool:
+            single = program.evaluate(activation)
+            if type(single) is not bool:
                 return None
-            out[self.rest[0]] = value
+            out[self.rest[0]] = single
         return out
 
 
