@@ -661,3 +661,41 @@ def test_only_a_whole_quantifier_with_a_body_of_its_call_is_judged_call_by_call(
     from fsm_agent._rules import cel
 
     assert cel.quantifier(source, "before_tool") is None
+
+
+def test_quantifiers_judged_together_give_each_its_own_verdict() -> None:
+    """Several quantifiers are evaluated on each call at once (one conversion of the
+    call); where one of them errs on a call, each is evaluated alone on it."""
+    grown: list[dict[str, Any]] = []
+    for ordered in (QUANTIFIED, QUANTIFIED[::-1]):
+        rules = RuleSet(
+            [Rule(f"q{i}", on="before_tool", tools=["send_email"], when=source, then="deny")
+             for i, source in enumerate(ordered)],
+            TOOLS,
+        )  # fmt: skip
+        grown = []
+        for step in [executed("search", q="w", result={"n": 0}), executed("fetch_url", url="u"),
+                     executed("search", ok=False, q="x", result={"n": 2})]:  # fmt: skip
+            grown.append(step)
+            facts = Facts(tool="send_email", args={"to": "a"}, calls=grown, call_id="m")
+            fast = rules.judge("before_tool", replace(facts, appended=True))
+            whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
+            assert fast == whole, (len(grown), fast, whole)
+
+
+def test_the_digest_of_a_growing_list_of_calls_is_the_digest_of_the_list() -> None:
+    """The calls' digests are kept with the run as text and spliced into a judgement's
+    digest; an input holding the very placeholder is digested the long way, the same."""
+    from fsm_agent._rules.ruleset import _CALLS_MARK
+
+    both = "args.to == 'q' || calls.exists(c, c.tool == 'fetch_url')"
+    rules = RuleSet([Rule("r", on="before_tool", tools=["send_email"], when=both,
+                          then="deny")], TOOLS)  # fmt: skip
+    grown = [executed("search", q=str(n)) for n in range(3)]
+    for to in ("a", _CALLS_MARK, f'"{_CALLS_MARK}"'):
+        facts = Facts(tool="send_email", args={"to": to}, calls=grown, call_id="m")
+        fast = rules.judge("before_tool", replace(facts, appended=True))
+        whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
+        inputs = {"args": {"to": to}, "calls": [digest(c) for c in grown]}
+        expected = digest({"phase": "before_tool", "call_id": "m", "inputs": inputs})
+        assert fast.inputs_digest == whole.inputs_digest == expected

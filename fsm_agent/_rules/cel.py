@@ -16,7 +16,7 @@ closed on.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "CelProblem",
     "CelProgram",
     "Quantifier",
+    "Tally",
     "Unrepresentable",
     "activation",
     "argument_fields",
@@ -217,10 +218,13 @@ class Quantifier:
     filter's size: an error if any call's body is one); where it is an error, the caller
     evaluates the condition whole, for CEL's own message."""
 
-    __slots__ = ("_error", "_expression", "bound", "kind", "op", "variable")
+    __slots__ = ("_error", "_expression", "bound", "kind", "op", "source", "variable")
 
-    def __init__(self, kind: str, variable: str, expression: Any, op: str, bound: int) -> None:
+    def __init__(
+        self, kind: str, variable: str, source: str, expression: Any, op: str, bound: int
+    ) -> None:
         self.kind, self.variable, self.op, self.bound = kind, variable, op, bound
+        self.source = source  # the body
         self._expression = expression
         self._error = _cel().Type.ERROR
 
@@ -277,6 +281,33 @@ _SIZE_BOUND = re.compile(r"\.\s*size\s*\(\s*\)\s*(==|!=|>=|<=|>|<)\s*(\d{1,18})\
 _ELEMENT_ENVS: dict[str, Any] = {}
 
 
+def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | None]]:
+    """``call -> [each quantifier's body on it]``: one evaluation for all of them (the
+    call converted once), each one alone where that fails (to tell which erred)."""
+    one = [q.holds for q in quantifiers]
+    if len(quantifiers) < 2:
+        return lambda call: [holds(call) for holds in one]
+    names = sorted({q.variable for q in quantifiers})
+    env = _cel().NewEnv(variables={name: _cel().Type.DYN for name in names})
+    try:
+        expression = env.compile("[" + ", ".join(f"({q.source})" for q in quantifiers) + "]")
+    except Exception:
+        return lambda call: [holds(call) for holds in one]
+    error, size = _cel().Type.ERROR, len(quantifiers)
+
+    def evaluate(call: Any) -> list[bool | None]:
+        try:
+            value = expression.eval(data=dict.fromkeys(names, call))
+            results = value.plain_value() if value.type() != error else None
+        except Exception:
+            results = None
+        if type(results) is list and len(results) == size and set(map(type, results)) == _BOOL:
+            return results  # type: ignore[return-value]
+        return [holds(call) for holds in one]
+
+    return evaluate
+
+
 def quantifier(source: str, phase: str) -> Quantifier | None:
     """``source`` as a :class:`Quantifier`, or ``None`` if it is not one (then it is only
     ever evaluated whole). Read from the text with string literals blanked out, and
@@ -313,7 +344,7 @@ def quantifier(source: str, phase: str) -> Quantifier | None:
     returned = expression.return_type()
     if returned != _cel().Type.BOOL and returned != _cel().Type.DYN:
         return None
-    return Quantifier(kind, variable, expression, op, bound)
+    return Quantifier(kind, variable, body, expression, op, bound)
 
 
 def _closing(bare: str, opening: int) -> int | None:

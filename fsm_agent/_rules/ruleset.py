@@ -26,7 +26,7 @@ from jsonschema.exceptions import SchemaError
 
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import cel
-from fsm_agent._rules.canonical import canonical_text, digest
+from fsm_agent._rules.canonical import canonical_text, digest, digest_spliced
 from fsm_agent._rules.facts import PASS, Facts, Judgement
 from fsm_agent._rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
 
@@ -521,29 +521,35 @@ class _Log:
     ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
     reading ``calls`` then fails closed, as when the whole list is screened at once."""
 
-    __slots__ = ("_last", "calls", "digests", "refused", "screened", "tallies")
+    __slots__ = ("_last", "_listed", "calls", "digests", "refused", "screened", "tallies")
 
     def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
         self._last: Any = None  # the last entry seen, to tell that the list only grew
+        self._listed = ""  # the digests' canonical text, without the brackets
         self.screened: list[Any] = []
         self.digests: list[str] = []
         self.refused: cel.Unrepresentable | None = None
-        #: Per quantifier (by identity: the rule set holds them), its tally so far.
-        self.tallies: dict[int, cel.Tally] = {}
+        #: Per split (by identity: the rule set holds them), its quantifiers' tallies.
+        self.tallies: dict[int, list[cel.Tally]] = {}
 
-    def verdict(self, quantifier: cel.Quantifier) -> bool | None:
-        """The quantifier's value over every call, each call's body evaluated once:
-        ``None`` where a call is one CEL cannot take, or the value is an error."""
+    def tallies_of(self, split: _Split) -> list[cel.Tally] | None:
+        """The tallies of ``split``'s quantifiers over every call, each call evaluated
+        once for all of them; ``None`` where a call is one CEL cannot take."""
         if self.refused is not None:
             return None
-        tally = self.tallies.get(id(quantifier))
-        if tally is None:
-            tally = self.tallies[id(quantifier)] = cel.Tally()
+        tallies = self.tallies.get(id(split))
+        if tallies is None:
+            tallies = self.tallies[id(split)] = [cel.Tally() for _ in split.quantified]
         screened = self.screened
-        for position in range(tally.seen, len(screened)):
-            tally.add(quantifier.holds(screened[position]))
-        return quantifier.verdict(tally)
+        for position in range(tallies[0].seen, len(screened)):
+            for tally, held in zip(tallies, split.bodies(screened[position]), strict=True):
+                tally.add(held)
+        return tallies
+
+    def digests_text(self) -> str:
+        """The canonical text of :attr:`digests` (what ``canonical_text`` gives)."""
+        return f"[{self._listed}]"
 
     def holds(self) -> bool:
         """Whether the list still starts with the entries seen (it only grew)."""
@@ -554,7 +560,11 @@ class _Log:
         calls = self.calls
         for position in range(len(self.digests), len(calls)):
             entry = calls[position]
-            self.digests.append(cache.digest_entry(entry))
+            entry_digest = cache.digest_entry(entry)
+            self.digests.append(entry_digest)
+            # A digest is "sha256:" and hex: its canonical text is itself quoted.
+            self._listed += f',"{entry_digest}"' if self._listed else f'"{entry_digest}"'
+
             if self.refused is None:
                 try:
                     self.screened.append(cache.screen_entry(entry, position))
@@ -667,14 +677,29 @@ class _Inputs:
         entries' digests (each computed once per run), so the digest of a judgement late
         in a long run costs no more than an early one."""
         seen: dict[str, Any] = {}
+        log = None
         for name in sorted(self._names | self.upto):
             if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
-                seen[name] = self._entries.log(self.facts.calls).digests
+                log = self._entries.log(self.facts.calls)
+                seen[name] = _CALLS_MARK  # its text is kept with the run: spliced in
                 continue
             value = self.facts.variable(name)
             listed = name == "calls" and isinstance(value, list)
             seen[name] = self._entries.digests(value) if listed else value
-        return digest({"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen})
+        judged = {"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen}
+        if log is None:
+            return digest(judged)
+        spliced = digest_spliced(judged, _CALLS_MARK, log.digests_text())
+        if spliced is not None:
+            return spliced
+        seen["calls"] = log.digests
+        return digest(judged)
+
+
+#: What stands for the calls' digests in a judgement's inputs until their text, kept
+#: with the run, is spliced in (a string no input is expected to hold; one that does
+#: only makes that judgement digest the long way).
+_CALLS_MARK = "\x00calls: the digests of the executed calls\x00"
 
 
 @dataclass(frozen=True)
@@ -719,13 +744,14 @@ class _Candidates:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # by identity: the key of a run's tallies
 class _Split:
     """A batch as its quantifiers over ``calls`` and one program for the rest."""
 
     quantified: tuple[tuple[int, cel.Quantifier], ...]
     rest: tuple[int, ...]
     program: cel.CelBatch | cel.CelProgram | None  # for ``rest``: none, one, or a batch
+    bodies: Callable[[Any], list[bool | None]]  # one call -> each quantifier's body on it
 
     @classmethod
     def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
@@ -743,13 +769,16 @@ class _Split:
             program = cel.compile_batch(others, phase)
             if program is None:
                 return None  # the rest cannot be one program: the whole batch it is
-        return cls(quantified, rest, program)
+        return cls(quantified, rest, program, cel.bodies([q for _, q in quantified]))
 
     def results(self, log: _Log, activation: Any, size: int) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
         out: list[Any] = [None] * size
-        for position, quantifier in self.quantified:
-            held = log.verdict(quantifier)
+        tallies = log.tallies_of(self)
+        if tallies is None:
+            return None
+        for (position, quantifier), tally in zip(self.quantified, tallies, strict=True):
+            held = quantifier.verdict(tally)
             if held is None:
                 return None
             out[position] = held
