@@ -302,7 +302,7 @@ def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | Non
         except Exception:
             results = None
         if type(results) is list and len(results) == size and set(map(type, results)) == _BOOL:
-            return results  # type: ignore[return-value]
+            return results
         return [holds(call) for holds in one]
 
     return evaluate
