@@ -311,6 +311,9 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
     once per call that ran, after its last attempt; never changed afterwards. One whose
     tool never returned here (``returned=False``: cancelled in flight, or running when
     the process died) counts as run and not ok, unless its stored result is its answer."""
+    rules = s.config.rules
+    if rules is not None and not rules.reads_calls:
+        return  # no rule reads them: nothing to keep (the same in check's replay)
     call, outcome = s.call, s.outcome
     ok, result = outcome.kind == "ok", outcome.value
     if not returned:

@@ -19,12 +19,17 @@ from typing import Any
 __all__ = ["canonical_text", "digest", "digest_spliced"]
 
 
+#: Built once: ``json.dumps`` with these options builds an encoder at every call, and a
+#: digest is taken at every judgement.
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_text(value: Any) -> str:
     """Sorted keys, no spaces, strict JSON; the ``!`` form for anything strict JSON refuses."""
     try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _ENCODER.encode(value)
         text.encode("utf-8")  # a lone surrogate passes dumps but not UTF-8
         return text
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):

@@ -136,6 +136,14 @@ class RuleSet:
                     shared[matching] = _Candidates.of(phase, matching)
                 self._for_tool[(phase, tool)] = shared[matching]
         self._entries = _EntryCache()
+        #: Whether any rule reads the run's executed calls: a CEL condition naming
+        #: ``calls``, a Python one (it may read anything), a limit (it counts them).
+        self.reads_calls = any(
+            c.is_opaque
+            or c.rule.then == "limit"
+            or (isinstance(c.condition, cel.CelProgram) and "calls" in c.condition.names)
+            for c in compiled
+        )
         self.hash = digest(self.to_json())
 
     # -- construction -------------------------------------------------------------------
