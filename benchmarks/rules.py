@@ -1,14 +1,15 @@
 """The cost of judging a call with 20 CEL rules on ``before_tool``, next to a round's.
 
-The rules are not wired into the loop yet (issue 19's later phase), so this measures the
-judgement alone, as the loop will call it once per call: 20 rules that all match the
+Measured alone (``RuleSet.judge``, as the loop calls it once per call) and wired (a
+``Runtime(rules=...)`` running the ``overhead.py`` scenario): 20 rules that all match the
 tool and none of which holds, so every one is evaluated (the worst case of "first match
-decides"). Printed: compiling the 20 rules once; µs per judged call with 0, 10 and 100
-executed calls in the run (the rules read ``calls``); the same on the τ²-bench retail
-policy's 550 recorded calls (big order records in ``calls``); and µs per tool round of
-the engine on the ``overhead.py`` scenario, run here, for the ratio the issue bounds
-(a round with 20 rules ≤ 1.5× a round with none). Every figure is the least disturbed of
-several runs (the minimum), so that the ratio compares like with like on a busy machine.
+decides"); four of them iterate ``calls``. Printed: compiling the 20 rules once; µs per
+judged call with 0, 10 and 100 executed calls in the run; the same on the τ²-bench retail
+policy's 550 recorded calls (big order records in ``calls``); µs per tool round of the
+engine with no rules, the 16 rules not reading ``calls`` and all 20; then, with
+valgrind, the same in instructions (the figures the issue bounds: a round with 20 rules
+≤ 1.5× a round with none; see ``docs/concepts/own-rules-design.md`` for where they
+stand). Every timing is the least disturbed of several runs (the minimum).
 """
 
 from __future__ import annotations
