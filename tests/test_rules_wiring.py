@@ -640,6 +640,32 @@ def test_a_submitted_run_keeps_its_context_for_the_worker(tmp_path: Path) -> Non
     checked(tmp_path / f"{run_id}.jsonl")
 
 
+def test_a_submitted_run_is_judged_before_its_first_model_call_by_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A submitted run is resumed from its header by a worker: the worker judges the
+    first model call (``begin``), once, and the stored run's trace checks."""
+    closed = Rule("closed-accounts", on="before_model", when="context.closed == true",
+                  then="deny")  # fmt: skip
+    db = tmp_path / "runs.db"
+    for closed_account in (True, False):
+        world = World()
+        submitter = runtime(world, [], [closed], store=SqliteStore(db))
+        run_id = submitter.submit("refund", context={"closed": closed_account})
+        worker = runtime(world, [say("ok")], [closed], store=SqliteStore(db),
+                         trace_dir=tmp_path)  # fmt: skip
+        done = worker.resume(run_id)
+        begins = [e for e in done.events if e.get("trigger") == "begin"]
+        assert len(begins) == 1 and len(rule_events(done.events)) == 1
+        if closed_account:
+            assert (done.status, done.reason) == ("protocol_error", "denied_by_rule")
+            assert done.counters["model_calls"] == 0 and begins[0]["dest"] == "protocol_error"
+        else:
+            assert (done.status, done.reason) == ("done", "final_answer")
+            assert done.counters["model_calls"] == 1 and begins[0]["dest"] == "deciding"
+        checked(tmp_path / f"{run_id}.jsonl")
+
+
 def test_a_write_of_unknown_outcome_reconciled_resumes_under_the_rules(tmp_path: Path) -> None:
     """A write that failed in an unknown way pauses the run (R6); once reconciled, the
     rest of the batch is judged again on resume, and the write itself is not."""
