@@ -348,7 +348,7 @@ def test_strict_after_tool_deny_stops_the_run_and_withholds_the_result(tmp_path:
     assert world.ran == [("fetch_url", {"url": "u"})]  # it ran; the search never did
     assert "s3cr3t" not in json.dumps(result.messages)
     answers = tool_results(result.messages)
-    assert answers["c1"] == {"ok": False, "error": "denied_by_rule",
+    assert answers["c1"] == {"ok": False, "error": "denied_by_rule", "rule": "no-secrets",
                              "detail": "rule 'no-secrets': the page holds a secret"}  # fmt: skip
     assert answers["c2"]["error"] == "not_executed"
     assert result.counters["model_calls"] == 1
