@@ -9,8 +9,9 @@ there, then a review is recorded straight into the store (``durable/review.recor
 another connection than the server's watch); the clock stops at each subscriber when
 the ``review`` event arrives. A subscriber the server refuses fails the round at once
 (no waiting forever). Prints p50/p99 per store and subscriber count, the server's
-resident memory with the subscribers connected, and reviews per second over HTTP
-(sequential, one client). Usage:
+resident memory with the subscribers connected, the server's CPU time per round (median:
+the review's delivery to every subscriber, a measure of the work that a loaded machine
+delays but does not inflate), and reviews per second over HTTP (sequential, one client). Usage:
 
     python benchmarks/server_latency.py [--subscribers 1,100,500] [--rounds 10]
         [--stores sqlite,postgres] [--pg DSN | --pg auto]
@@ -82,7 +83,7 @@ async def _subscriber(
 
 async def _round(
     port: int, key: str, store: Any, run_id: str, subs: int, pid: int
-) -> tuple[list[float], float]:
+) -> tuple[list[float], float, float]:
     n = len(store.load_run(run_id).events)
     got: list[float] = []
     readies = [asyncio.Event() for _ in range(subs)]
@@ -108,11 +109,20 @@ async def _round(
         record(store, run_id, "c1", "approve", reviewer="bench")
 
     thread = threading.Thread(target=decide)
+    cpu = _cpu_ms(pid)
     start = time.perf_counter()
     thread.start()
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    cpu = _cpu_ms(pid) - cpu
     thread.join()
-    return [max(t - start, 0.0) * 1000 for t in got], rss
+    return [max(t - start, 0.0) * 1000 for t in got], rss, cpu
+
+
+def _cpu_ms(pid: int) -> float:
+    """The server's CPU time so far (user + system): the work a round costs it, which a
+    loaded machine delays but does not inflate, unlike the latencies."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mib(pid: int) -> float:
@@ -176,20 +186,24 @@ def _paused(store: Any, run_id: str) -> None:
     rt.run("go", run_id=run_id)
 
 
-def _measure(store: Any, db: list[str], subs: int, rounds: int) -> tuple[list[float], float]:
+def _measure(
+    store: Any, db: list[str], subs: int, rounds: int
+) -> tuple[list[float], float, list[float]]:
     key, rec = make_key(f"bench{subs}{time.time_ns()}", "read")
     store.add_key(rec)
     latencies: list[float] = []
+    cpu: list[float] = []
     peak = 0.0
     with _server(db) as (url, pid):
         for i in range(rounds):
             run_id = f"b{subs}-{i}-{time.time_ns()}"
             _paused(store, run_id)
             port = int(url.rsplit(":", 1)[1])
-            ms, rss = asyncio.run(_round(port, key, store, run_id, subs, pid))
+            ms, rss, used = asyncio.run(_round(port, key, store, run_id, subs, pid))
             latencies += ms
+            cpu.append(used)
             peak = max(peak, rss)
-    return latencies, peak
+    return latencies, peak, cpu
 
 
 def _reviews_per_second(store: Any, db: list[str], count: int) -> float:
@@ -237,11 +251,12 @@ def main() -> None:
             stores.append(("postgres", store, ["--db", dsn, "--schema", schema]))
         for name, store, db in stores:
             for subs in (int(s) for s in args.subscribers.split(",")):
-                ms, rss = _measure(store, db, subs, args.rounds)
+                ms, rss, cpu = _measure(store, db, subs, args.rounds)
                 ms.sort()
                 p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
                 row = {"store": name, "subscribers": subs, "samples": len(ms)}
                 row |= {"p50_ms": round(statistics.median(ms), 1), "p99_ms": round(p99, 1)}
+                row["server_cpu_ms"] = round(statistics.median(cpu), 1)
                 row["server_rss_mib"] = round(rss, 1)
                 print(json.dumps(row), flush=True)
             if args.reviews:

@@ -25,10 +25,11 @@ class LiveServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: uvicorn.Server | None = None
+        self.app: Any = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> LiveServer:
-        app = create_app(self.store, **self.options)
+        app = self.app = create_app(self.store, **self.options)
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)

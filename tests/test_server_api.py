@@ -477,6 +477,50 @@ def test_cancel_over_http_takes_the_cancel_edge_and_the_trace_checks(
     assert backend.lookups == []
 
 
+def test_a_cancel_over_http_records_who_when_and_why_and_check_replays_it(
+    store: SqliteStore, keys: dict[str, str], server: LiveServer, tmp_path: Path
+) -> None:
+    """Who cancelled was only in the server's log: now the ``cancel`` transition names
+    the key's holder, the time and the note (as a ``review`` event does), in the chained
+    trace, and ``check`` replays the stop with them."""
+    from datetime import datetime
+
+    rt = make_runtime([say("unused")], Backend(), store=store)
+    rt.submit("where is A1?", run_id="queued")
+    with client(server, keys["root"]) as c:
+        bad = c.post("/api/runs/queued/cancel", json={"note": 42})
+        assert bad.status_code == 422 and "note: a non-empty string" in bad.json()["detail"]
+        assert store.load_run("queued").events == []  # nothing recorded
+        r = c.post("/api/runs/queued/cancel", json={"note": "the customer called it off"})
+        assert r.status_code == 200, r.text
+        trace = c.get("/api/runs/queued/trace").content
+    (cancel,) = [e for e in store.load_run("queued").events if e["type"] == "transition"]
+    assert cancel["trigger"] == "cancel" and cancel["by"] == "root"
+    assert cancel["note"] == "the customer called it off"
+    assert datetime.fromisoformat(cancel["at"].replace("Z", "+00:00")).utcoffset() is not None
+    path = tmp_path / "queued.jsonl"
+    path.write_bytes(trace)
+    assert b'"by":"root"' in trace.replace(b" ", b"")  # in the exported trace too
+    checked = subprocess.run(
+        [sys.executable, "-m", "fsm_agent", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # The replay throws the recorded stop in again: a trace whose ``by`` says otherwise
+    # than its chain is refused (the engine writes what the trace holds, the chain breaks).
+    forged = trace.replace(b'"root"', b'"mallory"')
+    path.write_bytes(forged)
+    refused = subprocess.run(
+        [sys.executable, "-m", "fsm_agent", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode != 0
+
+
 def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
     store: SqliteStore, keys: dict[str, str], server: LiveServer
 ) -> None:

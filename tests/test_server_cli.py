@@ -137,7 +137,7 @@ def test_runs_cancel_takes_the_cancel_edge_or_says_why_not(
     with SqliteStore(db) as store:
         make_runtime([say("hi")], store=store).submit("hello", run_id="q1")
     code, out, _ = run(capsys, "runs", "cancel", "q1", "--db", db)
-    assert (code, out) == (0, "cancelled run q1 (cancelled/cancelled)\n")
+    assert code == 0 and out.startswith("cancelled run q1 (cancelled/cancelled)")
     code, _, err = run(capsys, "runs", "cancel", "q1", "--db", db)
     assert code == 2 and "is cancelled/cancelled: it has ended, nothing to cancel" in err
     code, _, err = run(capsys, "runs", "cancel", "r1", "--db", db)  # paused for review
@@ -148,3 +148,37 @@ def test_runs_cancel_takes_the_cancel_edge_or_says_why_not(
         assert store.load_run("r1").body["state"] == "review_required"
         events = store.load_run("q1").events
     assert [e["type"] for e in events] == ["run_start", "transition", "run_end"]
+
+
+def test_runs_cancel_records_by_and_note_in_the_trace_and_check_passes(
+    db: str, tmp_path: Path
+) -> None:
+    """``fsm-agent runs cancel --by --note`` (a process of its own, as an operator runs
+    it): the ``cancel`` transition names who and why, with the time, and the exported
+    trace passes ``fsm-agent check``."""
+    import subprocess
+    import sys
+
+    with SqliteStore(db) as store:
+        make_runtime([say("hi")], store=store).submit("hello", run_id="q1")
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fsm_agent", *argv], capture_output=True, text=True
+        )
+
+    bad = cli("runs", "cancel", "q1", "--db", db, "--by", " ")
+    assert bad.returncode == 2 and "the cancel's by must be a non-empty string" in bad.stderr
+    done = cli("runs", "cancel", "q1", "--db", db, "--by", "ops", "--note", "duplicate order")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "cancelled run q1 (cancelled/cancelled) by ops\n"
+    with SqliteStore(db) as store:
+        events = store.load_run("q1").events
+    (cancel,) = [e for e in events if e["type"] == "transition"]
+    assert (cancel["trigger"], cancel["by"], cancel["note"]) == ("cancel", "ops", "duplicate order")
+    assert cancel["at"].endswith("Z")
+    trace = tmp_path / "q1.jsonl"
+    exported = cli("runs", "export", "q1", "--db", db, "-o", str(trace))
+    assert exported.returncode == 0, exported.stderr
+    checked = cli("check", str(trace))
+    assert checked.returncode == 0, checked.stdout + checked.stderr

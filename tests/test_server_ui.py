@@ -148,9 +148,11 @@ def test_an_admin_cancels_a_queued_run_from_its_page_and_a_forged_form_does_noth
         assert "Cancel this run" in page
         assert c.post("/runs/q1/cancel", data={"csrf": "forged"}).status_code == 403
         assert store.load_run("q1").body["state"] == "deciding"
-        r = c.post("/runs/q1/cancel", data={"csrf": csrf_of(page)})
+        r = c.post("/runs/q1/cancel", data={"csrf": csrf_of(page), "note": "a duplicate"})
         assert r.status_code == 303 and "msg=cancelled" in r.headers["location"]
         assert store.load_run("q1").body["state"] == "cancelled"
+        (cancel,) = [e for e in store.load_run("q1").events if e["type"] == "transition"]
+        assert (cancel["by"], cancel["note"]) == ("olga", "a duplicate")  # in the trace
         r = c.post("/runs/r1/cancel", data={"csrf": csrf_of(page)})  # paused: says why not
         assert r.status_code == 303 and "waiting+for+review" in r.headers["location"]
         assert "Cancel this run" not in c.get("/runs/q1").text  # ended: no button

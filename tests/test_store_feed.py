@@ -102,3 +102,28 @@ def test_bad_key_names_and_scopes_are_refused(name: str, scope: str, expect: str
 def test_malformed_keys_do_not_parse() -> None:
     for text in ("", "Bearer x", "fsmk_zz_abc", "fsmk_0123456789abcdef_short"):
         assert parse_key(text) is None
+
+
+def test_on_postgresql_a_claim_or_a_release_alone_wakes_no_watch(pg_store: Any) -> None:
+    """A claim, its renewal and its release change nothing a stream can read: they woke
+    every stream of every server (a worker's heartbeat every few seconds; a reviewer's
+    claim 5 ms before the review itself, which then waited behind 500 useless wake-ups).
+    Only what a reader sees wakes a watch: the review's save."""
+    from fsm_agent._durable import owners
+    from fsm_agent._durable.review import record
+
+    paused(pg_store, Backend())
+    watch = pg_store.watch()
+    try:
+        while watch.wait(0.2):  # (the run's own commits, before the watch opened)
+            pass
+        owner = owners.new_owner()
+        owners.hold(owner)
+        pg_store.claim("r1", owner)
+        pg_store.renew("r1", owner)
+        owners.let_go(pg_store, "r1", owner)
+        assert watch.wait(0.5) is False, "a claim, renewal or release woke the watch"
+        record(pg_store, "r1", "c1", "approve", reviewer="ana")
+        assert watch.wait(5.0) is True, "the review's save did not wake the watch"
+    finally:
+        watch.close()

@@ -116,6 +116,12 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
         metavar="NAME",
         help="environment variable holding the runtime's trace_key (a signed trace)",
     )
+    p.add_argument(
+        "--by",
+        metavar="NAME",
+        help="who cancels, recorded in the cancel transition (default: this OS user)",
+    )
+    p.add_argument("--note", metavar="TEXT", help="why, recorded in the cancel transition")
     p.set_defaults(handler=_cancel)
 
     p = add("export", "write a run's trace as JSON Lines (for fsm-agent check / replay)")
@@ -437,9 +443,10 @@ def _cancel(args: argparse.Namespace) -> int:
         key = os.environ.get(args.key_env)
         if not key:
             return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
+    by = args.by if args.by is not None else _os_user()
     with _open(args, write=True) as store:
-        s = cancel_run(store, args.run_id, key=key)
-    print(f"cancelled run {args.run_id} ({s.state}/{s.reason})")
+        s = cancel_run(store, args.run_id, key=key, by=by, note=args.note)
+    print(f"cancelled run {args.run_id} ({s.state}/{s.reason})" + (f" by {by}" if by else ""))
     return 0
 
 

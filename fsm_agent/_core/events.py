@@ -433,6 +433,11 @@ class Transitioned(Event):
     #: What the world answered since the previous transition, in order (``check``
     #: replays them): ``idempotency_key``, ``begin_intent``, ``load_intent``, ``resumed``.
     inputs: Any = _opt("any")
+    #: A ``cancel`` asked from outside the run (the review server, ``fsm-agent runs
+    #: cancel``): who asked (an API key's name, ``--by``), when (ISO-8601 UTC) and why.
+    by: str | None = _opt("str")
+    at: str | None = _opt("str")
+    note: str | None = _opt("str")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,7 +88,24 @@ _TERMINAL = frozenset(TERMINAL_STATES)
 
 
 class Cancelled(BaseException):
-    """Thrown into :func:`steps` by a driver to stop the run (never raised out of it)."""
+    """Thrown into :func:`steps` by a driver to stop the run (never raised out of it).
+
+    A cancel from outside the run (the review server, ``fsm-agent runs cancel``) names
+    who asked (``by``), when (``at``, ISO-8601 UTC, read by the caller: the core reads no
+    clock) and why (``note``): the ``cancel`` transition records them, as a ``review``
+    event records its reviewer, and ``check`` throws them in again where it replays it."""
+
+    def __init__(
+        self, *, by: str | None = None, at: str | None = None, note: str | None = None
+    ) -> None:
+        super().__init__()
+        self.by, self.at, self.note = by, at, note
+
+    def fields(self) -> dict[str, Any]:
+        """What the ``cancel`` transition records of this request (absent, not null,
+        when not given)."""
+        given = {"by": self.by, "at": self.at, "note": self.note}
+        return {name: value for name, value in given.items() if value is not None}
 
 
 # ── starting and resuming ─────────────────────────────────────────────────────────
@@ -151,6 +168,8 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
     """
     try:
         yield from _begin(s, resumed)
+        if s.config.rules is not None and _first_model_call(s):
+            yield from _judge_first_model_call(s)
         while s.state not in _TERMINAL:
             state = s.state
             if state == "deciding":
@@ -173,7 +192,7 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
         # Cancelled (the driver stopped us), or raised right here: Ctrl-C can land in
         # any line, and a registrar's function (an idempotency key, a redaction hook)
         # runs inside the loop. Either way the run ends with every call answered.
-        yield from _stop(s)
+        yield from _stop(s, exc.fields() if isinstance(exc, Cancelled) else {})
         if not isinstance(exc, Cancelled):
             raise exc  # the very exception that stopped the run, as it was
         return
@@ -195,13 +214,40 @@ def _begin(s: RunState, resumed: bool) -> Steps:
         yield _save(s, header=True)
 
 
-def _stop(s: RunState) -> Steps:
-    """Take the ``cancel`` edge (unless the run already ended) and emit what is left."""
+def _first_model_call(s: RunState) -> bool:
+    """The model is about to be asked for the first time (a new run, or one resumed
+    from its header: nothing since was saved) and rules judge that call."""
+    rules = s.config.rules
+    return (
+        s.state == "deciding"
+        and s.counters.model_calls == 0
+        and rules is not None
+        and rules.judges("before_model")
+    )
+
+
+def _judge_first_model_call(s: RunState) -> Steps:
+    """Judge the ``before_model`` rules and take ``begin``: its rule rows may stop the
+    run before the model is ever asked, as ``observe``'s do before a later call."""
+    rules = s.config.rules
+    assert rules is not None
+    judging.before_model(s, rules)
+    if _fire(s, "begin"):
+        yield from _flush(s)
+
+
+def _stop(s: RunState, asked: dict[str, Any]) -> Steps:
+    """Take the ``cancel`` edge (unless the run already ended) and emit what is left;
+    ``asked``: who asked for it, when and why (``Cancelled.fields``)."""
     if s.config.emit and s.emitted < len(s.events):
         yield _emit(s)  # an edge that raised half-way through (its events so far)
     if s.state not in _TERMINAL:
         s.now = yield READ_CLOCK
-        wants = _fire(s, "cancel")
+        s.cancel_request = asked
+        try:
+            wants = _fire(s, "cancel")
+        finally:
+            s.cancel_request = {}
         if s.config.rules is not None and s.reason == "outcome_unknown":
             judging.record_execution(s, returned=False)  # cancelled in flight: it may have run
         if wants:
@@ -538,12 +584,12 @@ def _after(s: RunState, edge: Any) -> None:
                 event["error"] = outcome.error
     if edge.reason is not None:
         event["reason"], event["detail"] = edge.reason, s.detail
-    seq = event["seq"] = s.seq + 1
-    if s.config.redact is not None:
-        _record_all(s, event, payloads)
+    if s.config.redact is not None or s.cancel_request:
+        _record_all(s, edge, event, payloads)
     else:
         # Without a redaction hook an event is appended as it is: a list method, not a
         # call of _record per event (five to seven per tool round).
+        seq = event["seq"] = s.seq + 1
         append = s.events.append
         append(event)
         for payload in payloads:
@@ -556,9 +602,14 @@ def _after(s: RunState, edge: Any) -> None:
                                   s.counters.as_dict()))  # fmt: skip
 
 
-def _record_all(s: RunState, event: dict[str, Any], payloads: list[dict[str, Any]]) -> None:
-    """Record a transition (its ``seq`` set) and its payloads through the redaction hook."""
-    seq = s.seq = event["seq"]
+def _record_all(
+    s: RunState, edge: Transition, event: dict[str, Any], payloads: list[dict[str, Any]]
+) -> None:
+    """Record a transition and its payloads through the redaction hook (if any), the
+    cancel request's fields on the ``cancel`` edge it fired."""
+    if edge.trigger == "cancel" and s.cancel_request:
+        event.update(s.cancel_request)
+    seq = s.seq = event["seq"] = s.seq + 1
     _record(s, event)
     for payload in payloads:
         seq = s.seq = payload["seq"] = seq + 1

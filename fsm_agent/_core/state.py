@@ -308,6 +308,8 @@ class RunState:
     rule_detail: str = apart("scratch: the words of the last judgement", "")
     #: A reviewer's decision being recorded (the ``review`` trigger).
     review_request: dict[str, Any] | None = apart("scratch: the review being fired", None)
+    #: Who asked for the ``cancel`` being fired, when and why (``loop.Cancelled``).
+    cancel_request: dict[str, Any] = apart("scratch: the cancel being fired", factory=dict)
     #: The store's answer to this dispatch's ``ConsumeApproval`` (granted | refused), until
     #: the ``dispatch`` transition records it.
     approval_use: str | None = apart("scratch: this dispatch's approval use", None)

@@ -27,7 +27,7 @@ from fsm_agent._core.state import RunState
 from fsm_agent._core.table import Machine
 from fsm_agent._durable import owners
 from fsm_agent._durable.resume import restore_state
-from fsm_agent._durable.review import _review_config
+from fsm_agent._durable.review import _instant, _review_config, _text_or_none
 from fsm_agent._durable.store import Checkpoint, supports_runs
 from fsm_agent._errors import ConfigError, ReviewError, StoreError
 from fsm_agent._trace.chain import Encoder, continue_chain, trace_key
@@ -49,11 +49,22 @@ def cancel_run(
     key: bytes | str | None = None,
     machines: Mapping[str, Machine] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    by: str | None = None,
+    note: str | None = None,
+    at: str | None = None,
 ) -> RunState:
     """Cancel ``run_id`` through its machine's ``cancel`` trigger and store the result;
     returns the run's state as now stored (``cancelled``). ``key``: the runtime's
-    ``trace_key`` (a signed trace is continued under it). Raises ``RunNotFound``,
-    ``RunBusy``, :class:`NotCancellable` or ``StoreError``, changing nothing."""
+    ``trace_key`` (a signed trace is continued under it). ``by`` (who asks), ``note``
+    (why) and ``at`` (when, ISO-8601 UTC; default now) are recorded in the ``cancel``
+    transition, as a review records its reviewer. Raises ``RunNotFound``, ``RunBusy``,
+    :class:`NotCancellable`, ``ReviewError`` (an unusable ``by``/``note``/``at``) or
+    ``StoreError``, changing nothing."""
+    asked = Cancelled(
+        by=_text_or_none("by", by, "cancel"),
+        at=_instant(at, "cancel"),
+        note=_text_or_none("note", note, "cancel"),
+    )
     if not supports_runs(store):
         raise StoreError(f"{type(store).__name__} does not keep runs")
     owner = owners.new_owner()
@@ -71,7 +82,7 @@ def cancel_run(
             start(s)
             s.emitted = s.saved_events = 0
         encoder = _encoder(store, s, stored.events[-2:], key)
-        for save in _stopped(s, clock):
+        for save in _stopped(s, clock, asked):
             lines = None if encoder is None else encoder.lines(save.events)
             store.save(run_id, owner, save.events, Checkpoint(save.snapshot, save.messages, lines))
         return s
@@ -95,9 +106,9 @@ def _refuse_unless_waiting(s: RunState) -> None:
         )
 
 
-def _stopped(s: RunState, clock: Callable[[], float]) -> list[SaveCheckpoint]:
+def _stopped(s: RunState, clock: Callable[[], float], asked: Cancelled) -> list[SaveCheckpoint]:
     """Drive the restored run until it would ask the world anything, then stop it there
-    (``Cancelled``, as a driver does); the checkpoints the loop asked to save."""
+    (``asked``, as a driver does); the checkpoints the loop asked to save."""
     saves: list[SaveCheckpoint] = []
     loop = steps(s, resumed=True)
     request: Any = next(loop)
@@ -115,7 +126,7 @@ def _stopped(s: RunState, clock: Callable[[], float]) -> list[SaveCheckpoint]:
                 raise NotCancellable(f"run {s.run_id!r} asked for {type(request).__name__}")
             else:  # the model, a tool, an intent: the world would be asked
                 stopping = True
-                request = loop.throw(Cancelled())
+                request = loop.throw(asked)
         except StopIteration:
             return saves
 

@@ -98,7 +98,9 @@ def verify_key(record: KeyRecord | None, secret: str) -> bool:
 
 
 class Watch(Protocol):
-    """Wakes a reader when the store may hold something new."""
+    """Wakes a reader when the store may hold something new. A watch that can tell
+    which runs changed (PostgreSQL's notifications name them) also has ``changed``:
+    the run ids of its last wake-up, or ``None`` for "any run may have"."""
 
     def wait(self, timeout: float) -> bool:
         """Block until a commit may have happened since the last call (``True``) or

@@ -218,7 +218,25 @@ CREATE TRIGGER runs_announce AFTER INSERT OR UPDATE ON {s}.runs
     FOR EACH ROW EXECUTE FUNCTION {s}.announce_change();
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# 4: the change feed announces what a reader can see — a new run, new events (every save
+# writes the checkpoint: ``ctx``, whose checksum ``sum`` is compared, not the text, unless
+# a row has none), a new state — and no longer a claim, a lease renewal or a release
+# alone: a worker's heartbeat or a reviewer's claim woke every stream of every server to
+# read nothing (and, 5 ms before the review it belonged to, delayed that review's wake-up
+# behind 500 useless ones).
+_V4 = """
+DROP TRIGGER runs_announce ON {s}.runs;
+CREATE TRIGGER runs_announce AFTER INSERT ON {s}.runs
+    FOR EACH ROW EXECUTE FUNCTION {s}.announce_change();
+CREATE TRIGGER runs_announce_change AFTER UPDATE ON {s}.runs
+    FOR EACH ROW WHEN (
+        (OLD.state, OLD.reason, OLD.pending, OLD.runnable, OLD.sum)
+        IS DISTINCT FROM (NEW.state, NEW.reason, NEW.pending, NEW.runnable, NEW.sum)
+        OR (NEW.sum IS NULL AND OLD.ctx IS DISTINCT FROM NEW.ctx)
+    ) EXECUTE FUNCTION {s}.announce_change();
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)

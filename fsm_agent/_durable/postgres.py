@@ -1097,16 +1097,27 @@ def _flushed(conn: Any) -> None:
 
 class _ListenWatch:
     """A watch on PostgreSQL notifications; reconnects once on a lost connection (a
-    wake-up is reported then: something may have changed while it was down)."""
+    wake-up is reported then: something may have changed while it was down).
+
+    Each notification names the run whose row changed: ``changed`` is the runs the last
+    wake-up named, so a server wakes only those runs' streams (``None``: it cannot tell,
+    after a reconnect: every run may have changed)."""
 
     def __init__(self, conn: Any, store: PostgresStore) -> None:
         self._conn, self._store = conn, store
+        self.changed: frozenset[str] | None = frozenset()
 
     def wait(self, timeout: float) -> bool:
         import psycopg
 
         try:
-            return any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
+            # Read to the end of what arrived (a packet may hold several: one closed
+            # early would drop the rest, and with them the wake-up of their runs).
+            got = list(self._conn.notifies(timeout=timeout, stop_after=1))
+            if got:
+                got += self._conn.notifies(timeout=0.0)  # what else is already here
+            self.changed = frozenset(n.payload for n in got)
+            return bool(got)
         except psycopg.Error:
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -1114,6 +1125,7 @@ class _ListenWatch:
             replacement = self._store.watch()
             assert isinstance(replacement, _ListenWatch)
             self._conn = replacement._conn
+            self.changed = None
             return True
 
     def close(self) -> None:

@@ -212,15 +212,15 @@ def _check_action(action: str, arguments: Any) -> None:
         )
 
 
-def _text_or_none(what: str, value: Any) -> str | None:
+def _text_or_none(what: str, value: Any, of: str = "review") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ReviewError(f"the review's {what} must be a non-empty string, got {value!r}")
+        raise ReviewError(f"the {of}'s {what} must be a non-empty string, got {value!r}")
     return value
 
 
-def _instant(at: Any) -> str:
+def _instant(at: Any, of: str = "review") -> str:
     """``at`` as ISO-8601 UTC (now if ``None``)."""
     if at is None:
         return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -232,7 +232,7 @@ def _instant(at: Any) -> str:
         if parsed is not None and parsed.utcoffset() == timedelta(0):
             return at
     raise ReviewError(
-        f"the review's time must be ISO-8601 in UTC (e.g. '2026-01-31T12:00:00Z'), got {at!r}"
+        f"the {of}'s time must be ISO-8601 in UTC (e.g. '2026-01-31T12:00:00Z'), got {at!r}"
     )
 
 

@@ -19,7 +19,8 @@ request                answered with
 ``ConsumeApproval``    the ``dispatch`` transition's ``approval_use``
 ``Sleep``, others      nothing (they return nothing); a ``cancel`` transition next means
                        the driver stopped the run there (at the emit after an edge, or at
-                       the request), a ``resumed`` input that a later driving took over
+                       the request: ``Cancelled`` with the transition's ``by``, ``at``,
+                       ``note``), a ``resumed`` input that a later driving took over
 =====================  ==============================================================
 
 A review is fired as the table's ``review`` trigger with the recorded decision
@@ -660,13 +661,13 @@ class Replay:
             self._saved(request)
             return None
         if isinstance(request, EmitEvents):  # after every edge: where a driver may stop it
-            return Cancelled() if self._cancel_here() else None
+            return _cancelled(self.pending[0][1]) if self._cancel_here() else None
         if (
             nxt.get("trigger") == "cancel"
             and not self.cancelled
             and not isinstance(request, AskModel)
         ):
-            return Cancelled()
+            return _cancelled(nxt)
         if request is READ_CLOCK:
             t = nxt.get("t")
             if type(t) is not float and type(t) is not int:
@@ -710,7 +711,7 @@ class Replay:
         line, head = self.pending[offset]
         if head.get("type") != "decision":
             if nxt.get("trigger") == "cancel" and head is nxt:
-                return Cancelled()
+                return _cancelled(nxt)
             self.stop(
                 line,
                 f"the engine asks the model here; the trace records {_describe(head)}, "
@@ -1156,6 +1157,12 @@ def _with_raw_arguments(message: dict[str, Any], raw: dict[str, Any]) -> dict[st
                 call = {**call, "function": {**fn, "arguments": arguments}}
         out.append(call)
     return {**message, "tool_calls": out}
+
+
+def _cancelled(e: Mapping[str, Any]) -> Cancelled:
+    """The stop a recorded ``cancel`` transition took, with who asked for it, when and
+    why as recorded (the engine writes them again, compared as any field)."""
+    return Cancelled(by=e.get("by"), at=e.get("at"), note=e.get("note"))
 
 
 def _resumed(e: dict[str, Any]) -> Any:

@@ -13,8 +13,9 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -52,6 +53,10 @@ _HEADERS = [
     (b"x-frame-options", b"DENY"),
 ]
 _ACTIONS = ("approve", "deny", "edit", "reconcile")
+#: SSE line ends (the frames, encoded once, and the response's pings alike)
+_SEP = "\r\n"
+#: Events per read of a stream
+_PAGE = 500
 
 
 class _Guard:
@@ -113,9 +118,14 @@ class Server:
         self.secure_cookies = secure_cookies
         self.sessions = Sessions()
         self.broadcaster = Broadcaster(store)
+        self.broadcaster.on_bump.append(self._prefetch)
         self.worker: asyncio.Task[None] | None = None
         #: reads in flight, shared by the streams that wait for the same one
         self._reads: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+        #: this generation's reads, kept (done or not) until the next one begins
+        self._kept: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
+        #: how many streams wait at each ``(run_id, seq)`` for the next generation
+        self._waiting: dict[tuple[str, int], int] = {}
         # Store calls in flight at most as many as the store has connections: a burst
         # (500 streams opening at once) queues here, on the event loop, instead of in
         # the pool, whose wait times out (a 503 for a request that only had to wait).
@@ -147,15 +157,54 @@ class Server:
             raise ApiError(503, "store_unavailable", str(exc)) from None
 
     async def shared(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Any:
-        """One store read for every stream that asks the same thing in the same
-        generation (500 subscribers of one run woken by one commit: one read, not 500).
-        ``key`` names the read and the generation it belongs to."""
+        """One store read for every request that asks the same thing while it is in
+        flight (500 streams opening at once: one key read, not 500)."""
         future = self._reads.get(key)
         if future is None:
             future = asyncio.ensure_future(self.call(fn, *args))
             self._reads[key] = future
             future.add_done_callback(lambda _: self._reads.pop(key, None))
         return await asyncio.shield(future)
+
+    def _kept_read(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Any:
+        """The read ``key`` of this generation, started if it is not yet (its result
+        is kept until the next generation: a stream that asks after it is done gets
+        the same answer, read after the generation began, so nothing committed since
+        is missed; that commit's own wake-up comes next)."""
+        future = self._kept.get(key)
+        if future is None:
+            future = asyncio.ensure_future(self.call(fn, *args))
+            # retrieved, so an unawaited failure (nobody asked after all) is not logged
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._kept[key] = future
+        return future
+
+    async def this_generation(
+        self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        """One store read per generation for every stream that asks it (500
+        subscribers of one run woken by one commit: one read, not 500). ``key`` names
+        the read and ends with the generation it belongs to."""
+        future = self._kept_read(key, fn, *args)
+        if future.done():  # (most streams: no shield, no extra future each)
+            return future.result()
+        return await asyncio.shield(future)
+
+    def _prefetch(self, generation: int, runs: frozenset[str] | None) -> None:
+        """At a new generation, before any stream wakes: forget the last generation's
+        reads and start the ones the waiting streams of its ``runs`` (``None``: of
+        every run) will ask for (so the read is under way while 500 streams are being
+        woken, not after). The reads of other runs stay: nothing changed for them."""
+        if runs is None:
+            self._kept.clear()
+        else:
+            for key in [k for k in self._kept if k[1] in runs]:
+                del self._kept[key]
+        for run_id, seq in self._waiting:
+            if runs is not None and run_id not in runs:
+                continue
+            key = ("events", run_id, seq, generation)
+            self._kept_read(key, _frames, self.store, run_id, seq, _PAGE)
 
     # ── the JSON API ──────────────────────────────────────────────────────────────
 
@@ -175,34 +224,58 @@ class Server:
         if "text/event-stream" in request.headers.get("accept", ""):
             # 404 before streaming (one read for the streams that open at once)
             await self.shared(("exists", run_id), self.store.events_since, run_id, after, 0)
-            return EventSourceResponse(self._stream(run_id, after), ping=15)
+            return EventSourceResponse(self._stream(run_id, after), ping=15, sep=_SEP)
         limit = views._limit(request.query_params.get("limit") or "200")
         events = await self.call(self.store.events_since, run_id, after, limit)
         return JSONResponse({"events": events, "seq": events[-1]["seq"] if events else after})
 
-    async def _stream(self, run_id: str, after: int) -> AsyncIterator[dict[str, str]]:
+    async def _stream(self, run_id: str, after: int) -> AsyncIterator[bytes]:
         """Every event after ``after``, then each new one as it is committed; a finished
         run's stream ends after its last event. A wake-up is read from the last sent
-        ``seq``, so nothing is sent twice and nothing is skipped."""
+        ``seq``, so nothing is sent twice and nothing is skipped. The frames come
+        encoded, once per generation for every stream of the run."""
         seq, seen = after, self.broadcaster.generation
-        finished = False
+        check, finished = True, False  # the state is read after the replay
         while True:
-            events = await self.shared(
-                ("events", run_id, seq, seen), self.store.events_since, run_id, seq, 500
-            )
-            for event in events:
-                seq = int(event["seq"])
-                yield {"id": str(seq), "event": str(event["type"]), "data": json.dumps(event)}
-            if events:
+            # (After a finished state: a read of its own, begun after that state read.)
+            key = ("final" if finished else "events", run_id, seq, seen)
+            frames = await self.this_generation(key, _frames, self.store, run_id, seq, _PAGE)
+            if frames.size:
+                seq = frames.last_seq
+                yield frames.data
+            if frames.size == _PAGE:  # more than one page behind: read on at once
                 continue
             if finished:  # finished before that read: it found the last events
                 return
-            # The state is read after the events: a run that finished in between is
-            # read once more (its last events are committed with its final state).
-            stored = await self.shared(("run", run_id, seen), self.store.load_run, run_id)
-            finished = stored.body.get("state") in views.FINISHED
-            if not finished:
-                seen = await self.broadcaster.wait(seen, 15.0)
+            # A run ends with ``run_end``, stored with its final state in one save: the
+            # state is read then (and once after the replay), not at every commit. It
+            # is read after the events: a run that finished in between is read again.
+            # Keyed by the seq read up to, so a state read this stream takes from
+            # another began after that one had read these events too: never before
+            # the ``run_end`` it follows (whose wake-up may not have come yet).
+            if check or frames.ends:
+                check = False
+                stored = await self.this_generation(
+                    ("run", run_id, seq, seen), self.store.load_run, run_id
+                )
+                finished = stored.body.get("state") in views.FINISHED
+                if finished:
+                    continue
+            seen = await self._wait(run_id, seq, seen)
+
+    async def _wait(self, run_id: str, seq: int, seen: int) -> int:
+        """The next generation, counted among the streams at ``(run_id, seq)`` while
+        waiting (``_prefetch`` starts their read as it begins)."""
+        at = (run_id, seq)
+        self._waiting[at] = self._waiting.get(at, 0) + 1
+        try:
+            return await self.broadcaster.wait(seen, run_id=run_id)
+        finally:
+            left = self._waiting[at] - 1
+            if left:
+                self._waiting[at] = left
+            else:
+                del self._waiting[at]
 
     async def review(self, request: Request) -> Response:
         principal = await self.who(request, "review")
@@ -255,20 +328,27 @@ class Server:
             return event
 
         event: dict[str, Any] = await self.call(decide)
-        self.broadcaster.poke()
+        self.broadcaster.poke(frozenset({run_id}))
         return event
 
     async def cancel(self, request: Request) -> Response:
         principal = await self.who(request, "admin")
         run_id = request.path_params["run_id"]
-        await self.stop_run(run_id, principal)
+        note = None
+        if await request.body():  # (a body is optional: {"note": "why"})
+            note = (await _json_body(request)).get("note")
+        await self.stop_run(run_id, principal, note)
         stored = await self.call(self.store.load_run, run_id)
         return JSONResponse({"run": views.detail_of(stored)})
 
-    async def stop_run(self, run_id: str, principal: Principal) -> None:
+    async def stop_run(self, run_id: str, principal: Principal, note: Any = None) -> None:
         """Cancel ``run_id`` through its machine's ``cancel`` trigger
-        (``durable/cancel.py``); 409 for a run this cannot cancel, saying why."""
+        (``durable/cancel.py``), as the key's holder (recorded in the ``cancel``
+        transition with the time and ``note``); 409 for a run this cannot cancel,
+        saying why."""
         principal.require("admin")
+        if note is not None and (not isinstance(note, str) or not note.strip()):
+            raise ApiError(422, "invalid", "note: a non-empty string")
 
         def stop() -> None:
             try:
@@ -277,6 +357,8 @@ class Server:
                     run_id,
                     key=self.trace_key,
                     machines=getattr(self.runtime, "machines", None),
+                    by=principal.name,
+                    note=note,
                 )
             except NotCancellable as exc:
                 raise ApiError(409, "conflict", str(exc)) from None
@@ -290,7 +372,7 @@ class Server:
 
         await self.call(stop)
         log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
-        self.broadcaster.poke()
+        self.broadcaster.poke(frozenset({run_id}))
 
     async def submit(self, request: Request) -> Response:
         await self.who(request, "admin")
@@ -305,7 +387,7 @@ class Server:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ApiError(422, "invalid", "run_id: a non-empty string")
         new_id = await self.call(self.runtime.submit, task, run_id=run_id)
-        self.broadcaster.poke()
+        self.broadcaster.poke(frozenset({new_id}))
         return JSONResponse({"run_id": new_id}, status_code=202)
 
     async def trace(self, request: Request) -> Response:
@@ -334,6 +416,30 @@ class Server:
             except Exception as exc:  # one bad run must not stop the worker
                 log.warning("fsm-agent serve: driving runs failed: %s", exc)
             seen = await self.broadcaster.wait(seen, 2.0)
+
+
+class _Frames(NamedTuple):
+    """A read of a stream: its events as SSE frames, encoded once for every stream
+    that gets them (not 500 ``json.dumps`` on the event loop) and sent as one chunk."""
+
+    size: int
+    last_seq: int
+    #: a ``run_end`` is among them (the run may have finished)
+    ends: bool
+    data: bytes
+
+
+def _frames(store: Any, run_id: str, seq: int, limit: int) -> _Frames:
+    events = store.events_since(run_id, seq, limit)
+    chunks = [
+        ServerSentEvent(
+            json.dumps(event), id=str(event["seq"]), event=str(event["type"]), sep=_SEP
+        ).encode()
+        for event in events
+    ]
+    last = int(events[-1]["seq"]) if events else seq
+    ends = any(event["type"] == "run_end" for event in events)
+    return _Frames(len(events), last, ends, b"".join(chunks))
 
 
 def _review_fields(body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:

@@ -211,11 +211,24 @@ OPENAPI: dict[str, Any] = {
         "/api/runs/{run_id}/cancel": {
             "post": {
                 "summary": "cancel a run waiting to be driven (scope admin), through the "
-                "machine's cancel trigger: every open call answered, run_end written",
+                "machine's cancel trigger: every open call answered, run_end written; the "
+                "cancel transition records the key's holder (by), the time (at) and the note",
                 "parameters": [_RUN_ID],
+                "requestBody": {
+                    "required": False,
+                    "content": {
+                        _JSON: {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"note": {"type": "string", "minLength": 1}},
+                            }
+                        }
+                    },
+                },
                 "responses": {
                     "200": _ok("cancelled: the run", {"type": "object"}),
                     "403": _error("the key's scope does not allow cancelling (admin)"),
+                    "422": _error("a note that is not a non-empty string"),
                     "409": _error(
                         "the run has ended, waits for review, stopped mid-batch, or a live "
                         "driver holds it (the detail says which and what to do)"

@@ -171,6 +171,7 @@ def _cancel_form(run: dict[str, Any], csrf: str) -> str:
     return (
         f'<form method="post" action="{action}" class="cancel">'
         f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
+        '<input name="note" maxlength="500" placeholder="why (recorded in the trace)">'
         '<button class="cancel">Cancel this run</button></form>'
     )
 
@@ -330,7 +331,7 @@ async def run_cancel(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     link = "/runs/" + quote(run_id, safe="")
     try:
-        await server.stop_run(run_id, principal)
+        await server.stop_run(run_id, principal, str(form.get("note") or "").strip() or None)
     except ApiError as exc:
         if exc.status in (401, 403):
             raise
