@@ -8,6 +8,13 @@ its cost does not grow with the length of the run. Beginning a write's intent is
 ``BEGIN IMMEDIATE`` compare-and-set, so two runs, two store objects or two processes on
 one file never both own one key (R11).
 
+What the loop needs no answer to — a write's result (``commit_intent_behind``), the
+checkpoint after a batch of reads or after a keyless write returned (``save_behind``) —
+is not committed on its own: it waits in this object and goes into the driving's next
+transaction, first, so a round commits as few times as the D rules allow
+(``docs/concepts/durable-runs.md``). A refusal there (a lost claim, a commit that
+commits nothing) rolls that transaction back whole: nothing is stored past it.
+
 Every stored row carries a CRC-32 of its body, checked on read: a damaged row is a
 :class:`~fsm_agent._errors.CorruptRecord`, never data read back silently changed (the
 checkpoint also carries its own CRC-32). Every failure is a
@@ -30,7 +37,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +156,22 @@ def _sum(text: str | None) -> int | None:
     return None if text is None else zlib.crc32(text.encode("utf-8"))
 
 
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class _Behind:
+    """What waits for its driving's next transaction: a checkpoint (``rows``) or a
+    write's result (``tool``, ``key``, ``owner`` of its intent, ``result`` as JSON)."""
+
+    rows: _Rows | None = None
+    tool: str = ""
+    key: str = ""
+    owner: tuple[str, str] = ("", "")
+    result: str = ""
+
+
 class SqliteStore:
     """Runs, events, checkpoints and idempotency records in one SQLite file.
 
@@ -176,6 +199,10 @@ class SqliteStore:
         self.path = Path(path)
         self.timeout, self.lease_s, self.readonly = timeout, lease_s, readonly
         self._lock = threading.RLock()
+        #: per driving ``(run_id, owner)``: what goes into its next transaction, in order
+        self._behind: dict[Fence, list[_Behind]] = {}
+        #: drivings whose last checkpoint let their claim go (``save_and_release``)
+        self._released: set[Fence] = set()
         if self.path.is_dir():
             raise StoreError(f"{self.path}: is a directory, not a database file")
         exists = self.path.exists()
@@ -306,6 +333,49 @@ class SqliteStore:
                     raise self._error(exc) from None
                 raise
 
+    @contextmanager
+    def _driving(self, fence: Fence | None, *, saves: bool = False) -> Iterator[sqlite3.Connection]:
+        """A :meth:`_write` transaction of the driving ``fence`` that first stores what
+        waits behind it, in order: nothing of this transaction is stored without it, and
+        a refusal of it refuses this transaction too. ``saves``: this transaction writes
+        the run's checkpoint itself, so a checkpoint behind only appends its rows (its
+        run row would be replaced at once)."""
+        with self._write() as c:
+            if fence is not None and self._behind:
+                with self._lock:
+                    queued = self._behind.pop(fence, None)
+                if queued:
+                    self._flush(c, fence, queued, saves)
+            yield c
+
+    def _flush(
+        self, c: sqlite3.Connection, fence: Fence, queued: list[_Behind], saves: bool
+    ) -> None:
+        run_id, owner = fence
+        row = c.execute("SELECT num, owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or row[1] != owner:
+            self._not_owner(c, run_id)
+        num = int(row[0])
+        last = max((i for i, b in enumerate(queued) if b.rows is not None), default=-1)
+        for i, b in enumerate(queued):
+            if b.rows is None:
+                self._commit(c, b.tool, b.key, b.owner, b.result)
+            elif saves or i < last:
+                self._append(c, num, b.rows)
+            else:
+                self._save(c, run_id, owner, b.rows)
+
+    def _queue(self, fence: Fence, item: _Behind) -> bool:
+        """Put ``item`` behind the driving ``fence``; ``False`` (nothing queued) for a
+        checkpoint when one waits already: a checkpoint waits behind at most one other,
+        so a crash loses at most one reply."""
+        with self._lock:
+            queue = self._behind.setdefault(fence, [])
+            if item.rows is not None and any(b.rows is not None for b in queue):
+                return False
+            queue.append(item)
+            return True
+
     @staticmethod
     def _rollback(c: sqlite3.Connection) -> None:
         if c.in_transaction:
@@ -399,9 +469,12 @@ class SqliteStore:
         fence: Fence | None = None,
         save: RunSave | None = None,
     ) -> IntentClaim:
-        with self._write() as c:
+        rows = None if save is None else _encode(save.events, save.checkpoint)
+        driving = fence if save is None else (save.run_id, save.owner)
+        with self._driving(driving, saves=save is not None) as c:
             self._check_fence(c, fence)
-            self._save_with(c, save)
+            if save is not None and rows is not None:
+                self._save(c, save.run_id, save.owner, rows)
             found = self._intent(c, record.tool, record.key)
             if may_claim(found, record, take_over):
                 self._put_intent(c, record, None)
@@ -418,32 +491,49 @@ class SqliteStore:
         fence: Fence | None = None,
     ) -> None:
         text = _dumps(result)
-        with self._write() as c:
+        with self._driving(fence) as c:
             self._check_fence(c, fence)
-            found = self._intent(c, tool, key)
-            if found is not None and found.status == "committed" and found.owner == owner:
-                return  # committed already
-            if found is None or found.status != "pending":
-                raise IntentConflict(
-                    f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
-                )
-            done = IdempotencyRecord(
-                tool,
-                key,
-                found.args_digest,
-                "committed",
-                found.run_id,
-                found.call_id,
-                None,
-                found.effect,
-                found.dedup,
+            self._commit(c, tool, key, owner, text)
+
+    def commit_intent_behind(
+        self, tool: str, key: str, owner: tuple[str, str], result: Any, *, fence: Fence
+    ) -> None:
+        """:meth:`commit_intent` without a transaction of its own: the result goes into
+        the next transaction of the driving ``fence`` (its next checkpoint, intent, or the
+        release of its claim), first. A write's result need not be durable before the
+        loop goes on (D1): a crash before that transaction resumes to
+        ``outcome_unknown``, never to a second run, and nothing after it is stored
+        without it. Its refusal (``RunBusy``, ``IntentConflict``) is raised by that
+        transaction, which then stores nothing."""
+        self._queue(fence, _Behind(None, tool, key, owner, _dumps(result)))
+
+    def _commit(
+        self, c: sqlite3.Connection, tool: str, key: str, owner: tuple[str, str], text: str
+    ) -> None:
+        found = self._intent(c, tool, key)
+        if found is not None and found.status == "committed" and found.owner == owner:
+            return  # committed already (a reviewer's reconcile)
+        if found is None or found.status != "pending":
+            raise IntentConflict(
+                f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
             )
-            self._put_intent(c, done, text)
+        done = IdempotencyRecord(
+            tool,
+            key,
+            found.args_digest,
+            "committed",
+            found.run_id,
+            found.call_id,
+            None,
+            found.effect,
+            found.dedup,
+        )
+        self._put_intent(c, done, text)
 
     def abort_intent(
         self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
     ) -> None:
-        with self._write() as c:
+        with self._driving(fence) as c:
             self._check_fence(c, fence)
             c.execute(
                 "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
@@ -508,11 +598,11 @@ class SqliteStore:
         checkpoint: Checkpoint,
     ) -> None:
         now = time.time()
-        header_text, snapshot = _dumps(header), _dumps(checkpoint.snapshot)
+        header_text, rows = _dumps(header), _encode(events, checkpoint)
         with self._write() as c:
             if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 raise RunExists(f"run id {run_id!r} is already stored in {self.path}")
-            state, reason, pending = _columns(checkpoint.snapshot)
+            state, reason, pending = rows.columns
             # The header is written once, apart: the runs row stays small because every
             # checkpoint rewrites it.
             num = c.execute(
@@ -523,72 +613,81 @@ class SqliteStore:
                     state,
                     reason,
                     pending,
-                    snapshot,
+                    rows.snapshot,
                     owner,
                     now + self.lease_s,
                     now,
                     now,
-                    _sum(snapshot),
+                    rows.snapshot_sum,
                 ),
             ).lastrowid
             assert num is not None
             c.execute("INSERT INTO headers VALUES (?, ?, ?)", (num, header_text, _sum(header_text)))
-            self._append(c, num, events, checkpoint)
+            self._append(c, num, rows)
 
     def save(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
-        with self._write() as c:
-            self._save(c, run_id, owner, events, checkpoint)
+        # (Encoded before the write lock is taken: it is held for the statements alone.)
+        self._checkpoint(run_id, owner, _encode(events, checkpoint))
 
-    def _save_with(self, c: sqlite3.Connection, save: RunSave | None) -> None:
-        """A run's save riding with an intent operation (first, in its transaction: a
-        fenced owner changes nothing at all)."""
-        if save is not None:
-            self._save(c, save.run_id, save.owner, save.events, save.checkpoint)
+    def save_behind(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` without a transaction of its own: the checkpoint goes into the
+        driving's next one (as :meth:`commit_intent_behind`). Encoded now: the loop goes on
+        changing what the checkpoint refers to. A checkpoint waits behind at most one
+        other: a run of reads commits every second reply, not only at its end."""
+        rows = _encode(events, checkpoint)
+        if not self._queue((run_id, owner), _Behind(rows)):
+            self._checkpoint(run_id, owner, rows)
+
+    def save_and_release(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` and :meth:`release` in one transaction: a driving's last
+        checkpoint (the run ended, or paused for review) lets the claim go as it is
+        committed. The driving's own ``release`` then has nothing left to do."""
+        self._checkpoint(run_id, owner, _encode(events, checkpoint), release=True)
+        with self._lock:
+            self._released.add((run_id, owner))
+
+    def _checkpoint(self, run_id: str, owner: str, rows: _Rows, *, release: bool = False) -> None:
+        """Commit a checkpoint (after what waits behind its driving): every transaction
+        that commits one goes through here."""
+        with self._driving((run_id, owner), saves=True) as c:
+            self._save(c, run_id, owner, rows, release=release)
 
     def _save(
-        self,
-        c: sqlite3.Connection,
-        run_id: str,
-        owner: str,
-        events: list[dict[str, Any]],
-        checkpoint: Checkpoint,
+        self, c: sqlite3.Connection, run_id: str, owner: str, rows: _Rows, *, release: bool = False
     ) -> None:
-        snapshot = _dumps(checkpoint.snapshot)
-        state, reason, pending = _columns(checkpoint.snapshot)
+        state, reason, pending = rows.columns
         now = time.time()
         # The fence: only the owner that holds the claim commits anything.
         cur = c.execute(
             "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
-            "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
-            (state, reason, pending, snapshot, _sum(snapshot), now, now + self.lease_s, run_id,
-             owner),
+            "updated = ?, lease_until = ?, owner = ? WHERE run_id = ? AND owner = ? "
+            "RETURNING num",
+            (state, reason, pending, rows.snapshot, rows.snapshot_sum, now, now + self.lease_s,
+             None if release else owner, run_id, owner),
         )  # fmt: skip
         row = cur.fetchone()
         if row is None:
             self._not_owner(c, run_id)
-        self._append(c, int(row[0]), events, checkpoint)
+        self._append(c, int(row[0]), rows)
 
     @staticmethod
-    def _append(
-        c: sqlite3.Connection, num: int, events: list[dict[str, Any]], checkpoint: Checkpoint
-    ) -> None:
+    def _append(c: sqlite3.Connection, num: int, rows: _Rows) -> None:
         base = num << _SHIFT
-        if events:
-            rows = []
-            # The driver's chained lines when it encoded them (the trace file's bytes).
-            lines = checkpoint.event_lines
-            if lines is None or len(lines) != len(events):
-                lines = [_dumps(e) for e in events]
-            for e, text in zip(events, lines, strict=True):
-                rows.append((base + e["seq"], e["type"], text, _sum(text)))
-            c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
-        if checkpoint.messages:
-            texts = [(base + i, _dumps(m)) for i, m in checkpoint.messages]
+        if rows.events:
+            c.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?)",
+                [(base + seq, kind, text, crc) for seq, kind, text, crc in rows.events],
+            )
+        if rows.messages:
             c.executemany(
                 "INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
-                [(k, t, _sum(t)) for k, t in texts],
+                [(base + i, text, crc) for i, text, crc in rows.messages],
             )
 
     def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
@@ -724,6 +823,16 @@ class SqliteStore:
                 "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
                 (owner, now + self.lease_s, run_id),
             )
+        self._claimed(run_id, owner)
+
+    def _claimed(self, run_id: str, owner: str) -> None:
+        """``owner`` claimed ``run_id``: what other drivings of it in this object still
+        had behind is dropped — their fence would refuse it, as it would have died with
+        a process that was killed."""
+        with self._lock:
+            self._released.discard((run_id, owner))
+            for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
+                del self._behind[k]
 
     def renew(self, run_id: str, owner: str) -> None:
         with self._write() as c:
@@ -735,7 +844,13 @@ class SqliteStore:
                 self._not_owner(c, run_id)
 
     def release(self, run_id: str, owner: str) -> None:
-        with self._write() as c:
+        """Give up the claim, with what still waits behind the driving (a run that
+        stopped between its checkpoints: what it did is stored)."""
+        with self._lock:
+            if (run_id, owner) in self._released:  # by its last checkpoint
+                self._released.discard((run_id, owner))
+                return
+        with self._driving((run_id, owner)) as c:
             c.execute(
                 "UPDATE runs SET owner = NULL WHERE run_id = ? AND owner = ?", (run_id, owner)
             )
@@ -800,6 +915,35 @@ class SqliteStore:
                     "DELETE FROM idempotency WHERE status = 'committed' AND updated < ?", (cutoff,)
                 ).rowcount
         return len(nums), dropped
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A checkpoint as the text its statements write: encoded once, before the
+    transaction (the write lock is held for the statements alone), and at once for one
+    that waits behind (the loop goes on changing what it refers to)."""
+
+    columns: tuple[str, str, int]
+    snapshot: str
+    snapshot_sum: int
+    events: list[tuple[int, str, str, int]]  # (seq, type, text, CRC-32)
+    messages: list[tuple[int, str, int]]  # (history index, text, CRC-32)
+
+
+def _encode(events: list[dict[str, Any]], checkpoint: Checkpoint) -> _Rows:
+    snapshot = _dumps(checkpoint.snapshot)
+    # The driver's chained lines when it encoded them (the trace file's bytes).
+    lines = checkpoint.event_lines
+    if lines is None or len(lines) != len(events):
+        lines = [_dumps(e) for e in events]
+    texts = [(i, _dumps(m)) for i, m in checkpoint.messages]
+    return _Rows(
+        _columns(checkpoint.snapshot),
+        snapshot,
+        _crc(snapshot),
+        [(e["seq"], e["type"], t, _crc(t)) for e, t in zip(events, lines, strict=True)],
+        [(i, t, _crc(t)) for i, t in texts],
+    )
 
 
 def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
