@@ -35,13 +35,14 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
+from fsm_agent._core.jsonsafe import c_dumps
 from fsm_agent._core.state import SaveMode
 from fsm_agent._durable import owners
 from fsm_agent._durable.feed import KeyRecord, Watch
@@ -146,10 +147,15 @@ _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history ind
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
-def _dumps(value: Any) -> str:
-    # Everything the engine stores is JSON-safe already (core/jsonsafe.py); a value that
-    # is not is a bug to surface, not to paper over with repr().
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+def _plain_dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+#: Compact JSON by a C encoder built once (``json.dumps`` builds one per call: a third
+#: of the cost of a small row, several rows a round). Everything the engine stores is
+#: JSON-safe already (core/jsonsafe.py); a value that is not is a bug to surface, not to
+#: paper over with repr().
+_dumps: Callable[[Any], str] = c_dumps(",", ":") or _plain_dumps
 
 
 def _sum(text: str | None) -> int | None:
@@ -199,6 +205,7 @@ class SqliteStore:
         self.path = Path(path)
         self.timeout, self.lease_s, self.readonly = timeout, lease_s, readonly
         self._lock = threading.RLock()
+        self._checkpointer: _Checkpointer | None = None
         #: per driving ``(run_id, owner)``: what goes into its next transaction, in order
         self._behind: dict[Fence, list[_Behind]] = {}
         #: drivings whose last checkpoint let their claim go (``save_and_release``)
@@ -259,6 +266,11 @@ class SqliteStore:
             # checkpoints of the WAL, not at every commit (crash-safe, not power-safe).
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # A checkpoint fsyncs the file (milliseconds; a commit takes microseconds):
+            # it runs on a thread of its own (_Checkpointer), and this connection does
+            # one only when the log has grown past what that thread keeps up with.
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={_FALLBACK_PAGES}")
+            self._checkpointer = _Checkpointer(self.path, self.timeout)
             if version < SCHEMA_VERSION:
                 self._migrate()
         except sqlite3.Error as exc:
@@ -281,6 +293,8 @@ class SqliteStore:
             c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         with self._lock:
             self._conn.close()
 
@@ -332,38 +346,53 @@ class SqliteStore:
                 if isinstance(exc, sqlite3.Error):
                     raise self._error(exc) from None
                 raise
+        if self._checkpointer is not None:
+            self._checkpointer.committed()
 
     @contextmanager
-    def _driving(self, fence: Fence | None, *, saves: bool = False) -> Iterator[sqlite3.Connection]:
-        """A :meth:`_write` transaction of the driving ``fence`` that first stores what
-        waits behind it, in order: nothing of this transaction is stored without it, and
-        a refusal of it refuses this transaction too. ``saves``: this transaction writes
-        the run's checkpoint itself, so a checkpoint behind only appends its rows (its
-        run row would be replaced at once)."""
+    def _driving(
+        self, fence: Fence | None, rows: _Rows | None = None, *, release: bool = False
+    ) -> Iterator[sqlite3.Connection]:
+        """A :meth:`_write` transaction of the driving ``fence`` that stores what waits
+        behind it, and ``rows``, its own checkpoint (``release``: with the claim let go),
+        before the caller's statements: nothing of it is stored without what waited, and
+        a refusal of what waited refuses all of it. Without ``rows``, the caller checks
+        the fence itself (what waited is checked here)."""
         with self._write() as c:
+            queued = None
             if fence is not None and self._behind:
                 with self._lock:
                     queued = self._behind.pop(fence, None)
-                if queued:
-                    self._flush(c, fence, queued, saves)
+            if queued or rows is not None:
+                assert fence is not None
+                self._flush(c, fence, queued or [], rows, release)
             yield c
 
     def _flush(
-        self, c: sqlite3.Connection, fence: Fence, queued: list[_Behind], saves: bool
+        self,
+        c: sqlite3.Connection,
+        fence: Fence,
+        queued: list[_Behind],
+        rows: _Rows | None,
+        release: bool,
     ) -> None:
+        """The run's latest checkpoint replaces its row first (the fenced update names
+        the run's number), then every checkpoint's events and history rows go in, in
+        order, and the results that waited."""
         run_id, owner = fence
-        row = c.execute("SELECT num, owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None or row[1] != owner:
-            self._not_owner(c, run_id)
-        num = int(row[0])
-        last = max((i for i, b in enumerate(queued) if b.rows is not None), default=-1)
-        for i, b in enumerate(queued):
+        saved = [b.rows for b in queued if b.rows is not None]
+        if rows is not None:
+            saved.append(rows)
+        if saved:
+            num = self._save(c, run_id, owner, saved[-1], release=release)
+            events = [e for r in saved for e in r.events]
+            messages = [m for r in saved for m in r.messages]
+            self._append(c, num, events, messages)
+        else:  # only results waited: the fence, checked once for all of them
+            self._check_fence(c, fence)
+        for b in queued:
             if b.rows is None:
                 self._commit(c, b.tool, b.key, b.owner, b.result)
-            elif saves or i < last:
-                self._append(c, num, b.rows)
-            else:
-                self._save(c, run_id, owner, b.rows)
 
     def _queue(self, fence: Fence, item: _Behind) -> bool:
         """Put ``item`` behind the driving ``fence``; ``False`` (nothing queued) for a
@@ -471,10 +500,9 @@ class SqliteStore:
     ) -> IntentClaim:
         rows = None if save is None else _encode(save.events, save.checkpoint)
         driving = fence if save is None else (save.run_id, save.owner)
-        with self._driving(driving, saves=save is not None) as c:
-            self._check_fence(c, fence)
-            if save is not None and rows is not None:
-                self._save(c, save.run_id, save.owner, rows)
+        with self._driving(driving, rows) as c:
+            if fence != driving or rows is None:  # (else the checkpoint's update fenced it)
+                self._check_fence(c, fence)
             found = self._intent(c, record.tool, record.key)
             if may_claim(found, record, take_over):
                 self._put_intent(c, record, None)
@@ -623,7 +651,7 @@ class SqliteStore:
             ).lastrowid
             assert num is not None
             c.execute("INSERT INTO headers VALUES (?, ?, ?)", (num, header_text, _sum(header_text)))
-            self._append(c, num, rows)
+            self._append(c, num, rows.events, rows.messages)
 
     def save(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
@@ -655,12 +683,13 @@ class SqliteStore:
     def _checkpoint(self, run_id: str, owner: str, rows: _Rows, *, release: bool = False) -> None:
         """Commit a checkpoint (after what waits behind its driving): every transaction
         that commits one goes through here."""
-        with self._driving((run_id, owner), saves=True) as c:
-            self._save(c, run_id, owner, rows, release=release)
+        with self._driving((run_id, owner), rows, release=release):
+            pass
 
     def _save(
         self, c: sqlite3.Connection, run_id: str, owner: str, rows: _Rows, *, release: bool = False
-    ) -> None:
+    ) -> int:
+        """Replace the run's row with checkpoint ``rows``; the run's number."""
         state, reason, pending = rows.columns
         now = time.time()
         # The fence: only the owner that holds the claim commits anything.
@@ -674,20 +703,27 @@ class SqliteStore:
         row = cur.fetchone()
         if row is None:
             self._not_owner(c, run_id)
-        self._append(c, int(row[0]), rows)
+        return int(row[0])
 
     @staticmethod
-    def _append(c: sqlite3.Connection, num: int, rows: _Rows) -> None:
+    def _append(
+        c: sqlite3.Connection,
+        num: int,
+        events: list[tuple[int, str, str, int]],
+        messages: list[tuple[int, str, int]],
+    ) -> None:
+        """Insert events and history rows (a later row of one index replaces an earlier:
+        a reviewer's decision replaces a placeholder)."""
         base = num << _SHIFT
-        if rows.events:
+        if events:
             c.executemany(
                 "INSERT INTO events VALUES (?, ?, ?, ?)",
-                [(base + seq, kind, text, crc) for seq, kind, text, crc in rows.events],
+                [(base + seq, kind, text, crc) for seq, kind, text, crc in events],
             )
-        if rows.messages:
+        if messages:
             c.executemany(
                 "INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
-                [(base + i, text, crc) for i, text, crc in rows.messages],
+                [(base + i, text, crc) for i, text, crc in messages],
             )
 
     def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
@@ -954,6 +990,92 @@ def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
         str(body.get("reason") or ""),
         len(body.get("placeholders") or {}),
     )
+
+
+#: Commits between two checkpoints asked of the checkpointer's thread (a commit of a
+#: round appends about 4 to 8 pages to the log).
+_CHECKPOINT_EVERY = 100
+#: Log pages past which the writing connection checkpoints itself (SQLite's own
+#: default is 1000): only where the thread cannot keep up, as under a writer that never
+#: pauses (a checkpoint restarts the log only once it has caught up with it).
+_FALLBACK_PAGES = 8000
+
+
+class _Checkpointer:
+    """Copies the WAL back into the database file on a daemon thread with a connection
+    of its own (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks a writer or a
+    reader), so that no commit of a round waits for the fsync a checkpoint does. It
+    checkpoints when asked (every :data:`_CHECKPOINT_EVERY` commits) and once more when
+    the commits pause for :attr:`QUIET_S` (a run's model calls, its end): the log
+    restarts from its beginning only after a checkpoint that caught up with it. A checkpoint is
+    crash-safe wherever it is interrupted; a process killed meanwhile loses nothing."""
+
+    #: How long the commits must pause for a checkpoint to catch up, and how often the
+    #: thread looks for commits it was not asked about (fewer than a hundred).
+    QUIET_S, IDLE_S = 0.005, 0.25
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self._path, self._timeout = path, timeout
+        self._wake = threading.Event()
+        self._stopping = False
+        self._commits = 0
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def committed(self) -> None:
+        self._commits += 1
+        if self._commits % _CHECKPOINT_EVERY:
+            return
+        thread = self._thread
+        if thread is None or self._pid != os.getpid() or not thread.is_alive():
+            # (Started at the first need, and again in a forked child, which has no
+            # thread of its parent's.)
+            self._pid = os.getpid()
+            self._thread = threading.Thread(
+                target=self._run, daemon=True, name="fsm-agent-sqlite-checkpoint"
+            )
+            self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(
+                str(self._path), timeout=self._timeout, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error:
+            return  # the writer's own checkpoints (_FALLBACK_PAGES) still bound the log
+        try:
+            self._loop(conn)
+        finally:
+            conn.close()
+
+    def _loop(self, conn: sqlite3.Connection) -> None:
+        # The commit count at the last checkpoint that caught up, and at the last look.
+        last = seen = -1
+        while True:
+            dirty = self._commits != last
+            asked = self._wake.wait(self.QUIET_S if dirty else self.IDLE_S)
+            self._wake.clear()
+            if self._stopping:
+                return
+            commits = self._commits
+            if commits != last and (asked or commits == seen):  # asked, or they paused
+                try:
+                    _, log, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error:  # (busy: the writer's fallback still bounds the log)
+                    log, done = 1, 0
+                if done >= log:
+                    last = commits
+            seen = commits
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self._timeout)
 
 
 class _DataVersionWatch:

@@ -1,0 +1,362 @@
+"""A durable round on SQLite commits as few times as the D rules allow
+(``docs/concepts/durable-runs.md``, "What a round must wait for"), and what rides behind
+is as safe as what was committed on its own.
+
+Commits are counted for real, from the statements the store's connection runs. What
+goes behind — a write's result, a batch of reads' checkpoint, a keyless write's result —
+goes into the driving's next transaction, first: a lost claim refuses it and that
+transaction both, a commit that commits nothing rolls the transaction back, and a
+process killed before it was stored resumes to ``outcome_unknown``, never to a second
+run. The WAL is checkpointed on a thread of its own, so no round waits for its fsync."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import call, calls, say
+
+from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
+from fsm_agent._core.requests import IdempotencyRecord
+from fsm_agent._durable.sqlite import SqliteStore
+from fsm_agent._durable.store import Checkpoint
+from fsm_agent._errors import IntentConflict, RunBusy
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = {"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}}
+
+
+def _tools() -> ToolRegistry:
+    tools = ToolRegistry()
+    tools.register(lambda i: {"read": i}, name="read", effect="read", schema=SCHEMA)
+    tools.register(
+        lambda i: {"keyed": i},
+        name="keyed",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        schema=SCHEMA,
+    )
+    tools.register(lambda i: {"keyless": i}, name="keyless", effect="write", schema=SCHEMA)
+    return tools
+
+
+def _script(kind: tuple[str, ...], rounds: int) -> list[Any]:
+    tag = uuid.uuid4().hex[:8]
+    steps: list[Any] = [
+        calls(*(call(f"c{r}{j}", name, i=f"{tag}-{r}-{j}") for j, name in enumerate(kind)))
+        for r in range(rounds)
+    ]
+    return [*steps, say("done")]
+
+
+def _commits(
+    store: SqliteStore, kind: tuple[str, ...], rounds: int, statements: list[str] | None = None
+) -> int:
+    statements = [] if statements is None else statements
+    store._conn.set_trace_callback(statements.append)
+    try:
+        runtime = Runtime(
+            model=ScriptedModel(_script(kind, rounds)),
+            tools=_tools(),
+            allowed_tools={"read", "keyed", "keyless"},
+            store=store,
+            budget=Budget(
+                max_tool_rounds=rounds, max_model_calls=rounds + 1, max_total_calls=2 * rounds
+            ),
+        )
+        result = runtime.run("go")
+    finally:
+        store._conn.set_trace_callback(None)
+    assert (result.status, result.reason) == ("done", "final_answer"), result.detail
+    return sum(s == "COMMIT" for s in statements)
+
+
+@pytest.mark.parametrize(
+    ("kind", "most"),
+    [
+        # A read needs nothing durable: its batch's checkpoint rides behind, and waits
+        # behind at most one other (so a run of reads commits every second reply).
+        (("read",), 0.5),
+        # A keyed write: its intent, carrying the reply's checkpoint and the previous
+        # round's result; its own result rides behind.
+        (("keyed",), 1.0),
+        (("read", "keyed"), 1.0),
+        # A keyless write: the checkpoint that marks its attempt; its result behind.
+        (("keyless",), 1.0),
+    ],
+)
+def test_a_round_commits_the_fewest_times(
+    tmp_path: Path, kind: tuple[str, ...], most: float
+) -> None:
+    with SqliteStore(tmp_path / "runs.db") as store:
+        short, long = _commits(store, kind, 2), _commits(store, kind, 8)
+    per_round = (long - short) / 6
+    # (Before: 1, 2, 2 and 2 commits a round.)
+    assert per_round <= most, (kind, short, long)
+    # The run itself: its creation, and its last checkpoint that lets the claim go
+    # (before: a third, the release).
+    assert short - 2 * per_round <= 2, (kind, short, long)
+
+
+# ── what rides behind is fenced and atomic ────────────────────────────────────────
+
+
+def _record(run_id: str, key: str) -> IdempotencyRecord:
+    return IdempotencyRecord("keyed", key, "d" * 64, "pending", run_id, "c1", None, "write", False)
+
+
+def _checkpoint(state: str) -> Checkpoint:
+    return Checkpoint({"body": {"state": state}})
+
+
+def _event(seq: int) -> dict[str, Any]:
+    return {"seq": seq, "type": "transition"}
+
+
+def _started(store: SqliteStore, run_id: str, owner: str) -> None:
+    store.create_run(run_id, {"run": run_id}, owner, [_event(1)], _checkpoint("deciding"))
+    claim = store.begin_intent(_record(run_id, f"{run_id}-k"), fence=(run_id, owner))
+    assert claim.owned
+
+
+def _raw(store: SqliteStore, statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    """What another process sees (or does) in the file: a connection of its own."""
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        return conn.execute(statement, params).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with SqliteStore(tmp_path / "runs.db") as s:
+        yield s
+
+
+def test_a_result_behind_goes_with_the_next_checkpoint_in_one_commit(
+    store: SqliteStore,
+) -> None:
+    _started(store, "r1", "A")
+    store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    # Nothing was committed: what is durable is what the store answers.
+    assert _raw(store, "SELECT status FROM idempotency") == [("pending",)]
+    found = store.get_intent("keyed", "r1-k")
+    assert found is not None and found.status == "pending"
+    assert [e["seq"] for e in store.load_run("r1").events] == [1]
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    store.save("r1", "A", [_event(3)], _checkpoint("deciding"))
+    store._conn.set_trace_callback(None)
+    assert statements.count("COMMIT") == 1
+    found = store.get_intent("keyed", "r1-k")
+    assert found is not None and (found.status, found.result) == ("committed", {"ok": 1})
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1, 2, 3]
+    assert stored.body["state"] == "deciding"
+
+
+def test_a_checkpoint_behind_is_stored_by_the_next_intent_or_release(
+    store: SqliteStore,
+) -> None:
+    _started(store, "r1", "A")
+    store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    # A begin without a checkpoint of its own: the one behind is the run's checkpoint.
+    store.begin_intent(_record("r1", "r1-other"), fence=("r1", "A"))
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1, 2] and stored.body["state"] == "observing"
+    store.save_behind("r1", "A", [_event(3)], _checkpoint("executing"))
+    store.release("r1", "A")
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1, 2, 3] and stored.body["state"] == "executing"
+    assert _raw(store, "SELECT owner FROM runs") == [(None,)]
+
+
+def test_a_checkpoint_waits_behind_at_most_one_other(store: SqliteStore) -> None:
+    _started(store, "r1", "A")
+    store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    store.save_behind("r1", "A", [_event(3)], _checkpoint("deciding"))
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1, 2, 3] and stored.body["state"] == "deciding"
+
+
+def test_a_new_claim_drops_what_an_earlier_driving_left_behind(store: SqliteStore) -> None:
+    # A driving of this process that stopped (killed, in a test) with a result behind:
+    # the run's next driver does not store it (its fence would refuse it anyway).
+    _started(store, "r1", "A")
+    store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    _raw(store, "UPDATE runs SET owner = NULL")
+    store.claim("r1", "B")
+    store.save("r1", "B", [_event(2)], _checkpoint("observing"))
+    store.release("r1", "A")  # (the old driving's own release: nothing left to store)
+    assert [e["seq"] for e in store.load_run("r1").events] == [1, 2]
+    found = store.get_intent("keyed", "r1-k")
+    assert found is not None and found.status == "pending"
+
+
+def test_a_lost_claim_refuses_what_rides_behind_and_the_transaction_it_rides_with(
+    store: SqliteStore,
+) -> None:
+    _started(store, "r1", "A")
+    store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    # Another process takes the run over (A stalled past its lease).
+    _raw(store, "UPDATE runs SET owner = 'B'")
+    with pytest.raises(RunBusy, match="taken over by B"):
+        store.save("r1", "A", [_event(2)], _checkpoint("observing"))
+    assert _raw(store, "SELECT status FROM idempotency") == [("pending",)]
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1] and stored.body["state"] == "deciding"
+    # A checkpoint behind is refused the same way, with what it went with.
+    store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    with pytest.raises(RunBusy):
+        store.begin_intent(_record("r1", "r1-other"), fence=("r1", "A"))
+    assert store.get_intent("keyed", "r1-other") is None
+    assert [e["seq"] for e in store.load_run("r1").events] == [1]
+
+
+def test_a_commit_behind_that_commits_nothing_rolls_its_transaction_back(
+    store: SqliteStore,
+) -> None:
+    _started(store, "r1", "A")
+    store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    _raw(store, "DELETE FROM idempotency")  # gone meanwhile
+    with pytest.raises(IntentConflict, match="no pending intent for 'keyed' key 'r1-k'"):
+        store.save("r1", "A", [_event(2)], _checkpoint("observing"))
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1] and stored.body["state"] == "deciding"
+
+
+def test_a_reconciled_intent_behind_is_dropped_and_the_rest_goes(store: SqliteStore) -> None:
+    _started(store, "r1", "A")
+    # A reviewer committed it already (reconcile): the commit behind has nothing to do.
+    store.commit_intent("keyed", "r1-k", ("r1", "c1"), {"observed": 1})
+    store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
+    store.save("r1", "A", [_event(2)], _checkpoint("observing"))
+    found = store.get_intent("keyed", "r1-k")
+    assert found is not None and found.result == {"observed": 1}
+    assert [e["seq"] for e in store.load_run("r1").events] == [1, 2]
+
+
+def test_a_checkpoint_behind_is_encoded_when_it_is_queued(store: SqliteStore) -> None:
+    # The loop goes on changing what a checkpoint refers to (its lists and dicts): the
+    # one that waits behind is stored as it was when the loop handed it over.
+    _started(store, "r1", "A")
+    body: dict[str, Any] = {"state": "observing", "executed": [1]}
+    message = {"role": "tool", "content": "first"}
+    store.save_behind("r1", "A", [_event(2)], Checkpoint({"body": body}, [(1, message)]))
+    body["executed"].append(2)
+    message["content"] = "changed"
+    store.begin_intent(_record("r1", "r1-other"), fence=("r1", "A"))
+    stored = store.load_run("r1")
+    assert stored.body["executed"] == [1]
+    assert stored.messages[-1]["content"] == "first"
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from fsm_agent import Runtime, ToolRegistry
+    from fsm_agent._durable.sqlite import SqliteStore
+
+    db, ledger = sys.argv[1:]
+    tools = ToolRegistry()
+
+    def write(i: str) -> dict:
+        with open(ledger, "a") as f:
+            f.write(i + "\\n")
+        return {"written": i}
+
+    tools.register(write, name="write", effect="write", idempotency_key=lambda a: a["i"],
+                   schema={"type": "object", "properties": {"i": {"type": "string"}}})
+    asked = []
+
+    def model(messages, specs):
+        asked.append(1)
+        if len(asked) == 2:  # the write returned; its result is behind, not yet stored
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": "c1",
+                "type": "function", "function": {"name": "write", "arguments": '{"i": "K"}'}}]}
+
+    store = SqliteStore(db)
+    Runtime(model=model, tools=tools, allowed_tools={"write"}, store=store).run("go", run_id="r1")
+    """
+)
+
+
+def test_killed_before_a_result_behind_was_stored_resumes_to_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    ledger, db = tmp_path / "ledger", tmp_path / "runs.db"
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(db), str(ledger)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert ledger.read_text().split() == ["K"]
+    with SqliteStore(db) as store:
+        record = store.get_intent("write", "K")
+        assert record is not None and record.status == "pending"  # never stored
+        tools = ToolRegistry()
+        tools.register(
+            lambda i: pytest.fail("the write ran twice"),
+            name="write",
+            effect="write",
+            idempotency_key=lambda a: a["i"],
+            schema={"type": "object", "properties": {"i": {"type": "string"}}},
+        )
+        model = ScriptedModel([say("done")])
+        runtime = Runtime(model=model, tools=tools, allowed_tools={"write"}, store=store)
+        result = runtime.resume("r1")
+    assert (result.status, result.reason) == ("review_required", "outcome_unknown")
+    assert json.loads(result.messages[result.pending["c1"]]["content"])["error"] == (
+        "outcome_unknown"
+    )
+    assert ledger.read_text().split() == ["K"]
+
+
+# ── the WAL is checkpointed off the rounds ─────────────────────────────────────────
+
+
+def test_the_wal_is_checkpointed_on_a_thread_of_its_own_when_the_commits_pause(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "runs.db"
+    with SqliteStore(db) as store:
+        statements: list[str] = []
+        commits = _commits(store, ("keyed",), 120, statements)  # > 100, far under 1000 pages
+        assert commits > 100
+        # The run's commits never checkpoint themselves (SQLite's default would, at
+        # 1000 pages; this connection only past 8000, where the thread cannot keep up).
+        assert not [s for s in statements if "checkpoint" in s]
+        # Once the commits pause, the thread copies the log into the database file: a
+        # copy of that file alone, without its WAL, holds the whole run.
+        deadline = time.monotonic() + 10
+        while True:
+            copy = tmp_path / f"copy-{time.monotonic_ns()}.db"
+            copy.write_bytes(db.read_bytes())
+            conn = sqlite3.connect(copy)
+            try:
+                (done,) = conn.execute("SELECT count(*) FROM runs WHERE state = 'done'").fetchone()
+            finally:
+                conn.close()
+            if done == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert done == 1
+    # Closing the store stops its thread.
+    assert not [t for t in threading.enumerate() if "sqlite-checkpoint" in t.name]
