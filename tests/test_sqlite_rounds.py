@@ -29,6 +29,7 @@ from conftest import call, calls, say
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent._core.requests import IdempotencyRecord
+from fsm_agent._durable import sqlite as sqlite_store
 from fsm_agent._durable.sqlite import SqliteStore
 from fsm_agent._durable.store import Checkpoint
 from fsm_agent._errors import IntentConflict, RunBusy
@@ -86,7 +87,8 @@ def _commits(
     ("kind", "most"),
     [
         # A read needs nothing durable: its batch's checkpoint rides behind, and waits
-        # behind at most one other (so a run of reads commits every second reply).
+        # behind one other, or more within 50 ms (so a run of reads commits at most every
+        # second reply; this one, whose model answers at once, hardly ever).
         (("read",), 0.5),
         # A keyed write: its intent, carrying the reply's checkpoint and the previous
         # round's result; its own result rides behind.
@@ -184,12 +186,31 @@ def test_a_checkpoint_behind_is_stored_by_the_next_intent_or_release(
     assert _raw(store, "SELECT owner FROM runs") == [(None,)]
 
 
-def test_a_checkpoint_waits_behind_at_most_one_other(store: SqliteStore) -> None:
+def test_a_checkpoint_waits_behind_one_other_once_that_one_is_old(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "_BEHIND_S", 0.0)  # every checkpoint is "old"
     _started(store, "r1", "A")
     store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    assert [e["seq"] for e in store.load_run("r1").events] == [1]  # the first one waits
     store.save_behind("r1", "A", [_event(3)], _checkpoint("deciding"))
     stored = store.load_run("r1")
     assert [e["seq"] for e in stored.events] == [1, 2, 3] and stored.body["state"] == "deciding"
+
+
+def test_checkpoints_queued_within_the_window_wait_together_up_to_a_bound(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (A model that answers at once: a commit would be most of its round.)
+    monkeypatch.setattr(sqlite_store, "_BEHIND_S", 3600.0)
+    monkeypatch.setattr(sqlite_store, "_BEHIND_MOST", 3)
+    _started(store, "r1", "A")
+    for seq in (2, 3, 4):
+        store.save_behind("r1", "A", [_event(seq)], _checkpoint(f"s{seq}"))
+    assert [e["seq"] for e in store.load_run("r1").events] == [1]
+    store.save_behind("r1", "A", [_event(5)], _checkpoint("s5"))  # three wait: all go in
+    stored = store.load_run("r1")
+    assert [e["seq"] for e in stored.events] == [1, 2, 3, 4, 5] and stored.body["state"] == "s5"
 
 
 def test_a_new_claim_drops_what_an_earlier_driving_left_behind(store: SqliteStore) -> None:

@@ -143,6 +143,13 @@ _MIGRATIONS: tuple[str, ...] = (
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
 
+#: How long checkpoints behind may keep waiting once more than one waits, and how many
+#: may wait: a commit costs tens of µs (file locks, the WAL frames written), nothing next
+#: to a model call but most of a round that answers at once (a cached or scripted model,
+#: a replay). A run whose replies take longer than this commits every second one.
+_BEHIND_S = 0.05
+_BEHIND_MOST = 32
+
 #: The schema version this code writes.
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -176,6 +183,7 @@ class _Behind:
     key: str = ""
     owner: tuple[str, str] = ("", "")
     result: str = ""
+    at: float = 0.0  # (a checkpoint: when it was queued, on the monotonic clock)
 
 
 class SqliteStore:
@@ -396,12 +404,17 @@ class SqliteStore:
 
     def _queue(self, fence: Fence, item: _Behind) -> bool:
         """Put ``item`` behind the driving ``fence``; ``False`` (nothing queued) for a
-        checkpoint when one waits already: a checkpoint waits behind at most one other,
-        so a crash loses at most one reply."""
+        checkpoint that may wait no longer: one waits already, queued
+        :data:`_BEHIND_S` ago or more, or :data:`_BEHIND_MOST` wait. So a crash loses at
+        most one reply, or the replies of the last :data:`_BEHIND_S` seconds."""
         with self._lock:
             queue = self._behind.setdefault(fence, [])
-            if item.rows is not None and any(b.rows is not None for b in queue):
-                return False
+            if item.rows is not None:
+                waiting = [b for b in queue if b.rows is not None]
+                if waiting and (
+                    len(waiting) >= _BEHIND_MOST or item.at - waiting[0].at >= _BEHIND_S
+                ):
+                    return False
             queue.append(item)
             return True
 
@@ -664,10 +677,12 @@ class SqliteStore:
     ) -> None:
         """:meth:`save` without a transaction of its own: the checkpoint goes into the
         driving's next one (as :meth:`commit_intent_behind`). Encoded now: the loop goes on
-        changing what the checkpoint refers to. A checkpoint waits behind at most one
-        other: a run of reads commits every second reply, not only at its end."""
+        changing what the checkpoint refers to. A checkpoint waits behind one other that
+        waits, and behind more only while the first of them is younger than
+        :data:`_BEHIND_S` (:meth:`_queue`): a run of reads with a model that takes
+        longer commits every second reply, one that answers at once every 50 ms."""
         rows = _encode(events, checkpoint)
-        if not self._queue((run_id, owner), _Behind(rows)):
+        if not self._queue((run_id, owner), _Behind(rows, at=time.monotonic())):
             self._checkpoint(run_id, owner, rows)
 
     def save_and_release(
