@@ -354,8 +354,8 @@ class SqliteStore:
                 if isinstance(exc, sqlite3.Error):
                     raise self._error(exc) from None
                 raise
-        if self._checkpointer is not None:
-            self._checkpointer.committed()
+            if self._checkpointer is not None:  # (under the lock: one thread is started)
+                self._checkpointer.committed()
 
     @contextmanager
     def _driving(
@@ -1020,37 +1020,37 @@ class _Checkpointer:
     """Copies the WAL back into the database file on a daemon thread with a connection
     of its own (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks a writer or a
     reader), so that no commit of a round waits for the fsync a checkpoint does. It
-    checkpoints when asked (every :data:`_CHECKPOINT_EVERY` commits) and once more when
-    the commits pause for :attr:`QUIET_S` (a run's model calls, its end): the log
-    restarts from its beginning only after a checkpoint that caught up with it. A checkpoint is
-    crash-safe wherever it is interrupted; a process killed meanwhile loses nothing."""
+    checkpoints when asked (every :data:`_CHECKPOINT_EVERY` commits) and whenever the
+    commits pause for :attr:`QUIET_S` (a run's model calls, its end): the log restarts
+    from its beginning only after a checkpoint that caught up with it. Caught up, it
+    sleeps until the next commit. A checkpoint is crash-safe wherever it is
+    interrupted; a process killed meanwhile loses nothing."""
 
-    #: How long the commits must pause for a checkpoint to catch up, and how often the
-    #: thread looks for commits it was not asked about (fewer than a hundred).
-    QUIET_S, IDLE_S = 0.005, 0.25
+    #: How long the commits must pause for a checkpoint that can catch up.
+    QUIET_S = 0.002
 
     def __init__(self, path: Path, timeout: float) -> None:
         self._path, self._timeout = path, timeout
         self._wake = threading.Event()
         self._stopping = False
+        self._idle = False  # the thread sleeps until the next commit
         self._commits = 0
         self._thread: threading.Thread | None = None
         self._pid = 0
 
     def committed(self) -> None:
         self._commits += 1
-        if self._commits % _CHECKPOINT_EVERY:
-            return
         thread = self._thread
         if thread is None or self._pid != os.getpid() or not thread.is_alive():
-            # (Started at the first need, and again in a forked child, which has no
+            # (Started at the first commit, and again in a forked child, which has no
             # thread of its parent's.)
             self._pid = os.getpid()
-            self._thread = threading.Thread(
+            self._thread = thread = threading.Thread(
                 target=self._run, daemon=True, name="fsm-agent-sqlite-checkpoint"
             )
-            self._thread.start()
-        self._wake.set()
+            thread.start()
+        if self._idle or not self._commits % _CHECKPOINT_EVERY:
+            self._wake.set()
 
     def _run(self) -> None:
         try:
@@ -1068,15 +1068,19 @@ class _Checkpointer:
 
     def _loop(self, conn: sqlite3.Connection) -> None:
         # The commit count at the last checkpoint that caught up, and at the last look.
-        last = seen = -1
-        while True:
-            dirty = self._commits != last
-            asked = self._wake.wait(self.QUIET_S if dirty else self.IDLE_S)
+        last = seen = 0
+        while not self._stopping:
+            if self._commits == last:  # caught up: sleep until the next commit
+                self._idle = True
+                if self._commits == last:  # (a commit meanwhile saw _idle, or is seen here)
+                    self._wake.wait()
+                self._idle = False
+                self._wake.clear()
+                continue
+            asked = self._wake.wait(self.QUIET_S)
             self._wake.clear()
-            if self._stopping:
-                return
             commits = self._commits
-            if commits != last and (asked or commits == seen):  # asked, or they paused
+            if not self._stopping and (asked or commits == seen):  # asked, or they paused
                 try:
                     _, log, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error:  # (busy: the writer's fallback still bounds the log)
