@@ -21,6 +21,7 @@ import textwrap
 import threading
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from fsm_agent._core.requests import IdempotencyRecord
 from fsm_agent._durable import sqlite as sqlite_store
 from fsm_agent._durable.sqlite import SqliteStore
 from fsm_agent._durable.store import Checkpoint
-from fsm_agent._errors import IntentConflict, RunBusy
+from fsm_agent._errors import CorruptRecord, IntentConflict, RunBusy
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = {"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}}
@@ -383,3 +384,61 @@ def test_the_wal_is_checkpointed_on_a_thread_of_its_own_when_the_commits_pause(
         assert done == 1
     # Closing the store stops its thread.
     assert not [t for t in threading.enumerate() if "sqlite-checkpoint" in t.name]
+
+
+# ── one events row per transaction (schema 5) ──────────────────────────────────────
+
+
+def _run_of_reads(store: SqliteStore, rounds: int) -> list[str]:
+    statements: list[str] = []
+    _commits(store, ("read",), rounds, statements)
+    return statements
+
+
+def test_a_transaction_writes_its_events_in_one_row_and_they_read_back_in_order(
+    store: SqliteStore,
+) -> None:
+    statements = _run_of_reads(store, 6)
+    inserts = [s for s in statements if s.startswith("INSERT INTO events")]
+    assert len(inserts) == statements.count("COMMIT")  # one row per transaction
+    (run_id,) = [r.run_id for r in store.list_runs()]
+    events = store.load_run(run_id).events
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "run_start" and events[-1]["type"] == "run_end"
+    # The feed reads what follows any event, whatever row holds it, and at most `limit`.
+    for seq in range(-1, len(events)):
+        assert store.events_since(run_id, seq) == events[seq + 1 :]
+        assert store.events_since(run_id, seq, limit=3) == events[seq + 1 : seq + 4]
+
+
+def test_rows_of_one_event_each_written_before_schema_5_read_the_same(
+    store: SqliteStore,
+) -> None:
+    _run_of_reads(store, 4)
+    (run_id,) = [r.run_id for r in store.list_runs()]
+    before = store.load_run(run_id).events
+    # Rewrite the run's events as schema 4 kept them: one row an event, n = 1.
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        rows = conn.execute("SELECT key, type, body FROM events ORDER BY key").fetchall()
+        conn.execute("DELETE FROM events")
+        for key, kind, body in rows:
+            for i, line in enumerate(body.split("\n")):
+                crc = zlib.crc32(line.encode())
+                conn.execute("INSERT INTO events (key, type, body, sum) VALUES (?, ?, ?, ?)",
+                             (key + i, kind, line, crc))  # fmt: skip
+    finally:
+        conn.close()
+    assert store.load_run(run_id).events == before
+    assert store.events_since(run_id, 2) == before[3:]
+
+
+def test_a_damaged_events_row_is_an_error_never_a_silent_change(store: SqliteStore) -> None:
+    _run_of_reads(store, 2)
+    (run_id,) = [r.run_id for r in store.list_runs()]
+    _raw(store, "UPDATE events SET body = replace(body, 'read', 'READ')")
+    with pytest.raises(CorruptRecord, match="fail their checksum"):
+        store.load_run(run_id)
+    _raw(store, "UPDATE events SET sum = NULL, n = n + 1")  # (unchecked, but counted)
+    with pytest.raises(CorruptRecord, match="lines, not"):
+        store.load_run(run_id)

@@ -139,6 +139,13 @@ _MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE UNIQUE INDEX api_keys_active ON api_keys (name) WHERE revoked IS NULL;
     """,
+    # 5: an events row holds the consecutive events of one transaction, one trace line
+    # each, joined by newlines (JSON text holds none), keyed by the first one's seq: one
+    # insert a checkpoint instead of one an event, most of a round's writing. ``n`` is
+    # how many (a row written before holds one).
+    """
+    ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 1;
+    """,
 )
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
@@ -724,16 +731,18 @@ class SqliteStore:
     def _append(
         c: sqlite3.Connection,
         num: int,
-        events: list[tuple[int, str, str, int]],
+        events: list[tuple[int, str, str]],
         messages: list[tuple[int, str, int]],
     ) -> None:
-        """Insert events and history rows (a later row of one index replaces an earlier:
-        a reviewer's decision replaces a placeholder)."""
+        """Insert the events, in one row (schema 5), and the history rows (a later row of
+        one index replaces an earlier: a reviewer's decision replaces a placeholder)."""
         base = num << _SHIFT
         if events:
-            c.executemany(
-                "INSERT INTO events VALUES (?, ?, ?, ?)",
-                [(base + seq, kind, text, crc) for seq, kind, text, crc in events],
+            seq, kind, _ = events[0]
+            body = "\n".join([text for _, _, text in events])
+            c.execute(
+                "INSERT INTO events (key, type, body, sum, n) VALUES (?, ?, ?, ?, ?)",
+                (base + seq, kind, body, _crc(body), len(events)),
             )
         if messages:
             c.executemany(
@@ -786,7 +795,8 @@ class SqliteStore:
                 "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
             )
             events = self._read(
-                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key", span
+                "SELECT key, body, sum, n FROM events WHERE key BETWEEN ? AND ? ORDER BY key",
+                span,
             )
         where = f"run {run_id!r}"
         return StoredRun(
@@ -794,8 +804,24 @@ class SqliteStore:
             self._loads(header, header_sum, f"the header of {where}"),
             self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
             [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
-            [self._loads(b, s, f"event {k - span[0]} of {where}") for k, b, s in events],
+            self._events(events, span[0], where),
         )
+
+    def _events(self, rows: list[Any], base: int, where: str) -> list[dict[str, Any]]:
+        """The events of ``rows`` (``key, body, sum, n``), each row's checksum and count
+        checked."""
+        out: list[dict[str, Any]] = []
+        for key, body, stored_sum, n in rows:
+            what = f"the events from {key - base} of {where}"
+            if not isinstance(body, str) or (stored_sum is not None and _sum(body) != stored_sum):
+                raise CorruptRecord(
+                    f"{self.path}: {what} fail their checksum (the row was changed or damaged)"
+                )
+            lines = body.split("\n")
+            if len(lines) != n:
+                raise CorruptRecord(f"{self.path}: {what} are {len(lines)} lines, not {n}")
+            out.extend(self._loads(line, None, what) for line in lines)
+        return out
 
     def list_runs(self, state: str | None = None) -> list[RunSummary]:
         sql = "SELECT run_id, state, reason, pending, created, updated FROM runs"
@@ -814,12 +840,19 @@ class SqliteStore:
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
             base = rows[0][0] << _SHIFT
+            first = base + max(seq + 1, 0)
+            # The row that holds event seq + 1 may begin before it (a row holds several).
+            (start,) = self._read(
+                "SELECT max(key) FROM events WHERE key BETWEEN ? AND ?", (base, first)
+            )[0]
             events = self._read(
-                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key LIMIT ?",
-                (base + max(seq + 1, 0), base + (1 << _SHIFT) - 1, max(limit, 0)),
+                "SELECT key, body, sum, n FROM events WHERE key BETWEEN ? AND ? ORDER BY key "
+                "LIMIT ?",
+                # (The first row may hold none after seq: one more than asked for.)
+                (first if start is None else start, base + (1 << _SHIFT) - 1, max(limit, 0) + 1),
             )
-        where = f"run {run_id!r}"
-        return [self._loads(b, s, f"event {k - base} of {where}") for k, b, s in events]
+        found = self._events(events, base, f"run {run_id!r}")
+        return [e for e in found if e.get("seq", seq + 1) > seq][: max(limit, 0)]
 
     def watch(self, poll_s: float = 0.02) -> Watch:
         """A watch polling the file every ``poll_s`` seconds (see ``_DataVersionWatch``)."""
@@ -977,7 +1010,7 @@ class _Rows:
     columns: tuple[str, str, int]
     snapshot: str
     snapshot_sum: int
-    events: list[tuple[int, str, str, int]]  # (seq, type, text, CRC-32)
+    events: list[tuple[int, str, str]]  # (seq, type, trace line)
     messages: list[tuple[int, str, int]]  # (history index, text, CRC-32)
 
 
@@ -992,7 +1025,7 @@ def _encode(events: list[dict[str, Any]], checkpoint: Checkpoint) -> _Rows:
         _columns(checkpoint.snapshot),
         snapshot,
         _crc(snapshot),
-        [(e["seq"], e["type"], t, _crc(t)) for e, t in zip(events, lines, strict=True)],
+        [(e["seq"], e["type"], t) for e, t in zip(events, lines, strict=True)],
         [(i, t, _crc(t)) for i, t in texts],
     )
 
