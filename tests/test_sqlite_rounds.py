@@ -363,7 +363,7 @@ def test_the_wal_is_checkpointed_on_a_thread_of_its_own_when_the_commits_pause(
         commits = _commits(store, ("keyed",), 120, statements)  # > 100, far under 1000 pages
         assert commits > 100
         # The run's commits never checkpoint themselves (SQLite's default would, at
-        # 1000 pages; this connection only past 8000, where the thread cannot keep up).
+        # 1000 pages; this connection only past 4000, where the thread cannot keep up).
         assert not [s for s in statements if "checkpoint" in s]
         # Once the commits pause, the thread copies the log into the database file: a
         # copy of that file alone, without its WAL, holds the whole run.

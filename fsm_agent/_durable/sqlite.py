@@ -1046,7 +1046,7 @@ _CHECKPOINT_EVERY = 100
 #: Log pages past which the writing connection checkpoints itself (SQLite's own
 #: default is 1000): only where the thread cannot keep up, as under a writer that never
 #: pauses (a checkpoint restarts the log only once it has caught up with it).
-_FALLBACK_PAGES = 8000
+_FALLBACK_PAGES = 4000
 
 
 class _Checkpointer:
@@ -1060,7 +1060,7 @@ class _Checkpointer:
     interrupted; a process killed meanwhile loses nothing."""
 
     #: How long the commits must pause for a checkpoint that can catch up.
-    QUIET_S = 0.002
+    QUIET_S = 0.02
 
     def __init__(self, path: Path, timeout: float) -> None:
         self._path, self._timeout = path, timeout
