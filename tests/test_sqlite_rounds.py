@@ -112,6 +112,44 @@ def test_a_round_commits_the_fewest_times(
     assert short - 2 * per_round <= 2, (kind, short, long)
 
 
+def test_a_review_pauses_decides_and_resumes_in_few_commits(tmp_path: Path) -> None:
+    tools = _tools()
+    tools.register(
+        lambda i: {"approved": i},
+        name="gated",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        requires_approval=True,
+        schema=SCHEMA,
+    )
+    with SqliteStore(tmp_path / "runs.db") as store:
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+
+        def runtime(script: list[Any]) -> Runtime:
+            return Runtime(
+                model=ScriptedModel(script), tools=tools, allowed_tools={"gated"}, store=store
+            )
+
+        def commits() -> int:
+            n = statements.count("COMMIT")
+            statements.clear()
+            return n
+
+        paused = runtime([calls(call("g1", "gated", i="x")), say("done")]).run("go", run_id="r")
+        assert paused.status == "review_required"
+        pause = commits()
+        runtime([]).approve("r", "g1", by="ana")
+        decision = commits()
+        assert runtime([say("done")]).resume("r").status == "done"
+        resumed = commits()
+        store._conn.set_trace_callback(None)
+    # The run's creation and its pause (which lets the claim go); the claim, and the
+    # decision that lets it go; the claim, the approved write's intent (carrying the
+    # resume's checkpoint), the answer that lets it go. (Before: 3, 3 and 6.)
+    assert (pause, decision, resumed) == (2, 2, 3)
+
+
 # ── what rides behind is fenced and atomic ────────────────────────────────────────
 
 
