@@ -37,9 +37,9 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
 from fsm_agent._core.jsonsafe import c_dumps
@@ -180,8 +180,7 @@ def _crc(text: str) -> int:
     return zlib.crc32(text.encode("utf-8"))
 
 
-@dataclass(frozen=True)
-class _Behind:
+class _Behind(NamedTuple):
     """What waits for its driving's next transaction: a checkpoint (``rows``) or a
     write's result (``tool``, ``key``, ``owner`` of its intent, ``result`` as JSON)."""
 
@@ -1001,8 +1000,7 @@ class SqliteStore:
         return len(nums), dropped
 
 
-@dataclass(frozen=True)
-class _Rows:
+class _Rows(NamedTuple):
     """A checkpoint as the text its statements write: encoded once, before the
     transaction (the write lock is held for the statements alone), and at once for one
     that waits behind (the loop goes on changing what it refers to)."""
