@@ -11,6 +11,7 @@ run. The WAL is checkpointed on a thread of its own, so no round waits for its f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -480,3 +481,22 @@ def test_a_damaged_events_row_is_an_error_never_a_silent_change(store: SqliteSto
     _raw(store, "UPDATE events SET sum = NULL, n = n + 1")  # (unchecked, but counted)
     with pytest.raises(CorruptRecord, match="lines, not"):
         store.load_run(run_id)
+
+
+def test_an_async_run_stores_what_rode_behind_as_a_sync_run_does(tmp_path: Path) -> None:
+    # The async driver performs store requests on worker threads: what waits behind a
+    # driving is the same whichever thread asks next.
+    with SqliteStore(tmp_path / "runs.db") as store:
+        runtime = Runtime(
+            model=ScriptedModel(_script(("read", "keyed"), 4)),
+            tools=_tools(),
+            allowed_tools={"read", "keyed"},
+            store=store,
+        )
+        result = asyncio.run(runtime.arun("go", run_id="a1"))
+        assert (result.status, result.reason) == ("done", "final_answer"), result.detail
+        stored = store.load_run("a1")
+        assert [e["seq"] for e in stored.events] == [e["seq"] for e in result.events]
+        assert stored.body["state"] == "done"
+        keyed = store.find_intents(run_id="a1")
+        assert len(keyed) == 4 and {r.status for r in keyed} == {"committed"}
