@@ -500,3 +500,23 @@ def test_an_async_run_stores_what_rode_behind_as_a_sync_run_does(tmp_path: Path)
         assert stored.body["state"] == "done"
         keyed = store.find_intents(run_id="a1")
         assert len(keyed) == 4 and {r.status for r in keyed} == {"committed"}
+
+
+def test_the_store_writes_the_checkpoint_as_the_snapshot_encoded_it(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (RunState.snapshot encodes the body once, for its checksum; the row is that text.)
+    last: list[Checkpoint] = []
+    real = store.save_and_release
+
+    def save_and_release(
+        run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        last.append(checkpoint)
+        real(run_id, owner, events, checkpoint)
+
+    monkeypatch.setattr(store, "save_and_release", save_and_release)
+    _commits(store, ("read",), 2)
+    (ctx,) = _raw(store, "SELECT ctx FROM runs")[0]
+    assert ctx == getattr(last[-1].snapshot, "text")  # noqa: B009
+    assert json.loads(ctx) == last[-1].snapshot

@@ -1013,7 +1013,8 @@ class _Rows(NamedTuple):
 
 
 def _encode(events: list[dict[str, Any]], checkpoint: Checkpoint) -> _Rows:
-    snapshot = _dumps(checkpoint.snapshot)
+    # The JSON text the snapshot was built with (RunState.snapshot), else encoded here.
+    snapshot = getattr(checkpoint.snapshot, "text", None) or _dumps(checkpoint.snapshot)
     # The driver's chained lines when it encoded them (the trace file's bytes).
     lines = checkpoint.event_lines
     if lines is None or len(lines) != len(events):
