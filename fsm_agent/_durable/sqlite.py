@@ -284,6 +284,8 @@ class SqliteStore:
             # it runs on a thread of its own (_Checkpointer), and this connection does
             # one only when the log has grown past what that thread keeps up with.
             self._conn.execute(f"PRAGMA wal_autocheckpoint={_FALLBACK_PAGES}")
+            # (And a log that grew that far is cut back when it restarts.)
+            self._conn.execute(f"PRAGMA journal_size_limit={4 << 20}")
             self._checkpointer = _Checkpointer(self.path, self.timeout)
             if version < SCHEMA_VERSION:
                 self._migrate()
