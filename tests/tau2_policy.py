@@ -22,7 +22,7 @@ that trajectory, so an order with no record in the run is not denied for it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,3 +161,74 @@ def steps_with_facts(task: dict[str, Any]) -> Iterator[Judged]:
         )
         yield Judged(str(task["task_id"]), index, step, facts)
         calls.append(executed(step))
+
+
+# --- calls that break the policy, made from real trajectories ---------------------------
+
+#: A call breaking the policy, and how many of the task's steps come before it.
+Mutant = tuple[str, dict[str, Any], int]
+Mutate = Callable[[dict[str, Any]], "Mutant | None"]
+
+
+def orders_seen(task: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The latest record of each order the trajectory read."""
+    seen: dict[str, dict[str, Any]] = {}
+    for step in task["steps"]:
+        record = outcome(step)
+        if not step["error"] and isinstance(record, dict) and "payment_history" in record:
+            seen[record["order_id"]] = record
+    return seen
+
+
+def cancel_delivered(task: dict[str, Any]) -> Mutant | None:
+    """After the whole trajectory: cancel an order it saw delivered."""
+    order = next((o for o in orders_seen(task).values() if o["status"] == "delivered"), None)
+    if order is None:
+        return None
+    args = {"order_id": order["order_id"], "reason": "no longer needed"}
+    return "cancel_pending_order", args, len(task["steps"])
+
+
+def refund_elsewhere(task: dict[str, Any]) -> Mutant | None:
+    """In place of the trajectory's return: the refund to a card that did not pay."""
+    returns = [i for i, s in enumerate(task["steps"])
+               if s["name"] == "return_delivered_order_items" and not s["error"]]  # fmt: skip
+    at = returns[0] if returns else None
+    if at is None:
+        return None
+    step = task["steps"][at]
+    if step["arguments"]["order_id"] not in orders_seen({"steps": task["steps"][:at]}):
+        return None
+    return step["name"], {**step["arguments"], "payment_method_id": "credit_card_0000000"}, at
+
+
+def second_exchange(task: dict[str, Any]) -> Mutant | None:
+    """After the whole trajectory: its exchange (or modify) of items, again."""
+    names = ("exchange_delivered_order_items", "modify_pending_order_items")
+    step = next((s for s in task["steps"] if s["name"] in names and not s["error"]), None)
+    return None if step is None else (step["name"], step["arguments"], len(task["steps"]))
+
+
+def address_after_items_modified(task: dict[str, Any]) -> Mutant | None:
+    """After the whole trajectory: a new shipping address for an order whose items it
+    modified. The policy: after modifying items "the agent will not be able to modify or
+    cancel the order anymore"; τ²'s backend would take it ("pending (item modified)"
+    passes its loose test of pending), so here the rule alone stops a change."""
+    modified = [s for s in task["steps"] if s["name"] == "modify_pending_order_items"]
+    step = next((s for s in modified if not s["error"]), None)
+    if step is None:
+        return None
+    address = {"address1": "1 Main St", "address2": "", "city": "Austin", "state": "TX",
+               "country": "USA", "zip": "78701"}  # fmt: skip
+    args = {"order_id": step["arguments"]["order_id"], **address}
+    return "modify_pending_order_address", args, len(task["steps"])
+
+
+#: Each mutation (its test id, how it is made) and the rule that must deny it.
+MUTATIONS: list[tuple[str, Mutate, str]] = [
+    ("cancel-a-delivered-order", cancel_delivered, "pending-only-cancel-or-modify"),
+    ("refund-to-another-card", refund_elsewhere, "refund-to-original-or-gift-card"),
+    ("a-second-exchange", second_exchange, "one-exchange-or-modify"),
+    ("address-after-items-modified", address_after_items_modified,
+     "pending-only-cancel-or-modify"),
+]  # fmt: skip

@@ -7,13 +7,12 @@ rule's id and never reach a tool. Each run's trace is proved by ``check`` (repla
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import assert_valid_run, call, calls, say
-from tau2_policy import RULES, TOOL_SPECS, outcome, tasks
+from tau2_policy import MUTATIONS, RULES, TOOL_SPECS, Mutant, Mutate, outcome, tasks
 
 from fsm_agent import Approval, Budget, Runtime, ScriptedModel, ToolRegistry, ToolRejected
 from fsm_agent._core.canonical import canonical_json
@@ -23,10 +22,6 @@ pytest.importorskip("cel_expr_python")
 
 TASKS = tasks()
 WRITES = {s["schema"]["function"]["name"] for s in TOOL_SPECS if s["mutates_state"]}
-
-#: A call breaking the policy, and how many of the task's steps come before it.
-Mutant = tuple[str, dict[str, Any], int]
-Mutate = Callable[[dict[str, Any]], "Mutant | None"]
 
 
 def registry(steps: list[dict[str, Any]], ran: list[tuple[str, str]]) -> ToolRegistry:
@@ -107,53 +102,8 @@ def test_every_ground_truth_call_runs_under_the_policy(tmp_path: Path) -> None:
     assert judged > 100  # every write, and every read no rule matches goes unjudged
 
 
-def _orders(task: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The latest record of each order the trajectory read."""
-    seen: dict[str, dict[str, Any]] = {}
-    for step in task["steps"]:
-        record = outcome(step)
-        if not step["error"] and isinstance(record, dict) and "payment_history" in record:
-            seen[record["order_id"]] = record
-    return seen
-
-
-def _cancel_delivered(task: dict[str, Any]) -> Mutant | None:
-    """After the whole trajectory: cancel an order it saw delivered."""
-    order = next((o for o in _orders(task).values() if o["status"] == "delivered"), None)
-    if order is None:
-        return None
-    args = {"order_id": order["order_id"], "reason": "no longer needed"}
-    return "cancel_pending_order", args, len(task["steps"])
-
-
-def _refund_elsewhere(task: dict[str, Any]) -> Mutant | None:
-    """In place of the trajectory's return: the refund to a card that did not pay."""
-    returns = [i for i, s in enumerate(task["steps"])
-               if s["name"] == "return_delivered_order_items" and not s["error"]]  # fmt: skip
-    at = returns[0] if returns else None
-    if at is None:
-        return None
-    step = task["steps"][at]
-    if step["arguments"]["order_id"] not in _orders({"steps": task["steps"][:at]}):
-        return None
-    return step["name"], {**step["arguments"], "payment_method_id": "credit_card_0000000"}, at
-
-
-def _second_exchange(task: dict[str, Any]) -> Mutant | None:
-    """After the whole trajectory: its exchange (or modify) of items, again."""
-    names = ("exchange_delivered_order_items", "modify_pending_order_items")
-    step = next((s for s in task["steps"] if s["name"] in names and not s["error"]), None)
-    return None if step is None else (step["name"], step["arguments"], len(task["steps"]))
-
-
 @pytest.mark.parametrize(
-    ("mutate", "rule"),
-    [
-        (_cancel_delivered, "pending-only-cancel-or-modify"),
-        (_refund_elsewhere, "refund-to-original-or-gift-card"),
-        (_second_exchange, "one-exchange-or-modify"),
-    ],
-    ids=["cancel-a-delivered-order", "refund-to-another-card", "a-second-exchange"],
+    ("mutate", "rule"), [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS]
 )
 def test_a_call_that_breaks_the_policy_is_denied_and_changes_nothing(
     mutate: Mutate, rule: str, tmp_path: Path
