@@ -1,14 +1,15 @@
 """The cost of judging a call with 20 CEL rules on ``before_tool``, next to a round's.
 
-The rules are not wired into the loop yet (issue 19's later phase), so this measures the
-judgement alone, as the loop will call it once per call: 20 rules that all match the
+Measured alone (``RuleSet.judge``, as the loop calls it once per call) and wired (a
+``Runtime(rules=...)`` running the ``overhead.py`` scenario): 20 rules that all match the
 tool and none of which holds, so every one is evaluated (the worst case of "first match
-decides"). Printed: compiling the 20 rules once; µs per judged call with 0, 10 and 100
-executed calls in the run (the rules read ``calls``); the same on the τ²-bench retail
-policy's 550 recorded calls (big order records in ``calls``); and µs per tool round of
-the engine on the ``overhead.py`` scenario, run here, for the ratio the issue bounds
-(a round with 20 rules ≤ 1.5× a round with none). Every figure is the least disturbed of
-several runs (the minimum), so that the ratio compares like with like on a busy machine.
+decides"); four of them iterate ``calls``. Printed: compiling the 20 rules once; µs per
+judged call with 0, 10 and 100 executed calls in the run; the same on the τ²-bench retail
+policy's 550 recorded calls (big order records in ``calls``); µs per tool round of the
+engine with no rules, the 16 rules not reading ``calls`` and all 20; then, with
+valgrind, the same in instructions (the figures the issue bounds: a round with 20 rules
+≤ 1.5× a round with none; see ``docs/concepts/own-rules-design.md`` for where they
+stand). Every timing is the least disturbed of several runs (the minimum).
 """
 
 from __future__ import annotations
@@ -172,6 +173,30 @@ def instruction_ratios(counted: int = 100, runs: int = 2) -> dict[int, float] | 
     return ratios
 
 
+def wired_instructions(runs: int = 2) -> dict[str, float] | None:
+    """Instructions per round of the wired scenario (``Runtime(rules=...)``, 100 rounds):
+    no rules, the rules that do not read ``calls``, all 20; each against the same set-up
+    run with no work (the figures the issue bounds: 20 rules ≤ 1.5× none)."""
+
+    def workload(which: str, count: int) -> str:
+        return (
+            "import rules as b\n"
+            f"rt = b.wired_runtime({which})\n"
+            "go = lambda: rt.run('Where are my orders?', model=b.ScriptedModel(b.STEPS), "
+            "context={'tier': 'gold'})\n"
+            "go()\n"  # warm every lazy path once
+            f"for _ in range({count}):\n    assert go().status == 'done'\n"
+        )
+
+    out: dict[str, float] = {}
+    for name, which in (("none", "[]"), ("lean", "b.NO_CALLS"), ("all", "b.RULES")):
+        start, counted = instructions(workload(which, 0)), instructions(workload(which, runs))
+        if start is None or counted is None:
+            return None
+        out[name] = (counted - start) / (runs * ROUNDS)
+    return out
+
+
 def main() -> None:
     print(f"compile 20 CEL rules (once per runtime): {compile_ms():.2f} ms")
     judged = {n: judge_us(n) for n in (0, 10, 100)}
@@ -196,6 +221,13 @@ def main() -> None:
     for n, ratio in ratios.items():
         print(f"  instructions (callgrind): a round with 20 rules, {n:2d} executed calls = "
               f"{ratio:.2f}× a round with none")  # fmt: skip
+    counted = wired_instructions()
+    if counted is not None:
+        none, lean, every = counted["none"], counted["lean"], counted["all"]
+        print(f"  instructions (callgrind), wired, per round of a 100-round run: no rules "
+              f"{none / 1e3:.0f}k; the {len(NO_CALLS)} rules not reading calls "
+              f"{lean / 1e3:.0f}k ({lean / none:.2f}×); all 20 "
+              f"{every / 1e3:.0f}k ({every / none:.2f}×)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -565,3 +565,137 @@ def test_the_canonical_text_is_fixed_across_versions() -> None:
         '"on":"before_tool","schema":null,"then":"limit","tools":["search"],"when":null}]}'
     )
     assert rules.hash == "sha256:44c30c76549bd1df6cc646fd408aa8935aa15d69e8645d9eca47e6c1351dc89d"
+
+
+def test_a_growing_list_of_calls_judges_as_the_same_calls_given_whole() -> None:
+    """``Facts.appended``: the run's executed calls are screened and digested as they are
+    added; every judgement equals the one on a fresh copy (nothing vouched), also when
+    the list is replaced, shrinks, or holds a call CEL cannot take."""
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    grown: list[dict[str, Any]] = []
+
+    def both(calls: list[dict[str, Any]]) -> tuple[Judgement, Judgement]:
+        facts = Facts(tool="send_email", args={"to": "a"}, calls=calls, call_id="m")
+        return (
+            rules.judge("before_tool", replace(facts, appended=True)),
+            rules.judge("before_tool", replace(facts, calls=[dict(c) for c in calls])),
+        )
+
+    for step in range(6):
+        grown.append(executed("fetch_url" if step == 4 else "search", q=str(step)))
+        fast, whole = both(grown)
+        assert fast == whole
+        assert fast.verdict == ("deny" if step >= 4 else "pass")
+    del grown[3:]  # not a run's list any more: judged afresh, not from what was seen
+    grown[0] = executed("search", q="changed")
+    fast, whole = both(grown)
+    assert fast == whole and fast.verdict == "pass"
+    grown.append(executed("search", result={"deep": 2**70}))
+    fast, whole = both(grown)
+    assert fast == whole and fast.verdict == "deny" and fast.error is not None
+    assert "calls[3].result.deep" in fast.error
+
+
+QUANTIFIED = [
+    "calls.exists(c, c.tool == 'fetch_url')",
+    "calls.exists(c, c.args.q == 'x')",  # an error on a call without q
+    "calls.all(c, c.ok)",
+    "calls.all(x, x.args.q != 'y')",
+    "calls.exists_one(c, c.tool == 'search')",
+    "calls.filter(c, c.tool == 'search' && c.ok).size() >= 2",
+    "calls.filter(c, c.result.n > 1).size() == 1",  # errors on results without n
+    "calls.exists(c, c.result.n)",  # not a bool (a number, or no n): an error
+    "calls.exists(c, c.tool == ')' || c.tool == 'search')",
+]
+
+
+@pytest.mark.parametrize("source", QUANTIFIED)
+def test_a_quantifier_over_calls_judges_as_the_condition_evaluated_whole(source: str) -> None:
+    """A quantifier over ``calls`` (judged from a tally kept with the run's growing list,
+    each call's body evaluated once) gives what CEL gives on the whole list: the same
+    verdict, and the same error, word for word, where there is one."""
+    from fsm_agent._rules import cel
+
+    assert cel.quantifier(source, "before_tool") is not None
+    rules = RuleSet(
+        [
+            Rule("cheap", on="before_tool", tools=["send_email"], when="args.to == 'z'",
+                 then="deny"),
+            Rule("it", on="before_tool", tools=["send_email"], when=source, then="deny"),
+        ],
+        TOOLS,
+    )  # fmt: skip
+    steps = [
+        executed("search", q="z", result={"n": 1}),
+        executed("search", ok=False, q="y"),
+        executed("fetch_url", url="u", result={"n": 2}),
+        executed("search", q="x", result={"n": 3}),
+        executed("search", q="x"),
+    ]
+    grown: list[dict[str, Any]] = []
+    seen = set()
+    for step in [executed("search", q="w", result={"n": 0}), *steps]:
+        grown.append(step)
+        facts = Facts(tool="send_email", args={"to": "a"}, calls=grown, call_id="m")
+        fast = rules.judge("before_tool", replace(facts, appended=True))
+        whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
+        assert fast == whole, (len(grown), fast, whole)
+        seen.add((fast.verdict, fast.error is not None))
+    assert seen  # (which verdicts a condition meets over these calls varies with it)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "calls.exists(c, c.tool == 'a') && true",
+        "calls.exists(c, tool == c.tool)",  # reads a phase variable
+        "calls.exists(c, c.tool == 'a') // a comment",
+        "calls.filter(c, c.ok).size() > 0 || false",
+        "size(calls) > 1",
+        "calls.exists(args, args.tool == 'a')",  # the call named like a phase variable
+    ],
+)
+def test_only_a_whole_quantifier_with_a_body_of_its_call_is_judged_call_by_call(
+    source: str,
+) -> None:
+    from fsm_agent._rules import cel
+
+    assert cel.quantifier(source, "before_tool") is None
+
+
+def test_quantifiers_judged_together_give_each_its_own_verdict() -> None:
+    """Several quantifiers are evaluated on each call at once (one conversion of the
+    call); where one of them errs on a call, each is evaluated alone on it."""
+    grown: list[dict[str, Any]] = []
+    for ordered in (QUANTIFIED, QUANTIFIED[::-1]):
+        rules = RuleSet(
+            [Rule(f"q{i}", on="before_tool", tools=["send_email"], when=source, then="deny")
+             for i, source in enumerate(ordered)],
+            TOOLS,
+        )  # fmt: skip
+        grown = []
+        for step in [executed("search", q="w", result={"n": 0}), executed("fetch_url", url="u"),
+                     executed("search", ok=False, q="x", result={"n": 2})]:  # fmt: skip
+            grown.append(step)
+            facts = Facts(tool="send_email", args={"to": "a"}, calls=grown, call_id="m")
+            fast = rules.judge("before_tool", replace(facts, appended=True))
+            whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
+            assert fast == whole, (len(grown), fast, whole)
+
+
+def test_the_digest_of_a_growing_list_of_calls_is_the_digest_of_the_list() -> None:
+    """The calls' digests are kept with the run as text and spliced into a judgement's
+    digest; an input holding the very placeholder is digested the long way, the same."""
+    from fsm_agent._rules.ruleset import _CALLS_MARK
+
+    both = "args.to == 'q' || calls.exists(c, c.tool == 'fetch_url')"
+    rules = RuleSet([Rule("r", on="before_tool", tools=["send_email"], when=both,
+                          then="deny")], TOOLS)  # fmt: skip
+    grown = [executed("search", q=str(n)) for n in range(3)]
+    for to in ("a", _CALLS_MARK, f'"{_CALLS_MARK}"'):
+        facts = Facts(tool="send_email", args={"to": to}, calls=grown, call_id="m")
+        fast = rules.judge("before_tool", replace(facts, appended=True))
+        whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
+        inputs = {"args": {"to": to}, "calls": [digest(c) for c in grown]}
+        expected = digest({"phase": "before_tool", "call_id": "m", "inputs": inputs})
+        assert fast.inputs_digest == whole.inputs_digest == expected

@@ -332,6 +332,36 @@ def test_after_tool_deny_keeps_the_result_from_the_model(tmp_path: Path) -> None
     checked(tmp_path / "t.jsonl")
 
 
+def test_strict_after_tool_deny_stops_the_run_and_withholds_the_result(tmp_path: Path) -> None:
+    """Under the strict policy a result an ``after_tool`` rule denies stops the run
+    ``protocol_error/denied_by_rule`` (the guide: a deny, strict, stops): the call ran, so it
+    counts as executed and is answered with the rule, never the result; the rest of the
+    batch never runs."""
+    world = World()
+    hide = Rule("no-secrets", on="after_tool", tools=["fetch_url"], when="has(result.secret)",
+                then="deny", message="the page holds a secret")  # fmt: skip
+    batch = calls(call("c1", "fetch_url", url="u"), call("c2", "search", q="s"))
+    rt = runtime(world, [batch, say("never asked")], [hide], policy="strict")
+    result = rt.run("go", trace=tmp_path / "t.jsonl")
+    assert (result.status, result.reason) == ("protocol_error", "denied_by_rule")
+    assert "rule 'no-secrets': the page holds a secret" in result.detail
+    assert world.ran == [("fetch_url", {"url": "u"})]  # it ran; the search never did
+    assert "s3cr3t" not in json.dumps(result.messages)
+    answers = tool_results(result.messages)
+    assert answers["c1"] == {"ok": False, "error": "denied_by_rule", "rule": "no-secrets",
+                             "detail": "rule 'no-secrets': the page holds a secret"}  # fmt: skip
+    assert answers["c2"]["error"] == "not_executed"
+    assert result.counters["model_calls"] == 1
+    assert result.counters["tool_attempts"] == {"fetch_url": 1}
+    judged = [e for e in rule_events(result.events) if e["phase"] == "after_tool"]
+    assert [(e["rule"], e["verdict"], e["call_id"]) for e in judged] == [
+        ("no-secrets", "deny", "c1")]  # fmt: skip
+    last = [e for e in result.events if e["type"] == "transition"][-1]
+    assert (last["trigger"], last["source"], last["dest"], last["reason"]) == (
+        "tool_returned", "executing", "protocol_error", "denied_by_rule")  # fmt: skip
+    checked(tmp_path / "t.jsonl")
+
+
 def test_before_model_limit_and_deny_stop_before_the_model_is_asked(tmp_path: Path) -> None:
     world = World()
     two = Rule("two-model-calls", on="before_model", then="limit", limit=2)
@@ -346,6 +376,49 @@ def test_before_model_limit_and_deny_stop_before_the_model_is_asked(tmp_path: Pa
     result = runtime(World(), script, [stop]).run("go")
     assert (result.status, result.reason) == ("protocol_error", "denied_by_rule")
     assert result.counters["model_calls"] == 1
+
+
+def test_a_before_model_rule_is_judged_before_the_first_model_call(tmp_path: Path) -> None:
+    """A ``before_model`` deny stops the run before the model is ever asked: no model
+    call, nothing ran, the user's message alone in the history, the rule's event and
+    the ``begin`` edge in the trace, which ``check`` replays."""
+    world = World()
+    closed = Rule("closed-accounts", on="before_model", when="context.closed == true",
+                  then="deny", message="the account is closed")  # fmt: skip
+    script = [calls(call("c1", "search", q="1")), say("x")]
+    model = ScriptedModel(script)
+    tools = world.registry()
+    rt = Runtime(model=model, tools=tools, allowed_tools=tools.names(), rules=[closed])
+    result = rt.run("go", trace=tmp_path / "t.jsonl", context={"closed": True})
+    assert (result.status, result.reason) == ("protocol_error", "denied_by_rule")
+    assert "the account is closed" in result.detail
+    assert result.counters["model_calls"] == 0 and world.ran == []
+    assert [m["role"] for m in result.messages] == ["user"]
+    (judged,) = rule_events(result.events)
+    assert (judged["rule"], judged["phase"], judged["verdict"]) == (
+        "closed-accounts", "before_model", "deny")  # fmt: skip
+    assert "call_id" not in judged
+    moves = [(e["trigger"], e["source"], e["dest"]) for e in result.events
+             if e["type"] == "transition"]  # fmt: skip
+    assert moves == [("begin", "deciding", "protocol_error")]
+    assert [e["type"] for e in result.events] == ["run_start", "rule", "transition", "run_end"]
+    checked(tmp_path / "t.jsonl")
+    # The same rules with the context that lets the run through: begin, then the model.
+    result = rt.run("go", trace=tmp_path / "ok.jsonl", context={"closed": False},
+                    model=ScriptedModel(script))  # fmt: skip
+    assert (result.status, result.reason) == ("done", "final_answer")
+    assert result.counters["model_calls"] == 2 and world.ran == [("search", {"q": "1"})]
+    assert [e["verdict"] for e in rule_events(result.events)] == ["pass", "pass"]
+    triggers = [e["trigger"] for e in result.events if e["type"] == "transition"]
+    assert triggers[:2] == ["begin", "model_replied"]
+    checked(tmp_path / "ok.jsonl")
+
+
+def test_a_before_model_limit_of_none_stops_before_the_first_model_call() -> None:
+    none = Rule("no-model", on="before_model", then="limit", limit=0)
+    result = runtime(World(), [say("x")], [none]).run("go")
+    assert (result.status, result.reason) == ("budget_exhausted", "rule_limit")
+    assert result.counters["model_calls"] == 0
 
 
 def test_answer_schema_retry_tells_the_model_and_then_accepts(tmp_path: Path) -> None:
@@ -479,9 +552,10 @@ def test_fsm_agent_diagram_app_draws_the_rules_rows_by_id_and_condition() -> Non
     assert app().machine.hash in overview
     for rule in RULES:
         assert rule.id in overview, rule.id
-    # The overview stays one arrow per source and destination: ten rules add one arrow
-    # (an answer sent back: validating -> deciding), and lines naming them.
-    assert overview.count(" -> ") == _dot().count(" -> ") + 1
+    # The overview stays one arrow per source and destination: ten rules add two arrows
+    # (an answer sent back: validating -> deciding; a result the strict policy stops on:
+    # executing -> protocol_error), and lines naming them.
+    assert overview.count(" -> ") == _dot().count(" -> ") + 2
     assert "when args.amount_cents > 5000" in full
     assert "[rule:big-refunds-need-review]" in full
 
@@ -564,6 +638,32 @@ def test_a_submitted_run_keeps_its_context_for_the_worker(tmp_path: Path) -> Non
     assert tool_results(done.messages)["c1"]["error"] == "denied_by_rule" and world.ran == []
     assert done.events[0]["context"] == {"tier": "silver"}
     checked(tmp_path / f"{run_id}.jsonl")
+
+
+def test_a_submitted_run_is_judged_before_its_first_model_call_by_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A submitted run is resumed from its header by a worker: the worker judges the
+    first model call (``begin``), once, and the stored run's trace checks."""
+    closed = Rule("closed-accounts", on="before_model", when="context.closed == true",
+                  then="deny")  # fmt: skip
+    db = tmp_path / "runs.db"
+    for closed_account in (True, False):
+        world = World()
+        submitter = runtime(world, [], [closed], store=SqliteStore(db))
+        run_id = submitter.submit("refund", context={"closed": closed_account})
+        worker = runtime(world, [say("ok")], [closed], store=SqliteStore(db),
+                         trace_dir=tmp_path)  # fmt: skip
+        done = worker.resume(run_id)
+        begins = [e for e in done.events if e.get("trigger") == "begin"]
+        assert len(begins) == 1 and len(rule_events(done.events)) == 1
+        if closed_account:
+            assert (done.status, done.reason) == ("protocol_error", "denied_by_rule")
+            assert done.counters["model_calls"] == 0 and begins[0]["dest"] == "protocol_error"
+        else:
+            assert (done.status, done.reason) == ("done", "final_answer")
+            assert done.counters["model_calls"] == 1 and begins[0]["dest"] == "deciding"
+        checked(tmp_path / f"{run_id}.jsonl")
 
 
 def test_a_write_of_unknown_outcome_reconciled_resumes_under_the_rules(tmp_path: Path) -> None:

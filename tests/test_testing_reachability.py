@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fsm_agent import Approval, Budget, Runtime, ToolRegistry
+from fsm_agent import Approval, Budget, Rule, Runtime, ToolRegistry
 from fsm_agent._core.table import DEFAULT_MACHINE
 from fsm_agent.testing._coverage import TransitionCoverage
 from fsm_agent.testing._reachability import facts_of, unreachable_edges
@@ -72,6 +72,7 @@ def test_the_default_machine_with_every_fact_is_wholly_reachable() -> None:
         model=lambda m, t: "", tools=registry, allowed_tools=["lookup", "pay"], policy="strict",
         budget=Budget(max_tokens=9, max_cost=1.0, max_wall_clock_s=5, max_model_calls=8),
         approvals=[Approval("pay", {"k": "1"}, max_uses=1)],
+        rules=[Rule("eight-model-calls", on="before_model", then="limit", limit=8)],
     )  # fmt: skip
     assert why(runtime) == {}
 
@@ -126,7 +127,7 @@ def test_fsm_app_measures_the_application_machine(pytester: pytest.Pytester) -> 
     out = result.stdout.str()
     # The desk sets no wall-clock/token/cost budget and runs the default policy.
     assert "unreachable: #" in out and "the budget sets no max_wall_clock_s" in out
-    assert "(11 unreachable, not counted)" in out
+    assert "(12 unreachable, not counted)" in out
     page = (html / "index.html").read_text(encoding="utf-8")
     assert "background:#999999" in page and "unreachable: the policy is not strict" in page
 
@@ -161,5 +162,5 @@ def test_the_desk_s_own_tests_take_every_edge_it_can_in_under_60_lines(
     )  # fmt: skip
     assert result.ret == 0, result.stdout.str()
     out = result.stdout.str()
-    assert "transition coverage: 39/39 = 100.0% (11 unreachable, not counted)" in out
+    assert "transition coverage: 39/39 = 100.0% (12 unreachable, not counted)" in out
     assert "never taken" not in out

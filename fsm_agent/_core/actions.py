@@ -220,13 +220,10 @@ def stop(s: RunState, payloads: Payloads) -> None:
     for call in d.calls:
         if call.id not in s.answered:
             error, detail = _placeholder(s, call)
-            at = answer(
-                s,
-                payloads,
-                {"ok": False, "error": error, "detail": detail},
-                call=call,
-                synthetic=True,
-            )
+            result = {"ok": False, "error": error, "detail": detail}
+            if error == "denied_by_rule":  # a result withheld: answered as without the stop
+                result = {"ok": False, "error": error, "rule": min(s.ruled), "detail": detail}
+            at = answer(s, payloads, result, call=call, synthetic=True)
             if s.state == "review_required":
                 s.placeholders[call.id] = (at, error)
 
@@ -240,6 +237,15 @@ def _placeholder(s: RunState, call: PreparedCall) -> tuple[str, str]:
         return "approval_required", "no approval matches these exact arguments"
     if reason == "rule_review" and call.review_rule is not None:
         return "rule_review", f"rule {call.review_rule!r} asks a reviewer for these exact arguments"
+    if (
+        reason == "denied_by_rule"
+        and call is s.call
+        and s.taken.trigger == "tool_returned"
+        and s.ruled
+    ):
+        # It ran, and an after_tool rule withholds its result (the strict policy's stop):
+        # the model is told which rule, as without the stop, never "not executed".
+        return "denied_by_rule", s.rule_detail
     if s.state == "review_required":
         if call is s.call and reason != "approval_required":
             return reason, stop_detail(s)

@@ -13,8 +13,10 @@ The loop judges at four points, each a small function below called from one plac
   reviewer (``rule_review``), whose approval is bound to the call id and its arguments'
   digest and lets the call through when the batch is judged again on resume.
 * :func:`after_tool`: a call's successful result, before the history gets it; ``deny``
-  answers the call ``denied_by_rule`` instead of the result.
-* :func:`before_model`: before the model is asked again after a tool round.
+  answers the call ``denied_by_rule`` instead of the result (the strict policy's row stops
+  the run ``protocol_error/denied_by_rule``, the call answered the same way).
+* :func:`before_model`: before the model is asked again after a tool round, and before
+  its first call (the ``begin`` edge, fired only where ``before_model`` rules exist).
 * :func:`answer`: the final answer; ``retry`` sends the rule's detail back to the model
   within the model-call budget, ``stop`` ends ``protocol_error/answer_rejected``.
 
@@ -81,14 +83,19 @@ def rule_rows(rules: RuleSet) -> dict[tuple[str, str], list[Transition]]:
             new = [T("validate", "validating", "budget_exhausted", ("strict_policy", guard),
                      "rule_limit", "stop", cite)]  # fmt: skip
         elif rule.on == "after_tool" and rule.then == "deny":
-            new = [T("tool_returned", "executing", "observing", ("call_succeeded", guard),
+            new = [T("tool_returned", "executing", "protocol_error",
+                     ("strict_policy", "call_succeeded", guard), "denied_by_rule", "stop",
+                     f"{cite} (strict: the run stops; the call ran, its result withheld)"),
+                   T("tool_returned", "executing", "observing", ("call_succeeded", guard),
                      None, "answer_rule", cite)]  # fmt: skip
         elif rule.on == "before_model" and rule.then in ("deny", "limit"):
             dest, reason = (
                 ("protocol_error", "denied_by_rule") if rule.then == "deny"
                 else ("budget_exhausted", "rule_limit")
             )  # fmt: skip
-            new = [T("observe", "observing", dest, (guard,), reason, "stop", cite)]  # type: ignore[arg-type]
+            new = [T("observe", "observing", dest, (guard,), reason, "stop", cite),  # type: ignore[arg-type]
+                   T("begin", "deciding", dest, (guard,), reason, "stop",  # type: ignore[arg-type]
+                     f"{cite} (before the first model call)")]  # fmt: skip
         elif rule.on == "answer" and rule.then == "retry":
             new = [
                 T("validate", "validating", "deciding", (guard, "!model_calls_spent"), None,
@@ -166,7 +173,8 @@ _TRUSTED = frozenset({"tool", "effect", "counters", "context"})
 
 def _facts(s: RunState, **more: Any) -> Facts:
     counters = s.counters.as_dict()
-    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED, **more)
+    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED,
+                 appended=True, **more)  # fmt: skip
 
 
 def _words(judgement: Judgement) -> str:
@@ -203,10 +211,13 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
     if not calls:
         s.ruled = frozenset()
         return
-    base = _facts(s)
+    counters = s.counters.as_dict()  # once for the batch, shared by its facts
     batch = [
-        replace(base, tool=c.name, effect=c.effect, args=c.arguments, call_id=c.id) for c in calls
-    ]
+        Facts(tool=c.name, effect=c.effect, args=c.arguments, counters=counters,
+              calls=s.executed, context=s.context, call_id=c.id, trusted=_TRUSTED,
+              appended=True)
+        for c in calls
+    ]  # fmt: skip
     for call, judgement in zip(calls, rules.judge_batch(batch), strict=True):
         verdict, rule_id = judgement.verdict, judgement.rule_id
         call.review_rule = None
@@ -300,6 +311,9 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
     once per call that ran, after its last attempt; never changed afterwards. One whose
     tool never returned here (``returned=False``: cancelled in flight, or running when
     the process died) counts as run and not ok, unless its stored result is its answer."""
+    rules = s.config.rules
+    if rules is not None and not rules.reads_calls:
+        return  # no rule reads them: nothing to keep (the same in check's replay)
     call, outcome = s.call, s.outcome
     ok, result = outcome.kind == "ok", outcome.value
     if not returned:

@@ -151,6 +151,8 @@ def steps(s: RunState, *, resumed: bool = False) -> Steps:
     """
     try:
         yield from _begin(s, resumed)
+        if s.config.rules is not None and _first_model_call(s):
+            yield from _judge_first_model_call(s)
         while s.state not in _TERMINAL:
             state = s.state
             if state == "deciding":
@@ -193,6 +195,28 @@ def _begin(s: RunState, resumed: bool) -> Steps:
         yield from _resume(s)
     elif s.config.save != "never":
         yield _save(s, header=True)
+
+
+def _first_model_call(s: RunState) -> bool:
+    """The model is about to be asked for the first time (a new run, or one resumed
+    from its header: nothing since was saved) and rules judge that call."""
+    rules = s.config.rules
+    return (
+        s.state == "deciding"
+        and s.counters.model_calls == 0
+        and rules is not None
+        and rules.judges("before_model")
+    )
+
+
+def _judge_first_model_call(s: RunState) -> Steps:
+    """Judge the ``before_model`` rules and take ``begin``: its rule rows may stop the
+    run before the model is ever asked, as ``observe``'s do before a later call."""
+    rules = s.config.rules
+    assert rules is not None
+    judging.before_model(s, rules)
+    if _fire(s, "begin"):
+        yield from _flush(s)
 
 
 def _stop(s: RunState) -> Steps:

@@ -22,6 +22,8 @@ durable runs).
 
 Triggers are fired by the loop when it has news:
 
+``begin``                             the first model call is about to be asked (fired
+                                      only in a run whose rules judge ``before_model``)
 ``model_replied`` / ``model_failed``  the model answered / raised
 ``validate``                          the decision and its whole batch are checked
 ``dispatch``                          one call of the batch is about to run
@@ -78,8 +80,8 @@ State = Literal[
     "done", "budget_exhausted", "protocol_error", "review_required", "cancelled",
 ]  # fmt: skip
 Trigger = Literal[
-    "model_replied", "model_failed", "validate", "dispatch", "tool_returned", "retry",
-    "observe", "cancel", "resume", "review",
+    "begin", "model_replied", "model_failed", "validate", "dispatch", "tool_returned",
+    "retry", "observe", "cancel", "resume", "review",
 ]  # fmt: skip
 Reason = Literal[
     "final_answer", "model_error", "malformed_decision", "empty_answer",
@@ -279,6 +281,11 @@ _ROWS: tuple[Transition, ...] = (
     *(T("cancel", state, "cancelled", (), "cancelled", "stop",
         "R2: a cancelled run answers every open call so its history stays valid")
       for state in WORKING_STATES),
+
+    # ── deciding, before the first model call (last: the rows above keep their index) ─
+    T("begin", "deciding", "deciding", (), None, None,
+      "the first model call is asked for; an application's before_model rules, judged "
+      "here first, add their rows before this one"),
 )
 # fmt: on
 

@@ -160,6 +160,12 @@ class Statements:
             "%(tool)s, %(key)s, %(digest)s, %(crun)s, %(call)s, %(effect)s, %(dedup)s, "
             "%(isum)s, %(rsum)s, %(take_over)s, NULL, NULL, r.epoch) b"
         )
+        # Which checkpoints sent ahead landed (``PostgresStore._settle_refused``): the
+        # run's last stored event.
+        self.last_seq = q(
+            "SELECT (SELECT max(e.seq) FROM {s}.events e WHERE e.num = r.num) "
+            "FROM {s}.runs r WHERE r.run_id = %s"
+        )
         self.load_run = q(f"SELECT {_LOADED.format(r='r', src='{s}.runs r')} WHERE r.run_id = %s")
         self.list_runs = q(
             "SELECT run_id, state, reason, pending, extract(epoch FROM created)::float8, "

@@ -32,8 +32,11 @@ Each checkpoint is one SQL statement (the fenced update of the run row and the i
 its events and history rows, in one implicit transaction): one round trip. A write's
 result goes *behind* (``commit_intent_behind``): the driver does not wait for it; it is
 sent with the driving's next statement, pipelined in the same round trip and the same
-transaction (psycopg's pipeline mode, one Sync), so a durable round waits on the fewest
-round trips the D rules allow (``docs/concepts/durable-runs.md``).
+transaction (psycopg's pipeline mode, one Sync). A batch of reads' checkpoint goes
+*ahead* (``save_behind``): sent at once as its own transaction on the driving's
+pipelined connection, its answer read with the driving's next statement that waits. So
+a durable round waits on the fewest round trips the D rules allow
+(``docs/concepts/durable-runs.md``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import select
 import threading
 import time
 import zlib
@@ -71,6 +75,10 @@ __all__ = ["SCHEMA_VERSION", "Claim", "PostgresStore", "is_postgres_dsn"]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _FINISHED = ("done", "budget_exhausted", "protocol_error", "cancelled")
+#: At most this many checkpoints a driving sends ahead before it reads their answers
+#: (``PostgresStore.save_behind``): the next waits for them all. It bounds what a driver
+#: that lost its claim spends before it learns so (the worker's heartbeat learns it too).
+_AHEAD = 16
 #: A running worker reports at least this often (``runtime/worker.py``); one silent for
 #: longer than this and the lease is listed as ``lost``.
 _REPORTS_S = 5.0
@@ -142,6 +150,20 @@ class _Behind:
     tool: str | None = None
     key: str = ""
     owner: tuple[str, str] = ("", "")
+    #: a checkpoint's last event (whether it landed is read from the run's events)
+    seq: int | None = None
+
+
+@dataclass
+class _Pipe:
+    """A driving's connection in pipeline mode while it has checkpoints sent ahead:
+    ``sent``, one transaction each, their answers not read yet. No Sync is sent until
+    the driving's next statement that waits: a statement the server refuses makes it
+    skip everything after it until that Sync, so nothing is stored past a refusal."""
+
+    stack: contextlib.ExitStack
+    conn: Any = None
+    sent: list[list[_Behind]] | None = None
 
 
 class PostgresStore:
@@ -186,8 +208,8 @@ class PostgresStore:
             raise ConfigError(f"schema must be a lower-case SQL identifier, got {schema!r}")
         self.schema, self.lease_s, self.timeout = schema, lease_s, timeout
         #: the most connections it opens (a server bounds its concurrent reads by it)
-        self.pool_size = max(pool_size, 1)
-        self.statement_timeout_s, self.readonly = statement_timeout_s, readonly
+        self.pool_size, self.readonly = max(pool_size, 1), readonly
+        self.statement_timeout_s, self._lock = statement_timeout_s, threading.Lock()
         self.channel = f"{schema}_work"
         self.conninfo, self.name = conninfo(dsn, statement_timeout_s, readonly, timeout)
         self.sql = pg_sql.Statements(f'"{schema}"')
@@ -197,17 +219,13 @@ class PostgresStore:
         self._behind: dict[tuple[str, str], list[_Behind]] = {}
         #: drivings whose last checkpoint released their claim (``save_and_release``)
         self._released: set[tuple[str, str]] = set()
-        #: the runs ``claim_next`` read with their claims, until ``load_claimed``
+        #: the runs ``claim_next`` read with their claims, until ``load_claimed``; per
+        #: driving, its connection while checkpoints it sent ahead are unanswered
         self._picked: dict[tuple[str, str], Any] = {}
-        self._lock = threading.Lock()
-        open_schema(
-            self.conninfo,
-            self.name,
-            schema,
-            readonly=readonly,
-            create=create,
-            timeouts=(timeout, statement_timeout_s),
-        )
+        self._pipes: dict[tuple[str, str], _Pipe] = {}
+        timeouts = (timeout, statement_timeout_s)
+        open_schema(self.conninfo, self.name, schema, readonly=readonly, create=create,
+                    timeouts=timeouts)  # fmt: skip
         self._pool = ConnectionPool(
             self.conninfo,
             kwargs={"autocommit": True},
@@ -227,6 +245,14 @@ class PostgresStore:
     # ── opening ───────────────────────────────────────────────────────────────────
 
     def close(self) -> None:
+        with self._lock:
+            pipes, self._pipes = list(self._pipes.values()), {}
+        for pipe in pipes:  # (drivings that did not end): their answers read, if any come
+            try:
+                pipe.stack.close()
+                self._pool.putconn(pipe.conn)
+            except Exception:
+                self._discard(pipe)
         self._pool.close()
 
     def __enter__(self) -> PostgresStore:
@@ -280,13 +306,154 @@ class PostgresStore:
             if self._behind:
                 for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
                     del self._behind[k]
+            stale = [k for k in self._pipes if k[0] == run_id and k[1] != owner]
+            pipes = [self._pipes.pop(k) for k in stale]
+        for pipe in pipes:
+            self._discard(pipe)
 
     def _one_after(self, fence: Fence | None, sql: str, params: Any) -> Any:
         """``_one(sql, params)`` after what waits behind the driving ``fence``: all in
-        one round trip and one transaction."""
+        one round trip and one transaction (after its checkpoints sent ahead, on their
+        connection: that round trip reads their answers too)."""
         if fence is None:
             return self._one(sql, params)
-        return self._flush(self._queued(fence), sql, params)
+        pipe = self._live(fence, self._pipes.get(fence)) if self._pipes else None
+        queued = self._queued(fence)
+        if pipe is not None:
+            return self._on_pipe(fence, pipe, queued, sql, params)
+        return self._flush(queued, sql, params)
+
+    # ── checkpoints sent ahead ────────────────────────────────────────────────────
+
+    def _pipe(self, fence: Fence) -> _Pipe | None:
+        """The driving's pipelined connection, opened if the pool can spare one (two
+        stay for everything else: a driving holds its pipe through a model call)."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        live = self._live(fence, self._pipes.get(fence))
+        if live is not None:
+            return live
+        with self._lock:
+            if len(self._pipes) >= self.pool_size - 2:
+                return None
+            pipe = self._pipes[fence] = _Pipe(contextlib.ExitStack(), sent=[])
+        try:
+            pipe.conn = self._pool.getconn(timeout=self.timeout)
+            pipe.stack.enter_context(pipe.conn.pipeline())
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._drop(fence, pipe)
+            raise self._error(exc) from None
+        return pipe
+
+    def _live(self, fence: Fence, pipe: _Pipe | None) -> _Pipe | None:
+        """``pipe``, if its connection still holds. One the server closed between two
+        statements (a restart, an administrator, an idle timeout) is discarded, as the
+        pool discards an idle connection it finds closed: nothing was sent on it since,
+        and what it had sent that did not land goes with the driving's next statement
+        (the events' primary key refuses a transaction that landed twice)."""
+        if pipe is None or pipe.conn is None or _holds(pipe.conn):
+            return pipe
+        sent = pipe.sent or []
+        self._drop(fence, pipe, broken=True)
+        threading.Thread(target=self._pool.check, daemon=True).start()
+        again = self._settle_refused([], sent, lost=True)
+        if again:
+            with self._lock:
+                self._behind.setdefault(fence, [])[:0] = again
+        return None
+
+    def _send_ahead(self, fence: Fence, pipe: _Pipe, items: list[_Behind]) -> None:
+        """Send ``items`` (what rode behind, then a checkpoint) as one transaction on
+        the driving's pipe, without waiting for the answer: the server commits it as
+        it arrives, and a statement of it that is refused stops everything after it."""
+        import psycopg
+
+        assert pipe.sent is not None
+        conn = pipe.conn
+        try:
+            conn.execute("BEGIN")
+            for b in items:
+                conn.execute(b.sql, b.params)
+            conn.execute("COMMIT")
+            _flushed(conn)
+        except psycopg.Error as exc:  # an answer read meanwhile: a refusal, a cut
+            again = self._broken(fence, pipe, exc, items)
+            with self._lock:
+                self._behind.setdefault(fence, [])[:0] = again
+            return
+        pipe.sent.append(items)
+        if len(pipe.sent) >= _AHEAD:
+            self._on_pipe(fence, pipe, [], None, None)
+
+    def _on_pipe(
+        self, fence: Fence, pipe: _Pipe, queued: list[_Behind], sql: str | None, params: Any
+    ) -> Any:
+        """``queued`` and ``sql`` after the checkpoints sent ahead, then the Sync: one
+        round trip answers them all, and the connection goes back to the pool."""
+        import psycopg
+
+        conn = pipe.conn
+        try:
+            for b in queued:
+                conn.execute(b.sql, b.params)
+            cursor = None if sql is None else conn.execute(sql, params)
+            pipe.stack.close()  # the Sync, and every answer read
+            row = None if cursor is None else cursor.fetchone()
+        except psycopg.Error as exc:
+            again = self._broken(fence, pipe, exc, queued)
+            if sql is None:  # (the bound of _AHEAD): they ride with the next statement
+                with self._lock:
+                    self._behind.setdefault(fence, [])[:0] = again
+                return None
+            return self._flush(again, sql, params)
+        self._drop(fence, pipe)
+        return row
+
+    def _broken(
+        self, fence: Fence, pipe: _Pipe, exc: BaseException, queued: list[_Behind]
+    ) -> list[_Behind]:
+        """A pipe whose server refused a statement (or that failed): discarded, and
+        what of it and of ``queued`` is to be sent again (see ``_settle_refused``)."""
+        import psycopg
+
+        sent = pipe.sent or []
+        self._drop(fence, pipe, broken=True)
+        if isinstance(exc, psycopg.OperationalError):
+            threading.Thread(target=self._pool.check, daemon=True).start()
+        if not (
+            isinstance(exc, psycopg.errors.InvalidTextRepresentation) and pg_sql.REFUSED in str(exc)
+        ):
+            raise self._error(exc) from None
+        return self._settle_refused(queued, sent)
+
+    def _drop(self, fence: Fence, pipe: _Pipe, *, broken: bool = False) -> None:
+        with self._lock:
+            if self._pipes.get(fence) is pipe:
+                del self._pipes[fence]
+        if broken:
+            self._discard(pipe)
+        elif pipe.conn is not None:
+            self._pool.putconn(pipe.conn)
+
+    def _discard(self, pipe: _Pipe) -> None:
+        """Close a pipe's connection unread (the pool replaces it): what it had sent is
+        refused or committed by the server alone."""
+        if pipe.conn is None:
+            return
+        # (A stale driving of this process may be in the middle of a call on it: it is
+        # let finish that call, which its lost claim refuses anyway.)
+        locked = pipe.conn.lock.acquire(timeout=self.timeout)
+        try:
+            with contextlib.suppress(Exception):
+                pipe.conn.close()
+        finally:
+            if locked:
+                pipe.conn.lock.release()
+        with contextlib.suppress(Exception):
+            pipe.stack.close()
+        with contextlib.suppress(Exception):
+            self._pool.putconn(pipe.conn)
 
     def _flush(self, queued: list[_Behind], sql: str, params: Any) -> Any:
         """The ``queued`` statements, then ``sql``, pipelined: one round trip, one
@@ -310,9 +477,21 @@ class PostgresStore:
             queued = self._settle_refused(queued)
         return self._one(sql, params)
 
-    def _settle_refused(self, queued: list[_Behind]) -> list[_Behind]:
+    def _settle_refused(
+        self, queued: list[_Behind], sent: list[list[_Behind]] | None = None, lost: bool = False
+    ) -> list[_Behind]:
         """The queued commits to send again after one of them committed nothing (and
-        so none did), or the error that stops the driving."""
+        so none did), or the error that stops the driving. Of the transactions
+        ``sent`` ahead, those whose checkpoint's events are stored landed; from the
+        first that did not, nothing did. ``lost``: their connection was closed, not
+        refused (any of them may be to send again)."""
+        if sent:
+            row = self._one(self.sql.last_seq, [sent[0][-1].params["run_id"]])
+            stored = -1 if row is None or row[0] is None else row[0]
+            unlanded = [s for s in sent if s[-1].seq is None or s[-1].seq > stored]
+            queued = [b for s in unlanded for b in s] + queued
+        if not queued:
+            return []
         first = queued[0].params
         fence = {"frun": first["run_id"], "fowner": first["owner"], "fepoch": first["epoch"]}
         if self._one(self.sql.fence_holds, fence) is None:
@@ -330,7 +509,7 @@ class PostgresStore:
                     f"{self.name}: no pending intent for {b.tool!r} key {b.key!r} to commit"
                 )
             again.append(b)
-        if len(again) == len(queued):  # (cannot be: one of them committed nothing)
+        if len(again) == len(queued) and not lost:  # (cannot be: one committed nothing)
             raise IntentConflict(f"{self.name}: a commit behind run {fence['frun']!r} was refused")
         return again
 
@@ -573,11 +752,19 @@ class PostgresStore:
     def save_behind(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
-        """:meth:`save` without waiting: sent with the driving's next statement, in its
-        transaction (as :meth:`commit_intent_behind`). A checkpoint waits behind at most
-        one other: a run of reads saves every second reply, not only at its end."""
+        """:meth:`save` without waiting: sent now, with what rides behind, as one
+        transaction on the driving's connection in pipeline mode, its answer read with
+        the driving's next statement that waits (at most ``_AHEAD`` unread). Where the
+        pool cannot spare a connection (or there is no event to tell whether it landed)
+        it rides with the next statement instead, behind at most one other."""
         params = self._save_params(run_id, owner, events, checkpoint)
-        item = _Behind(self.sql.save_behind, params)
+        seq = max((int(e["seq"]) for e in events), default=None)
+        item = _Behind(self.sql.save_behind, params, seq=seq)
+        fence = (run_id, owner)
+        pipe = None if seq is None else self._pipe(fence)
+        if pipe is not None:
+            self._send_ahead(fence, pipe, [*self._queued(fence), item])
+            return
         with self._lock:
             queue = self._behind.setdefault((run_id, owner), [])
             waits = any(b.tool is None for b in queue)
@@ -878,6 +1065,35 @@ class PostgresStore:
             if intents:
                 dropped = conn.execute(self.sql.prune_intents, {"age": older_than_s}).rowcount
         return len(nums), dropped
+
+
+def _holds(conn: Any) -> bool:
+    """Whether a pipe's connection still holds, without a round trip: a server that
+    closed it said so (its last message, then the end of the stream). (What it reads
+    stays in libpq's buffer for the next answer: a refusal is raised there.)"""
+    import psycopg
+
+    pgconn = conn.pgconn
+    try:
+        for _ in range(8):  # (its last message, then the end: two reads)
+            readable, _, _ = select.select([pgconn.socket], [], [], 0)
+            if not readable:
+                break
+            pgconn.consume_input()
+    except (psycopg.OperationalError, OSError, ValueError):
+        return False
+    return bool(pgconn.status == psycopg.pq.ConnStatus.OK)
+
+
+def _flushed(conn: Any) -> None:
+    """Hand what psycopg left in libpq's buffer to the kernel: a transaction half sent
+    would keep its row lock, uncommitted, through the model call. (Reading what
+    arrives meanwhile, so neither side blocks on a full buffer.)"""
+    pgconn = conn.pgconn
+    while pgconn.flush():
+        readable, _, _ = select.select([pgconn.socket], [pgconn.socket], [])
+        if readable:
+            pgconn.consume_input()
 
 
 class _ListenWatch:

@@ -16,15 +16,20 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["canonical_text", "digest"]
+__all__ = ["canonical_text", "digest", "digest_spliced"]
+
+
+#: Built once: ``json.dumps`` with these options builds an encoder at every call, and a
+#: digest is taken at every judgement.
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 def canonical_text(value: Any) -> str:
     """Sorted keys, no spaces, strict JSON; the ``!`` form for anything strict JSON refuses."""
     try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _ENCODER.encode(value)
         text.encode("utf-8")  # a lone surrogate passes dumps but not UTF-8
         return text
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
@@ -35,6 +40,20 @@ def digest(value: Any) -> str:
     """``sha256:`` and the hex digest of :func:`canonical_text`."""
     text = canonical_text(value)
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def digest_spliced(value: Any, mark: str, text: str) -> str | None:
+    """:func:`digest` of ``value`` with the one string ``mark`` in it standing for a
+    value whose canonical text is ``text`` (known already: a long list kept with a run,
+    not encoded again at every judgement); ``None`` where that cannot be told apart
+    (``mark`` met elsewhere in ``value``'s text, or the ``!`` form), for the caller to
+    digest the value itself."""
+    whole = canonical_text(value)
+    marked = json.dumps(mark)
+    if whole.startswith("!") or whole.count(marked) != 1:
+        return None
+    whole = whole.replace(marked, text)
+    return "sha256:" + hashlib.sha256(whole.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _robust(value: Any) -> str:

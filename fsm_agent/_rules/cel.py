@@ -16,7 +16,7 @@ closed on.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,15 @@ __all__ = [
     "CelBatch",
     "CelProblem",
     "CelProgram",
+    "Quantifier",
+    "Tally",
     "Unrepresentable",
     "activation",
     "argument_fields",
     "available",
     "compile_batch",
     "compile_condition",
+    "quantifier",
     "referenced_names",
     "screen",
 ]
@@ -69,6 +72,9 @@ PHASE_VARIABLES: Mapping[str, Mapping[str, str]] = {
     "before_model": {"counters": "map", "calls": "list", "context": "map"},
     "answer": {"answer": "string", "counters": "map", "calls": "list", "context": "map"},
 }
+
+#: The element types of a batch whose every condition gave a verdict.
+_BOOL = {bool}
 
 _ERROR_LINE = re.compile(r"ERROR: <input>:(-?\d+):(-?\d+): (.*)")
 _STRING_LITERAL = re.compile(
@@ -130,7 +136,7 @@ def _env(phase: str) -> Any:
 class CelProgram:
     """A checked condition of one phase; :meth:`evaluate` never raises."""
 
-    __slots__ = ("_error", "_expression", "names", "phase", "source")
+    __slots__ = ("_error", "_expression", "names", "phase", "quantifier", "source")
 
     def __init__(self, source: str, phase: str, expression: Any, names: frozenset[str]) -> None:
         self.source = source
@@ -138,6 +144,9 @@ class CelProgram:
         self._expression = expression
         self._error = _cel().Type.ERROR  # looked up once: evaluate is the hot path
         self.names = names  # the phase variables the source mentions: all it is given
+        #: The condition as a quantifier over ``calls`` whose body reads only the call,
+        #: when it is one (then it can be judged call by call, each call once per run).
+        self.quantifier = quantifier(source, phase)
 
     def evaluate(self, activation: Any) -> bool | str:
         """``True``/``False``, or a string saying why the condition has no value.
@@ -179,9 +188,9 @@ class CelBatch:
             results = value.plain_value()
         except Exception:  # any failure: the caller evaluates the rules one by one
             return None
-        if not isinstance(results, list) or len(results) != self.size:
+        if type(results) is not list or len(results) != self.size:
             return None
-        return results if all(isinstance(r, bool) for r in results) else None
+        return results if set(map(type, results)) == _BOOL else None
 
 
 def compile_batch(programs: list[CelProgram], phase: str) -> CelBatch | None:
@@ -194,6 +203,162 @@ def compile_batch(programs: list[CelProgram], phase: str) -> CelBatch | None:
     except Exception:
         return None
     return CelBatch(expression, len(programs))
+
+
+class Quantifier:
+    """``calls.exists(c, BODY)`` (``all``, ``exists_one``, or ``calls.filter(c,
+    BODY).size() OP N``) where ``BODY`` reads no phase variable, only its call ``c``.
+
+    Its value follows from ``BODY`` on each call alone, and a run's calls only grow, so
+    it is judged from a tally of the calls seen (:class:`Tally`), each call evaluated
+    once per run, instead of handing CEL every executed call at every judgement (the
+    binding converts each again, and keeps no converted value between evaluations).
+    The tally gives CEL's own verdict (``exists``: true if any call holds, else an error
+    if any call's body is one, else false; ``all`` the converse; ``exists_one`` and a
+    filter's size: an error if any call's body is one); where it is an error, the caller
+    evaluates the condition whole, for CEL's own message."""
+
+    __slots__ = ("_error", "_expression", "bound", "kind", "op", "source", "variable")
+
+    def __init__(
+        self, kind: str, variable: str, source: str, expression: Any, op: str, bound: int
+    ) -> None:
+        self.kind, self.variable, self.op, self.bound = kind, variable, op, bound
+        self.source = source  # the body
+        self._expression = expression
+        self._error = _cel().Type.ERROR
+
+    def holds(self, call: Any) -> bool | None:
+        """``BODY`` on one screened call: ``None`` where it is an error or not a bool."""
+        try:
+            value = self._expression.eval(data={self.variable: call})
+            if value.type() == self._error:
+                return None
+            result = value.value()
+        except Exception:  # the engine's errors: counted as errors (the caller re-evaluates)
+            return None
+        return result if type(result) is bool else None
+
+    def verdict(self, tally: Tally) -> bool | None:
+        """The condition's value from the tally of every call, ``None`` for an error."""
+        if self.kind == "exists":
+            return True if tally.trues else None if tally.errors else False
+        if self.kind == "all":
+            return False if tally.falses else None if tally.errors else True
+        if tally.errors:
+            return None
+        if self.kind == "exists_one":
+            return tally.trues == 1
+        return bool(_COMPARE[self.op](tally.trues, self.bound))
+
+
+class Tally:
+    """How many calls so far the body held for, did not, and could not say."""
+
+    __slots__ = ("errors", "falses", "seen", "trues")
+
+    def __init__(self) -> None:
+        self.seen = self.trues = self.falses = self.errors = 0
+
+    def add(self, held: bool | None) -> None:
+        self.seen += 1
+        if held is None:
+            self.errors += 1
+        elif held:
+            self.trues += 1
+        else:
+            self.falses += 1
+
+
+_COMPARE: Mapping[str, Any] = {
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+}  # fmt: skip
+_QUANTIFIED = re.compile(
+    r"\s*calls\s*\.\s*(exists_one|exists|all|filter)\s*(\()\s*([A-Za-z_]\w*)\s*,"
+)
+_SIZE_BOUND = re.compile(r"\.\s*size\s*\(\s*\)\s*(==|!=|>=|<=|>|<)\s*(\d{1,18})\s*")
+_ELEMENT_ENVS: dict[str, Any] = {}
+
+
+def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | None]]:
+    """``call -> [each quantifier's body on it]``: one evaluation for all of them (the
+    call converted once), each one alone where that fails (to tell which erred)."""
+    one = [q.holds for q in quantifiers]
+    if len(quantifiers) < 2:
+        return lambda call: [holds(call) for holds in one]
+    names = sorted({q.variable for q in quantifiers})
+    env = _cel().NewEnv(variables={name: _cel().Type.DYN for name in names})
+    try:
+        expression = env.compile("[" + ", ".join(f"({q.source})" for q in quantifiers) + "]")
+    except Exception:
+        return lambda call: [holds(call) for holds in one]
+    error, size = _cel().Type.ERROR, len(quantifiers)
+
+    def evaluate(call: Any) -> list[bool | None]:
+        try:
+            value = expression.eval(data=dict.fromkeys(names, call))
+            results = value.plain_value() if value.type() != error else None
+        except Exception:
+            results = None
+        if type(results) is list and len(results) == size and set(map(type, results)) == _BOOL:
+            return results
+        return [holds(call) for holds in one]
+
+    return evaluate
+
+
+def quantifier(source: str, phase: str) -> Quantifier | None:
+    """``source`` as a :class:`Quantifier`, or ``None`` if it is not one (then it is only
+    ever evaluated whole). Read from the text with string literals blanked out, and
+    refused at the least doubt: a comment, a body reading a phase variable, a body that
+    does not check in an environment holding only its call."""
+    if "calls" not in PHASE_VARIABLES[phase]:
+        return None
+    bare = _STRING_LITERAL.sub(lambda m: " " * len(m.group(0)), source)
+    head = _QUANTIFIED.match(bare)
+    if head is None or "//" in bare:
+        return None
+    kind, variable = head.group(1), head.group(3)
+    close = _closing(bare, head.start(2))
+    if close is None or variable in PHASE_VARIABLES[phase]:
+        return None
+    body, rest = source[head.end() : close], bare[close + 1 :]
+    op, bound = "", 0
+    if kind == "filter":
+        tail = _SIZE_BOUND.fullmatch(rest)
+        if tail is None:
+            return None
+        kind, op, bound = "count", tail.group(1), int(tail.group(2))
+    elif rest.strip():
+        return None
+    if referenced_names(body, phase):
+        return None
+    env = _ELEMENT_ENVS.get(variable)
+    if env is None:
+        env = _ELEMENT_ENVS[variable] = _cel().NewEnv(variables={variable: _cel().Type.DYN})
+    try:
+        expression = env.compile(body)
+    except Exception:
+        return None
+    returned = expression.return_type()
+    if returned != _cel().Type.BOOL and returned != _cel().Type.DYN:
+        return None
+    return Quantifier(kind, variable, body, expression, op, bound)
+
+
+def _closing(bare: str, opening: int) -> int | None:
+    """The index of the parenthesis closing the one at ``opening`` (strings blanked)."""
+    depth = 0
+    for index in range(opening, len(bare)):
+        char = bare[index]
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return index
+    return None
 
 
 def activation(phase: str, variables: Mapping[str, Any]) -> Any:

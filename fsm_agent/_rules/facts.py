@@ -37,6 +37,10 @@ class Facts:
     #: Variables the caller vouches are CEL-ready already (screened, or built by the
     #: engine from plain JSON within CEL's limits): handed over without the screen.
     trusted: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    #: The caller vouches that ``calls`` is a list that only grows between judgements and
+    #: whose entries never change (the engine's executed calls): its entries are then
+    #: screened and digested once each, as they are added, not walked at every judgement.
+    appended: bool = field(default=False, repr=False, compare=False)
 
     def variable(self, name: str) -> Any:
         """The value of one rule variable (``args`` of a call with none is ``{}``)."""

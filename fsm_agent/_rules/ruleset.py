@@ -26,7 +26,7 @@ from jsonschema.exceptions import SchemaError
 
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import cel
-from fsm_agent._rules.canonical import canonical_text, digest
+from fsm_agent._rules.canonical import canonical_text, digest, digest_spliced
 from fsm_agent._rules.facts import PASS, Facts, Judgement
 from fsm_agent._rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
 
@@ -136,6 +136,14 @@ class RuleSet:
                     shared[matching] = _Candidates.of(phase, matching)
                 self._for_tool[(phase, tool)] = shared[matching]
         self._entries = _EntryCache()
+        #: Whether any rule reads the run's executed calls: a CEL condition naming
+        #: ``calls``, a Python one (it may read anything), a limit (it counts them).
+        self.reads_calls = any(
+            c.is_opaque
+            or c.rule.then == "limit"
+            or (isinstance(c.condition, cel.CelProgram) and "calls" in c.condition.names)
+            for c in compiled
+        )
         self.hash = digest(self.to_json())
 
     # -- construction -------------------------------------------------------------------
@@ -336,6 +344,7 @@ class RuleSet:
                 result=call.get("result"),
                 calls=calls[:position],
                 call_id=None,
+                appended=False,  # a slice made here, not the run's growing list
             )
             holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, reads))
             total += holds is not False  # True, or an error: counted (fails closed)
@@ -460,39 +469,117 @@ class _EntryCache:
     judgement: ``calls`` only grows, and its entries (built once by the engine, never
     changed) are screened and hashed in full otherwise at every call the rules judge.
 
-    Keyed by identity, holding the entry itself so that its id is not reused; bounded."""
+    Keyed by identity, holding the entry itself so that its id is not reused; bounded.
+    A list the caller vouches only grows (``Facts.appended``) has a :class:`_Log`: its
+    screened entries and digests as lists that grow with it, so a judgement late in a
+    long run walks none of the entries it has seen before."""
 
-    __slots__ = ("_digests", "_screened")
+    __slots__ = ("_digests", "_logs", "_screened")
 
     LIMIT = 20_000
+    #: The logs kept (one per run being judged; a runtime drives few runs at once).
+    LOGS = 64
 
     def __init__(self) -> None:
         self._screened: dict[int, tuple[Any, Any]] = {}
         self._digests: dict[int, tuple[Any, str]] = {}
+        self._logs: dict[int, _Log] = {}
+
+    def log(self, calls: list[Any]) -> _Log:
+        """The log of ``calls`` (an appended list), brought up to its length."""
+        log = self._logs.get(id(calls))
+        if log is None or log.calls is not calls or not log.holds():
+            if len(self._logs) >= self.LOGS:
+                self._logs.clear()
+            log = self._logs[id(calls)] = _Log(calls)
+        log.extend(self)
+        return log
 
     def screened(self, calls: Sequence[Any]) -> list[Any]:
         out = []
         for position, entry in enumerate(calls):
-            hit = self._screened.get(id(entry))
-            if hit is None or hit[0] is not entry:
-                hit = (entry, cel.screen(entry, f"calls[{position}]"))
-                if len(self._screened) >= self.LIMIT:
-                    self._screened.clear()
-                self._screened[id(entry)] = hit
-            out.append(hit[1])
+            out.append(self.screen_entry(entry, position))
         return out
 
+    def screen_entry(self, entry: Any, position: int) -> Any:
+        hit = self._screened.get(id(entry))
+        if hit is None or hit[0] is not entry:
+            hit = (entry, cel.screen(entry, f"calls[{position}]"))
+            if len(self._screened) >= self.LIMIT:
+                self._screened.clear()
+            self._screened[id(entry)] = hit
+        return hit[1]
+
     def digests(self, calls: Sequence[Any]) -> list[str]:
-        out = []
-        for entry in calls:
-            hit = self._digests.get(id(entry))
-            if hit is None or hit[0] is not entry:
-                hit = (entry, digest(entry))
-                if len(self._digests) >= self.LIMIT:
-                    self._digests.clear()
-                self._digests[id(entry)] = hit
-            out.append(hit[1])
-        return out
+        return [self.digest_entry(entry) for entry in calls]
+
+    def digest_entry(self, entry: Any) -> str:
+        hit = self._digests.get(id(entry))
+        if hit is None or hit[0] is not entry:
+            hit = (entry, digest(entry))
+            if len(self._digests) >= self.LIMIT:
+                self._digests.clear()
+            self._digests[id(entry)] = hit
+        return hit[1]
+
+
+class _Log:
+    """One appended list's entries, screened and digested, as far as it has been seen.
+
+    ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
+    reading ``calls`` then fails closed, as when the whole list is screened at once."""
+
+    __slots__ = ("_last", "_listed", "calls", "digests", "refused", "screened", "tallies")
+
+    def __init__(self, calls: list[Any]) -> None:
+        self.calls = calls
+        self._last: Any = None  # the last entry seen, to tell that the list only grew
+        self._listed = ""  # the digests' canonical text, without the brackets
+        self.screened: list[Any] = []
+        self.digests: list[str] = []
+        self.refused: cel.Unrepresentable | None = None
+        #: Per split (by identity: the rule set holds them), its quantifiers' tallies.
+        self.tallies: dict[int, list[cel.Tally]] = {}
+
+    def tallies_of(self, split: _Split) -> list[cel.Tally] | None:
+        """The tallies of ``split``'s quantifiers over every call, each call evaluated
+        once for all of them; ``None`` where a call is one CEL cannot take."""
+        if self.refused is not None:
+            return None
+        tallies = self.tallies.get(id(split))
+        if tallies is None:
+            tallies = self.tallies[id(split)] = [cel.Tally() for _ in split.quantified]
+        screened = self.screened
+        for position in range(tallies[0].seen, len(screened)):
+            for tally, held in zip(tallies, split.bodies(screened[position]), strict=True):
+                tally.add(held)
+        return tallies
+
+    def digests_text(self) -> str:
+        """The canonical text of :attr:`digests` (what ``canonical_text`` gives)."""
+        return f"[{self._listed}]"
+
+    def holds(self) -> bool:
+        """Whether the list still starts with the entries seen (it only grew)."""
+        seen = len(self.digests)
+        return seen <= len(self.calls) and (seen == 0 or self._last is self.calls[seen - 1])
+
+    def extend(self, cache: _EntryCache) -> None:
+        calls = self.calls
+        for position in range(len(self.digests), len(calls)):
+            entry = calls[position]
+            entry_digest = cache.digest_entry(entry)
+            self.digests.append(entry_digest)
+            # A digest is "sha256:" and hex: its canonical text is itself quoted.
+            self._listed += f',"{entry_digest}"' if self._listed else f'"{entry_digest}"'
+
+            if self.refused is None:
+                try:
+                    self.screened.append(cache.screen_entry(entry, position))
+                except cel.Unrepresentable as exc:
+                    self.refused = exc
+        if calls:
+            self._last = calls[-1]
 
 
 class _Inputs:
@@ -553,6 +640,11 @@ class _Inputs:
             activation = self._activation_of_all()
         except cel.Unrepresentable:
             return None
+        split, facts = found.split, self.facts
+        if split is not None and facts.appended and type(facts.calls) is list:
+            results = split.results(self._entries.log(facts.calls), activation, found.batch[0].size)
+            if results is not None:
+                return results
         return found.batch[0].evaluate(activation)
 
     def _activation_of_all(self) -> Any:
@@ -564,7 +656,12 @@ class _Inputs:
                     self._screened[name] = value
                     continue
                 try:
-                    if name == "calls" and isinstance(value, list):
+                    if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
+                        log = self._entries.log(self.facts.calls)
+                        if log.refused is not None:
+                            raise log.refused
+                        self._screened[name] = log.screened
+                    elif name == "calls" and isinstance(value, list):
                         self._screened[name] = self._entries.screened(value)
                     else:
                         self._screened[name] = cel.screen(value, name)
@@ -588,11 +685,29 @@ class _Inputs:
         entries' digests (each computed once per run), so the digest of a judgement late
         in a long run costs no more than an early one."""
         seen: dict[str, Any] = {}
+        log = None
         for name in sorted(self._names | self.upto):
+            if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
+                log = self._entries.log(self.facts.calls)
+                seen[name] = _CALLS_MARK  # its text is kept with the run: spliced in
+                continue
             value = self.facts.variable(name)
             listed = name == "calls" and isinstance(value, list)
             seen[name] = self._entries.digests(value) if listed else value
-        return digest({"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen})
+        judged = {"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen}
+        if log is None:
+            return digest(judged)
+        spliced = digest_spliced(judged, _CALLS_MARK, log.digests_text())
+        if spliced is not None:
+            return spliced
+        seen["calls"] = log.digests
+        return digest(judged)
+
+
+#: What stands for the calls' digests in a judgement's inputs until their text, kept
+#: with the run, is spliced in (a string no input is expected to hold; one that does
+#: only makes that judgement digest the long way).
+_CALLS_MARK = "\x00calls: the digests of the executed calls\x00"
 
 
 @dataclass(frozen=True)
@@ -609,6 +724,10 @@ class _Candidates:
     #: Every rule a CEL condition deciding as it holds (no limit, no schema): the batch's
     #: first true result is the verdict.
     plain: bool = False
+    #: The batch's conditions that are quantifiers over ``calls`` (their positions in
+    #: it), and the rest (their positions, and one program for them): a run's growing
+    #: calls are then judged from tallies, and CEL is handed the rest only.
+    split: _Split | None = None
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
@@ -629,7 +748,61 @@ class _Candidates:
             upto,
             tuple(c.rule.id for c in rules),
             plain,
+            _Split.of(phase, programs) if batch is not None else None,
         )
+
+
+@dataclass(frozen=True, eq=False)  # by identity: the key of a run's tallies
+class _Split:
+    """A batch as its quantifiers over ``calls`` and one program for the rest."""
+
+    quantified: tuple[tuple[int, cel.Quantifier], ...]
+    rest: tuple[int, ...]
+    program: cel.CelBatch | cel.CelProgram | None  # for ``rest``: none, one, or a batch
+    bodies: Callable[[Any], list[bool | None]]  # one call -> each quantifier's body on it
+
+    @classmethod
+    def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
+        quantified = tuple(
+            (i, p.quantifier) for i, p in enumerate(programs) if p.quantifier is not None
+        )
+        if not quantified:
+            return None
+        rest = tuple(i for i, p in enumerate(programs) if p.quantifier is None)
+        others = [programs[i] for i in rest]
+        program: cel.CelBatch | cel.CelProgram | None = (
+            None if not others else others[0] if len(others) == 1 else None
+        )
+        if len(others) > 1:
+            program = cel.compile_batch(others, phase)
+            if program is None:
+                return None  # the rest cannot be one program: the whole batch it is
+        return cls(quantified, rest, program, cel.bodies([q for _, q in quantified]))
+
+    def results(self, log: _Log, activation: Any, size: int) -> list[bool] | None:
+        """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
+        out: list[Any] = [None] * size
+        tallies = log.tallies_of(self)
+        if tallies is None:
+            return None
+        for (position, quantifier), tally in zip(self.quantified, tallies, strict=True):
+            held = quantifier.verdict(tally)
+            if held is None:
+                return None
+            out[position] = held
+        program = self.program
+        if isinstance(program, cel.CelBatch):
+            rest = program.evaluate(activation)
+            if rest is None:
+                return None
+            for position, value in zip(self.rest, rest, strict=True):
+                out[position] = value
+        elif program is not None:
+            single = program.evaluate(activation)
+            if type(single) is not bool:
+                return None
+            out[self.rest[0]] = single
+        return out
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:

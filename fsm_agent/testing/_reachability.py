@@ -37,7 +37,8 @@ Some edges have no guard that must hold, yet are ruled out by what their sibling
 (:data:`EDGE_RULES`, by edge key): ``resume/executing->executing`` (a write in flight
 when the process died is dispatched again) needs a write that declares downstream
 dedup, because an unkeyed write in flight is always lost, a keyed one is lost or
-stored, and a read's attempt is never checkpointed.
+stored, and a read's attempt is never checkpointed; ``begin/deciding->deciding`` needs a
+rule that judges ``before_model`` (the loop fires ``begin`` only then).
 
 Then the graph: an edge whose source state no reachable edge enters (from the initial
 state) is unreachable too (``review`` edges when nothing can pause, say). Only a guard
@@ -71,6 +72,8 @@ class Facts:
     limited_approvals: bool = False
     max_model_calls: int | None = None
     max_tool_rounds: int | None = None
+    #: Whether the runtime's rules judge ``before_model`` (only then is ``begin`` fired).
+    judges_model_calls: bool = False
 
     @property
     def writes(self) -> list[Tool]:
@@ -90,7 +93,12 @@ def facts_of(runtime: Any) -> Facts:
         limited_approvals=any(a.max_uses is not None for a in runtime.approvals),
         max_model_calls=budget.max_model_calls,
         max_tool_rounds=budget.max_tool_rounds,
+        judges_model_calls=_judges_model_calls(getattr(runtime, "rules", None)),
     )
+
+
+def _judges_model_calls(rules: Any) -> bool:
+    return rules is not None and bool(rules.judges("before_model"))
 
 
 def _no_key(f: Facts) -> str | None:
@@ -170,6 +178,13 @@ RULES: dict[str, Callable[[Facts], str | None]] = {
 #: edge key -> the reason it can never be taken for these facts (``None``: it can).
 EDGE_RULES: dict[str, Callable[[Facts], str | None]] = {
     "resume/executing->executing": _no_dedup,
+    "begin/deciding->deciding": lambda f: (
+        None
+        if f.judges_model_calls
+        else (
+            "no rule judges before_model: begin is taken only where one judges the first model call"
+        )
+    ),
 }
 
 

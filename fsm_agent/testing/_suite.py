@@ -25,6 +25,7 @@ from fsm_agent._core.approvals import Approval
 from fsm_agent._core.budget import Budget, RetryPolicy
 from fsm_agent._core.table import TRANSITIONS, Transition
 from fsm_agent._errors import ReviewError
+from fsm_agent._rules.rule import Rule
 from fsm_agent._runtime.result import RunResult
 from fsm_agent._runtime.runtime import Runtime
 from fsm_agent.models._scripted import Step
@@ -116,6 +117,18 @@ def _check(*checks: Check) -> Check:
 
 
 # ── deciding ────────────────────────────────────────────────────────────────────────
+
+
+#: An application's rule judged before every model call, the first one included (the
+#: ``begin`` edge is fired only in a run whose rules judge ``before_model``).
+_TEN_MODEL_CALLS = Rule("ten-model-calls", on="before_model", then="limit", limit=10)
+
+
+def _first_model_call_check(o: ScenarioRun) -> None:
+    kinds = [(e["type"], e.get("trigger")) for e in o.result.events]
+    assert kinds[1:3] == [("rule", None), ("transition", "begin")], kinds[:4]
+    judged = [e for e in o.result.events if e["type"] == "rule"]
+    assert [(e["phase"], e["verdict"]) for e in judged] == [("before_model", "pass")] * 2
 
 
 def _huge_reply(kit: FaultyTools) -> list[list[Step]]:
@@ -635,6 +648,9 @@ SUITE: tuple[Scenario, ...] = (
     S("cancel_observing", _key("cancel", "observing", "cancelled"),
       _cancel_observing, "cancelled", "cancelled", {}, _interrupted,
       cancel_on_entering="observing"),
+    S("first_model_call", _key("begin", "deciding", "deciding"),
+      _read_then_answer, "done", "final_answer", {"model_calls": 2},
+      _first_model_call_check, options={"rules": [_TEN_MODEL_CALLS]}),
 )
 # fmt: on
 
