@@ -127,12 +127,14 @@ def make_tools(effects_path: Path) -> ToolRegistry:
 
 class CrashingStore(SqliteStore):
     """Dies (SIGKILL) right after the N-th checkpoint commits, or just before an
-    idempotency intent is written, as ``FSM_CRASH`` says."""
+    idempotency intent is written, as ``FSM_CRASH`` says. (Every transaction that
+    commits a checkpoint of its own — a save, the last save that lets the claim go, a
+    checkpoint behind that could wait no longer — goes through ``_checkpoint``.)"""
 
     saves = 0
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        super().save(*args, **kwargs)
+    def _checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        super()._checkpoint(*args, **kwargs)
         self.saves += 1
         kind, n = _crash_point()
         if kind == "save" and self.saves == n:

@@ -27,12 +27,13 @@ from fsm_agent._trace.checker import check_events
 
 CHILD = Path(__file__).with_name("durable_child.py")
 #: Transitions of the scenario's run when nothing goes wrong, and the checkpoints
-#: committed among them by ``save`` (after the run's creation): the unkeyed write's
-#: attempt and its result, the end. (Both batches hold a write, whose intent or attempt
-#: carries the batch's checkpoint; the keyed write's checkpoint goes in with its intent,
-#: its result is in its idempotency record.)
+#: committed among them in transactions of their own (after the run's creation): the
+#: unkeyed write's attempt (carrying the keyed write's result, which waited behind) and
+#: the end (carrying the unkeyed write's result). (Both batches hold a write, whose
+#: intent or attempt carries the batch's checkpoint; the keyed write's checkpoint goes in
+#: with its intent, its result is in its idempotency record.)
 TRANSITIONS = 15
-SAVES = 3
+SAVES = 2
 
 
 def child(

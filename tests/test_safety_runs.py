@@ -176,16 +176,21 @@ def test_a_store_error_mid_run_leaves_the_run_resumable_here(tmp_path: Path) -> 
     b = Backend()
     with SqliteStore(tmp_path / "runs.db") as store:
         rt = make_runtime([calls(call("c1", "lookup", order_id="A")), say("ok")], b, store=store)
-        real = store.save
         broken = [True]
 
-        def full_disk(*args: Any, **kwargs: Any) -> None:
-            if broken[0]:
-                broken[0] = False
-                raise StoreError(f"{store.path}: the disk is full")
-            real(*args, **kwargs)
+        def full_disk(real: Any) -> Any:
+            def save(*args: Any, **kwargs: Any) -> None:
+                if broken[0]:
+                    broken[0] = False
+                    raise StoreError(f"{store.path}: the disk is full")
+                real(*args, **kwargs)
 
-        store.save = full_disk  # type: ignore[method-assign]
+            return save
+
+        # The first checkpoint after the run's creation fails, whichever way it is
+        # saved (on its own, behind, or with the claim let go).
+        for name in ("save", "save_behind", "save_and_release"):
+            setattr(store, name, full_disk(getattr(store, name)))
         with pytest.raises(StoreError, match="disk is full"):
             rt.run("x", run_id="r1")
         # Its own claim did not lock it out, and the store kept its last good checkpoint:

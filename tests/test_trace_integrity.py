@@ -103,9 +103,10 @@ def test_sink_and_sqlite_store_hold_identical_bytes_and_a_resume_continues_the_c
         rt = make_runtime(script, backend, store=store, approval=True, trace_key=KEY)
         paused = rt.run("file it", run_id="r1", trace=tmp_path / "r1.jsonl")
         assert paused.status == "review_required"
-        rows = [
-            r[0]
+        rows = [  # (a row holds the lines of one transaction)
+            line
             for r in sqlite3.connect(db).execute("SELECT body FROM events ORDER BY key").fetchall()
+            for line in r[0].split("\n")
         ]
         # The trace file and the store hold the very same chained lines.
         assert rows == lines_of(tmp_path / "r1.jsonl")

@@ -358,14 +358,20 @@ class RunState:
         for key in _OPTIONAL:
             if not body[key]:
                 del body[key]
-        out = {
+        text = _compact(body)
+        head = {
             "version": SNAPSHOT_VERSION,
             "machine_hash": self.config.machine.hash,
-            "checksum": _checksum(body),
-            "body": body,
+            "checksum": f"crc32:{zlib.crc32(text.encode('utf-8')):08x}",
         }
+        # The whole checkpoint's compact JSON, from the body's text the checksum was
+        # computed over: a store that keeps text writes it without encoding it again.
+        whole = _compact(head)[:-1] + ',"body":' + text
+        out = _Snapshot(head, body=body)
         if self.trace_context:
             out["trace_context"] = dict(self.trace_context)
+            whole += ',"trace_context":' + _compact(out["trace_context"])
+        out.text = whole + "}"
         return out
 
     @classmethod
@@ -434,6 +440,14 @@ _OPTIONAL = frozenset(
     for f in fields(RunState)
     if f.metadata["persist"] and f.metadata.get("optional")
 )
+
+
+class _Snapshot(dict[str, Any]):
+    """A checkpoint (:meth:`RunState.snapshot`) and its compact JSON text, ``text``:
+    the very JSON of the dict as it was built (a store that keeps text writes it)."""
+
+    __slots__ = ("text",)
+    text: str
 
 
 def _checksum(body: dict[str, Any]) -> str:

@@ -689,7 +689,8 @@ class PostgresStore:
         if texts is None or len(texts) != len(events):
             texts = [_dumps(e) for e in events]
         messages = [(i, _dumps(m)) for i, m in checkpoint.messages]
-        snapshot = _dumps(checkpoint.snapshot)
+        # The JSON text the snapshot was built with (RunState.snapshot), else encoded here.
+        snapshot = getattr(checkpoint.snapshot, "text", None) or _dumps(checkpoint.snapshot)
         return {
             **_columns(checkpoint.snapshot),
             "ctx": snapshot,

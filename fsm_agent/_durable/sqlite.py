@@ -8,6 +8,13 @@ its cost does not grow with the length of the run. Beginning a write's intent is
 ``BEGIN IMMEDIATE`` compare-and-set, so two runs, two store objects or two processes on
 one file never both own one key (R11).
 
+What the loop needs no answer to — a write's result (``commit_intent_behind``), the
+checkpoint after a batch of reads or after a keyless write returned (``save_behind``) —
+is not committed on its own: it waits in this object and goes into the driving's next
+transaction, first, so a round commits as few times as the D rules allow
+(``docs/concepts/durable-runs.md``). A refusal there (a lost claim, a commit that
+commits nothing) rolls that transaction back whole: nothing is stored past it.
+
 Every stored row carries a CRC-32 of its body, checked on read: a damaged row is a
 :class:`~fsm_agent._errors.CorruptRecord`, never data read back silently changed (the
 checkpoint also carries its own CRC-32). Every failure is a
@@ -28,13 +35,14 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
+from fsm_agent._core.jsonsafe import c_dumps
 from fsm_agent._core.state import SaveMode
 from fsm_agent._durable import owners
 from fsm_agent._durable.feed import KeyRecord, Watch
@@ -131,22 +139,57 @@ _MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE UNIQUE INDEX api_keys_active ON api_keys (name) WHERE revoked IS NULL;
     """,
+    # 5: an events row holds the consecutive events of one transaction, one trace line
+    # each, joined by newlines (JSON text holds none), keyed by the first one's seq: one
+    # insert a checkpoint instead of one an event, most of a round's writing. ``n`` is
+    # how many (a row written before holds one).
+    """
+    ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 1;
+    """,
 )
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
+
+#: How long checkpoints behind may keep waiting once more than one waits, and how many
+#: may wait: a commit costs tens of µs (file locks, the WAL frames written), nothing next
+#: to a model call but most of a round that answers at once (a cached or scripted model,
+#: a replay). A run whose replies take longer than this commits every second one.
+_BEHIND_S = 0.05
+_BEHIND_MOST = 32
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
-def _dumps(value: Any) -> str:
-    # Everything the engine stores is JSON-safe already (core/jsonsafe.py); a value that
-    # is not is a bug to surface, not to paper over with repr().
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+def _plain_dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+#: Compact JSON by a C encoder built once (``json.dumps`` builds one per call: a third
+#: of the cost of a small row, several rows a round). Everything the engine stores is
+#: JSON-safe already (core/jsonsafe.py); a value that is not is a bug to surface, not to
+#: paper over with repr().
+_dumps: Callable[[Any], str] = c_dumps(",", ":") or _plain_dumps
 
 
 def _sum(text: str | None) -> int | None:
     return None if text is None else zlib.crc32(text.encode("utf-8"))
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+class _Behind(NamedTuple):
+    """What waits for its driving's next transaction: a checkpoint (``rows``) or a
+    write's result (``tool``, ``key``, ``owner`` of its intent, ``result`` as JSON)."""
+
+    rows: _Rows | None = None
+    tool: str = ""
+    key: str = ""
+    owner: tuple[str, str] = ("", "")
+    result: str = ""
+    at: float = 0.0  # (a checkpoint: when it was queued, on the monotonic clock)
 
 
 class SqliteStore:
@@ -176,6 +219,11 @@ class SqliteStore:
         self.path = Path(path)
         self.timeout, self.lease_s, self.readonly = timeout, lease_s, readonly
         self._lock = threading.RLock()
+        self._checkpointer: _Checkpointer | None = None
+        #: per driving ``(run_id, owner)``: what goes into its next transaction, in order
+        self._behind: dict[Fence, list[_Behind]] = {}
+        #: drivings whose last checkpoint let their claim go (``save_and_release``)
+        self._released: set[Fence] = set()
         if self.path.is_dir():
             raise StoreError(f"{self.path}: is a directory, not a database file")
         exists = self.path.exists()
@@ -232,6 +280,13 @@ class SqliteStore:
             # checkpoints of the WAL, not at every commit (crash-safe, not power-safe).
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # A checkpoint fsyncs the file (milliseconds; a commit takes microseconds):
+            # it runs on a thread of its own (_Checkpointer), and this connection does
+            # one only when the log has grown past what that thread keeps up with.
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={_FALLBACK_PAGES}")
+            # (And a log that grew that far is cut back when it restarts.)
+            self._conn.execute(f"PRAGMA journal_size_limit={4 << 20}")
+            self._checkpointer = _Checkpointer(self.path, self.timeout)
             if version < SCHEMA_VERSION:
                 self._migrate()
         except sqlite3.Error as exc:
@@ -254,6 +309,8 @@ class SqliteStore:
             c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         with self._lock:
             self._conn.close()
 
@@ -305,6 +362,69 @@ class SqliteStore:
                 if isinstance(exc, sqlite3.Error):
                     raise self._error(exc) from None
                 raise
+            if self._checkpointer is not None:  # (under the lock: one thread is started)
+                self._checkpointer.committed()
+
+    @contextmanager
+    def _driving(
+        self, fence: Fence | None, rows: _Rows | None = None, *, release: bool = False
+    ) -> Iterator[sqlite3.Connection]:
+        """A :meth:`_write` transaction of the driving ``fence`` that stores what waits
+        behind it, and ``rows``, its own checkpoint (``release``: with the claim let go),
+        before the caller's statements: nothing of it is stored without what waited, and
+        a refusal of what waited refuses all of it. Without ``rows``, the caller checks
+        the fence itself (what waited is checked here)."""
+        with self._write() as c:
+            queued = None
+            if fence is not None and self._behind:
+                with self._lock:
+                    queued = self._behind.pop(fence, None)
+            if queued or rows is not None:
+                assert fence is not None
+                self._flush(c, fence, queued or [], rows, release)
+            yield c
+
+    def _flush(
+        self,
+        c: sqlite3.Connection,
+        fence: Fence,
+        queued: list[_Behind],
+        rows: _Rows | None,
+        release: bool,
+    ) -> None:
+        """The run's latest checkpoint replaces its row first (the fenced update names
+        the run's number), then every checkpoint's events and history rows go in, in
+        order, and the results that waited."""
+        run_id, owner = fence
+        saved = [b.rows for b in queued if b.rows is not None]
+        if rows is not None:
+            saved.append(rows)
+        if saved:
+            num = self._save(c, run_id, owner, saved[-1], release=release)
+            events = [e for r in saved for e in r.events]
+            messages = [m for r in saved for m in r.messages]
+            self._append(c, num, events, messages)
+        else:  # only results waited: the fence, checked once for all of them
+            self._check_fence(c, fence)
+        for b in queued:
+            if b.rows is None:
+                self._commit(c, b.tool, b.key, b.owner, b.result)
+
+    def _queue(self, fence: Fence, item: _Behind) -> bool:
+        """Put ``item`` behind the driving ``fence``; ``False`` (nothing queued) for a
+        checkpoint that may wait no longer: one waits already, queued
+        :data:`_BEHIND_S` ago or more, or :data:`_BEHIND_MOST` wait. So a crash loses at
+        most one reply, or the replies of the last :data:`_BEHIND_S` seconds."""
+        with self._lock:
+            queue = self._behind.setdefault(fence, [])
+            if item.rows is not None:
+                waiting = [b for b in queue if b.rows is not None]
+                if waiting and (
+                    len(waiting) >= _BEHIND_MOST or item.at - waiting[0].at >= _BEHIND_S
+                ):
+                    return False
+            queue.append(item)
+            return True
 
     @staticmethod
     def _rollback(c: sqlite3.Connection) -> None:
@@ -399,9 +519,11 @@ class SqliteStore:
         fence: Fence | None = None,
         save: RunSave | None = None,
     ) -> IntentClaim:
-        with self._write() as c:
-            self._check_fence(c, fence)
-            self._save_with(c, save)
+        rows = None if save is None else _encode(save.events, save.checkpoint)
+        driving = fence if save is None else (save.run_id, save.owner)
+        with self._driving(driving, rows) as c:
+            if fence != driving or rows is None:  # (else the checkpoint's update fenced it)
+                self._check_fence(c, fence)
             found = self._intent(c, record.tool, record.key)
             if may_claim(found, record, take_over):
                 self._put_intent(c, record, None)
@@ -418,32 +540,49 @@ class SqliteStore:
         fence: Fence | None = None,
     ) -> None:
         text = _dumps(result)
-        with self._write() as c:
+        with self._driving(fence) as c:
             self._check_fence(c, fence)
-            found = self._intent(c, tool, key)
-            if found is not None and found.status == "committed" and found.owner == owner:
-                return  # committed already
-            if found is None or found.status != "pending":
-                raise IntentConflict(
-                    f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
-                )
-            done = IdempotencyRecord(
-                tool,
-                key,
-                found.args_digest,
-                "committed",
-                found.run_id,
-                found.call_id,
-                None,
-                found.effect,
-                found.dedup,
+            self._commit(c, tool, key, owner, text)
+
+    def commit_intent_behind(
+        self, tool: str, key: str, owner: tuple[str, str], result: Any, *, fence: Fence
+    ) -> None:
+        """:meth:`commit_intent` without a transaction of its own: the result goes into
+        the next transaction of the driving ``fence`` (its next checkpoint, intent, or the
+        release of its claim), first. A write's result need not be durable before the
+        loop goes on (D1): a crash before that transaction resumes to
+        ``outcome_unknown``, never to a second run, and nothing after it is stored
+        without it. Its refusal (``RunBusy``, ``IntentConflict``) is raised by that
+        transaction, which then stores nothing."""
+        self._queue(fence, _Behind(None, tool, key, owner, _dumps(result)))
+
+    def _commit(
+        self, c: sqlite3.Connection, tool: str, key: str, owner: tuple[str, str], text: str
+    ) -> None:
+        found = self._intent(c, tool, key)
+        if found is not None and found.status == "committed" and found.owner == owner:
+            return  # committed already (a reviewer's reconcile)
+        if found is None or found.status != "pending":
+            raise IntentConflict(
+                f"{self.path}: no pending intent for {tool!r} key {key!r} to commit"
             )
-            self._put_intent(c, done, text)
+        done = IdempotencyRecord(
+            tool,
+            key,
+            found.args_digest,
+            "committed",
+            found.run_id,
+            found.call_id,
+            None,
+            found.effect,
+            found.dedup,
+        )
+        self._put_intent(c, done, text)
 
     def abort_intent(
         self, tool: str, key: str, owner: tuple[str, str], *, fence: Fence | None = None
     ) -> None:
-        with self._write() as c:
+        with self._driving(fence) as c:
             self._check_fence(c, fence)
             c.execute(
                 "DELETE FROM idempotency WHERE tool = ? AND key = ? AND status = "
@@ -508,11 +647,11 @@ class SqliteStore:
         checkpoint: Checkpoint,
     ) -> None:
         now = time.time()
-        header_text, snapshot = _dumps(header), _dumps(checkpoint.snapshot)
+        header_text, rows = _dumps(header), _encode(events, checkpoint)
         with self._write() as c:
             if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 raise RunExists(f"run id {run_id!r} is already stored in {self.path}")
-            state, reason, pending = _columns(checkpoint.snapshot)
+            state, reason, pending = rows.columns
             # The header is written once, apart: the runs row stays small because every
             # checkpoint rewrites it.
             num = c.execute(
@@ -523,72 +662,93 @@ class SqliteStore:
                     state,
                     reason,
                     pending,
-                    snapshot,
+                    rows.snapshot,
                     owner,
                     now + self.lease_s,
                     now,
                     now,
-                    _sum(snapshot),
+                    rows.snapshot_sum,
                 ),
             ).lastrowid
             assert num is not None
             c.execute("INSERT INTO headers VALUES (?, ?, ?)", (num, header_text, _sum(header_text)))
-            self._append(c, num, events, checkpoint)
+            self._append(c, num, rows.events, rows.messages)
 
     def save(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
-        with self._write() as c:
-            self._save(c, run_id, owner, events, checkpoint)
+        # (Encoded before the write lock is taken: it is held for the statements alone.)
+        self._checkpoint(run_id, owner, _encode(events, checkpoint))
 
-    def _save_with(self, c: sqlite3.Connection, save: RunSave | None) -> None:
-        """A run's save riding with an intent operation (first, in its transaction: a
-        fenced owner changes nothing at all)."""
-        if save is not None:
-            self._save(c, save.run_id, save.owner, save.events, save.checkpoint)
+    def save_behind(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` without a transaction of its own: the checkpoint goes into the
+        driving's next one (as :meth:`commit_intent_behind`). Encoded now: the loop goes on
+        changing what the checkpoint refers to. A checkpoint waits behind one other that
+        waits, and behind more only while the first of them is younger than
+        :data:`_BEHIND_S` (:meth:`_queue`): a run of reads with a model that takes
+        longer commits every second reply, one that answers at once every 50 ms."""
+        rows = _encode(events, checkpoint)
+        if not self._queue((run_id, owner), _Behind(rows, at=time.monotonic())):
+            self._checkpoint(run_id, owner, rows)
+
+    def save_and_release(
+        self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> None:
+        """:meth:`save` and :meth:`release` in one transaction: a driving's last
+        checkpoint (the run ended, or paused for review) lets the claim go as it is
+        committed. The driving's own ``release`` then has nothing left to do."""
+        self._checkpoint(run_id, owner, _encode(events, checkpoint), release=True)
+        with self._lock:
+            self._released.add((run_id, owner))
+
+    def _checkpoint(self, run_id: str, owner: str, rows: _Rows, *, release: bool = False) -> None:
+        """Commit a checkpoint (after what waits behind its driving): every transaction
+        that commits one goes through here."""
+        with self._driving((run_id, owner), rows, release=release):
+            pass
 
     def _save(
-        self,
-        c: sqlite3.Connection,
-        run_id: str,
-        owner: str,
-        events: list[dict[str, Any]],
-        checkpoint: Checkpoint,
-    ) -> None:
-        snapshot = _dumps(checkpoint.snapshot)
-        state, reason, pending = _columns(checkpoint.snapshot)
+        self, c: sqlite3.Connection, run_id: str, owner: str, rows: _Rows, *, release: bool = False
+    ) -> int:
+        """Replace the run's row with checkpoint ``rows``; the run's number."""
+        state, reason, pending = rows.columns
         now = time.time()
         # The fence: only the owner that holds the claim commits anything.
         cur = c.execute(
             "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
-            "updated = ?, lease_until = ? WHERE run_id = ? AND owner = ? RETURNING num",
-            (state, reason, pending, snapshot, _sum(snapshot), now, now + self.lease_s, run_id,
-             owner),
+            "updated = ?, lease_until = ?, owner = ? WHERE run_id = ? AND owner = ? "
+            "RETURNING num",
+            (state, reason, pending, rows.snapshot, rows.snapshot_sum, now, now + self.lease_s,
+             None if release else owner, run_id, owner),
         )  # fmt: skip
         row = cur.fetchone()
         if row is None:
             self._not_owner(c, run_id)
-        self._append(c, int(row[0]), events, checkpoint)
+        return int(row[0])
 
     @staticmethod
     def _append(
-        c: sqlite3.Connection, num: int, events: list[dict[str, Any]], checkpoint: Checkpoint
+        c: sqlite3.Connection,
+        num: int,
+        events: list[tuple[int, str, str]],
+        messages: list[tuple[int, str, int]],
     ) -> None:
+        """Insert the events, in one row (schema 5), and the history rows (a later row of
+        one index replaces an earlier: a reviewer's decision replaces a placeholder)."""
         base = num << _SHIFT
         if events:
-            rows = []
-            # The driver's chained lines when it encoded them (the trace file's bytes).
-            lines = checkpoint.event_lines
-            if lines is None or len(lines) != len(events):
-                lines = [_dumps(e) for e in events]
-            for e, text in zip(events, lines, strict=True):
-                rows.append((base + e["seq"], e["type"], text, _sum(text)))
-            c.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
-        if checkpoint.messages:
-            texts = [(base + i, _dumps(m)) for i, m in checkpoint.messages]
+            seq, kind, _ = events[0]
+            body = "\n".join([text for _, _, text in events])
+            c.execute(
+                "INSERT INTO events (key, type, body, sum, n) VALUES (?, ?, ?, ?, ?)",
+                (base + seq, kind, body, _crc(body), len(events)),
+            )
+        if messages:
             c.executemany(
                 "INSERT OR REPLACE INTO messages VALUES (?, ?, ?)",
-                [(k, t, _sum(t)) for k, t in texts],
+                [(base + i, text, crc) for i, text, crc in messages],
             )
 
     def _not_owner(self, c: sqlite3.Connection, run_id: str) -> None:
@@ -636,7 +796,8 @@ class SqliteStore:
                 "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
             )
             events = self._read(
-                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key", span
+                "SELECT key, body, sum, n FROM events WHERE key BETWEEN ? AND ? ORDER BY key",
+                span,
             )
         where = f"run {run_id!r}"
         return StoredRun(
@@ -644,8 +805,24 @@ class SqliteStore:
             self._loads(header, header_sum, f"the header of {where}"),
             self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
             [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
-            [self._loads(b, s, f"event {k - span[0]} of {where}") for k, b, s in events],
+            self._events(events, span[0], where),
         )
+
+    def _events(self, rows: list[Any], base: int, where: str) -> list[dict[str, Any]]:
+        """The events of ``rows`` (``key, body, sum, n``), each row's checksum and count
+        checked."""
+        out: list[dict[str, Any]] = []
+        for key, body, stored_sum, n in rows:
+            what = f"the events from {key - base} of {where}"
+            if not isinstance(body, str) or (stored_sum is not None and _sum(body) != stored_sum):
+                raise CorruptRecord(
+                    f"{self.path}: {what} fail their checksum (the row was changed or damaged)"
+                )
+            lines = body.split("\n")
+            if len(lines) != n:
+                raise CorruptRecord(f"{self.path}: {what} are {len(lines)} lines, not {n}")
+            out.extend(self._loads(line, None, what) for line in lines)
+        return out
 
     def list_runs(self, state: str | None = None) -> list[RunSummary]:
         sql = "SELECT run_id, state, reason, pending, created, updated FROM runs"
@@ -664,12 +841,19 @@ class SqliteStore:
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
             base = rows[0][0] << _SHIFT
+            first = base + max(seq + 1, 0)
+            # The row that holds event seq + 1 may begin before it (a row holds several).
+            (start,) = self._read(
+                "SELECT max(key) FROM events WHERE key BETWEEN ? AND ?", (base, first)
+            )[0]
             events = self._read(
-                "SELECT key, body, sum FROM events WHERE key BETWEEN ? AND ? ORDER BY key LIMIT ?",
-                (base + max(seq + 1, 0), base + (1 << _SHIFT) - 1, max(limit, 0)),
+                "SELECT key, body, sum, n FROM events WHERE key BETWEEN ? AND ? ORDER BY key "
+                "LIMIT ?",
+                # (The first row may hold none after seq: one more than asked for.)
+                (first if start is None else start, base + (1 << _SHIFT) - 1, max(limit, 0) + 1),
             )
-        where = f"run {run_id!r}"
-        return [self._loads(b, s, f"event {k - base} of {where}") for k, b, s in events]
+        found = self._events(events, base, f"run {run_id!r}")
+        return [e for e in found if e.get("seq", seq + 1) > seq][: max(limit, 0)]
 
     def watch(self, poll_s: float = 0.02) -> Watch:
         """A watch polling the file every ``poll_s`` seconds (see ``_DataVersionWatch``)."""
@@ -724,6 +908,16 @@ class SqliteStore:
                 "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
                 (owner, now + self.lease_s, run_id),
             )
+        self._claimed(run_id, owner)
+
+    def _claimed(self, run_id: str, owner: str) -> None:
+        """``owner`` claimed ``run_id``: what other drivings of it in this object still
+        had behind is dropped — their fence would refuse it, as it would have died with
+        a process that was killed."""
+        with self._lock:
+            self._released.discard((run_id, owner))
+            for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
+                del self._behind[k]
 
     def renew(self, run_id: str, owner: str) -> None:
         with self._write() as c:
@@ -735,7 +929,13 @@ class SqliteStore:
                 self._not_owner(c, run_id)
 
     def release(self, run_id: str, owner: str) -> None:
-        with self._write() as c:
+        """Give up the claim, with what still waits behind the driving (a run that
+        stopped between its checkpoints: what it did is stored)."""
+        with self._lock:
+            if (run_id, owner) in self._released:  # by its last checkpoint
+                self._released.discard((run_id, owner))
+                return
+        with self._driving((run_id, owner)) as c:
             c.execute(
                 "UPDATE runs SET owner = NULL WHERE run_id = ? AND owner = ?", (run_id, owner)
             )
@@ -802,6 +1002,35 @@ class SqliteStore:
         return len(nums), dropped
 
 
+class _Rows(NamedTuple):
+    """A checkpoint as the text its statements write: encoded once, before the
+    transaction (the write lock is held for the statements alone), and at once for one
+    that waits behind (the loop goes on changing what it refers to)."""
+
+    columns: tuple[str, str, int]
+    snapshot: str
+    snapshot_sum: int
+    events: list[tuple[int, str, str]]  # (seq, type, trace line)
+    messages: list[tuple[int, str, int]]  # (history index, text, CRC-32)
+
+
+def _encode(events: list[dict[str, Any]], checkpoint: Checkpoint) -> _Rows:
+    # The JSON text the snapshot was built with (RunState.snapshot), else encoded here.
+    snapshot = getattr(checkpoint.snapshot, "text", None) or _dumps(checkpoint.snapshot)
+    # The driver's chained lines when it encoded them (the trace file's bytes).
+    lines = checkpoint.event_lines
+    if lines is None or len(lines) != len(events):
+        lines = [_dumps(e) for e in events]
+    texts = [(i, _dumps(m)) for i, m in checkpoint.messages]
+    return _Rows(
+        _columns(checkpoint.snapshot),
+        snapshot,
+        _crc(snapshot),
+        [(e["seq"], e["type"], t) for e, t in zip(events, lines, strict=True)],
+        [(i, t, _crc(t)) for i, t in texts],
+    )
+
+
 def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
     body = snapshot.get("body") if isinstance(snapshot, dict) else None
     body = body if isinstance(body, dict) else {}
@@ -810,6 +1039,96 @@ def _columns(snapshot: dict[str, Any]) -> tuple[str, str, int]:
         str(body.get("reason") or ""),
         len(body.get("placeholders") or {}),
     )
+
+
+#: Commits between two checkpoints asked of the checkpointer's thread (a commit of a
+#: round appends about 4 to 8 pages to the log).
+_CHECKPOINT_EVERY = 100
+#: Log pages past which the writing connection checkpoints itself (SQLite's own
+#: default is 1000): only where the thread cannot keep up, as under a writer that never
+#: pauses (a checkpoint restarts the log only once it has caught up with it).
+_FALLBACK_PAGES = 4000
+
+
+class _Checkpointer:
+    """Copies the WAL back into the database file on a daemon thread with a connection
+    of its own (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks a writer or a
+    reader), so that no commit of a round waits for the fsync a checkpoint does. It
+    checkpoints when asked (every :data:`_CHECKPOINT_EVERY` commits) and whenever the
+    commits pause for :attr:`QUIET_S` (a run's model calls, its end): the log restarts
+    from its beginning only after a checkpoint that caught up with it. Caught up, it
+    sleeps until the next commit. A checkpoint is crash-safe wherever it is
+    interrupted; a process killed meanwhile loses nothing."""
+
+    #: How long the commits must pause for a checkpoint that can catch up.
+    QUIET_S = 0.02
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self._path, self._timeout = path, timeout
+        self._wake = threading.Event()
+        self._stopping = False
+        self._idle = False  # the thread sleeps until the next commit
+        self._commits = 0
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def committed(self) -> None:
+        self._commits += 1
+        thread = self._thread
+        if thread is None or self._pid != os.getpid() or not thread.is_alive():
+            # (Started at the first commit, and again in a forked child, which has no
+            # thread of its parent's.)
+            self._pid = os.getpid()
+            self._thread = thread = threading.Thread(
+                target=self._run, daemon=True, name="fsm-agent-sqlite-checkpoint"
+            )
+            thread.start()
+        if self._idle or not self._commits % _CHECKPOINT_EVERY:
+            self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(
+                str(self._path), timeout=self._timeout, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error:
+            return  # the writer's own checkpoints (_FALLBACK_PAGES) still bound the log
+        try:
+            self._loop(conn)
+        finally:
+            conn.close()
+
+    def _loop(self, conn: sqlite3.Connection) -> None:
+        # The commit count at the last checkpoint that caught up, and at the last look.
+        last = seen = 0
+        while not self._stopping:
+            if self._commits == last:  # caught up: sleep until the next commit
+                self._idle = True
+                if self._commits == last:  # (a commit meanwhile saw _idle, or is seen here)
+                    self._wake.wait()
+                self._idle = False
+                self._wake.clear()
+                continue
+            asked = self._wake.wait(self.QUIET_S)
+            self._wake.clear()
+            commits = self._commits
+            if not self._stopping and (asked or commits == seen):  # asked, or they paused
+                try:
+                    _, log, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error:  # (busy: the writer's fallback still bounds the log)
+                    log, done = 1, 0
+                if done >= log:
+                    last = commits
+            seen = commits
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self._timeout)
 
 
 class _DataVersionWatch:

@@ -213,3 +213,18 @@ def test_a_layout_2_checkpoint_is_still_checksummed() -> None:
     with pytest.raises(CorruptRecord, match="checkpoint layout 1 is not 3 or 2"):
         RunState.restore({**damaged, "version": 1}, run_id="r1", config=CONFIG, messages=[],
                          events=[])  # fmt: skip
+
+
+@pytest.mark.parametrize("context", [{}, {"traceparent": "00-abc-def-01"}])
+def test_a_snapshot_carries_its_own_json_text(context: dict[str, str]) -> None:
+    # A store that keeps text writes these bytes instead of encoding the checkpoint
+    # again: they must be the checkpoint's JSON, whatever it holds.
+    s = fresh()
+    for give, _ in SAMPLES.values():
+        give(s)
+    s.trace_context = context
+    snapshot = s.snapshot()
+    text = getattr(snapshot, "text")  # noqa: B009  (not part of the dict's type)
+    assert text == json.dumps(snapshot, separators=(",", ":"), ensure_ascii=False)
+    assert json.loads(text) == snapshot
+    assert ("trace_context" in snapshot) == bool(context)
