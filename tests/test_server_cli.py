@@ -3,6 +3,8 @@ tested through HTTP in test_server_api.py)."""
 
 from __future__ import annotations
 
+import sqlite3
+import zlib
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,33 @@ def test_the_demo_writes_a_database_that_serves_its_runs(
         events = store.load_run("demo-denied").events
         assert not [e for e in events if e["type"] == "review"]  # the runs are new
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.db"]
+
+
+def test_the_demo_replaces_its_own_database_written_by_an_older_fsm_agent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The last `make demo` before an upgrade left a file of an older schema: the next one
+    # replaces it (its key kept) instead of refusing it as "not a database the demo wrote".
+    db = str(tmp_path / "demo.db")
+    assert run(capsys, "demo", "--quiet", "--db", db)[0] == 0
+    assert run(capsys, "keys", "add", "me", "--scope", "review", "--db", db)[0] == 0
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:  # schema 4 kept one event a row, with no count column
+        rows = conn.execute("SELECT key, type, body FROM events ORDER BY key").fetchall()
+        conn.execute("DELETE FROM events")
+        conn.execute("ALTER TABLE events DROP COLUMN n")
+        for key, kind, body in rows:
+            for i, line in enumerate(body.split("\n")):
+                conn.execute("INSERT INTO events (key, type, body, sum) VALUES (?, ?, ?, ?)",
+                             (key + i, kind, line, zlib.crc32(line.encode())))  # fmt: skip
+        conn.execute("PRAGMA user_version = 4")
+    finally:
+        conn.close()
+    code, _, err = run(capsys, "demo", "--quiet", "--db", db)
+    assert (code, err) == (0, "")
+    with SqliteStore(db, readonly=True) as store:
+        assert [k.name for k in store.list_keys()] == ["me"]
+        assert store.load_run("demo-denied").events[0]["type"] == "run_start"
 
 
 def test_the_demo_never_replaces_a_database_of_other_runs(

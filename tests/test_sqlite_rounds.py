@@ -12,6 +12,7 @@ run. The WAL is checkpointed on a thread of its own, so no round waits for its f
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -19,7 +20,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 import zlib
@@ -421,8 +421,24 @@ def test_the_wal_is_checkpointed_on_a_thread_of_its_own_when_the_commits_pause(
                 break
             time.sleep(0.05)
         assert done == 1
-    # Closing the store stops its thread.
-    assert not [t for t in threading.enumerate() if "sqlite-checkpoint" in t.name]
+        checkpointer = store._checkpointer
+        assert checkpointer is not None and checkpointer._thread is not None
+        thread = checkpointer._thread
+    # Closing the store stops its thread (this store's: other tests' stores may be open).
+    assert not thread.is_alive()
+
+
+def test_a_store_dropped_without_close_stops_its_thread(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "runs.db")
+    _commits(store, ("read",), 3, [])
+    checkpointer = store._checkpointer
+    assert checkpointer is not None and checkpointer._thread is not None
+    thread = checkpointer._thread
+    assert thread.is_alive()
+    del store, checkpointer
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 # ── one events row per transaction (schema 5) ──────────────────────────────────────

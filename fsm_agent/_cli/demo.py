@@ -483,12 +483,10 @@ def _demo_db(text: str | None) -> Path | None:
     if not path.parent.is_dir():
         raise UsageError(f"--db {text}: the folder {path.parent} does not exist")
     if path.exists():
-        from fsm_agent._durable.sqlite import SqliteStore
         from fsm_agent._errors import StoreError
 
         try:
-            with SqliteStore(path, create=False, readonly=True) as old:
-                foreign = [r.run_id for r in old.list_runs() if not r.run_id.startswith(_DEMO_RUN)]
+            foreign = _foreign_runs(path)
         except StoreError as exc:
             raise UsageError(f"--db {text}: not a database the demo wrote ({exc})") from None
         if foreign:
@@ -497,6 +495,28 @@ def _demo_db(text: str | None) -> Path | None:
                 f"{', ...' if len(foreign) > 3 else ''}); pick another file"
             )
     return path
+
+
+def _foreign_runs(path: Path) -> list[str]:
+    """The runs in ``path`` that are not the demo's. A file an older fsm-agent wrote
+    (the last ``make demo`` before an upgrade) is migrated first, as any writable open
+    of it would be; anything else that is not this fsm-agent's database is refused."""
+    import sqlite3
+
+    from fsm_agent._durable.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
+
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error:
+        app_id = version = 0  # not a database at all: the store's open says so
+    finally:
+        conn.close()
+    if app_id == APPLICATION_ID and 0 < version < SCHEMA_VERSION:
+        SqliteStore(path, create=False).close()
+    with SqliteStore(path, create=False, readonly=True) as old:
+        return [r.run_id for r in old.list_runs() if not r.run_id.startswith(_DEMO_RUN)]
 
 
 def _building(path: Path) -> Path:

@@ -34,6 +34,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -287,6 +288,9 @@ class SqliteStore:
             # (And a log that grew that far is cut back when it restarts.)
             self._conn.execute(f"PRAGMA journal_size_limit={4 << 20}")
             self._checkpointer = _Checkpointer(self.path, self.timeout)
+            # A store dropped without close() must not leave its thread (and that
+            # thread's connection) behind for the rest of the process.
+            weakref.finalize(self, self._checkpointer.stop)
             if version < SCHEMA_VERSION:
                 self._migrate()
         except sqlite3.Error as exc:
@@ -1123,9 +1127,13 @@ class _Checkpointer:
                     last = commits
             seen = commits
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Ask the thread to end (it closes its connection), without waiting for it."""
         self._stopping = True
         self._wake.set()
+
+    def close(self) -> None:
+        self.stop()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self._timeout)

@@ -32,12 +32,13 @@ from typing import Any
 
 import pytest
 
+from fsm_agent._core.table import DEFAULT_MACHINE
 from fsm_agent._runtime.runtime import Runtime
 from fsm_agent.models._scripted import ScriptedModel, Step
 from fsm_agent.testing._agent import AgentUnderTest
 from fsm_agent.testing._coverage import TransitionCoverage, write_html
 from fsm_agent.testing._faults import FakeClock, FaultyTools
-from fsm_agent.testing._reachability import facts_of, unreachable_edges
+from fsm_agent.testing._reachability import facts_of, rules_only_edges, unreachable_edges
 from fsm_agent.testing._scenarios import scripted_runtime
 
 _KEY = pytest.StashKey["_CoverageSession"]()
@@ -146,7 +147,9 @@ class _CoverageSession:
         html_dir: Path | None,
         coverage: TransitionCoverage | None = None,
     ) -> None:
-        self.coverage = coverage if coverage is not None else TransitionCoverage()
+        if coverage is None:  # the default machine: no runtime's facts to judge by
+            coverage = TransitionCoverage(DEFAULT_MACHINE, rules_only_edges(DEFAULT_MACHINE))
+        self.coverage = coverage
         self.fail_under = fail_under
         self.html_dir = html_dir
         self.failed = False

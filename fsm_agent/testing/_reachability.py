@@ -55,7 +55,7 @@ from typing import Any
 from fsm_agent._core.table import Machine
 from fsm_agent.tools._registry import Tool
 
-__all__ = ["EDGE_RULES", "RULES", "Facts", "facts_of", "unreachable_edges"]
+__all__ = ["EDGE_RULES", "RULES", "Facts", "facts_of", "rules_only_edges", "unreachable_edges"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,20 @@ EDGE_RULES: dict[str, Callable[[Facts], str | None]] = {
         )
     ),
 }
+
+
+def rules_only_edges(machine: Machine) -> dict[int, str]:
+    """Edge index -> why a run of ``machine`` itself never takes it: ``begin`` is fired
+    only where rules judge ``before_model``, and a runtime with rules runs another
+    machine (its rules are part of the hash), whose coverage ``--fsm-app`` measures."""
+    return {
+        t.index: (
+            "taken only by a machine whose rules judge before_model, which is another "
+            f"machine than this one (--fsm-app MODULE:FACTORY counts it) (edge {t.key})"
+        )
+        for t in machine.transitions
+        if t.key == "begin/deciding->deciding"
+    }
 
 
 def unreachable_edges(machine: Machine, facts: Facts) -> dict[int, str]:
