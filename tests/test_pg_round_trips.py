@@ -129,7 +129,11 @@ def test_a_round_waits_on_the_fewest_round_trips(
 ) -> None:
     store, proxy = proxied
     _trips(store, proxy, kind, 2)  # warms the pool's connections and prepared statements
-    short, long = _trips(store, proxy, kind, 2), _trips(store, proxy, kind, 8)
+    # The proxy counts turns: a statement the kernel happens to split while the server
+    # already answers its first part counts twice, never less than once. So the fewest
+    # of three tries is the count (a loaded machine splits more).
+    tries = [(_trips(store, proxy, kind, 2), _trips(store, proxy, kind, 8)) for _ in range(3)]
+    short, long = min(t[0] for t in tries), min(t[1] for t in tries)
     per_round = (long - short) / 6
     # (Before issue 25: 1, 2, 3 and 3 round trips; a read 0.5 before its checkpoints
     # were sent ahead.)
@@ -245,9 +249,11 @@ def test_nothing_lands_past_a_refusal_sent_ahead(pg_server: Any, pg_store: Postg
     pg_store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
     pg_store.commit_intent_behind("keyed", "r1-k", ("r1", "c1"), {"ok": 1}, fence=("r1", "A"))
     sql(pg_server, f'DELETE FROM "{schema}".idempotency')  # gone meanwhile
-    pg_store.save_behind("r1", "A", [_event(3)], _checkpoint("deciding"))
-    pg_store.save_behind("r1", "A", [_event(4)], _checkpoint("observing"))
+    # The refusal is raised by the driving's first store call that sees its answer: the
+    # next wait at the latest, or a later send ahead if the answer is already in.
     with pytest.raises(IntentConflict, match="no pending intent for 'keyed' key 'r1-k'"):
+        pg_store.save_behind("r1", "A", [_event(3)], _checkpoint("deciding"))
+        pg_store.save_behind("r1", "A", [_event(4)], _checkpoint("observing"))
         pg_store.save("r1", "A", [_event(5)], _checkpoint("deciding"))
     stored = pg_store.load_run("r1")
     assert [e["seq"] for e in stored.events] == [1, 2]
@@ -374,9 +380,10 @@ def test_a_lost_claim_refuses_what_rides_behind_and_the_statement_it_rides_with(
     assert sql(pg_server, f'SELECT status FROM "{pg_store.schema}".idempotency') == [("pending",)]
     stored = pg_store.load_run("r1")
     assert [e["seq"] for e in stored.events] == [1] and stored.body["state"] == "deciding"
-    # A checkpoint behind is refused the same way, with what it went with.
-    pg_store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
+    # A checkpoint behind (sent ahead) is refused the same way, with what it went with:
+    # raised by the first call that sees the answer, itself if it is already in.
     with pytest.raises(RunBusy):
+        pg_store.save_behind("r1", "A", [_event(2)], _checkpoint("observing"))
         pg_store.begin_intent(_record("r1", "r1-other"), fence=("r1", "A"))
     assert pg_store.get_intent("keyed", "r1-other") is None
     assert [e["seq"] for e in pg_store.load_run("r1").events] == [1]
