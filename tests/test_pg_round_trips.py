@@ -20,7 +20,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
+from round_kinds import round_script as _script
+from round_kinds import round_tools as _tools
 
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
 from fsm_agent._core.requests import IdempotencyRecord
@@ -70,30 +71,6 @@ def proxied(pg_server: Any, pg_schema: str) -> Iterator[tuple[PostgresStore, Any
             yield store, proxy
     finally:
         proxy.stop()
-
-
-def _tools() -> ToolRegistry:
-    tools = ToolRegistry()
-    schema = {"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}}
-    tools.register(lambda i: {"read": i}, name="read", effect="read", schema=schema)
-    tools.register(
-        lambda i: {"keyed": i},
-        name="keyed",
-        effect="write",
-        idempotency_key=lambda a: a["i"],
-        schema=schema,
-    )
-    tools.register(lambda i: {"keyless": i}, name="keyless", effect="write", schema=schema)
-    return tools
-
-
-def _script(kind: tuple[str, ...], rounds: int) -> list[Any]:
-    tag = uuid.uuid4().hex[:8]
-    steps: list[Any] = [
-        calls(*(call(f"c{r}{j}", name, i=f"{tag}-{r}-{j}") for j, name in enumerate(kind)))
-        for r in range(rounds)
-    ]
-    return [*steps, say("done")]
 
 
 def _trips(store: PostgresStore, proxy: Any, kind: tuple[str, ...], rounds: int) -> int:

@@ -21,13 +21,15 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import call, calls, say
+from round_kinds import SCHEMA
+from round_kinds import round_script as _script
+from round_kinds import round_tools as _tools
 
 from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent._core.requests import IdempotencyRecord
@@ -37,30 +39,6 @@ from fsm_agent._durable.store import Checkpoint
 from fsm_agent._errors import CorruptRecord, IntentConflict, RunBusy
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = {"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}}
-
-
-def _tools() -> ToolRegistry:
-    tools = ToolRegistry()
-    tools.register(lambda i: {"read": i}, name="read", effect="read", schema=SCHEMA)
-    tools.register(
-        lambda i: {"keyed": i},
-        name="keyed",
-        effect="write",
-        idempotency_key=lambda a: a["i"],
-        schema=SCHEMA,
-    )
-    tools.register(lambda i: {"keyless": i}, name="keyless", effect="write", schema=SCHEMA)
-    return tools
-
-
-def _script(kind: tuple[str, ...], rounds: int) -> list[Any]:
-    tag = uuid.uuid4().hex[:8]
-    steps: list[Any] = [
-        calls(*(call(f"c{r}{j}", name, i=f"{tag}-{r}-{j}") for j, name in enumerate(kind)))
-        for r in range(rounds)
-    ]
-    return [*steps, say("done")]
 
 
 def _commits(
