@@ -43,6 +43,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from fsm_agent._core.approvals import ApprovalBook
@@ -95,6 +96,17 @@ _SHOWN = 5
 #: one (model_replied, then validate, which uses approvals) take their inputs from the
 #: transitions they write.
 _READY = 3
+#: The same, while the loop runs without an emit after every edge (:attr:`Replay.quiet`):
+#: it then takes every pure edge up to its next request in one go, at most two per call
+#: of a batch of :data:`_QUIET_BATCH` calls and a few more, so a ``cancel`` (which needs
+#: those emits) is read before the loop could pass the point where it landed.
+_LOOK = 32
+#: The largest batch replayed without an emit after every edge (see :data:`_LOOK`).
+_QUIET_BATCH = 12
+#: Transitions read past that before the loop is driven again (fewer calls of it).
+_SLACK = 16
+#: "Every line from here on" for :attr:`Replay.loud_until`.
+_EVER = 1 << 62
 
 
 class ReplayTool:
@@ -250,6 +262,8 @@ def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[An
 
 
 def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
+    """The run's configuration as the header records it, emitting after every edge (the
+    points where a driver may stop the run), or the header's problems."""
     settings = Settings(head)
     problems = list(settings.problems)
     try:
@@ -332,6 +346,14 @@ class Replay:
             self.dead = True
             return
         self.config = config
+        # Emitting after every edge is what lets the replay stop the loop where a driver
+        # stopped the run, and what a rule's recorded verdict is read ahead for; it costs
+        # a round trip per edge. A run without rules is replayed without it ("quiet")
+        # except while a recorded cancel or a batch too large for the lookahead is ahead.
+        self.quiet = config if config.rules is not None else replace(config, emit=False)
+        self.loud_until = 0  # the last line up to which the loop emits after every edge
+        self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
+        self.wake = 0  # the transitions pending that the loop waits for
         self.s = RunState(
             run_id=run_id if isinstance(run_id, str) else "", config=config, messages=[]
         )
@@ -354,12 +376,29 @@ class Replay:
         event.pop("run", None)
         self.pending.append((line, event))
         self.fed = line
-        if event.get("type") == "transition":
+        kind = event.get("type")
+        if kind == "transition":
             self.transitions += 1
+            if event.get("trigger") == "cancel":
+                self.loud_until = max(self.loud_until, line)
+        elif kind == "decision":
+            self._batch_ahead(line, event)
         if len(self.pending) > MAX_AHEAD:
             self.stop(line, f"{MAX_AHEAD} events recorded that the engine never reaches")
             return
-        self._run(final=False)
+        if self.transitions >= self.wake:
+            self.wake = 0
+            self._run(final=False)
+
+    def _batch_ahead(self, line: int, event: dict[str, Any]) -> None:
+        """A decision read ahead: a batch too large to replay quietly makes the loop
+        emit after every edge until the next decision (or the end)."""
+        if self.big:
+            self.loud_until, self.big = max(self.loud_until, line), False
+        message = event.get("message")
+        calls = message.get("tool_calls") if type(message) is dict else None
+        if type(calls) is list and len(calls) > _QUIET_BATCH:
+            self.loud_until, self.big = _EVER, True
 
     def skip(self, line: int, *, numbered: bool) -> None:
         """A line that holds no event (reported already): the events the engine writes
@@ -430,6 +469,7 @@ class Replay:
     # ── driving the loop ──────────────────────────────────────────────────────────
 
     def _run(self, *, final: bool) -> None:
+        pending = self.pending
         while not self.dead:
             if not self._compare():
                 return
@@ -437,8 +477,15 @@ class Replay:
                 if not self._after_end(final):
                     return
                 continue
-            if not final and self.transitions < _READY:
-                return  # an input a pure step takes (an approval use) may be further on
+            if pending and pending[0][0] > self.loud_until:
+                self.s.config, ready = self.quiet, _LOOK
+            else:
+                self.s.config, ready = self.config, _READY
+            if not final and self.transitions < ready:
+                # An input a pure step takes (an approval use) may be further on; woken
+                # again some events later, not at every one.
+                self.wake = ready + _SLACK
+                return
             answer = self._answer(final)
             if answer is _WAIT:
                 return
