@@ -103,6 +103,8 @@ _READY = 3
 _LOOK = 32
 #: The largest batch replayed without an emit after every edge (see :data:`_LOOK`).
 _QUIET_BATCH = 12
+#: Messages of the replayed history kept before it is dropped (see ``Replay._send``).
+_HISTORY = 16
 #: Transitions read past that before the loop is driven again (fewer calls of it).
 _SLACK = 16
 #: "Every line from here on" for :attr:`Replay.loud_until`.
@@ -493,7 +495,7 @@ class Replay:
 
     def _send(self, answer: Any) -> None:
         try:
-            if isinstance(answer, Cancelled):
+            if type(answer) is Cancelled:
                 self.cancelled = True
                 self.request = self.gen.throw(answer)
             else:
@@ -509,8 +511,10 @@ class Replay:
             problem, self.problem = self.problem, None
             self.fail(self._input_line(), problem)
         s = self.s
-        if not s.placeholders and (s.messages or s.rewritten or s.saved_messages):
-            s.messages.clear()  # nothing the loop decides reads the history
+        if len(s.messages) > _HISTORY and not s.placeholders:
+            # Nothing the loop decides reads the history; kept short, it costs a copy of
+            # a few items at each model call and each checkpoint.
+            s.messages.clear()
             s.saved_messages = 0
             s.rewritten.clear()
 
@@ -535,21 +539,27 @@ class Replay:
             return True
         pending = self.pending
         # (Locals for the per-event loop: every recorded event passes here once.)
-        popleft, note, since = pending.popleft, self._note, self.since_save
-        while self.matched < len(produced):
+        popleft, since = pending.popleft, self.since_save
+        matched, count = self.matched, len(produced)
+        while matched < count:
             if not pending:
+                self.matched = matched
                 return False
             line, recorded = item = popleft()
-            if recorded.get("type") == "transition":
-                self.transitions -= 1
             self.line = line
-            mine = produced[self.matched]
-            self.matched += 1
+            mine = produced[matched]
+            self.matched = matched = matched + 1
+            transition = recorded.get("type") == "transition"
+            if transition:
+                self.transitions -= 1
             if recorded != mine:
                 self._diff(line, recorded, mine)
                 if self.dead:
                     return False
-            note(line, recorded)
+            if transition:  # (what _note keeps of one)
+                self.last_trigger = recorded.get("trigger") or ""
+            else:
+                self._note(line, recorded)
             if len(since) < MAX_AHEAD:
                 since.append(item)
         produced.clear()
@@ -683,7 +693,13 @@ class Replay:
         if request is READ_CLOCK and self.fresh:
             self.fresh = False
             return 0.0
-        ahead = self._ahead(final)
+        # (Everything the loop wrote was compared: the next recorded event is the first
+        # pending, most often the transition itself.)
+        pending = self.pending
+        first = pending[0][1] if pending else None
+        ahead: Any = (0, first) if first is not None and first.get("type") == "transition" else None
+        if ahead is None:
+            ahead = self._ahead(final)
         if ahead is _WAIT:
             return _WAIT
         if ahead is None and isinstance(
@@ -704,16 +720,13 @@ class Replay:
         ):  # (reviews come first: the run ends, is reviewed, then resumes)
             self._restart(self.pending[at][0], nxt)  # the process died; a resume followed
             return _WAIT if self.dead else self._answer(final)
-        if isinstance(request, SaveCheckpoint):
+        kind = type(request)
+        if kind is SaveCheckpoint:
             self._saved(request)
             return None
-        if isinstance(request, EmitEvents):  # after every edge: where a driver may stop it
+        if kind is EmitEvents:  # after every edge: where a driver may stop it
             return _cancelled(self.pending[0][1]) if self._cancel_here() else None
-        if (
-            nxt.get("trigger") == "cancel"
-            and not self.cancelled
-            and not isinstance(request, AskModel)
-        ):
+        if nxt.get("trigger") == "cancel" and not self.cancelled and kind is not AskModel:
             return _cancelled(nxt)
         if request is READ_CLOCK:
             t = nxt.get("t")
@@ -725,9 +738,9 @@ class Replay:
                 )
                 return _WAIT
             return t + self.s.started
-        if isinstance(request, AskModel):
+        if kind is AskModel:
             return self._reply(at, nxt, final)
-        if isinstance(request, CallTool):
+        if kind is CallTool:
             return self._outcome(at, nxt, final)
         if isinstance(request, BeginIntent):
             if request.save is not None:
@@ -837,7 +850,7 @@ class Replay:
                         "is not a result size this check replays",
                     )
                     return _WAIT
-            elif withheld := self._withheld(at):
+            elif at and (withheld := self._withheld(at)):
                 value = withheld[0]  # an after_tool rule denied it: the rule event has it
             elif after.get("type") == "observation" and isinstance(result, dict):
                 if result.get("error") == "output_too_large":  # an ok call's stand-in
