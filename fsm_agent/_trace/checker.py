@@ -312,21 +312,26 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     prev: bytes | None = b""
     run = head.run_id
     loads = parse_line
-    feed = walk.feed
+    # Replay takes events without the chain's fields (it compares them with what the
+    # engine writes); taken off here, where the run id is checked anyway.
+    bare = isinstance(walk, Replay)
+    feed = walk.feed_bare if isinstance(walk, Replay) else walk.feed
     readline = handle.readline
+    # (Locals for the per-line loop: slice bounds, the read limit.)
+    tail, cut, limit, newline = -_TAIL, -LINK_HEX - 2, MAX_LINE + 1, b"\n"
     line_no = 0
     raw = first
     event: Any = head.event
     while raw:
         line_no += 1
-        if not raw.endswith(b"\n"):
+        if not raw.endswith(newline):
             fail(line_no, "truncated: the last line has no newline (was the run killed mid-write?)")
             break
         body = raw[:-1]
         if mac is not None:
-            if body[-_TAIL : -LINK_HEX - 2] == _LINK_FIELD:
-                link = body[-LINK_HEX - 2 : -2]
-                if prev is not None and mac(prev + b"\n" + body[: -LINK_HEX - 2]) != link:
+            if body[tail:cut] == _LINK_FIELD:
+                link = body[cut:-2]
+                if prev is not None and mac(prev + newline + body[:cut]) != link:
                     fail(
                         line_no,
                         "the chain breaks here: this line, or one before it, was changed, "
@@ -343,16 +348,21 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 fail(line_no, f"not JSON: {_reason(exc)}")
                 event = None
             if type(event) is dict:
-                if mac is not None and event.get("run") != run:
-                    fail(line_no, f"an event of run {event.get('run')!r} in run {run!r}'s trace")
+                if bare:
+                    of = event.pop("run", None)
+                    event.pop("chain", None)
+                else:
+                    of = event.get("run")
+                if mac is not None and of != run:
+                    fail(line_no, f"an event of run {of!r} in run {run!r}'s trace")
                 feed(line_no, event)
             elif event is not None:
                 fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
                 walk.skip(line_no, numbered=True)
             else:
                 walk.skip(line_no, numbered=False)
-        raw = readline(MAX_LINE + 1)
-        if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+        raw = readline(limit)
+        if len(raw) > MAX_LINE and not raw.endswith(newline):
             while True:  # skip the rest of an over-long line without holding it
                 more = readline(1 << 20)
                 if not more or more.endswith(b"\n"):

@@ -372,10 +372,15 @@ class Replay:
     # ── the feed ──────────────────────────────────────────────────────────────────
 
     def feed(self, line: int, event: dict[str, Any]) -> None:
-        if self.dead:
-            return
+        """The next recorded event, as read (the chain's fields are dropped)."""
         event.pop("chain", None)
         event.pop("run", None)
+        self.feed_bare(line, event)
+
+    def feed_bare(self, line: int, event: dict[str, Any]) -> None:
+        """:meth:`feed` of an event without the chain's fields (the checker's loop)."""
+        if self.dead:
+            return
         self.pending.append((line, event))
         self.fed = line
         kind = event.get("type")
