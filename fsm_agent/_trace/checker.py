@@ -47,7 +47,7 @@ from fsm_agent._trace.chain import (
     link_bytes,
 )
 from fsm_agent._trace.io import MAX_LINE
-from fsm_agent._trace.replay import Replay, recorded_rules
+from fsm_agent._trace.replay import Replay, Rewind, recorded_rules
 from fsm_agent._trace.walk import Walk, Write
 
 __all__ = [
@@ -207,14 +207,19 @@ class _Header:
         self.event = event
 
 
-def _conformance(head: _Header, report: Report, collect_writes: bool) -> Replay | Walk:
+def _conformance(
+    head: _Header, report: Report, collect_writes: bool, saving: bool = True
+) -> Replay | Walk:
     """What checks the events: replay through the engine (``trace/replay.py``) for the
     format this fsm-agent writes; the v2 walker (``trace/walk.py``) for older traces,
-    which lack the inputs replay needs."""
+    which lack the inputs replay needs. ``saving``: whether the replay keeps the run's
+    checkpoints (else a resume from an earlier one raises :class:`Rewind`)."""
     writes: list[Write] | None = [] if collect_writes else None
     report.writes = writes
     if head.replayed:
-        return Replay(head.event, report.fail, writes=writes, note=report.notes.append)
+        return Replay(
+            head.event, report.fail, writes=writes, note=report.notes.append, saving=saving
+        )
     if not head.legacy:
         report.notes.append(
             f"a {V2_SCHEMA} trace records neither the store's answers nor the approval uses "
@@ -268,13 +273,27 @@ def check_trace(
     except OSError as exc:
         raise TraceError(name, 0, f"cannot open: {exc.strerror or exc}") from None
     with handle, _no_cyclic_gc():
-        return _check_stream(name, handle, key, collect_writes)
+        return _rewinding(name, handle, key, collect_writes)
 
 
 def check_bytes(data: bytes, *, key: bytes | None = None, name: str = "<bytes>") -> Report:
     """:func:`check_trace` of a trace held in memory (tests, fuzzing)."""
     with _no_cyclic_gc():
-        return _check_stream(name, io.BytesIO(data), key, False)
+        return _rewinding(name, io.BytesIO(data), key, False)
+
+
+def _rewinding(name: str, handle: IO[bytes], key: bytes | None, collect_writes: bool) -> Report:
+    """Check a stream, first without keeping the run's checkpoints (a snapshot of the
+    whole state at each: a tenth of the work), and again from the start, keeping them, if
+    a resume from one turns up (:class:`Rewind`). A stream that cannot be read twice
+    keeps them from the start."""
+    if handle.seekable():
+        start = handle.tell()
+        try:
+            return _check_stream(name, handle, key, collect_writes, saving=False)
+        except Rewind:
+            handle.seek(start)
+    return _check_stream(name, handle, key, collect_writes)
 
 
 def _read_line(handle: IO[bytes]) -> tuple[bytes, bool]:
@@ -290,7 +309,7 @@ def _read_line(handle: IO[bytes]) -> tuple[bytes, bool]:
 
 
 def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for speed
-    name: str, handle: IO[bytes], key: bytes | None, collect_writes: bool
+    name: str, handle: IO[bytes], key: bytes | None, collect_writes: bool, saving: bool = True
 ) -> Report:
     report = Report(name)
     first, cut = _read_line(handle)
@@ -307,7 +326,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     head = _Header(name, parsed)
     report.run_id = head.run_id
     fail = report.fail
-    walk = _conformance(head, report, collect_writes)
+    walk = _conformance(head, report, collect_writes, saving)
     mac = _integrity(head, key, report, lines=True)
     prev: bytes | None = b""
     run = head.run_id

@@ -80,7 +80,7 @@ from fsm_agent._rules.canonical import digest as rule_digest
 from fsm_agent._trace.model import Settings
 from fsm_agent._trace.walk import Write
 
-__all__ = ["MAX_AHEAD", "Replay", "recorded_rules"]
+__all__ = ["MAX_AHEAD", "Replay", "Rewind", "recorded_rules"]
 
 #: Recorded events held while the engine has not reached them; past this the trace is
 #: not replayable (memory stays bounded whatever a hostile trace holds).
@@ -263,7 +263,9 @@ def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[An
     return stand_in
 
 
-def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
+def _config(
+    head: Mapping[str, Any], replay: Replay, saving: bool
+) -> tuple[RunConfig | None, list[str]]:
     """The run's configuration as the header records it, emitting after every edge (the
     points where a driver may stop the run), or the header's problems."""
     settings = Settings(head)
@@ -289,8 +291,9 @@ def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, 
         tools=tools.get,
         tool_specs=[],
         approvals=_RecordedBook(settings),
-        # Every point a live run of either save mode checkpoints at: a resume restores one.
-        save="replies",
+        # Every point a live run of either save mode checkpoints at: a resume restores one
+        # (only when it is asked to: a checkpoint costs a snapshot of the whole state).
+        save="replies" if saving else "never",
         # An emit after every edge: the points where a driver may stop the run.
         emit=True,
         machine=machine,
@@ -310,8 +313,13 @@ class Replay:
         *,
         writes: list[Write] | None = None,
         note: Callable[[str], None] | None = None,
+        saving: bool = True,
     ) -> None:
         self._fail = fail
+        #: Whether the loop saves its checkpoints (a resume restores one). Without, a
+        #: resume from a checkpoint before the state replayed so far raises
+        #: :class:`Rewind`: the caller replays the trace again, saving.
+        self.saving = saving
         self._note_to = note
         #: The header says a redaction hook rewrote the events (``Runtime(redact=...)``):
         #: a payload that differs from what the engine writes is a note, not a violation.
@@ -341,7 +349,7 @@ class Replay:
         tools = head.get("tools")
         self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
         self.transitions = 0  # transitions in ``pending``
-        config, problems = _config(head, self)
+        config, problems = _config(head, self, saving)
         run_id = head.get("run_id")
         if config is None:
             fail(1, "the header " + "; ".join(problems) + ": the run cannot be replayed")
@@ -544,7 +552,7 @@ class Replay:
             return True
         pending = self.pending
         # (Locals for the per-event loop: every recorded event passes here once.)
-        popleft, since = pending.popleft, self.since_save
+        popleft, since, saving = pending.popleft, self.since_save, self.saving
         matched, count = self.matched, len(produced)
         while matched < count:
             if not pending:
@@ -565,7 +573,7 @@ class Replay:
                 self.last_trigger = recorded.get("trigger") or ""
             else:
                 self._note(line, recorded)
-            if len(since) < MAX_AHEAD:
+            if saving and len(since) < MAX_AHEAD:
                 since.append(item)
         produced.clear()
         self.matched = 0
@@ -1035,6 +1043,8 @@ class Replay:
                 self.pending.appendleft(item)
                 if item[1].get("type") == "transition":
                     self.transitions += 1
+        elif not self.saving:
+            raise Rewind  # the checkpoint was not kept: replayed again, keeping them
         else:
             self.stop(
                 line,
@@ -1240,6 +1250,11 @@ def _resumed(e: dict[str, Any]) -> Any:
 
 class _NoKey(Exception):
     pass
+
+
+class Rewind(Exception):
+    """A replay without checkpoints met a resume from one: replay it again, saving them
+    (``Replay(saving=True)``)."""
 
 
 def _failure(error: Any) -> BaseException:
