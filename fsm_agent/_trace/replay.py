@@ -306,6 +306,47 @@ class Replay:
     """Feed it the trace's events in order (:meth:`feed`), then :meth:`finish`.
     ``fail(line, message)`` receives each violation."""
 
+    # (More attributes than an instance dict shares its keys for: slots keep every
+    # ``self.x`` of the per-event path a fixed offset.)
+    __slots__ = (
+        "_fail",
+        "_note_to",
+        "big",
+        "calls",
+        "cancelled",
+        "config",
+        "dead",
+        "executed",
+        "facts",
+        "fed",
+        "finished",
+        "fresh",
+        "gen",
+        "input_item",
+        "input_line",
+        "input_used",
+        "last_trigger",
+        "line",
+        "loud_until",
+        "matched",
+        "pending",
+        "problem",
+        "quiet",
+        "redacted",
+        "request",
+        "restarted",
+        "rewritten",
+        "rewritten_count",
+        "s",
+        "saving",
+        "since_save",
+        "snapshot",
+        "transitions",
+        "uses",
+        "wake",
+        "writes",
+    )
+
     def __init__(
         self,
         head: Mapping[str, Any],
