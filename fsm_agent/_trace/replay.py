@@ -527,7 +527,7 @@ class Replay:
     def _run(self, *, final: bool) -> None:
         pending = self.pending
         while not self.dead:
-            if not self._compare():
+            if self.s.events and not self._compare():
                 return
             if self.finished:
                 if not self._after_end(final):
@@ -545,22 +545,27 @@ class Replay:
             answer = self._answer(final)
             if answer is _WAIT:
                 return
-            self._send(answer)
+            # (The answer sent here, not by a call of _send: once per request.)
+            try:
+                if type(answer) is Cancelled:
+                    self.cancelled = True
+                    self.request = self.gen.throw(answer)
+                else:
+                    self.request = self.gen.send(answer)
+            except StopIteration:
+                self.finished = True
+            except Exception as exc:  # the engine itself stopped on what the trace holds
+                self._raised(exc)
+                continue
+            if self.problem is not None or len(self.s.messages) > _HISTORY:
+                self._after_send()
 
-    def _send(self, answer: Any) -> None:
-        try:
-            if type(answer) is Cancelled:
-                self.cancelled = True
-                self.request = self.gen.throw(answer)
-            else:
-                self.request = self.gen.send(answer)
-        except StopIteration:
-            self.finished = True
-        except Exception as exc:  # the engine itself stopped on what the trace holds
-            self.stop(
-                self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace"
-            )
-            return
+    def _raised(self, exc: Exception) -> None:
+        self.stop(self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace")
+
+    def _after_send(self) -> None:
+        """An input the engine took that the trace refuses, reported; the history that
+        grew dropped."""
         if self.problem is not None:
             problem, self.problem = self.problem, None
             self.fail(self._input_line(), problem)
@@ -592,30 +597,44 @@ class Replay:
         if not produced:
             return True
         pending = self.pending
-        # (Locals for the per-event loop: every recorded event passes here once.)
+        # (Locals for the per-event loop: every recorded event passes here once; the
+        # counters and cursors are stored back on the way out.)
         popleft, since, saving = pending.popleft, self.since_save, self.saving
         matched, count = self.matched, len(produced)
+        taken = 0  # transitions taken off ``pending``
+        last: dict[str, Any] | None = None  # the last transition compared
+        done = True
+        line = self.line
         while matched < count:
             if not pending:
-                self.matched = matched
-                return False
+                done = False
+                break
             line, recorded = item = popleft()
-            self.line = line
             mine = produced[matched]
-            self.matched = matched = matched + 1
+            matched += 1
             transition = recorded.get("type") == "transition"
             if transition:
-                self.transitions -= 1
+                taken += 1
+                last = recorded
             if recorded != mine:
+                self.line, self.matched, self.transitions = line, matched, self.transitions - taken
+                taken = 0
                 self._diff(line, recorded, mine)
                 if self.dead:
                     return False
-            if transition:  # (what _note keeps of one)
-                self.last_trigger = recorded.get("trigger") or ""
-            else:
+            if not transition:
+                if last is not None:  # (what an observation's note reads)
+                    self.last_trigger = last.get("trigger") or ""
                 self._note(line, recorded)
             if saving and len(since) < MAX_AHEAD:
                 since.append(item)
+        self.line = line
+        self.transitions -= taken
+        if last is not None:
+            self.last_trigger = last.get("trigger") or ""
+        if not done:
+            self.matched = matched
+            return False
         produced.clear()
         self.matched = 0
         self.s.emitted = self.s.saved_events = 0
