@@ -25,11 +25,9 @@ guards as recorded; the report notes either.
 from __future__ import annotations
 
 import gc
-import hashlib
 import io
 import json
 import os
-from binascii import hexlify
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,7 +43,6 @@ from fsm_agent._trace.chain import (
     LINK_HEX,
     MODES,
     SIGNED,
-    UNSIGNED,
     Chain,
     link_bytes,
 )
@@ -159,9 +156,6 @@ def parse_line(raw: bytes) -> Any:
     if end != len(text):
         raise ValueError(f"extra data at column {end + 1}")
     return value
-
-
-_PARSE_LINE = parse_line
 
 
 def _loads(raw: bytes | str) -> Any:
@@ -337,10 +331,6 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     prev: bytes | None = b""
     run = head.run_id
     loads = parse_line
-    # The stock parser and the unsigned link are done in the loop itself (not by a call
-    # per line); a parser swapped in (orjson: check_speed.py) and HMAC are called.
-    scan = _scan if loads is _PARSE_LINE else None
-    sha = hashlib.sha256 if mac is not None and head.mode == UNSIGNED else None
     # Replay takes events without the chain's fields (it compares them with what the
     # engine writes); taken off here, where the run id is checked anyway.
     bare = isinstance(walk, Replay)
@@ -348,7 +338,6 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     readline = handle.readline
     # (Locals for the per-line loop: slice bounds, the read limit.)
     tail, cut, limit, newline = -_TAIL, -LINK_HEX - 2, MAX_LINE + 1, b"\n"
-    half = LINK_HEX // 2  # bytes of a link
     line_no = 0
     raw = first
     event: Any = head.event
@@ -361,15 +350,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
         if mac is not None:
             if body[tail:cut] == _LINK_FIELD:
                 link = body[cut:-2]
-                if (
-                    prev is not None
-                    and (
-                        hexlify(sha(prev + newline + body[:cut]).digest()[:half])
-                        if sha is not None
-                        else mac(prev + newline + body[:cut])
-                    )
-                    != link
-                ):
+                if prev is not None and mac(prev + newline + body[:cut]) != link:
                     fail(
                         line_no,
                         "the chain breaks here: this line, or one before it, was changed, "
@@ -381,16 +362,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 prev = None  # the next line's link cannot be verified either
         if line_no > 1:
             try:
-                if scan is not None:  # parse_line, inline
-                    text = body.decode("utf-8")
-                    event, end = scan(text, 0)
-                    if end != len(text):
-                        raise ValueError(f"extra data at column {end + 1}")
-                else:
-                    event = loads(body)
-            except StopIteration:
-                fail(line_no, "not JSON: not a JSON value")
-                event = None
+                event = loads(body)
             except (ValueError, RecursionError) as exc:
                 fail(line_no, f"not JSON: {_reason(exc)}")
                 event = None
