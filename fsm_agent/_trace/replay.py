@@ -96,14 +96,18 @@ _SHOWN = 5
 #: one (model_replied, then validate, which uses approvals) take their inputs from the
 #: transitions they write.
 _READY = 3
-#: The same, while the loop runs without an emit after every edge (:attr:`Replay.quiet`):
+#: Whether a run without rules is replayed without an emit after every edge where it
+#: can be (:attr:`Replay.quiet`); off, every edge is followed by one (the reference the
+#: quiet replay is tested against).
+QUIET = True
+#: The same while the loop runs without an emit after every edge (``Replay.quiet``):
 #: it then takes every pure edge up to its next request in one go, at most two per call
 #: of a batch of :data:`_QUIET_BATCH` calls and a few more, so a ``cancel`` (which needs
 #: those emits) is read before the loop could pass the point where it landed.
 _LOOK = 32
 #: The largest batch replayed without an emit after every edge (see :data:`_LOOK`).
 _QUIET_BATCH = 12
-#: Messages of the replayed history kept before it is dropped (see ``Replay._send``).
+#: Messages of the replayed history kept before it is dropped (see ``Replay._after_send``).
 _HISTORY = 16
 #: Transitions read past that before the loop is driven again (fewer calls of it).
 _SLACK = 16
@@ -401,7 +405,9 @@ class Replay:
         # stopped the run, and what a rule's recorded verdict is read ahead for; it costs
         # a round trip per edge. A run without rules is replayed without it ("quiet")
         # except while a recorded cancel or a batch too large for the lookahead is ahead.
-        self.quiet = config if config.rules is not None else replace(config, emit=False)
+        self.quiet = (
+            config if config.rules is not None or not QUIET else replace(config, emit=False)
+        )
         self.loud_until = 0  # the last line up to which the loop emits after every edge
         self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
         self.wake = 0  # the transitions pending that the loop waits for
@@ -435,7 +441,11 @@ class Replay:
         kind = event.get("type")
         if kind == "transition":
             self.transitions += 1
-            if event.get("trigger") == "cancel":
+            # Where a driver stopped the run, or a resume took over, the replay meets it at
+            # a request: the loop then makes one after every edge.
+            if event.get("trigger") == "cancel" or (
+                "inputs" in event and _resumed(event) is not None
+            ):
                 self.loud_until = max(self.loud_until, line)
         elif kind == "decision":
             self._batch_ahead(line, event)
@@ -561,6 +571,10 @@ class Replay:
                 self._after_send()
 
     def _raised(self, exc: Exception) -> None:
+        if self.s.events:  # the edges taken before it first (see take_input)
+            self._compare()
+            if self.dead:
+                return
         self.stop(self.line, f"the engine raised {type(exc).__name__}: {exc} replaying this trace")
 
     def _after_send(self) -> None:
@@ -979,6 +993,12 @@ class Replay:
         """The next recorded answer of ``kind`` among the next transition's ``inputs``
         (each kind in the order the loop took them), or ``_WAIT`` (the replay stops)
         when the trace holds none."""
+        if self.s.events:
+            # Asked in the middle of a quiet answer: the edges taken before it are compared
+            # first, as when each is followed by an emit (their difference comes first).
+            self._compare()
+            if self.dead:
+                return _WAIT
         ahead = self._ahead(final=True)
         if ahead is None:
             self.stop(self.fed, f"the engine asks the world to {what}; the trace ends first")
