@@ -337,7 +337,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     feed = walk.feed_bare if isinstance(walk, Replay) else walk.feed
     readline = handle.readline
     # (Locals for the per-line loop: slice bounds, the read limit.)
-    tail, cut, limit, newline = -_TAIL, -LINK_HEX - 2, MAX_LINE + 1, b"\n"
+    tail, link_at, limit, newline = -_TAIL, -LINK_HEX - 2, MAX_LINE + 1, b"\n"
     line_no = 0
     raw = first
     event: Any = head.event
@@ -348,9 +348,9 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
             break
         body = raw[:-1]
         if mac is not None:
-            if body[tail:cut] == _LINK_FIELD:
-                link = body[cut:-2]
-                if prev is not None and mac(prev + newline + body[:cut]) != link:
+            if body[tail:link_at] == _LINK_FIELD:
+                link = body[link_at:-2]
+                if prev is not None and mac(prev + newline + body[:link_at]) != link:
                     fail(
                         line_no,
                         "the chain breaks here: this line, or one before it, was changed, "
