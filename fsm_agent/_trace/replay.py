@@ -34,6 +34,15 @@ the engine changes what ``check`` accepts with no change here.
 
 Memory stays constant: recorded events wait only until the engine reaches them (a few),
 and the replayed history is dropped as the run goes (nothing the loop decides reads it).
+
+What a replay skips where it cannot change the outcome, to check at the walker's speed:
+a run without rules is replayed without an emit after every edge (the points where a
+driver may stop a run: the loop is made to emit after each only while a recorded
+``cancel``, a resume or a batch too large for the lookahead is ahead), and without
+saving checkpoints (a snapshot of the whole state each; a resume from one earlier than
+the state replayed raises :class:`Rewind`, and the checker replays the trace again,
+keeping them). ``tests/test_replay_quiet.py`` holds both to the violations, word for
+word, of the replay that emits after every edge and keeps every checkpoint.
 """
 
 from __future__ import annotations
