@@ -403,12 +403,21 @@ class Replay:
         tools = head.get("tools")
         self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
         self.transitions = 0  # transitions in ``pending``
+        self.loud_until = 0  # the last line up to which the loop emits after every edge
+        self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
+        self.wake = 0  # the transitions pending that the loop waits for
         config, problems = _config(head, self, saving)
-        run_id = head.get("run_id")
         if config is None:
             fail(1, "the header " + "; ".join(problems) + ": the run cannot be replayed")
             self.dead = True
             return
+        self._begin(head, config, note)
+
+    def _begin(
+        self, head: Mapping[str, Any], config: RunConfig, note: Callable[[str], None] | None
+    ) -> None:
+        """The replayed run's state as the header starts it, and its loop at its first
+        request."""
         self.config = config
         # Emitting after every edge is what lets the replay stop the loop where a driver
         # stopped the run, and what a rule's recorded verdict is read ahead for; it costs
@@ -417,9 +426,7 @@ class Replay:
         self.quiet = (
             config if config.rules is not None or not QUIET else replace(config, emit=False)
         )
-        self.loud_until = 0  # the last line up to which the loop emits after every edge
-        self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
-        self.wake = 0  # the transitions pending that the loop waits for
+        run_id = head.get("run_id")
         self.s = RunState(
             run_id=run_id if isinstance(run_id, str) else "", config=config, messages=[]
         )
