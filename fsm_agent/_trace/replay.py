@@ -791,9 +791,27 @@ class Replay:
                 return i, pending[i][1]
         return None if final else _WAIT
 
+    def _resumed_at_start(self, final: bool) -> bool:
+        """Whether a resume took over the run from its header's checkpoint (a worker
+        driving a submitted run): restarted here, at the first clock reading, since a
+        replay that keeps no checkpoints makes no request at the header's (where one that
+        keeps them restarts: the state is the same)."""
+        ahead = self._ahead(final)
+        if type(ahead) is not tuple:
+            return False
+        at, nxt = ahead
+        if _resumed(nxt) is None or any(
+            self.pending[i][1].get("type") == "review" for i in range(at)
+        ):
+            return False
+        self._restart(self.pending[at][0], nxt)
+        return True
+
     def _answer(self, final: bool) -> Any:  # noqa: C901 - one branch per request kind
         request = self.request
         if request is READ_CLOCK and self.fresh:
+            if not self.saving and not self.restarted and self._resumed_at_start(final):
+                return _WAIT if self.dead else self._answer(final)
             self.fresh = False
             return 0.0
         # (Everything the loop wrote was compared: the next recorded event is the first
