@@ -10,6 +10,11 @@ authorises exactly that call id, once, for the arguments it was paused with (R8)
 ``edit`` approves it with the reviewer's corrected arguments instead, validated here
 against the tool's schema as the run's header records it, and bound by their own digest
 (the resume admits the call afresh with them, as any call).
+
+A decider that already read the run (the review server's page) passes that read as
+``seen``: the decision is judged on it and written only while the run is still that
+version, without the claim and the read (one round trip on PostgreSQL, one commit on
+SQLite); where the run moved on, it is judged again on the run as stored.
 """
 
 from __future__ import annotations
