@@ -59,8 +59,10 @@ _ACTIONS = ("approve", "deny", "edit", "reconcile")
 _SEP = "\r\n"
 #: Events per read of a stream
 _PAGE = 500
-#: Versions of paused runs kept for a decision on them (``_Views``)
+#: Versions of paused runs kept for a decision on them (``_Views``), and the events and
+#: history rows they may hold together (a long run's version holds its whole trace)
 _VIEWS = 256
+_VIEW_ROWS = 200_000
 
 
 class _Guard:
@@ -118,20 +120,28 @@ class _Views:
     still at it (``record_review(..., seen=)``: one round trip). Only the server's own
     reads are kept; what a client sends names one, never supplies it."""
 
-    def __init__(self, most: int = _VIEWS) -> None:
-        self.most = most
+    def __init__(self, most: int = _VIEWS, rows: int = _VIEW_ROWS) -> None:
+        self.most, self.rows = most, rows
         self._kept: OrderedDict[tuple[str, int], StoredRun] = OrderedDict()
+        self._held = 0  # events and history rows of the versions kept
 
     def keep(self, stored: StoredRun) -> None:
         """Keep ``stored`` if a decision could be made on it (a paused run whose store
-        tells versions)."""
+        tells versions), dropping the least recently shown past either bound."""
         if stored.head is None or stored.body.get("state") != "review_required":
             return
         at = (stored.run_id, stored.head.seq)
+        self.drop(*at)
         self._kept[at] = stored
-        self._kept.move_to_end(at)
-        while len(self._kept) > self.most:
-            self._kept.popitem(last=False)
+        self._held += _rows(stored)
+        while len(self._kept) > self.most or (self._held > self.rows and len(self._kept) > 1):
+            _, gone = self._kept.popitem(last=False)
+            self._held -= _rows(gone)
+
+    def drop(self, run_id: str, seq: int) -> None:
+        gone = self._kept.pop((run_id, seq), None)
+        if gone is not None:
+            self._held -= _rows(gone)
 
     def get(self, run_id: str, seq: int | None) -> StoredRun | None:
         if seq is None:
@@ -140,6 +150,10 @@ class _Views:
         if found is not None:
             self._kept.move_to_end((run_id, seq))
         return found
+
+
+def _rows(stored: StoredRun) -> int:
+    return len(stored.events) + len(stored.messages)
 
 
 class Server:
@@ -374,6 +388,8 @@ class Server:
             return event
 
         event: dict[str, Any] = await self.call(decide)
+        if expected is not None:  # that version is gone: the next page shows the new one
+            self.views.drop(run_id, expected)
         self.broadcaster.poke(frozenset({run_id}))
         return event
 
