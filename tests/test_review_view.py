@@ -343,3 +343,26 @@ def test_the_server_keeps_few_versions_and_only_of_paused_runs() -> None:
     kept.keep(done)  # a store that tells no versions
     assert kept.get("e", 3) is None and kept.get("f", -1) is None
     assert kept.get("d", None) is None  # no If-Match: no version named
+
+
+def test_runtime_approve_and_deny_take_the_view_their_caller_read(
+    viewing_store: Any, tmp_path: Path
+) -> None:
+    store = viewing_store
+    spy = _Spy(store)
+    rt = pause(store, two=True)
+    rt.approve("r1", "c1", by="ana", seen=store.load_run("r1"))
+    stale = store.load_run("r1")  # c2 still pending in it
+    rt.deny("r1", "c2", "not this one", by="ana", seen=store.load_run("r1"))
+    assert spy.answers == [True, True]
+    # A view older than the run: it fits there, the store refuses the write, and the
+    # decision judged again on the run as stored says why it no longer fits.
+    with pytest.raises(ReviewError, match="already denied"):
+        rt.deny("r1", "c2", "again", by="bob", seen=stale)
+    assert spy.answers == [True, True, False]
+    assert [(e["reviewer"], e["action"]) for e in _reviews(store, "r1")] == [
+        ("ana", "approve"),
+        ("ana", "deny"),
+    ]
+    assert rt.resume("r1").status == "done"
+    _checked(store, "r1", tmp_path)
