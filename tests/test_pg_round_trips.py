@@ -493,7 +493,6 @@ CHILD = textwrap.dedent(
     import json, os, signal, sys
     from fsm_agent import Runtime, ToolRegistry
     from fsm_agent._durable.postgres import PostgresStore
-from fsm_agent._durable.review import record_review
 
     dsn, schema, ledger = sys.argv[1:]
     tools = ToolRegistry()
@@ -559,7 +558,6 @@ READS_CHILD = textwrap.dedent(
     import os, signal, sys
     from fsm_agent import Runtime, ToolRegistry
     from fsm_agent._durable.postgres import PostgresStore
-from fsm_agent._durable.review import record_review
 
     dsn, schema = sys.argv[1:]
     tools = ToolRegistry()
