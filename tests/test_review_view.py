@@ -269,7 +269,7 @@ def test_two_reviewers_racing_with_their_pages_never_both_win(
 ) -> None:
     store = viewing_store
     keys = reviewers(store)
-    trials = 40 if isinstance(store, SqliteStore) else 25
+    trials = 100 if isinstance(store, SqliteStore) else 60
     for i in range(trials):
         pause(store, f"t{i}")
     live = LiveServer(store).start()
@@ -315,9 +315,12 @@ def test_two_reviewers_racing_with_their_pages_never_both_win(
         assert reviews[0]["reviewer"] == winner
         report = check_bytes(views.trace_lines(store.load_run(f"t{i}")).encode())
         assert report.violations == [], (i, report.violations)
-    # Both judged on their pages: one write per trial landed, every other was refused
-    # by the store (a reviewer who lost before writing at all was refused by the guard).
+    # One write per trial landed. A loser judged on its page too was refused by the
+    # store's conditional write (measured: about 3 in 4 on SQLite, nearly all on
+    # PostgreSQL); one that came after the winner found that version gone and was
+    # judged under the claim. Both happened: the race was run, not serialised.
     assert spy.answers.count(True) == trials, spy.answers
+    assert spy.answers.count(False) >= 1, spy.answers
     _checked(store, "t0", tmp_path)
 
 
