@@ -109,7 +109,11 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
     )
     p.set_defaults(handler=_review, action="reconcile")
 
-    p = add("cancel", "cancel a run waiting to be driven (submitted, or between rounds)")
+    p = add(
+        "cancel",
+        "cancel a run: at once if it waits to be driven, else a request its driver "
+        "honours at its next step",
+    )
     p.add_argument("run_id")
     p.add_argument(
         "--key-env",
@@ -436,7 +440,8 @@ def _review(args: argparse.Namespace) -> int:
 
 @_guarded
 def _cancel(args: argparse.Namespace) -> int:
-    from fsm_agent._durable.cancel import cancel_run
+    from fsm_agent._durable.cancel import ask_cancel
+    from fsm_agent._durable.store import CancelRequest
 
     key = None
     if args.key_env:
@@ -445,8 +450,15 @@ def _cancel(args: argparse.Namespace) -> int:
             return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
     by = args.by if args.by is not None else _os_user()
     with _open(args, write=True) as store:
-        s = cancel_run(store, args.run_id, key=key, by=by, note=args.note)
-    print(f"cancelled run {args.run_id} ({s.state}/{s.reason})" + (f" by {by}" if by else ""))
+        done = ask_cancel(store, args.run_id, key=key, by=by, note=args.note)
+    if isinstance(done, CancelRequest):
+        who = f" by {done.by}" if done.by else ""
+        print(
+            f"cancel requested for run {args.run_id}{who} at {done.at}: its driver stops "
+            "it at its next step (fsm-agent runs show to see it end)"
+        )
+        return 0
+    print(f"cancelled run {args.run_id} ({done.state}/{done.reason})" + (f" by {by}" if by else ""))
     return 0
 
 
