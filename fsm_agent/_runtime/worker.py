@@ -251,6 +251,8 @@ class Worker:
             self.grace_s,
         )
         await self._report(force=True)
+        if not self._active:  # the last one finished while the report was sent
+            return
         _, late = await asyncio.wait(list(self._active), timeout=self.grace_s)
         for task in late:
             claim = self._active.get(task)
