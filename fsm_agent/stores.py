@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fsm_agent._durable.memory import MemoryStore
 from fsm_agent._durable.store import (
     ApprovalStore,
+    CancelRequest,
     Checkpoint,
     Fence,
     IdempotencyRecord,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # for type checkers; at run time both are imported on first u
 
 __all__ = [
     "ApprovalStore",
+    "CancelRequest",
     "Checkpoint",
     "Fence",
     "IdempotencyRecord",
