@@ -361,6 +361,33 @@ def test_a_worker_stops_a_running_run_cancelled_over_http(
     print(f"\nrequest to cancelled: {latency * 1000:.0f} ms (heartbeat every 400 ms)")
 
 
+def test_on_postgresql_the_request_wakes_the_worker_without_waiting_for_its_heartbeat(
+    pg: PostgresStore, pg_server: Any, pg_schema: str, tmp_path: Path
+) -> None:
+    """With the default-sized lease (30 s: a heartbeat every 10 s) the request would wait
+    up to 10 s for the renewal that brings it; the store's ``NOTIFY cancel:<run>`` makes
+    the worker driving the run renew at once."""
+    key = _admin(pg)
+    fleet_app.make_runtime(pg).submit(fleet_app.plan("r1", "read"), run_id="r1")
+    worker = _worker(pg_server, pg_schema, tmp_path, 8.0, 30.0)
+    server = LiveServer(pg).start()
+    try:
+        _wait(lambda: _claimed(pg), 30, "no worker claimed the run")
+        with _client(server, key) as c:
+            asked = time.monotonic()
+            r = c.post("/api/runs/r1/cancel", json={"note": "now, not in 10 s"})
+            assert r.status_code == 202, r.text
+        _wait(lambda: _state(pg, "r1")[0] == "cancelled", 15, "the worker did not cancel")
+        latency = time.monotonic() - asked
+        assert latency < 1.5, latency
+        assert _the_cancel(pg, "r1")["note"] == "now, not in 10 s"
+        _checks(server, key, "r1", tmp_path)
+    finally:
+        server.stop()
+        _stop(worker)
+    print(f"\nrequest to cancelled, woken by NOTIFY: {latency * 1000:.0f} ms (lease 30 s)")
+
+
 def test_a_write_in_flight_when_the_request_comes_goes_to_review(
     pg: PostgresStore, pg_server: Any, pg_schema: str, tmp_path: Path
 ) -> None:

@@ -239,12 +239,15 @@ class Statements:
             "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch) RETURNING cancel"
         )
         # Whoever holds the run: the first request stays (asking again changes nothing),
-        # and a run that has ended gets none. Its state and the request now stored.
+        # and a run that has ended gets none. Its state and the request now stored; the
+        # work channel is told (``cancel:<run id>``), so a worker driving the run renews
+        # its lease at once and learns of it then (a hint: the renewal is what counts).
         self.request_cancel = q(
             "WITH r AS (SELECT num, state, cancel FROM {s}.runs WHERE run_id = %(run_id)s "
             "FOR UPDATE), u AS (UPDATE {s}.runs x SET cancel = %(cancel)s FROM r "
             "WHERE x.num = r.num AND r.cancel IS NULL AND NOT r.state = ANY(%(ended)s) "
-            "RETURNING x.cancel) SELECT r.state, coalesce((SELECT cancel FROM u), r.cancel) FROM r"
+            "RETURNING x.cancel) SELECT r.state, coalesce((SELECT cancel FROM u), r.cancel), "
+            "pg_notify(%(channel)s, 'cancel:' || %(run_id)s) FROM r"
         )
         self.release = q(
             "WITH r AS (UPDATE {s}.runs SET owner = NULL, lease_until = '-infinity' "

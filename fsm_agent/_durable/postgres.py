@@ -953,11 +953,12 @@ class PostgresStore:
     def request_cancel(self, run_id: str, request: CancelRequest) -> CancelRequest | None:
         """As :meth:`MemoryStore.request_cancel <fsm_agent._durable.memory.MemoryStore.
         request_cancel>`: one statement, under the run row's lock, whoever holds it."""
-        params = {"run_id": run_id, "cancel": request.dumps(), "ended": list(_FINISHED)}
+        params = {"run_id": run_id, "cancel": request.dumps(), "ended": list(_FINISHED),
+                  "channel": self.channel}  # fmt: skip
         row = self._one(self.sql.request_cancel, params)
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in {self.name}")
-        state, stored = row
+        state, stored, _ = row
         if state in _FINISHED:
             return None
         return CancelRequest.loads(stored, f"{self.name}: run {run_id!r}")

@@ -28,8 +28,8 @@ from fsm_agent._errors import ConfigError, CorruptRecord, MachineMismatch, RunBu
 from fsm_agent._trace.chain import strip_links
 from fsm_agent._trace.replay import recorded_rules
 
-__all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restore_run",
-           "restore_state"]  # fmt: skip
+__all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "poke",
+           "restore_run", "restore_state"]  # fmt: skip
 
 #: Builds a run's config from the settings it started with (``Runtime.config``; the
 #: machine is passed by keyword).
@@ -192,7 +192,8 @@ class Heartbeat:
 
     A renewal returns the run's :class:`~fsm_agent._durable.store.CancelRequest` if one
     is stored: ``on_cancel`` gets it (on this thread), and the heartbeat goes on (the
-    driver stops the run and then stops it)."""
+    driver stops the run and then stops it). :func:`poke` renews at once, out of turn (a
+    worker told by ``NOTIFY`` that a cancel was asked of a run it drives)."""
 
     #: The first retry after a failed renewal, in seconds.
     RETRY_S = 0.1
@@ -208,16 +209,24 @@ class Heartbeat:
         self.on_cancel = on_cancel
         self.lost: BaseException | None = None
         self.failures = 0  # renewals that failed and were retried
-        self._stop = threading.Event()
+        self._stopped = False
+        self._wake = threading.Event()  # set by stop() and by poke()
         interval = max(float(getattr(store, "lease_s", 300.0)) / 3.0, 0.05)
         self._thread = threading.Thread(
             target=self._beat, args=(interval,), daemon=True, name="fsm-agent-heartbeat"
         )
+        with _BEATING_LOCK:
+            _BEATING[(run_id, owner)] = self
         self._thread.start()
 
     def _beat(self, interval: float) -> None:
         wait, retry = interval, min(self.RETRY_S, interval)
-        while not self._stop.wait(wait):
+        while True:
+            self._wake.wait(wait)
+            # (A poke between the wait and this clear is answered by this renewal.)
+            self._wake.clear()
+            if self._stopped:
+                return
             try:
                 asked = self.store.renew(self.run_id, self.owner)
             except RunNotFound:
@@ -237,6 +246,27 @@ class Heartbeat:
                 self.on_cancel(asked)
 
     def stop(self) -> None:
-        self._stop.set()
+        with _BEATING_LOCK:
+            if _BEATING.get((self.run_id, self.owner)) is self:
+                del _BEATING[(self.run_id, self.owner)]
+        self._stopped = True
+        self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+
+
+#: The heartbeats of this process, by ``(run_id, owner)`` (for :func:`poke`).
+_BEATING: dict[tuple[str, str], Heartbeat] = {}
+_BEATING_LOCK = threading.Lock()
+
+
+def poke(run_id: str, owner: str) -> bool:
+    """Renew ``owner``'s lease on ``run_id`` now, if this process beats for it: its
+    renewal brings a cancel asked of the run at once instead of a third of a lease later.
+    Whether there was such a heartbeat."""
+    with _BEATING_LOCK:
+        beating = _BEATING.get((run_id, owner))
+    if beating is None:
+        return False
+    beating._wake.set()
+    return True
