@@ -67,9 +67,8 @@ def _state(store: Any, run_id: str) -> tuple[str, str]:
 
 
 def _the_cancel(store: Any, run_id: str) -> dict[str, Any]:
-    """The run's ``cancel`` transition (exactly one), and its run_end said cancelled or
-    review."""
-    events = store.load_run(run_id).events
+    """The run's ``cancel`` transition (exactly one); the run ended after it."""
+    events: list[dict[str, Any]] = store.load_run(run_id).events
     (cancel,) = [e for e in events if e["type"] == "transition" and e["trigger"] == "cancel"]
     assert events[-1]["type"] == "run_end"
     return cancel
