@@ -3,6 +3,7 @@ tested through HTTP in test_server_api.py)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import zlib
 from pathlib import Path
@@ -202,6 +203,10 @@ def test_runs_cancel_of_a_run_a_driver_holds_stores_a_request_for_it(
         asked = store.load_run("q1").cancel_request
         assert store.load_run("q1").events == []  # nothing recorded yet
     assert asked is not None and asked.by == "ops"
+    code, out, _ = run(capsys, "runs", "show", "q1", "--db", db)
+    assert code == 0 and f"  cancel requested by ops at {asked.at} (its driver" in out, out
+    code, out, _ = run(capsys, "runs", "show", "q1", "--db", db, "--json")
+    assert json.loads(out)["cancel_requested"] == {"by": "ops", "at": asked.at}
 
 
 def test_runs_cancel_records_by_and_note_in_the_trace_and_check_passes(

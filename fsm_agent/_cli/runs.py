@@ -165,6 +165,9 @@ def _seconds(text: str) -> float:
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
+#: The states a run never leaves (a cancel request on such a run is history, not news).
+_ENDED = frozenset({"done", "budget_exhausted", "protocol_error", "cancelled"})
+
 
 def _age(text: str) -> float:
     number, unit = text[:-1], text[-1:]
@@ -330,6 +333,9 @@ def _show(args: argparse.Namespace) -> int:
                     "counters": ctx.get("counters"),
                     "pending": pending,
                     "events": events,
+                    "cancel_requested": (
+                        None if stored.cancel_request is None else stored.cancel_request.to_json()
+                    ),
                 },
                 ensure_ascii=False,
             )
@@ -337,6 +343,11 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     status = ctx.get("state", "?") + (f"/{ctx['reason']}" if ctx.get("reason") else "")
     print(f"run {stored.run_id}: {status}")
+    asked = stored.cancel_request
+    if asked is not None and ctx.get("state") not in _ENDED:
+        who = f" by {asked.by}" if asked.by else ""
+        why = f": {asked.note}" if asked.note else ""
+        print(f"  cancel requested{who} at {asked.at}{why} (its driver stops it at its next step)")
     if ctx.get("detail"):
         print(f"  detail: {ctx['detail']}")
     if ctx.get("answer"):
