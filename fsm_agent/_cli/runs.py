@@ -333,9 +333,7 @@ def _show(args: argparse.Namespace) -> int:
                     "counters": ctx.get("counters"),
                     "pending": pending,
                     "events": events,
-                    "cancel_requested": (
-                        None if stored.cancel_request is None else stored.cancel_request.to_json()
-                    ),
+                    "cancel_requested": stored.cancel_request and stored.cancel_request.to_json(),
                 },
                 ensure_ascii=False,
             )
@@ -343,11 +341,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     status = ctx.get("state", "?") + (f"/{ctx['reason']}" if ctx.get("reason") else "")
     print(f"run {stored.run_id}: {status}")
-    asked = stored.cancel_request
-    if asked is not None and ctx.get("state") not in _ENDED:
-        who = f" by {asked.by}" if asked.by else ""
-        why = f": {asked.note}" if asked.note else ""
-        print(f"  cancel requested{who} at {asked.at}{why} (its driver stops it at its next step)")
+    _print_asked(stored)
     if ctx.get("detail"):
         print(f"  detail: {ctx['detail']}")
     if ctx.get("answer"):
@@ -447,6 +441,15 @@ def _review(args: argparse.Namespace) -> int:
     else:
         print("the run continues when the application resumes it (Runtime.resume)")
     return 0
+
+
+def _print_asked(stored: Any) -> None:
+    """A cancel requested of a run not yet ended (its driver has not stopped it yet)."""
+    asked = stored.cancel_request
+    if asked is not None and stored.body.get("state") not in _ENDED:
+        who = f" by {asked.by}" if asked.by else ""
+        why = f": {asked.note}" if asked.note else ""
+        print(f"  cancel requested{who} at {asked.at}{why} (its driver stops it at its next step)")
 
 
 @_guarded
