@@ -15,6 +15,12 @@ its last good checkpoint and the run can be resumed from there) and then re-rais
 first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
 ``SystemExit`` from a model or tool) never stop the driver: the loop is sent them.
 
+A cancel asked through the store (``runtime/asked.py``: the heartbeat's renewal or the
+claim brings it) stops the run the same way, with the request's ``by``/``at``/``note``
+thrown in, before the next request that would ask the world (and, in the async driver,
+by interrupting the model call, tool call or sleep in flight); the run then ends as
+asked, and nothing is re-raised.
+
 Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s`` runs
 on a thread of its own, at most ``ToolThreads.limit`` at once per runtime; a call that
 cannot start within its timeout (every thread busy with hung calls) is never started and
