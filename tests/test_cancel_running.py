@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -327,7 +328,8 @@ def test_a_worker_stops_a_running_run_cancelled_over_http(
 ) -> None:
     """``fsm-agent worker`` (lease 1.2 s: a heartbeat every 0.4 s) drives a run whose
     model and lookup take seconds; a cancel over HTTP is 202 and nothing more, then the
-    worker's heartbeat brings the request and the run ends ``cancelled/cancelled`` with
+    worker's lease renewal brings the request (at once: the request's NOTIFY wakes its
+    heartbeat; else within 0.4 s) and the run ends ``cancelled/cancelled`` with
     the key's holder and the note in its ``cancel`` transition; the export checks."""
     key = _admin(pg)
     fleet_app.make_runtime(pg).submit(fleet_app.plan("r1", "read"), run_id="r1")
@@ -357,7 +359,7 @@ def test_a_worker_stops_a_running_run_cancelled_over_http(
         server.stop()
         out = _stop(worker)
     assert "finished run r1: cancelled/cancelled" in out, out
-    print(f"\nrequest to cancelled: {latency * 1000:.0f} ms (heartbeat every 400 ms)")
+    print(f"\nrequest to cancelled: {latency * 1000:.0f} ms (lease 1.2 s)")
 
 
 def test_on_postgresql_the_request_wakes_the_worker_without_waiting_for_its_heartbeat(
@@ -420,8 +422,9 @@ def test_after_sigkill_the_next_worker_honours_the_request_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """The request is stored, then the worker driving the run is killed (SIGKILL) before
-    its heartbeat (every 10 s) could bring it: the next worker takes the run over at once
-    (its owner's process is gone) and stops it before asking the model or a tool."""
+    it could honour it (stopped first, SIGSTOP: neither its heartbeat nor the request's
+    NOTIFY can reach it): the next worker takes the run over at once (its owner's process
+    is gone) and stops it before asking the model or a tool."""
     monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
     monkeypatch.setenv("FSM_TOOL_S", "0.001")
     key = _admin(pg)
@@ -430,9 +433,11 @@ def test_after_sigkill_the_next_worker_honours_the_request_at_once(
     server = LiveServer(pg).start()
     try:
         _wait(lambda: _claimed(pg), 30, "no worker claimed the run")
+        doomed.send_signal(signal.SIGSTOP)
         with _client(server, key) as c:
             r = c.post("/api/runs/r1/cancel", json={"note": "after the crash too"})
             assert r.status_code == 202, r.text
+        time.sleep(0.3)  # (the NOTIFY is queued for a process that cannot read it)
         doomed.kill()
         doomed.communicate()
         killed = time.monotonic()
