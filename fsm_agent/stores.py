@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fsm_agent._durable.memory import MemoryStore
 from fsm_agent._durable.store import (
     ApprovalStore,
+    CancelRequest,
     Checkpoint,
     Fence,
     Head,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # for type checkers; at run time both are imported on first u
 
 __all__ = [
     "ApprovalStore",
+    "CancelRequest",
     "Checkpoint",
     "Fence",
     "Head",

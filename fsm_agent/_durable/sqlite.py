@@ -47,7 +47,15 @@ from fsm_agent._core.jsonsafe import c_dumps
 from fsm_agent._core.state import SaveMode
 from fsm_agent._durable import owners
 from fsm_agent._durable.feed import KeyRecord, Watch
-from fsm_agent._durable.store import Checkpoint, Fence, Head, RunSave, RunSummary, StoredRun
+from fsm_agent._durable.store import (
+    CancelRequest,
+    Checkpoint,
+    Fence,
+    Head,
+    RunSave,
+    RunSummary,
+    StoredRun,
+)
 from fsm_agent._errors import (
     ConfigError,
     CorruptRecord,
@@ -147,6 +155,12 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 1;
     """,
+    # 6: a cancel asked of a run while it was driven (or before it is driven again), for
+    # its driver: JSON text of ``CancelRequest``, NULL where none was asked. On the runs
+    # row, so the heartbeat's renewal returns it in its own statement.
+    """
+    ALTER TABLE runs ADD COLUMN cancel TEXT;
+    """,
 )
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
@@ -160,6 +174,9 @@ _BEHIND_MOST = 32
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+#: The states a run never leaves: no cancel is asked of such a run.
+_ENDED = frozenset({"done", "budget_exhausted", "protocol_error", "cancelled"})
 
 
 def _plain_dumps(value: Any) -> str:
@@ -822,13 +839,13 @@ class SqliteStore:
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
             rows = self._read(
-                "SELECT r.num, h.body, h.sum, r.ctx, r.sum FROM runs r JOIN "
+                "SELECT r.num, h.body, h.sum, r.ctx, r.sum, r.cancel FROM runs r JOIN "
                 "headers h USING (num) WHERE r.run_id = ?",
                 (run_id,),
             )
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
-            num, header, header_sum, snapshot, snapshot_sum = rows[0]
+            num, header, header_sum, snapshot, snapshot_sum, cancel = rows[0]
             span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
             messages = self._read(
                 "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
@@ -848,6 +865,7 @@ class SqliteStore:
             [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
             loaded,
             head,
+            CancelRequest.loads(cancel, f"{self.path}: {where}"),
         )
 
     def _events(self, rows: list[Any], base: int, where: str) -> list[dict[str, Any]]:
@@ -961,14 +979,30 @@ class SqliteStore:
             for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
                 del self._behind[k]
 
-    def renew(self, run_id: str, owner: str) -> None:
+    def renew(self, run_id: str, owner: str) -> CancelRequest | None:
         with self._write() as c:
-            cur = c.execute(
-                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
+            row = c.execute(
+                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ? RETURNING cancel",
                 (time.time() + self.lease_s, run_id, owner),
-            )
-            if cur.rowcount != 1:
+            ).fetchone()
+            if row is None:
                 self._not_owner(c, run_id)
+        return CancelRequest.loads(row[0], f"{self.path}: run {run_id!r}")
+
+    def request_cancel(self, run_id: str, request: CancelRequest) -> CancelRequest | None:
+        """As :meth:`MemoryStore.request_cancel <fsm_agent._durable.memory.MemoryStore.
+        request_cancel>`: one ``BEGIN IMMEDIATE`` transaction, whoever holds the run."""
+        with self._write() as c:
+            row = c.execute("SELECT state, cancel FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.path}")
+            state, stored = row
+            if state in _ENDED:
+                return None
+            if stored is None:
+                c.execute("UPDATE runs SET cancel = ? WHERE run_id = ?", (request.dumps(), run_id))
+                return request
+        return CancelRequest.loads(stored, f"{self.path}: run {run_id!r}")
 
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim, with what still waits behind the driving (a run that

@@ -31,6 +31,7 @@ from fsm_agent._durable import owners, review
 from fsm_agent._durable.memory import MemoryStore
 from fsm_agent._durable.resume import known_machines, restore_run
 from fsm_agent._durable.store import (
+    CancelRequest,
     Checkpoint,
     Store,
     StoredRun,
@@ -367,8 +368,10 @@ class Runtime:
         live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
         model = self._sync_model(model, "resume")
-        state, owner, encoder, sink = self._restore(run_id)
-        return self._drive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink, cancel = self._restore(run_id)
+        return self._drive(
+            state, model, sink, resumed=True, owner=owner, encoder=encoder, cancel=cancel
+        )
 
     async def aresume(
         self, run_id: str, *, model: Model | None = None, claimed_by: str | None = None
@@ -376,8 +379,10 @@ class Runtime:
         """:meth:`resume` for async models and tools. ``claimed_by``: the owner token of
         a claim the caller already holds on the run (a worker's: ``runtime/worker.py``)."""
         model = self._model_for(model)
-        state, owner, encoder, sink = self._restore(run_id, claimed_by)
-        return await self._adrive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink, cancel = self._restore(run_id, claimed_by)
+        return await self._adrive(
+            state, model, sink, resumed=True, owner=owner, encoder=encoder, cancel=cancel
+        )
 
     def approve(
         self,
@@ -543,16 +548,17 @@ class Runtime:
 
     def _restore(
         self, run_id: str, claimed_by: str | None = None
-    ) -> tuple[RunState, str, Encoder | None, TraceSink | None]:
+    ) -> tuple[RunState, str, Encoder | None, TraceSink | None, CancelRequest | None]:
         """The claimed, rebuilt run; with a ``trace_dir``, its file continued (it then holds
-        the whole run: ``runtime/trace_files.py``) as the sink of the rest of the run."""
+        the whole run: ``runtime/trace_files.py``) as the sink of the rest of the run; and
+        the cancel asked of it, read with it."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(
                 f"{type(store).__name__} does not keep runs; "
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
-        state, owner, tail = restore_run(
+        state, owner, tail, cancel = restore_run(
             store,
             run_id,
             self.config,
@@ -575,7 +581,7 @@ class Runtime:
                 )
                 state.config = replace(state.config, emit=True)
                 encoder = self._file_encoder(state, encoder, file_chain)
-            return state, owner, encoder, sink
+            return state, owner, encoder, sink, cancel
         except BaseException:
             if sink is not None:
                 sink.close()
@@ -681,10 +687,11 @@ class Runtime:
         resumed: bool,
         owner: str | None = None,
         encoder: Encoder | None = None,
+        cancel: CancelRequest | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
-        with Driving(self.store, s, io):
+        with Driving(self.store, s, io, cancel):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
         result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
@@ -699,10 +706,11 @@ class Runtime:
         resumed: bool,
         owner: str | None = None,
         encoder: Encoder | None = None,
+        cancel: CancelRequest | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
-        with Driving(self.store, s, io):
+        with Driving(self.store, s, io, cancel):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
         result.warnings = warn_repeated_calls(s.run_id, s.messages, since)

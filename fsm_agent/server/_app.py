@@ -26,9 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fsm_agent._durable.cancel import NotCancellable, cancel_run
+from fsm_agent._durable.cancel import NotCancellable, ask_cancel
 from fsm_agent._durable.review import InvalidEdit, record
-from fsm_agent._durable.store import StoredRun
+from fsm_agent._durable.store import CancelRequest, StoredRun
 from fsm_agent._errors import ReviewError, RunBusy, RunExists, RunNotFound, StoreError
 from fsm_agent.server import _runs as views
 from fsm_agent.server._auth import Principal, Sessions, authenticate, check_csrf
@@ -399,22 +399,24 @@ class Server:
         note = None
         if await request.body():  # (a body is optional: {"note": "why"})
             note = (await _json_body(request)).get("note")
-        await self.stop_run(run_id, principal, note)
+        requested = await self.stop_run(run_id, principal, note)
         stored = await self.call(self.store.load_run, run_id)
-        return JSONResponse({"run": views.detail_of(stored)})
+        return JSONResponse({"run": views.detail_of(stored)}, status_code=202 if requested else 200)
 
-    async def stop_run(self, run_id: str, principal: Principal, note: Any = None) -> None:
+    async def stop_run(self, run_id: str, principal: Principal, note: Any = None) -> bool:
         """Cancel ``run_id`` through its machine's ``cancel`` trigger
         (``durable/cancel.py``), as the key's holder (recorded in the ``cancel``
-        transition with the time and ``note``); 409 for a run this cannot cancel,
+        transition with the time and ``note``): here and now if it waits to be driven,
+        else by a cancel request stored for its driver (``True``: requested, the driver
+        honours it at its next step); 409 for a run that has ended or waits for review,
         saying why."""
         principal.require("admin")
         if note is not None and (not isinstance(note, str) or not note.strip()):
             raise ApiError(422, "invalid", "note: a non-empty string")
 
-        def stop() -> None:
+        def stop() -> bool:
             try:
-                cancel_run(
+                done = ask_cancel(
                     self.store,
                     run_id,
                     key=self.trace_key,
@@ -424,17 +426,17 @@ class Server:
                 )
             except NotCancellable as exc:
                 raise ApiError(409, "conflict", str(exc)) from None
-            except RunBusy as exc:
-                raise ApiError(
-                    409,
-                    "conflict",
-                    f"{exc}; a run being driven is cancelled where it runs (its driver's "
-                    "stop); try again once it pauses or ends",
-                ) from None
+            return isinstance(done, CancelRequest)
 
-        await self.call(stop)
-        log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
+        requested: bool = await self.call(stop)
+        log.info(
+            "fsm-agent serve: run %r %s by %r",
+            run_id,
+            "cancel requested" if requested else "cancelled",
+            principal.name,
+        )
         self.broadcaster.poke(frozenset({run_id}))
+        return requested
 
     async def submit(self, request: Request) -> Response:
         await self.who(request, "admin")
