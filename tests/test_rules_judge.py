@@ -3,6 +3,7 @@ executed calls, schema answers, failing closed, opaque callables, the canonical 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from typing import Any
@@ -683,19 +684,39 @@ def test_quantifiers_judged_together_give_each_its_own_verdict() -> None:
             assert fast == whole, (len(grown), fast, whole)
 
 
-def test_the_digest_of_a_growing_list_of_calls_is_the_digest_of_the_list() -> None:
-    """The calls' digests are kept with the run as text and spliced into a judgement's
-    digest; an input holding the very placeholder is digested the long way, the same."""
-    from fsm_agent._rules.ruleset import _CALLS_MARK
-
+def test_the_inputs_digest_is_form_2_over_the_parts_the_rules_read() -> None:
+    """Form 2, as docs/concepts/traces.md defines it: lines ``fsm-agent rule inputs 2``,
+    the phase, the call id, then ``name=part`` by name; ``calls`` the chain of its
+    entries' digests, the same whether the list is kept with the run or not."""
     both = "args.to == 'q' || calls.exists(c, c.tool == 'fetch_url')"
     rules = RuleSet([Rule("r", on="before_tool", tools=["send_email"], when=both,
                           then="deny")], TOOLS)  # fmt: skip
     grown = [executed("search", q=str(n)) for n in range(3)]
-    for to in ("a", _CALLS_MARK, f'"{_CALLS_MARK}"'):
-        facts = Facts(tool="send_email", args={"to": to}, calls=grown, call_id="m")
+    link = "0" * 64
+    for entry in grown:
+        link = hashlib.sha256((link + digest(entry)).encode()).hexdigest()
+    lines = ["fsm-agent rule inputs 2", "before_tool", '"m"', 'args={"to":"a\\n"}',
+             f"calls=chain:{link}"]  # fmt: skip
+    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    facts = Facts(tool="send_email", args={"to": "a\n"}, calls=grown, call_id="m")
+    for _ in range(2):  # the second time from the kept log and digests
         fast = rules.judge("before_tool", replace(facts, appended=True))
         whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
-        inputs = {"args": {"to": to}, "calls": [digest(c) for c in grown]}
-        expected = digest({"phase": "before_tool", "call_id": "m", "inputs": inputs})
         assert fast.inputs_digest == whole.inputs_digest == expected
+    grown.append(executed("search", q="3"))
+    longer = rules.judge("before_tool", replace(facts, appended=True)).inputs_digest
+    assert longer == rules.judge("before_tool", replace(facts, calls=list(grown))).inputs_digest
+    assert longer != expected
+
+
+def test_the_context_enters_the_digest_as_its_digest_trusted_or_not() -> None:
+    rules = RuleSet([Rule("c", on="before_tool", when="context.tier == 'x'", then="deny")],
+                    TOOLS)  # fmt: skip
+    context = {"tier": "gold"}
+    lines = ["fsm-agent rule inputs 2", "before_tool", "null", f"context={digest(context)}"]
+    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    trusted = Facts(tool="send_email", context=context, trusted=frozenset({"context"}))
+    for facts in (trusted, trusted, replace(trusted, trusted=frozenset())):
+        assert rules.judge("before_tool", facts).inputs_digest == expected
+    other = replace(trusted, context={"tier": "silver"})
+    assert rules.judge("before_tool", other).inputs_digest != expected

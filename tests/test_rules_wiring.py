@@ -156,7 +156,7 @@ def test_deny_answers_the_call_with_the_rule_and_runs_nothing(tmp_path: Path) ->
     }  # fmt: skip
     (judged,) = rule_events(result.events)
     assert judged["rule"] == "no-mail-after-web" and judged["verdict"] == "deny"
-    assert judged["call_id"] == "c2" and judged["inputs_digest"].startswith("sha256:")
+    assert judged["call_id"] == "c2" and judged["inputs_digest"].startswith("v2:sha256:")
     assert result.counters["tool_attempts"] == {"fetch_url": 1}
     checked(tmp_path / "t.jsonl")
 
@@ -731,3 +731,15 @@ def test_rules_join_an_applications_own_machine(tmp_path: Path) -> None:
     # the application's own row stops the run after its one round.
     assert (result.status, result.reason) == ("budget_exhausted", "tool_rounds")
     assert tool_results(result.messages)["c2"] == {"ok": True, "value": {"sent": True}}
+
+
+def test_check_refuses_a_trace_of_the_earlier_digest_form_naming_both(tmp_path: Path) -> None:
+    events = _trace(tmp_path)
+    assert all(e["inputs_digest"].startswith("v2:sha256:") for e in rule_events(events))
+    for e in rule_events(events):  # what an earlier development build wrote there
+        e["inputs_digest"] = "sha256:" + "ab" * 32
+    report = check_bytes(_relinked(events))
+    assert not report.ok
+    (violation,) = report.violations
+    assert "earlier development build" in violation.message, violation
+    assert "'v2:sha256:...'" in violation.message and "sha256:abab" in violation.message

@@ -26,7 +26,7 @@ from jsonschema.exceptions import SchemaError
 
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import cel
-from fsm_agent._rules.canonical import canonical_text, digest, digest_spliced
+from fsm_agent._rules.canonical import CHAIN_START, canonical_text, chain, digest, inputs_digest
 from fsm_agent._rules.facts import PASS, Facts, Judgement
 from fsm_agent._rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
 
@@ -425,7 +425,7 @@ class RuleSet:
         """The common case without the loop: every rule a CEL condition with a plain
         verdict, all evaluated at once, and the first that holds decides."""
         if True not in results:
-            inputs.upto = found.reads
+            inputs.upto = found.names
             return Judgement(
                 phase=inputs.phase,
                 verdict=PASS,
@@ -474,7 +474,7 @@ class _EntryCache:
     screened entries and digests as lists that grow with it, so a judgement late in a
     long run walks none of the entries it has seen before."""
 
-    __slots__ = ("_digests", "_logs", "_screened")
+    __slots__ = ("_context", "_digests", "_logs", "_screened")
 
     LIMIT = 20_000
     #: The logs kept (one per run being judged; a runtime drives few runs at once).
@@ -484,6 +484,22 @@ class _EntryCache:
         self._screened: dict[int, tuple[Any, Any]] = {}
         self._digests: dict[int, tuple[Any, str]] = {}
         self._logs: dict[int, _Log] = {}
+        self._context: tuple[Any, str] = (None, "")
+
+    def context_digest(self, context: Any) -> str:
+        """The digest of a trusted context (the run's, never changed): once per run."""
+        held, known = self._context
+        if held is not context:
+            known = digest(context)
+            self._context = (context, known)
+        return known
+
+    def chain(self, calls: Sequence[Any]) -> str:
+        """The chain of the entries' digests of a list not kept as a log."""
+        out = CHAIN_START
+        for entry in calls:
+            out = chain(out, self.digest_entry(entry))
+        return out
 
     def log(self, calls: list[Any]) -> _Log:
         """The log of ``calls`` (an appended list), brought up to its length."""
@@ -529,12 +545,12 @@ class _Log:
     ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
     reading ``calls`` then fails closed, as when the whole list is screened at once."""
 
-    __slots__ = ("_last", "_listed", "calls", "digests", "refused", "screened", "tallies")
+    __slots__ = ("_last", "calls", "chain", "digests", "refused", "screened", "tallies")
 
     def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
         self._last: Any = None  # the last entry seen, to tell that the list only grew
-        self._listed = ""  # the digests' canonical text, without the brackets
+        self.chain = CHAIN_START  # of the digests (canonical.chain)
         self.screened: list[Any] = []
         self.digests: list[str] = []
         self.refused: cel.Unrepresentable | None = None
@@ -555,10 +571,6 @@ class _Log:
                 tally.add(held)
         return tallies
 
-    def digests_text(self) -> str:
-        """The canonical text of :attr:`digests` (what ``canonical_text`` gives)."""
-        return f"[{self._listed}]"
-
     def holds(self) -> bool:
         """Whether the list still starts with the entries seen (it only grew)."""
         seen = len(self.digests)
@@ -570,9 +582,7 @@ class _Log:
             entry = calls[position]
             entry_digest = cache.digest_entry(entry)
             self.digests.append(entry_digest)
-            # A digest is "sha256:" and hex: its canonical text is itself quoted.
-            self._listed += f',"{entry_digest}"' if self._listed else f'"{entry_digest}"'
-
+            self.chain = chain(self.chain, entry_digest)
             if self.refused is None:
                 try:
                     self.screened.append(cache.screen_entry(entry, position))
@@ -607,7 +617,8 @@ class _Inputs:
         self._wanted = wanted  # what the candidate rules read
         self._screened: dict[str, Any] = {}
         self._refused: dict[str, cel.Unrepresentable] = {}
-        self.upto: frozenset[str] = frozenset()  # what the batch-evaluated rules tried read
+        #: What the batch-evaluated rules tried read, by name.
+        self.upto: tuple[str, ...] = ()
         self._activation: Any = None
         self._names: set[str] = set()  # the variables the tried rules read (digested)
         self._opaque: list[str] = []
@@ -681,33 +692,33 @@ class _Inputs:
         return tuple(self._opaque)
 
     def digest(self) -> str:
-        """The digest of what the tried rules read. ``calls`` enters as the list of its
-        entries' digests (each computed once per run), so the digest of a judgement late
-        in a long run costs no more than an early one."""
-        seen: dict[str, Any] = {}
-        log = None
-        for name in sorted(self._names | self.upto):
-            if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
-                log = self._entries.log(self.facts.calls)
-                seen[name] = _CALLS_MARK  # its text is kept with the run: spliced in
-                continue
-            value = self.facts.variable(name)
-            listed = name == "calls" and isinstance(value, list)
-            seen[name] = self._entries.digests(value) if listed else value
-        judged = {"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen}
-        if log is None:
-            return digest(judged)
-        spliced = digest_spliced(judged, _CALLS_MARK, log.digests_text())
-        if spliced is not None:
-            return spliced
-        seen["calls"] = log.digests
-        return digest(judged)
+        """The digest of what the tried rules read (:func:`inputs_digest`): each variable
+        as its canonical text, but ``calls`` as the chain of its entries' digests (kept
+        with the run: a judgement late in a long run digests no more than an early one)
+        and ``context`` as its digest (computed once per run where it is trusted: the
+        run's, fixed)."""
+        facts = self.facts
+        names = self.upto if not self._names else sorted(self._names.union(self.upto))
+        parts = []
+        for name in names:
+            if name == "calls":
+                part = self._calls_part()
+            elif name == "context":
+                context = facts.context
+                trusted = name in facts.trusted
+                part = self._entries.context_digest(context) if trusted else digest(context)
+            else:
+                part = canonical_text(facts.variable(name))
+            parts.append(f"{name}={part}")
+        return inputs_digest(self.phase, facts.call_id, parts)
 
-
-#: What stands for the calls' digests in a judgement's inputs until their text, kept
-#: with the run, is spliced in (a string no input is expected to hold; one that does
-#: only makes that judgement digest the long way).
-_CALLS_MARK = "\x00calls: the digests of the executed calls\x00"
+    def _calls_part(self) -> str:
+        calls = self.facts.calls
+        if self.facts.appended and type(calls) is list:
+            return "chain:" + self._entries.log(calls).chain
+        if not isinstance(calls, list | tuple):
+            return canonical_text(calls)
+        return "chain:" + self._entries.chain(calls)
 
 
 @dataclass(frozen=True)
@@ -717,9 +728,9 @@ class _Candidates:
     rules: tuple[_Compiled, ...]
     reads: frozenset[str]
     batch: tuple[cel.CelBatch, tuple[int, ...]] | None  # and the ids of its conditions
-    #: What the CEL conditions of ``rules[: i + 1]`` read: a judgement that stops at rule
-    #: ``i`` digests this, with no set union per rule tried.
-    upto: tuple[frozenset[str], ...] = ()
+    #: What the CEL conditions of ``rules[: i + 1]`` read, by name: a judgement that
+    #: stops at rule ``i`` digests this, with no set union per rule tried.
+    upto: tuple[tuple[str, ...], ...] = ()
     ids: tuple[str, ...] = ()  # the rules' ids
     #: Every rule a CEL condition deciding as it holds (no limit, no schema): the batch's
     #: first true result is the verdict.
@@ -728,13 +739,14 @@ class _Candidates:
     #: it), and the rest (their positions, and one program for them): a run's growing
     #: calls are then judged from tallies, and CEL is handed the rest only.
     split: _Split | None = None
+    names: tuple[str, ...] = ()  # ``reads`` by name
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
         programs = [c.condition for c in rules if isinstance(c.condition, cel.CelProgram)]
         batch = cel.compile_batch(programs, phase)
         ids = tuple(id(p) for p in programs)
-        upto = tuple(_reads(rules[: i + 1]) for i in range(len(rules)))
+        upto = tuple(tuple(sorted(_reads(rules[: i + 1]))) for i in range(len(rules)))
         plain = batch is not None and all(
             isinstance(c.condition, cel.CelProgram)
             and c.rule.then != "limit"
@@ -749,6 +761,7 @@ class _Candidates:
             tuple(c.rule.id for c in rules),
             plain,
             _Split.of(phase, programs) if batch is not None else None,
+            tuple(sorted(_reads(rules))),
         )
 
 

@@ -75,6 +75,7 @@ from fsm_agent._core.streamed import fold_problems
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import RuleSet, ToolInfo
+from fsm_agent._rules.canonical import INPUTS_DIGEST
 from fsm_agent._rules.canonical import digest as rule_digest
 from fsm_agent._trace.model import Settings
 from fsm_agent._trace.walk import Write
@@ -525,15 +526,8 @@ class Replay:
                 f"here; the trace records {_describe(recorded)}",
             )
             return
-        for name in _DIVERGING:
-            if recorded.get(name) != mine.get(name):
-                why = _guard_changes(recorded.get("guards"), mine.get("guards"))
-                self.stop(
-                    line,
-                    f"seq {seq}: the engine writes {_describe(mine)} here{why}; the "
-                    f"trace records {_describe(recorded)}",
-                )
-                return
+        if self._diverged(line, seq, recorded, mine):
+            return
         for name in sorted(set(recorded) | set(mine)):
             # Guards are the engine's own outcomes, not payload: strict, redacted or not.
             differ = self.fail if name == "guards" else self._payload
@@ -570,6 +564,32 @@ class Replay:
                     f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
                     f"trace records {_js(recorded[name])}{hint}",
                 )
+
+    def _diverged(
+        self, line: int, seq: Any, recorded: dict[str, Any], mine: dict[str, Any]
+    ) -> bool:
+        """Stop where the engine and the trace went different ways, or where the trace's
+        rule event is of the earlier digest form (every one after would differ too)."""
+        for name in _DIVERGING:
+            if recorded.get(name) != mine.get(name):
+                why = _guard_changes(recorded.get("guards"), mine.get("guards"))
+                self.stop(
+                    line,
+                    f"seq {seq}: the engine writes {_describe(mine)} here{why}; the "
+                    f"trace records {_describe(recorded)}",
+                )
+                return True
+        old, new = recorded.get("inputs_digest"), mine.get("inputs_digest")
+        if not _earlier_digest(old, new):
+            return False
+        self.stop(
+            line,
+            f"seq {seq}: inputs_digest {_js(old)} is in the digest form of an earlier "
+            "development build (the inputs as one JSON document, 'sha256:...'); this "
+            f"fsm-agent writes and checks form 2 ('{INPUTS_DIGEST}...', "
+            "docs/concepts/traces.md): the trace cannot be checked here; record the run again",
+        )
+        return True
 
     def _diff_fields(
         self, line: int, where: str, recorded: dict[str, Any], mine: dict[str, Any]
@@ -1238,3 +1258,14 @@ def _js(value: Any) -> str:
     except (TypeError, ValueError, RecursionError):
         text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _earlier_digest(recorded: Any, mine: Any) -> bool:
+    """A rule event's inputs digest in the form earlier development builds wrote
+    (``sha256:`` over the inputs as one JSON document) where this build writes form 2."""
+    return (
+        isinstance(recorded, str)
+        and recorded.startswith("sha256:")
+        and isinstance(mine, str)
+        and mine.startswith(INPUTS_DIGEST)
+    )
