@@ -720,3 +720,33 @@ def test_the_context_enters_the_digest_as_its_digest_trusted_or_not() -> None:
         assert rules.judge("before_tool", facts).inputs_digest == expected
     other = replace(trusted, context={"tier": "silver"})
     assert rules.judge("before_tool", other).inputs_digest != expected
+
+
+def test_an_engine_call_within_cels_limits_is_taken_as_it_is_the_others_screened() -> None:
+    """An appended list's entry (the engine's plain JSON) is not walked and copied where
+    its canonical text shows it within CEL's limits; at each limit the verdict equals
+    the one on a fresh copy (screened in full), errors word for word."""
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    plain = executed("search", q="x", result={"n": 2**63 - 1, "s": "1" * 30})
+    calls = [plain]
+    rules.judge("before_tool", Facts(tool="send_email", calls=calls, appended=True))
+    (kept,) = rules._entries.log(calls).screened
+    assert kept is not plain and kept == plain  # 19 digits: screened in full, the same
+    small = executed("search", q="y", result={"n": -(10**17), "deep": [[[1]]]})
+    calls.append(small)
+    rules.judge("before_tool", Facts(tool="send_email", calls=calls, appended=True))
+    assert rules._entries.log(calls).screened[1] is small
+
+    def nested(depth: int) -> Any:
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    for result in ({"n": 2**64}, {"n": -(2**63) - 1}, nested(99), nested(100), {"s": "\ud800"},
+                   {"n": 2**63}, {"deep": nested(98)}):  # fmt: skip
+        grown = [executed("fetch_url", url="u"), executed("search", q="z", result=result)]
+        facts = Facts(tool="send_email", args={"to": "a"}, calls=grown, call_id="m")
+        fast = rules.judge("before_tool", replace(facts, appended=True))
+        whole = rules.judge("before_tool", replace(facts, calls=json.loads(json.dumps(grown))))
+        assert fast == whole, (result, fast, whole)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["INPUTS_DIGEST", "canonical_text", "chain", "digest", "inputs_digest"]
+__all__ = ["INPUTS_DIGEST", "canonical_text", "chain", "digest", "digest_of_text", "inputs_digest"]
 
 #: How a judgement's inputs digest starts (:func:`inputs_digest`); the digest form of
 #: earlier development builds started ``sha256:`` (the inputs as one JSON document).
@@ -72,7 +72,11 @@ def canonical_text(value: Any) -> str:
 
 def digest(value: Any) -> str:
     """``sha256:`` and the hex digest of :func:`canonical_text`."""
-    text = canonical_text(value)
+    return digest_of_text(canonical_text(value))
+
+
+def digest_of_text(text: str) -> str:
+    """:func:`digest` of the value whose canonical text is ``text``."""
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -38,8 +38,10 @@ class Facts:
     #: engine from plain JSON within CEL's limits): handed over without the screen.
     trusted: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     #: The caller vouches that ``calls`` is a list that only grows between judgements and
-    #: whose entries never change (the engine's executed calls): its entries are then
-    #: screened and digested once each, as they are added, not walked at every judgement.
+    #: whose entries never change and are plain JSON values (dicts with string keys,
+    #: lists, str, int, float, bool, None: no tuples or subclasses), as the engine builds
+    #: its executed calls: its entries are then screened and digested once each, as they
+    #: are added, not walked at every judgement.
     appended: bool = field(default=False, repr=False, compare=False)
 
     def variable(self, name: str) -> Any:

@@ -15,6 +15,7 @@ for answers) with the error in the judgement.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,14 @@ from jsonschema.exceptions import SchemaError
 
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import cel
-from fsm_agent._rules.canonical import CHAIN_START, canonical_text, chain, digest, inputs_digest
+from fsm_agent._rules.canonical import (
+    CHAIN_START,
+    canonical_text,
+    chain,
+    digest,
+    digest_of_text,
+    inputs_digest,
+)
 from fsm_agent._rules.facts import PASS, Facts, Judgement
 from fsm_agent._rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
 
@@ -498,7 +506,7 @@ class _EntryCache:
         """The chain of the entries' digests of a list not kept as a log."""
         out = CHAIN_START
         for entry in calls:
-            out = chain(out, self.digest_entry(entry))
+            out = chain(out, self.entry_digest(entry))
         return out
 
     def log(self, calls: list[Any]) -> _Log:
@@ -526,17 +534,33 @@ class _EntryCache:
             self._screened[id(entry)] = hit
         return hit[1]
 
-    def digests(self, calls: Sequence[Any]) -> list[str]:
-        return [self.digest_entry(entry) for entry in calls]
+    def screen_logged(self, entry: Any, position: int, text: str | None) -> Any:
+        """:meth:`screen_entry` for an entry of an appended list (the engine's: plain
+        JSON values as it builds them, ``Facts.appended``), whose canonical ``text`` is
+        at hand: where that text shows it within CEL's limits (strict JSON, so no lone
+        surrogate; nesting bounded by its bracket count; no integer of 19 digits or
+        more), the entry is taken as it is, not walked and copied."""
+        if text is not None and _within_limits(text):
+            if len(self._screened) >= self.LIMIT:
+                self._screened.clear()
+            self._screened[id(entry)] = (entry, entry)
+            return entry
+        return self.screen_entry(entry, position)
 
-    def digest_entry(self, entry: Any) -> str:
+    def digest_entry(self, entry: Any) -> str | None:
+        """The entry's digest if it was computed before, else ``None``."""
         hit = self._digests.get(id(entry))
-        if hit is None or hit[0] is not entry:
-            hit = (entry, digest(entry))
-            if len(self._digests) >= self.LIMIT:
-                self._digests.clear()
-            self._digests[id(entry)] = hit
-        return hit[1]
+        return hit[1] if hit is not None and hit[0] is entry else None
+
+    def keep_digest(self, entry: Any, entry_digest: str) -> str:
+        if len(self._digests) >= self.LIMIT:
+            self._digests.clear()
+        self._digests[id(entry)] = (entry, entry_digest)
+        return entry_digest
+
+    def entry_digest(self, entry: Any) -> str:
+        known = self.digest_entry(entry)
+        return known if known is not None else self.keep_digest(entry, digest(entry))
 
 
 class _Log:
@@ -580,12 +604,15 @@ class _Log:
         calls = self.calls
         for position in range(len(self.digests), len(calls)):
             entry = calls[position]
-            entry_digest = cache.digest_entry(entry)
+            entry_digest, text = cache.digest_entry(entry), None
+            if entry_digest is None:
+                text = canonical_text(entry)
+                entry_digest = cache.keep_digest(entry, digest_of_text(text))
             self.digests.append(entry_digest)
             self.chain = chain(self.chain, entry_digest)
             if self.refused is None:
                 try:
-                    self.screened.append(cache.screen_entry(entry, position))
+                    self.screened.append(cache.screen_logged(entry, position, text))
                 except cel.Unrepresentable as exc:
                     self.refused = exc
         if calls:
@@ -816,6 +843,20 @@ class _Split:
                 return None
             out[self.rest[0]] = single
         return out
+
+
+#: Nineteen digits in a row: where a canonical text has none, every integer in it is
+#: within CEL's 64 bits (2**63 has 19 digits).
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+
+
+def _within_limits(text: str) -> bool:
+    """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes."""
+    return (
+        not text.startswith("!")
+        and text.count("{") + text.count("[") <= cel.MAX_DEPTH
+        and _LONG_DIGITS.search(text) is None
+    )
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:

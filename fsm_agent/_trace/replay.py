@@ -43,6 +43,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fsm_agent._core.approvals import ApprovalBook
@@ -80,7 +81,7 @@ from fsm_agent._rules.canonical import digest as rule_digest
 from fsm_agent._trace.model import Settings
 from fsm_agent._trace.walk import Write
 
-__all__ = ["MAX_AHEAD", "Replay", "recorded_rules"]
+__all__ = ["MAX_AHEAD", "Rebuilt", "Replay", "recorded_rules"]
 
 #: Recorded events held while the engine has not reached them; past this the trace is
 #: not replayable (memory stays bounded whatever a hostile trace holds).
@@ -216,26 +217,58 @@ def recorded_rules(
     cannot be rebuilt. An opaque rule (a Python ``when``) is rebuilt with a stand-in
     calling ``stand_in(rule id, facts)`` (default: never holds), since ``check`` cannot
     run the application's code."""
-    data = head.get("rules")
-    if data is None:
-        return None, DEFAULT_MACHINE
-    if not isinstance(data, Mapping) or not isinstance(data.get("rules"), list):
-        raise ConfigError("the header's rules are not a recorded rule set")
-    facts = head.get("tools")
-    tools = {
-        str(name): ToolInfo(str(f.get("effect")), f.get("schema"))
-        for name, f in (facts.items() if isinstance(facts, Mapping) else ())
-        if isinstance(f, Mapping)
-    }
-    ask: StandIn = stand_in or (lambda rule_id, phase, facts: False)
-    stand_ins: dict[str, Callable[[Any], Any]] = {}
-    for item in data["rules"]:
-        when = item.get("when") if isinstance(item, Mapping) else None
-        if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
-            rule_id, phase = str(item.get("id")), str(item.get("on"))
-            stand_ins[when["digest"]] = _stand_in(ask, rule_id, phase, when.get("python"))
-    rules = RuleSet.from_json(data, tools, callables=stand_ins)
-    return rules, rules_machine(rules, rules_hash=rule_digest(dict(data)))
+    rebuilt = Rebuilt.of(head)
+    if stand_in is not None:
+        rebuilt.asker.ask = stand_in
+    return rebuilt.rules, rebuilt.machine
+
+
+class _Asker:
+    """Where the rebuilt opaque rules' stand-ins send their question: a replay sets
+    :attr:`ask` once it exists, so the checker's header and the replay share one
+    rebuilt rule set (built once per trace, not once by each)."""
+
+    __slots__ = ("ask",)
+
+    def __init__(self) -> None:
+        self.ask: StandIn = lambda rule_id, phase, facts: False
+
+    def __call__(self, rule_id: str, phase: str, facts: Any) -> bool:
+        return self.ask(rule_id, phase, facts)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A header's rules rebuilt (``None`` without rules), their machine, and where
+    their opaque stand-ins ask."""
+
+    rules: RuleSet | None
+    machine: Machine
+    asker: _Asker
+
+    @classmethod
+    def of(cls, head: Mapping[str, Any]) -> Rebuilt:
+        """Rebuild; :class:`ConfigError` (or the reading's error) if they cannot be."""
+        asker = _Asker()
+        data = head.get("rules")
+        if data is None:
+            return cls(None, DEFAULT_MACHINE, asker)
+        if not isinstance(data, Mapping) or not isinstance(data.get("rules"), list):
+            raise ConfigError("the header's rules are not a recorded rule set")
+        facts = head.get("tools")
+        tools = {
+            str(name): ToolInfo(str(f.get("effect")), f.get("schema"))
+            for name, f in (facts.items() if isinstance(facts, Mapping) else ())
+            if isinstance(f, Mapping)
+        }
+        stand_ins: dict[str, Callable[[Any], Any]] = {}
+        for item in data["rules"]:
+            when = item.get("when") if isinstance(item, Mapping) else None
+            if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
+                rule_id, phase = str(item.get("id")), str(item.get("on"))
+                stand_ins[when["digest"]] = _stand_in(asker, rule_id, phase, when.get("python"))
+        rules = RuleSet.from_json(data, tools, callables=stand_ins)
+        return cls(rules, rules_machine(rules, rules_hash=rule_digest(dict(data))), asker)
 
 
 def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[Any], Any]:
@@ -250,11 +283,16 @@ def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[An
     return stand_in
 
 
-def _config(head: Mapping[str, Any], replay: Replay) -> tuple[RunConfig | None, list[str]]:
+def _config(
+    head: Mapping[str, Any], replay: Replay, rebuilt: Rebuilt | None
+) -> tuple[RunConfig | None, list[str]]:
     settings = Settings(head)
     problems = list(settings.problems)
     try:
-        rules, machine = recorded_rules(head, replay.recorded_verdict)
+        if rebuilt is None:
+            rebuilt = Rebuilt.of(head)
+        rebuilt.asker.ask = replay.recorded_verdict
+        rules, machine = rebuilt.rules, rebuilt.machine
     except (ConfigError, ValueError, TypeError, KeyError) as exc:
         problems.append(f"rules cannot be rebuilt ({exc})")
         rules, machine = None, DEFAULT_MACHINE
@@ -295,7 +333,10 @@ class Replay:
         *,
         writes: list[Write] | None = None,
         note: Callable[[str], None] | None = None,
+        rebuilt: Rebuilt | None = None,
     ) -> None:
+        """``rebuilt``: the header's rules already rebuilt (:meth:`Rebuilt.of`), which
+        this replay then judges with instead of rebuilding them."""
         self._fail = fail
         self._note_to = note
         #: The header says a redaction hook rewrote the events (``Runtime(redact=...)``):
@@ -326,7 +367,7 @@ class Replay:
         tools = head.get("tools")
         self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
         self.transitions = 0  # transitions in ``pending``
-        config, problems = _config(head, self)
+        config, problems = _config(head, self, rebuilt)
         run_id = head.get("run_id")
         if config is None:
             fail(1, "the header " + "; ".join(problems) + ": the run cannot be replayed")
