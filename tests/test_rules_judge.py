@@ -750,3 +750,33 @@ def test_an_engine_call_within_cels_limits_is_taken_as_it_is_the_others_screened
         fast = rules.judge("before_tool", replace(facts, appended=True))
         whole = rules.judge("before_tool", replace(facts, calls=json.loads(json.dumps(grown))))
         assert fast == whole, (result, fast, whole)
+
+
+def test_counters_read_by_field_name_are_given_and_digested_as_those_fields_only() -> None:
+    from fsm_agent._rules import cel
+
+    assert cel.selected_fields("counters.model_calls > 2 && counters .tool_rounds < 9",
+                               "counters") == {"model_calls", "tool_rounds"}  # fmt: skip
+    assert cel.selected_fields("'counters' == context.x", "counters") == frozenset()
+    for other in ("size(counters) > 3", "counters.size() > 3", "counters['model_calls'] > 1",
+                  "counters.exists(k, k == 'x')", "counters.?model_calls.orValue(0) > 1"):  # fmt: skip
+        assert cel.selected_fields(other, "counters") is None, other
+
+    def judged(when: str, **counters: Any) -> Judgement:
+        rules = RuleSet([Rule("r", on="before_model", when=when, then="deny")], TOOLS)
+        facts = Facts(counters={"model_calls": 3, "tool_rounds": 1, **counters}, call_id="m")
+        return rules.judge("before_model", facts)
+
+    by_name = "counters.model_calls > 2"
+    assert judged(by_name).verdict == "deny"
+    assert judged(by_name).inputs_digest == judged(by_name, tool_rounds=7).inputs_digest
+    assert judged(by_name).inputs_digest != judged(by_name, model_calls=4).inputs_digest
+    lines = ["fsm-agent rule inputs 2", "before_model", '"m"', 'counters={"model_calls":3}']
+    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    assert judged(by_name).inputs_digest == expected
+    whole = "size(counters) > 1 && counters.model_calls > 2"
+    assert judged(whole).verdict == "deny"
+    assert judged(whole).inputs_digest != judged(whole, tool_rounds=7).inputs_digest
+    missing = judged("counters.nope > 1")  # no such counter: an error, fails closed
+    assert missing.verdict == "deny" and missing.error is not None
+    assert "nope" in missing.error

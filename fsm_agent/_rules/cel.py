@@ -37,6 +37,7 @@ __all__ = [
     "quantifier",
     "referenced_names",
     "screen",
+    "selected_fields",
 ]
 
 #: The nesting a screened input may have; the same bound strict JSON parsing uses for
@@ -388,6 +389,24 @@ def referenced_names(source: str, phase: str) -> frozenset[str]:
     it only decides which inputs are screened and handed over."""
     bare = _STRING_LITERAL.sub(lambda m: " " * len(m.group(0)), source)
     return frozenset(_IDENTIFIER.findall(bare)) & PHASE_VARIABLES[phase].keys()
+
+
+_SELECTION = re.compile(r"\s*\.\s*([A-Za-z_]\w*)(\s*\()?")
+
+
+def selected_fields(source: str, variable: str) -> frozenset[str] | None:
+    """The fields ``NAME`` of ``variable.NAME`` in ``source`` when every mention of
+    ``variable`` (outside string literals) is such a selection, else ``None`` (it is read
+    otherwise: indexed, passed whole, sized, iterated). A condition that only selects
+    fields reads those and nothing else of the variable: it is given only them."""
+    bare = _STRING_LITERAL.sub(lambda m: " " * len(m.group(0)), source)
+    fields: set[str] = set()
+    for match in re.finditer(rf"(?<![.\w]){re.escape(variable)}(?!\w)", bare):
+        selection = _SELECTION.match(bare, match.end())
+        if selection is None or selection.group(2) is not None:  # `counters.size()`
+            return None
+        fields.add(selection.group(1))
+    return frozenset(fields)
 
 
 def argument_fields(source: str) -> list[tuple[str, int, int]]:

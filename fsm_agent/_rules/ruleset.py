@@ -379,7 +379,7 @@ class RuleSet:
         found = self._candidates(phase, facts.tool)
         if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
             facts = replace(facts, effect=self._effect(facts.tool))
-        inputs = _Inputs(phase, facts, self._entries, found.reads)
+        inputs = _Inputs(phase, facts, self._entries, found.reads, found.counters)
         if found.plain:
             results = inputs.batch_results(found)
             if results is not None:
@@ -624,6 +624,7 @@ class _Inputs:
 
     __slots__ = (
         "_activation",
+        "_counters",
         "_entries",
         "_names",
         "_opaque",
@@ -636,10 +637,16 @@ class _Inputs:
     )
 
     def __init__(
-        self, phase: str, facts: Facts, entries: _EntryCache, wanted: frozenset[str]
+        self,
+        phase: str,
+        facts: Facts,
+        entries: _EntryCache,
+        wanted: frozenset[str],
+        counters: tuple[str, ...] | None = None,
     ) -> None:
         self.phase = phase
         self.facts = facts
+        self._counters = counters  # the counters' fields the conditions read, if by name
         self._entries = entries
         self._wanted = wanted  # what the candidate rules read
         self._screened: dict[str, Any] = {}
@@ -689,7 +696,7 @@ class _Inputs:
         if self._activation is None:
             trusted = self.facts.trusted
             for name in sorted(self._wanted):
-                value = self.facts.variable(name)
+                value = self._value(name)
                 if name in trusted:
                     self._screened[name] = value
                     continue
@@ -709,6 +716,16 @@ class _Inputs:
         if self._refused:
             raise next(iter(self._refused.values()))
         return self._activation
+
+    def _value(self, name: str) -> Any:
+        """A variable as the conditions are given it, and digested: of ``counters``, only
+        the fields they read where they read it by field name (unless a Python
+        condition ran: it may read any)."""
+        value = self.facts.variable(name)
+        fields = self._counters
+        if name != "counters" or fields is None or self._opaque or type(value) is not dict:
+            return value
+        return {field: value[field] for field in fields if field in value}
 
     def read_everything(self, rule_id: str) -> None:
         """A Python condition may read any fact: all of the phase's are digested."""
@@ -735,7 +752,7 @@ class _Inputs:
                 trusted = name in facts.trusted
                 part = self._entries.context_digest(context) if trusted else digest(context)
             else:
-                part = canonical_text(facts.variable(name))
+                part = canonical_text(self._value(name))
             parts.append(f"{name}={part}")
         return inputs_digest(self.phase, facts.call_id, parts)
 
@@ -767,6 +784,9 @@ class _Candidates:
     #: calls are then judged from tallies, and CEL is handed the rest only.
     split: _Split | None = None
     names: tuple[str, ...] = ()  # ``reads`` by name
+    #: The counters the CEL conditions read, where each reads them by field name only
+    #: (``counters.model_calls``): they are given, and digested, those fields only.
+    counters: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
@@ -789,6 +809,7 @@ class _Candidates:
             plain,
             _Split.of(phase, programs) if batch is not None else None,
             tuple(sorted(_reads(rules))),
+            _counter_fields(programs),
         )
 
 
@@ -857,6 +878,18 @@ def _within_limits(text: str) -> bool:
         and text.count("{") + text.count("[") <= cel.MAX_DEPTH
         and _LONG_DIGITS.search(text) is None
     )
+
+
+def _counter_fields(programs: list[cel.CelProgram]) -> tuple[str, ...] | None:
+    """The counters ``programs`` read, by name, if each reads them by field name only."""
+    fields: set[str] = set()
+    for program in programs:
+        if "counters" in program.names:
+            selected = cel.selected_fields(program.source, "counters")
+            if selected is None:
+                return None
+            fields |= selected
+    return tuple(sorted(fields))
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:
