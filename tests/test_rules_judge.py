@@ -781,3 +781,29 @@ def test_counters_read_by_field_name_are_given_and_digested_as_those_fields_only
     missing = judged("counters.nope > 1")  # no such counter: an error, fails closed
     assert missing.verdict == "deny" and missing.error is not None
     assert "nope" in missing.error
+
+
+def test_plain_arguments_within_cels_limits_are_not_walked_the_others_screened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Facts.plain`` (the loop's parsed arguments): screened by their canonical text
+    where it shows them within CEL's limits, walked in full otherwise; the verdicts
+    and digests equal those of the same facts not vouched for, errors word for word."""
+    from fsm_agent._rules import cel
+
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    walked: list[str] = []
+    screen = cel.screen
+
+    def counted(value: Any, where: str) -> Any:
+        walked.append(where)
+        return screen(value, where)
+
+    monkeypatch.setattr(cel, "screen", counted)
+    for args in ({"amount_cents": 7000}, {"amount_cents": 2**64}, {"amount_cents": 10**17},
+                 {"amount_cents": 1, "note": "\ud800"}):  # fmt: skip
+        facts = Facts(tool="issue_refund", args=args, call_id="c1")
+        walked.clear()
+        vouched = rules.judge("before_tool", replace(facts, plain=frozenset({"args"})))
+        assert walked == ([] if args["amount_cents"] in (7000, 10**17) else ["args"]), args
+        assert vouched == rules.judge("before_tool", facts), args

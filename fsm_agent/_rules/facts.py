@@ -43,6 +43,10 @@ class Facts:
     #: its executed calls: its entries are then screened and digested once each, as they
     #: are added, not walked at every judgement.
     appended: bool = field(default=False, repr=False, compare=False)
+    #: Variables the caller vouches are plain JSON values as the engine builds them (as
+    #: ``appended``'s entries are): screened by their canonical text, which the digest
+    #: needs anyway, not walked and copied, where it shows them within CEL's limits.
+    plain: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def variable(self, name: str) -> Any:
         """The value of one rule variable (``args`` of a call with none is ``{}``)."""

@@ -630,6 +630,7 @@ class _Inputs:
         "_opaque",
         "_refused",
         "_screened",
+        "_texts",
         "_wanted",
         "facts",
         "phase",
@@ -647,6 +648,7 @@ class _Inputs:
         self.phase = phase
         self.facts = facts
         self._counters = counters  # the counters' fields the conditions read, if by name
+        self._texts: dict[str, str] = {}  # canonical texts of plain variables, screened so
         self._entries = entries
         self._wanted = wanted  # what the candidate rules read
         self._screened: dict[str, Any] = {}
@@ -700,6 +702,11 @@ class _Inputs:
                 if name in trusted:
                     self._screened[name] = value
                     continue
+                if name in self.facts.plain:
+                    text = canonical_text(value)
+                    if _within_limits(text):
+                        self._screened[name], self._texts[name] = value, text
+                        continue
                 try:
                     if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
                         log = self._entries.log(self.facts.calls)
@@ -752,7 +759,7 @@ class _Inputs:
                 trusted = name in facts.trusted
                 part = self._entries.context_digest(context) if trusted else digest(context)
             else:
-                part = canonical_text(self._value(name))
+                part = self._texts.get(name) or canonical_text(self._value(name))
             parts.append(f"{name}={part}")
         return inputs_digest(self.phase, facts.call_id, parts)
 
