@@ -607,6 +607,11 @@ QUANTIFIED = [
     "calls.filter(c, c.result.n > 1).size() == 1",  # errors on results without n
     "calls.exists(c, c.result.n)",  # not a bool (a number, or no n): an error
     "calls.exists(c, c.tool == ')' || c.tool == 'search')",
+    # Bodies selecting fields get those fields only; the others get the whole call.
+    "calls.exists(c, c.nope == 1)",  # no such field: the same error either way
+    "calls.exists(c, has(c.result) && c.tool == 'fetch_url')",
+    "calls.exists(c, c['tool'] == 'fetch_url')",
+    "calls.exists(c, size(c) == 4 && c.tool == 'fetch_url')",
 ]
 
 

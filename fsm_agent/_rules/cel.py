@@ -284,19 +284,23 @@ _ELEMENT_ENVS: dict[str, Any] = {}
 
 def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | None]]:
     """``call -> [each quantifier's body on it]``: one evaluation for all of them (the
-    call converted once), each one alone where that fails (to tell which erred)."""
+    call converted once), each one alone where that fails (to tell which erred). Where
+    every body reads its call by field name only (``c.tool``, ``c.args``), the call is
+    given as those fields: the binding converts no more of it (its ``result``, say)."""
     one = [q.holds for q in quantifiers]
+    project = _projection(quantifiers)
     if len(quantifiers) < 2:
-        return lambda call: [holds(call) for holds in one]
+        return lambda call: [holds(project(call)) for holds in one]
     names = sorted({q.variable for q in quantifiers})
     env = _cel().NewEnv(variables={name: _cel().Type.DYN for name in names})
     try:
         expression = env.compile("[" + ", ".join(f"({q.source})" for q in quantifiers) + "]")
     except Exception:
-        return lambda call: [holds(call) for holds in one]
+        return lambda call: [holds(project(call)) for holds in one]
     error, size = _cel().Type.ERROR, len(quantifiers)
 
     def evaluate(call: Any) -> list[bool | None]:
+        call = project(call)
         try:
             value = expression.eval(data=dict.fromkeys(names, call))
             results = value.plain_value() if value.type() != error else None
@@ -307,6 +311,25 @@ def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | Non
         return [holds(call) for holds in one]
 
     return evaluate
+
+
+def _projection(quantifiers: Sequence[Quantifier]) -> Callable[[Any], Any]:
+    """``call -> the fields of it the bodies select``, or the call itself where a body
+    reads it otherwise (indexed, iterated, passed whole)."""
+    fields: set[str] = set()
+    for q in quantifiers:
+        selected = selected_fields(q.source, q.variable)
+        if selected is None:
+            return lambda call: call
+        fields |= selected
+    kept = tuple(sorted(fields))
+
+    def project(call: Any) -> Any:
+        if type(call) is not dict:
+            return call
+        return {field: call[field] for field in kept if field in call}
+
+    return project
 
 
 def quantifier(source: str, phase: str) -> Quantifier | None:
