@@ -708,6 +708,8 @@ def test_the_inputs_digest_is_form_2_over_the_parts_the_rules_read() -> None:
         fast = rules.judge("before_tool", replace(facts, appended=True))
         whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
         assert fast.inputs_digest == whole.inputs_digest == expected
+    for _ in range(2):  # a list not kept as a log: its chain steps are kept by entry
+        assert rules.judge("before_tool", replace(facts, calls=grown[:])).inputs_digest == expected
     grown.append(executed("search", q="3"))
     longer = rules.judge("before_tool", replace(facts, appended=True)).inputs_digest
     assert longer == rules.judge("before_tool", replace(facts, calls=list(grown))).inputs_digest

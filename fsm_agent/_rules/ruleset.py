@@ -482,7 +482,7 @@ class _EntryCache:
     screened entries and digests as lists that grow with it, so a judgement late in a
     long run walks none of the entries it has seen before."""
 
-    __slots__ = ("_context", "_digests", "_logs", "_screened")
+    __slots__ = ("_context", "_digests", "_logs", "_screened", "_steps")
 
     LIMIT = 20_000
     #: The logs kept (one per run being judged; a runtime drives few runs at once).
@@ -493,6 +493,7 @@ class _EntryCache:
         self._digests: dict[int, tuple[Any, str]] = {}
         self._logs: dict[int, _Log] = {}
         self._context: tuple[Any, str] = (None, "")
+        self._steps: dict[tuple[str, int], tuple[Any, str]] = {}
 
     def context_digest(self, context: Any) -> str:
         """The digest of a trusted context (the run's, never changed): once per run."""
@@ -503,10 +504,19 @@ class _EntryCache:
         return known
 
     def chain(self, calls: Sequence[Any]) -> str:
-        """The chain of the entries' digests of a list not kept as a log."""
+        """The chain of the entries' digests of a list not kept as a log: each step
+        kept by the chain before it and the entry, so the same calls judged again cost a
+        lookup per call, not a hash."""
         out = CHAIN_START
+        steps = self._steps
         for entry in calls:
-            out = chain(out, self.entry_digest(entry))
+            hit = steps.get((out, id(entry)))
+            if hit is None or hit[0] is not entry:
+                hit = (entry, chain(out, self.entry_digest(entry)))
+                if len(steps) >= self.LIMIT:
+                    steps.clear()
+                steps[(out, id(entry))] = hit
+            out = hit[1]
         return out
 
     def log(self, calls: list[Any]) -> _Log:
