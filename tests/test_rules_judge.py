@@ -814,3 +814,28 @@ def test_plain_arguments_within_cels_limits_are_not_walked_the_others_screened(
         vouched = rules.judge("before_tool", replace(facts, plain=frozenset({"args"})))
         assert walked == ([] if args["amount_cents"] in (7000, 10**17) else ["args"]), args
         assert vouched == rules.judge("before_tool", facts), args
+
+
+def test_the_fast_constructors_build_what_the_dataclasses_build_every_field() -> None:
+    from dataclasses import fields
+
+    given: dict[str, Any] = {
+             "tool": "t", "effect": "read", "args": {"a": 1}, "result": [1], "answer": "x",
+             "counters": {"model_calls": 1}, "calls": [], "context": {"k": "v"},
+             "call_id": "c", "trusted": frozenset({"tool"}), "appended": True,
+             "plain": frozenset({"args"})}  # fmt: skip
+    assert {f.name for f in fields(Facts)} == set(given)  # a new field needs Facts.of too
+    for kwargs in ({}, given):
+        fast, slow = Facts.of(**kwargs), Facts(**kwargs)
+        assert fast == slow and vars(fast) == vars(slow)
+    judged: dict[str, Any] = {
+              "phase": "answer", "verdict": "stop", "rule_id": "r", "inputs_digest": "d",
+              "detail": "why", "call_id": "c", "error": "e", "tried": ("r",),
+              "opaque": ("r",)}  # fmt: skip
+    assert {f.name for f in fields(Judgement)} == set(judged)
+    assert vars(Judgement.of(**judged)) == vars(Judgement(**judged))
+    assert vars(Judgement.of("answer", "pass", None, "d")) == vars(
+        Judgement("answer", "pass", None, "d")
+    )
+    with pytest.raises(AttributeError):
+        Facts.of().tool = "x"  # type: ignore[misc]

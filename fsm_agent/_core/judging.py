@@ -176,7 +176,7 @@ _PLAIN = frozenset({"args", "result"})
 
 def _facts(s: RunState, **more: Any) -> Facts:
     counters = s.counters.as_dict()
-    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED,
+    return Facts.of(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED,
                  appended=True, plain=_PLAIN, **more)  # fmt: skip
 
 
@@ -216,7 +216,7 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
         return
     counters = s.counters.as_dict()  # once for the batch, shared by its facts
     batch = [
-        Facts(tool=c.name, effect=c.effect, args=c.arguments, counters=counters,
+        Facts.of(tool=c.name, effect=c.effect, args=c.arguments, counters=counters,
               calls=s.executed, context=s.context, call_id=c.id, trusted=_TRUSTED,
               appended=True, plain=_PLAIN)
         for c in calls

@@ -419,7 +419,7 @@ class RuleSet:
                 return self._verdict(inputs, tried, compiled, rule.then, detail, None)
             detail = rule.message or f"rule {rule.id!r}: {rule.condition_text()}"
             return self._verdict(inputs, tried, compiled, rule.then, detail, None)
-        return Judgement(
+        return Judgement.of(
             phase=phase,
             verdict=PASS,
             rule_id=None,
@@ -434,7 +434,7 @@ class RuleSet:
         verdict, all evaluated at once, and the first that holds decides."""
         if True not in results:
             inputs.upto = found.names
-            return Judgement(
+            return Judgement.of(
                 phase=inputs.phase,
                 verdict=PASS,
                 rule_id=None,
@@ -459,7 +459,7 @@ class RuleSet:
         detail: str,
         error: str | None,
     ) -> Judgement:
-        return Judgement(
+        return Judgement.of(
             phase=inputs.phase,
             verdict=verdict,
             rule_id=compiled.rule.id,
