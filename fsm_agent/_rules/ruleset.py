@@ -706,30 +706,36 @@ class _Inputs:
 
     def _activation_of_all(self) -> Any:
         if self._activation is None:
-            trusted = self.facts.trusted
+            facts, screened = self.facts, self._screened
+            trusted, plain = facts.trusted, facts.plain
             for name in sorted(self._wanted):
+                if name in trusted and name != "counters":  # as they are (no projection)
+                    screened[name] = getattr(facts, name)
+                    continue
+                if name == "calls" and facts.appended and type(facts.calls) is list:
+                    log = self._entries.log(facts.calls)  # (not copied, as variable() does)
+                    if log.refused is not None:
+                        self._refused[name] = log.refused
+                    else:
+                        screened[name] = log.screened
+                    continue
                 value = self._value(name)
                 if name in trusted:
-                    self._screened[name] = value
+                    screened[name] = value
                     continue
-                if name in self.facts.plain:
+                if name in plain:
                     text = canonical_text(value)
                     if _within_limits(text):
-                        self._screened[name], self._texts[name] = value, text
+                        screened[name], self._texts[name] = value, text
                         continue
                 try:
-                    if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
-                        log = self._entries.log(self.facts.calls)
-                        if log.refused is not None:
-                            raise log.refused
-                        self._screened[name] = log.screened
-                    elif name == "calls" and isinstance(value, list):
-                        self._screened[name] = self._entries.screened(value)
+                    if name == "calls" and isinstance(value, list):
+                        screened[name] = self._entries.screened(value)
                     else:
-                        self._screened[name] = cel.screen(value, name)
+                        screened[name] = cel.screen(value, name)
                 except cel.Unrepresentable as exc:
                     self._refused[name] = exc
-            self._activation = cel.activation(self.phase, self._screened)
+            self._activation = cel.activation(self.phase, screened)
         if self._refused:
             raise next(iter(self._refused.values()))
         return self._activation
