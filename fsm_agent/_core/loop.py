@@ -42,14 +42,13 @@ from fsm_agent._core.budget import bounded_text, metered
 from fsm_agent._core.canonical import parse_arguments
 from fsm_agent._core.decision import (
     NO_DECISION,
-    Decision,
     PreparedCall,
     ToolLike,
     admit_calls,
     parse_decision,
 )
-from fsm_agent._core.engine import fire
-from fsm_agent._core.guards import guard_of
+from fsm_agent._core.engine import CHOICES, fire
+from fsm_agent._core.guards import GUARDS, guard_of
 from fsm_agent._core.intents import claim_json, record_json
 from fsm_agent._core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent._core.requests import (
@@ -329,11 +328,14 @@ def _decide(s: RunState) -> Steps:
     if s.reply_bytes > s.config.budget.max_reply_bytes:
         yield from _oversized_reply(s, reply)
         return
-    s.decision = parse_decision(reply)
+    d = s.decision = parse_decision(reply)
     s.seq += 1
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
     # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
-    event = events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed)
+    # A well-formed reply is recorded as its normalised message (fresh dicts already,
+    # and what the history holds).
+    recorded = d.message if d.malformed is None else _refused_reply(reply)
+    event = events.decision(s.seq, recorded, d.malformed)
     # (An ASCII reply, as most are, holds no lone surrogate: nothing to look for.)
     if changed or not text.isascii():
         lossy = {
@@ -343,7 +345,10 @@ def _decide(s: RunState) -> Steps:
         }
         if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
             event["raw_arguments"] = lossy
-    _record(s, event)
+    if s.config.redact is None:
+        s.events.append(event)  # what _record does without a hook, minus a call
+    else:
+        _record(s, event)
     if isinstance(reply, dict):
         usage = reply.get("usage")
         if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
@@ -501,10 +506,24 @@ def _fire(s: RunState, trigger: str) -> bool:
     """Take the edge of ``trigger``, run its action, record it; whether requests follow
     it (:func:`_flush`: its events to emit, a checkpoint to save). A plain function, not
     a generator: this is the hot path, five times per tool round, and most edges of a
-    run without consumers are followed by nothing."""
-    edge = fire(s, trigger)
-    _after(s, edge)
+    run without consumers are followed by nothing.
+
+    :func:`~fsm_agent._core.engine.fire` inlined (one call less per edge): the compiled
+    walk of the run's state is looked up directly; a machine not fired yet, or a state
+    ``trigger`` has no edge from, goes through ``fire`` itself."""
     config = s.config
+    try:
+        choice = CHOICES[config.machine.hash][trigger][s.state]
+    except KeyError:
+        edge = fire(s, trigger)
+    else:
+        log: dict[str, bool] = {}
+        s.guard_log = log
+        taken = choice(s, GUARDS, log)
+        assert taken is not None, "every group ends with an unguarded edge"
+        edge = s.taken = taken
+        s.state = edge.dest
+    _after(s, edge)
     # (An edge at none of the checkpoint points is not asked about: most of a round's.)
     return config.emit or (config.save != "never" and edge.save_point != 0 and _wants_save(s, edge))
 
@@ -557,7 +576,11 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
 def _after(s: RunState, edge: Any) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
-    event = events.transition(edge.trigger, edge.source, edge.dest, s.guard_log, s.now - s.started)
+    # The transition event's required fields (``events.Transitioned``), in its order; the
+    # optional ones it has follow, then ``seq`` (its payloads' seqs follow it). Built here,
+    # not by a helper: this is the one place it is written, five times per tool round.
+    event = {"type": "transition", "trigger": edge.trigger, "source": edge.source,
+             "dest": edge.dest, "guards": s.guard_log, "t": s.now - s.started}  # fmt: skip
     if s.inputs:  # what the world answered since the last transition (replayed by check)
         event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
@@ -719,13 +742,10 @@ def _describe_error(exc: BaseException) -> str:
     return clean_text(bounded_text(text))
 
 
-def _recorded_reply(reply: Any, decision: Decision) -> Any:
-    """The reply as the trace records it, JSON-safe (R12) and a copy, so a model that
-    reuses or mutates the dict it returned cannot change what was recorded. A well-formed
-    reply is recorded as its normalised message (fresh dicts already, and what the
-    history holds); one that was refused, exactly as it came."""
-    if decision.malformed is None:
-        return decision.message
+def _refused_reply(reply: Any) -> Any:
+    """A refused reply as the trace records it: exactly as it came, JSON-safe (R12) and a
+    copy, so a model that reuses or mutates the dict it returned cannot change what was
+    recorded."""
     text, _, _ = dumps_safe(reply)
     return json.loads(text)
 

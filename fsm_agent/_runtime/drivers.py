@@ -43,6 +43,7 @@ from typing import Any, cast
 from fsm_agent._core.budget import bounded_text
 from fsm_agent._core.loop import Cancelled, Steps
 from fsm_agent._core.requests import (
+    READ_CLOCK,
     AbortIntent,
     AskModel,
     BeginIntent,
@@ -398,14 +399,15 @@ class SyncDriver(_Driver):
     def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
         # Bound once: the per-request cost of no interceptors is one ``is None``.
-        chain, perform = self.io.chain, self.perform
+        chain, perform, clock = self.io.chain, self.perform, self.io.clock
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
                 elif chain is None:
-                    answer = perform(request)
+                    # The clock (read twice a round) is read here: one call less each.
+                    answer = clock() if request is READ_CLOCK else perform(request)
                 else:
                     answer = chain.perform(request, perform)
             except BaseException as exc:
