@@ -30,6 +30,8 @@ def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str
     # with itself). A call without a string id or a ``function`` object is not a call.
     # The name and arguments are read only when an id comes back: most never do, and
     # this pass costs every run one step per message.
+    if _ids_distinct(messages):
+        return []  # a repeat needs an id asked for twice: the common case, settled at once
     earlier: dict[str, tuple[dict[str, Any], int]] = {}
     repeated: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
@@ -58,6 +60,24 @@ def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str
             ):
                 repeated.append((call_id, str(name)))
     return repeated
+
+
+def _ids_distinct(messages: list[dict[str, Any]]) -> bool:
+    """Whether no two calls of the assistant messages share an id: one comprehension and
+    a set, about half the pass below, which then only runs when an id comes back (an
+    unhashable id, which that pass skips, sends it there too)."""
+    ids = [
+        raw.get("id")
+        for message in messages
+        if message.get("role") == "assistant"
+        and isinstance(calls := message.get("tool_calls"), list)
+        for raw in calls
+        if isinstance(raw, dict)
+    ]
+    try:
+        return len(set(ids)) == len(ids)
+    except TypeError:
+        return False
 
 
 def warn_repeated_calls(run_id: str, messages: list[dict[str, Any]], since: int) -> list[str]:
