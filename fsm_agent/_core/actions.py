@@ -83,7 +83,12 @@ def answer(
         # store and the trace, and the model is never handed it.
         text = json.dumps({"ok": False, "error": "output_too_large", "bytes": size})
         media = []
-    message = tool_message(call.id, text, media)
+    # (tool_message's plain-text form, without its call: once per answered call.)
+    message = (
+        {"role": "tool", "tool_call_id": call.id, "content": text}
+        if not media
+        else tool_message(call.id, text, media)
+    )
     at_error = s.placeholders.pop(call.id, None)
     if at_error is None:
         at = len(s.messages)

@@ -70,7 +70,7 @@ from fsm_agent._core.requests import (
 )
 from fsm_agent._core.select import select
 from fsm_agent._core.state import RunState
-from fsm_agent._core.table import CALL_STEP, ENDS, TERMINAL_STATES, Transition
+from fsm_agent._core.table import CALL_STEP, ENDS, STARTS_BATCH, TERMINAL_STATES, Transition
 
 #: Review actions that approve the call (``edit``: with the reviewer's arguments, which
 #: the call then carries, so the digest binds the approval to them).
@@ -329,6 +329,12 @@ def _decide(s: RunState) -> Steps:
         yield from _oversized_reply(s, reply)
         return
     d = s.decision = parse_decision(reply)
+    ids = s.call_ids
+    if ids is not None:  # (the runtime's repeated-calls warning reads this)
+        for call in d.calls:
+            if call.id in ids:
+                s.call_id_repeated = True
+            ids.add(call.id)
     s.seq += 1
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
     # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
@@ -345,10 +351,7 @@ def _decide(s: RunState) -> Steps:
         }
         if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
             event["raw_arguments"] = lossy
-    if s.config.redact is None:
-        s.events.append(event)  # what _record does without a hook, minus a call
-    else:
-        _record(s, event)
+    _record(s, event)
     if isinstance(reply, dict):
         usage = reply.get("usage")
         if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
@@ -524,8 +527,16 @@ def _fire(s: RunState, trigger: str) -> bool:
         edge = s.taken = taken
         s.state = edge.dest
     _after(s, edge)
-    # (An edge at none of the checkpoint points is not asked about: most of a round's.)
-    return config.emit or (config.save != "never" and edge.save_point != 0 and _wants_save(s, edge))
+    if config.emit:
+        return True
+    # Only edges where _wants_save may say yes ask it: none at no checkpoint point, nor a
+    # read's call steps, nor a batch's start outside ``replies`` mode (most of a round's).
+    point = edge.save_point
+    if not point or config.save == "never":
+        return False
+    if point == CALL_STEP:
+        return s.call.effect == "write" and _wants_save(s, edge)
+    return (point != STARTS_BATCH or config.save == "replies") and _wants_save(s, edge)
 
 
 def _flush(s: RunState) -> Steps:

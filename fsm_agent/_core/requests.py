@@ -144,9 +144,7 @@ class CallTool(RequestOf[ToolOutcome]):
     arguments: dict[str, Any]  # a fresh deep copy per attempt (a tool may mutate it)
     timeout_s: float | None
 
-    def __init__(
-        self, call_id: str, tool: str, arguments: dict[str, Any], timeout_s: float | None
-    ):
+    def __init__(self, call_id: str, tool: str, arguments: dict[str, Any], timeout_s: float | None):
         set_id, set_tool, set_arguments, set_timeout = _CALL_SET
         set_id(self, call_id)
         set_tool(self, tool)

@@ -332,6 +332,11 @@ class RunState:
     saved_events: int = apart("cursor", 0)
     saved_messages: int = apart("cursor", 0)
     rewritten: list[int] = apart("cursor", factory=list)
+    #: The ids of the calls the history held when this driving began and of every call
+    #: parsed since (``None``: not kept), and whether a parsed call's id was among them:
+    #: only then can a reply have repeated a call (``runtime/call_ids.py`` warns of it).
+    call_ids: set[Any] | None = apart("scratch: this driving's call ids", None)
+    call_id_repeated: bool = apart("scratch: this driving's call ids", False)
     #: What the world answered since the last transition (intent claims, loaded records,
     #: approval uses, keys): recorded on the next transition event (``inputs``), so
     #: ``check`` replays them.

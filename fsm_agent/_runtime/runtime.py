@@ -33,7 +33,7 @@ from fsm_agent._durable.resume import known_machines, restore_run
 from fsm_agent._durable.store import Checkpoint, Store, supports_approvals, supports_runs
 from fsm_agent._errors import ConfigError, MachineMismatch, StoreError
 from fsm_agent._rules import Rule, RuleSet
-from fsm_agent._runtime.call_ids import warn_repeated_calls
+from fsm_agent._runtime.call_ids import call_ids, warn_repeated_calls
 from fsm_agent._runtime.config import (
     check_context,
     check_settings,
@@ -669,10 +669,12 @@ class Runtime:
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
+        s.call_ids = call_ids(s.messages)  # (the loop notes an id that comes back)
         with Driving(self.store, s, io):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
-        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        if s.call_id_repeated:  # else no call can repeat one: the pass is skipped
+            result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
 
     async def _adrive(
@@ -687,10 +689,12 @@ class Runtime:
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
+        s.call_ids = call_ids(s.messages)  # (the loop notes an id that comes back)
         with Driving(self.store, s, io):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
-        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        if s.call_id_repeated:  # else no call can repeat one: the pass is skipped
+            result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
 
 
