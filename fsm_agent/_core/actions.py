@@ -122,10 +122,14 @@ def _set_stop(s: RunState) -> None:
 
 
 def start_batch(s: RunState, payloads: Payloads) -> None:
-    _append_batch(s)
+    # (_append_batch and select_call(0) inlined: once per tool round, two calls less.)
+    d = s.decision
+    if not s.batch_appended:
+        s.messages.append(d.message)
+        s.batch_appended = True
     s.counters.tool_rounds += 1
-    s.counters.tool_calls += len(s.decision.calls)
-    s.select_call(0)
+    s.counters.tool_calls += len(d.calls)
+    s.index, s.call, s.attempt = 0, d.calls[0], 0
 
 
 def next_call(s: RunState, payloads: Payloads) -> None:

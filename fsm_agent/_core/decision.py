@@ -132,13 +132,17 @@ class _Malformed(Exception):
 
 
 def _parse(raw: Any) -> Decision:
+    # (Loops, not comprehensions: each comprehension is a call, once per reply.)
     try:
         content, tool_calls = _envelope(raw)
-        calls = [_read_call(i, call) for i, call in enumerate(tool_calls)]
+        calls: list[PreparedCall] = []
+        for i, call in enumerate(tool_calls):
+            calls.append(_read_call(i, call))
     except _Malformed as exc:
         return Decision(malformed=str(exc))
     missing = duplicate = None
     seen: set[str] = set()
+    recorded: list[dict[str, Any]] = []  # the calls as the normalised message holds them
     for call in calls:
         if not call.id:
             hint = raw.get("missing_id_hint")  # an adapter's advice (a kept extra key)
@@ -148,15 +152,15 @@ def _parse(raw: Any) -> Decision:
         elif call.id in seen:
             duplicate = duplicate or f"id {call.id!r} is used twice"
         seen.add(call.id)
+        arguments = call.raw_arguments
+        if not arguments.isascii():
+            arguments = clean_text(arguments)
+        function = {"name": call.name, "arguments": arguments}
+        recorded.append({"id": call.id, "type": "function", "function": function})
     answer = None if content is None else clean_text(content)
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     if calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": c.raw_arguments
-                          if c.raw_arguments.isascii() else clean_text(c.raw_arguments)}}
-            for c in calls
-        ]  # fmt: skip
+        message["tool_calls"] = recorded
     for key, value in raw.items():
         if key not in _CORE_KEYS:
             message[_safe_key(key)] = make_safe(value)

@@ -288,8 +288,11 @@ class MemoryStore:
         now: float,
     ) -> None:
         row.events.extend(events)
-        messages = row.messages
-        for index, message in checkpoint.messages:
+        messages, rows = row.messages, checkpoint.messages
+        if rows and [i for i, _ in rows] == list(range(len(messages), len(messages) + len(rows))):
+            messages.extend(m for _, m in rows)  # only new rows, in order: the usual save
+            rows = []
+        for index, message in rows:
             if index == len(messages):
                 messages.append(message)
             elif index < len(messages):
