@@ -42,6 +42,7 @@ from fsm_agent._core.budget import bounded_text, metered
 from fsm_agent._core.canonical import parse_arguments
 from fsm_agent._core.decision import (
     NO_DECISION,
+    Decision,
     PreparedCall,
     ToolLike,
     admit_calls,
@@ -344,14 +345,11 @@ def _decide(s: RunState) -> Steps:
     event = events.decision(s.seq, recorded, d.malformed)
     # (An ASCII reply, as most are, holds no lone surrogate: nothing to look for.)
     if changed or not text.isascii():
-        lossy = {
-            c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
-            for c in s.decision.calls
-            if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
-        }
-        if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
-            event["raw_arguments"] = lossy
-    _record(s, event)
+        _note_lossy_arguments(d, event)
+    if s.config.redact is None:
+        s.events.append(event)  # what _record does without a hook, minus a call
+    else:
+        _record(s, event)
     if isinstance(reply, dict):
         usage = reply.get("usage")
         if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
@@ -362,6 +360,18 @@ def _decide(s: RunState) -> Steps:
     s.answered = set()  # ids need only be unique within a batch
     if _fire(s, "model_replied"):
         yield from _flush(s)
+
+
+def _note_lossy_arguments(d: Decision, event: dict[str, Any]) -> None:
+    """Arguments with lone surrogates (shown as U+FFFD) go on the decision event as their
+    UTF-8 bytes, in hex: what the checker needs to see them refused."""
+    lossy = {
+        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+        for c in d.calls
+        if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
+    }
+    if lossy:
+        event["raw_arguments"] = lossy
 
 
 #: The fields of a reply's ``usage`` that ``core/budget.py``'s ``metered`` reads.

@@ -432,12 +432,14 @@ class SyncDriver(_Driver):
             raise failure
 
     def perform(self, request: Request) -> Any:
-        if isinstance(request, ReadClock):
-            return self.io.clock()  # read_clock's body: twice a round, one call less
+        # (``drive`` reads the clock for READ_CLOCK itself: the model and the tools come
+        # first here, once a round each.)
         if isinstance(request, AskModel):
             return self.ask(request)
         if isinstance(request, CallTool):
             return self.call_tool(request)
+        if isinstance(request, ReadClock):
+            return self.io.clock()  # read_clock's body, one call less
         if isinstance(request, EmitEvents):
             return self.emit(request)
         if isinstance(request, Sleep):

@@ -489,7 +489,7 @@ class Runtime:
             retry=retry or self.retry,
             policy=policy or self.policy,
             allowed=allowed,
-            tools=self.tools.get,
+            tools=self.tools.lookup,
             tool_specs=[t.spec() for t in self.tools if t.name in allowed],
             approvals=self._book,
             save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
