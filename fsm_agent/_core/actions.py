@@ -24,7 +24,7 @@ from fsm_agent._core.content import split_media, tool_message
 from fsm_agent._core.decision import NO_DECISION, PreparedCall
 from fsm_agent._core.jsonsafe import copy_json, dumps_safe
 from fsm_agent._core.reasons import stop_detail
-from fsm_agent._core.state import RunState
+from fsm_agent._core.state import NO_CALL, RunState
 
 __all__ = ["ACTIONS", "BLOCKING", "FITS", "answer"]
 
@@ -141,7 +141,7 @@ def next_call(s: RunState, payloads: Payloads) -> None:
 
 def end_batch(s: RunState, payloads: Payloads) -> None:
     s.decision = NO_DECISION
-    s.clear_call()
+    s.call = NO_CALL  # (clear_call's body: once per tool round, one call less)
     s.approvals = {}
 
 

@@ -594,13 +594,13 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
     return False
 
 
-def _after(s: RunState, edge: Any) -> None:
+def _after(s: RunState, edge: Transition) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
     # The transition event's required fields (``events.Transitioned``), in its order; the
     # optional ones it has follow, then ``seq`` (its payloads' seqs follow it). Built here,
     # not by a helper: this is the one place it is written, five times per tool round.
-    event = {"type": "transition", "trigger": edge.trigger, "source": edge.source,
+    event: dict[str, Any] = {"type": "transition", "trigger": edge.trigger, "source": edge.source,
              "dest": edge.dest, "guards": s.guard_log, "t": s.now - s.started}  # fmt: skip
     if s.inputs:  # what the world answered since the last transition (replayed by check)
         event["inputs"], s.inputs = s.inputs, []
@@ -640,7 +640,7 @@ def _after(s: RunState, edge: Any) -> None:
             seq = payload["seq"] = seq + 1
             append(payload)
         s.seq = seq
-    if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
+    if edge.ends_run:  # (not a review: the run stays paused)
         s.seq += 1
         _record(s, events.run_end(s.seq, s.status, s.reason, s.detail, s.answer,
                                   s.counters.as_dict()))  # fmt: skip

@@ -38,6 +38,7 @@ from fsm_agent._errors import CorruptRecord, MachineMismatch
 from fsm_agent._rules import RuleSet
 
 __all__ = [
+    "NO_CALL",
     "SNAPSHOT_VERSION",
     "Counters",
     "RunConfig",
@@ -60,7 +61,8 @@ SNAPSHOT_VERSION = 3
 #: PostgreSQL).
 SaveMode = Literal["never", "writes", "replies"]
 
-_NO_CALL = PreparedCall(-1, "", "", "")
+#: The current call of a run between batches (``RunState.call``).
+NO_CALL = PreparedCall(-1, "", "", "")
 
 
 class Counters:
@@ -262,7 +264,7 @@ class RunState:
     )
     batch_appended: bool = persisted(False)
     index: int = persisted(0)
-    call: PreparedCall = persisted(_NO_CALL, dump=_dump_call, load=_load_call)
+    call: PreparedCall = persisted(NO_CALL, dump=_dump_call, load=_load_call)
     attempt: int = persisted(0)
     outcome: ToolOutcome = persisted(
         factory=lambda: ToolOutcome("ok"),
@@ -352,7 +354,7 @@ class RunState:
         self.attempt = 0
 
     def clear_call(self) -> None:
-        self.call = _NO_CALL
+        self.call = NO_CALL
 
     # ── serialisation ─────────────────────────────────────────────────────────────
 

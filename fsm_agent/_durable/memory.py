@@ -32,6 +32,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from operator import itemgetter
 from typing import Any
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
@@ -80,6 +81,10 @@ class _Run:
         self.owner: str | None = owner
         self.lease = 0.0
         self.created = self.updated = now
+
+
+#: A history row's index and message (``Checkpoint.messages``), read in C.
+_INDEX, _ROW = itemgetter(0), itemgetter(1)
 
 
 class MemoryStore:
@@ -289,8 +294,9 @@ class MemoryStore:
     ) -> None:
         row.events.extend(events)
         messages, rows = row.messages, checkpoint.messages
-        if rows and [i for i, _ in rows] == list(range(len(messages), len(messages) + len(rows))):
-            messages.extend(m for _, m in rows)  # only new rows, in order: the usual save
+        start = len(messages)
+        if rows and list(map(_INDEX, rows)) == list(range(start, start + len(rows))):
+            messages.extend(map(_ROW, rows))  # only new rows, in order: the usual save
             rows = []
         for index, message in rows:
             if index == len(messages):
