@@ -164,8 +164,9 @@ def _parse(raw: Any) -> Decision:
     for key, value in raw.items():
         if key not in _CORE_KEYS:
             message[_safe_key(key)] = make_safe(value)
-    return Decision(message=message, answer=answer, calls=calls, missing_id=missing,
-                    duplicate_id=duplicate)  # fmt: skip
+    # (Positional, in field order: message, answer, calls, malformed, missing_id,
+    # duplicate_id; a keyword call costs more, once per reply.)
+    return Decision(message, answer, calls, None, missing, duplicate)
 
 
 def _is_mapping(value: Any) -> bool:
