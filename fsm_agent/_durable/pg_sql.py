@@ -136,6 +136,28 @@ class Statements:
             ).replace("RETURNING num, epoch", "RETURNING num, epoch, run_id, runnable")
             + " SELECT num, CASE WHEN runnable THEN pg_notify(%(channel)s, run_id) END FROM r"
         )
+        # A decision judged on a version of the run its decider read (``record_review(
+        # seen=)``): written only while nobody holds the run and it is still at that
+        # version (its checkpoint's checksum and its last event), its row left as a
+        # review's claim and release would leave it (the epoch counted, nobody holding
+        # it, announced if a worker may drive it). No row back: it moved on, nothing
+        # written. After ``lock_row`` in the same transaction, so its snapshot is taken
+        # once any writer of the row before it has committed.
+        self.lock_row = q("SELECT 1 FROM {s}.runs WHERE run_id = %s FOR UPDATE")
+        self.save_if_at = q(
+            _SAVE.replace(
+                f"lease_until = {_LEASE}",
+                "owner = NULL, lease_until = '-infinity', epoch = epoch + 1, "
+                "claimed_at = clock_timestamp()",
+            )
+            .replace(
+                "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch)",
+                "AND owner IS NULL AND sum = %(seen_sum)s AND coalesce((SELECT max(x.seq) "
+                "FROM {s}.events x WHERE x.num = runs.num), -1) = %(seen_seq)s",
+            )
+            .replace("RETURNING num, epoch", "RETURNING num, epoch, run_id, runnable")
+            + " SELECT num, CASE WHEN runnable THEN pg_notify(%(channel)s, run_id) END FROM r"
+        )
         self.save_behind = q(
             f"{_SAVE} SELECT CASE WHEN count(*) = 1 THEN 1 "
             f"ELSE ('{REFUSED}' || count(*))::integer END FROM r"

@@ -60,7 +60,7 @@ from fsm_agent._durable import owners, pg_sql
 from fsm_agent._durable.feed import KeyRecord, Watch
 from fsm_agent._durable.pg_conn import alive, conninfo, is_postgres_dsn, store_error
 from fsm_agent._durable.pg_schema import SCHEMA_VERSION, open_schema
-from fsm_agent._durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
+from fsm_agent._durable.store import Checkpoint, Fence, Head, RunSave, RunSummary, StoredRun
 from fsm_agent._errors import (
     ConfigError,
     CorruptRecord,
@@ -749,6 +749,27 @@ class PostgresStore:
             self._epochs.pop(owner, None)
             self._released.add((run_id, owner))
 
+    def save_if_unchanged(
+        self, run_id: str, seen: Head, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> bool:
+        """Append ``events`` and replace the checkpoint only if nobody holds the run and
+        it is still at ``seen`` (a decision judged on that version:
+        ``record_review(..., seen=)``), leaving it as a claim and a release would; one
+        round trip (the row locked, then the conditional save, pipelined in one
+        transaction). ``False``: the run moved on or is held, nothing was written."""
+        params = {
+            **self._rows(events, checkpoint),
+            "run_id": run_id,
+            "seen_seq": seen.seq,
+            "seen_sum": seen.checksum,
+            "channel": self.channel,
+        }
+        with self.connection() as conn:
+            with conn.pipeline():
+                conn.execute(self.sql.lock_row, [run_id])
+                saved = conn.execute(self.sql.save_if_at, params)
+            return saved.fetchone() is not None
+
     def save_behind(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
@@ -824,6 +845,7 @@ class PostgresStore:
                 self._loads(b, s, f"event {q} of {where}")
                 for q, b, s in zip(es or [], eb or [], esum or [], strict=True)
             ],
+            None if snapshot_sum is None else Head(es[-1] if es else -1, int(snapshot_sum)),
         )
 
     def list_runs(self, state: str | None = None) -> list[RunSummary]:

@@ -47,7 +47,7 @@ from fsm_agent._core.jsonsafe import c_dumps
 from fsm_agent._core.state import SaveMode
 from fsm_agent._durable import owners
 from fsm_agent._durable.feed import KeyRecord, Watch
-from fsm_agent._durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
+from fsm_agent._durable.store import Checkpoint, Fence, Head, RunSave, RunSummary, StoredRun
 from fsm_agent._errors import (
     ConfigError,
     CorruptRecord,
@@ -707,6 +707,40 @@ class SqliteStore:
         with self._lock:
             self._released.add((run_id, owner))
 
+    def save_if_unchanged(
+        self, run_id: str, seen: Head, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> bool:
+        """As :meth:`PostgresStore.save_if_unchanged`: one ``BEGIN IMMEDIATE``
+        transaction (one commit, where a claim and a save are two) that writes only if
+        nobody holds the run and it is still at ``seen``; ``False`` (nothing written)
+        otherwise."""
+        rows = _encode(events, checkpoint)
+        state, reason, pending = rows.columns
+        with self._write() as c:
+            found = c.execute(
+                "SELECT num FROM runs WHERE run_id = ? AND owner IS NULL AND sum = ?",
+                (run_id, seen.checksum),
+            ).fetchone()
+            if found is None:
+                return False
+            num = int(found[0])
+            base = num << _SHIFT
+            last = c.execute(
+                "SELECT key, n FROM events WHERE key BETWEEN ? AND ? ORDER BY key DESC LIMIT 1",
+                (base, base + (1 << _SHIFT) - 1),
+            ).fetchone()
+            if (-1 if last is None else last[0] - base + last[1] - 1) != seen.seq:
+                return False
+            now = time.time()
+            c.execute(
+                "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
+                "updated = ?, lease_until = ? WHERE num = ?",
+                (state, reason, pending, rows.snapshot, rows.snapshot_sum, now,
+                 now + self.lease_s, num),
+            )  # fmt: skip
+            self._append(c, num, rows.events, rows.messages)
+        return True
+
     def _checkpoint(self, run_id: str, owner: str, rows: _Rows, *, release: bool = False) -> None:
         """Commit a checkpoint (after what waits behind its driving): every transaction
         that commits one goes through here."""
@@ -804,12 +838,16 @@ class SqliteStore:
                 span,
             )
         where = f"run {run_id!r}"
+        loaded = self._events(events, span[0], where)
+        last = int(loaded[-1]["seq"]) if loaded else -1
+        head = None if snapshot_sum is None else Head(last, int(snapshot_sum))
         return StoredRun(
             run_id,
             self._loads(header, header_sum, f"the header of {where}"),
             self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
             [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
-            self._events(events, span[0], where),
+            loaded,
+            head,
         )
 
     def _events(self, rows: list[Any], base: int, where: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ documented intent lifetime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, TypeGuard, runtime_checkable
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent._core.state import SaveMode
@@ -33,6 +33,7 @@ __all__ = [
     "ApprovalStore",
     "Checkpoint",
     "Fence",
+    "Head",
     "IdempotencyRecord",
     "IntentClaim",
     "RunSave",
@@ -80,16 +81,28 @@ class RunSave:
     checkpoint: Checkpoint
 
 
+class Head(NamedTuple):
+    """Which version of a run a read saw: its last event's ``seq`` (-1: none) and the
+    stored checksum of its checkpoint's text. Every save that changes the run changes
+    one of them (a claim changes neither: it changes who holds the run, not the run)."""
+
+    seq: int
+    checksum: int
+
+
 @dataclass
 class StoredRun:
     """A run as stored: its header (the caller's settings), last checkpoint, history and
-    trace events."""
+    trace events. ``head``: the version read, where the store can tell it (SQLite,
+    PostgreSQL): a decision judged on this read is written only while the run is
+    still at it (``record_review(..., seen=)``)."""
 
     run_id: str
     header: dict[str, Any]
     snapshot: dict[str, Any]
     messages: list[dict[str, Any]]
     events: list[dict[str, Any]]
+    head: Head | None = None
 
     @property
     def body(self) -> dict[str, Any]:

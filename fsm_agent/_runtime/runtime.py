@@ -30,7 +30,13 @@ from fsm_agent._core.table import DEFAULT_MACHINE, Machine
 from fsm_agent._durable import owners, review
 from fsm_agent._durable.memory import MemoryStore
 from fsm_agent._durable.resume import known_machines, restore_run
-from fsm_agent._durable.store import Checkpoint, Store, supports_approvals, supports_runs
+from fsm_agent._durable.store import (
+    Checkpoint,
+    Store,
+    StoredRun,
+    supports_approvals,
+    supports_runs,
+)
 from fsm_agent._errors import ConfigError, MachineMismatch, StoreError
 from fsm_agent._rules import Rule, RuleSet
 from fsm_agent._runtime.call_ids import call_ids, warn_repeated_calls
@@ -383,6 +389,7 @@ class Runtime:
         at: str | None = None,
         resume: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        seen: StoredRun | None = None,
     ) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments).
 
@@ -394,11 +401,15 @@ class Runtime:
         ``edit``): validated now against the tool's schema (``ReviewError`` if they do
         not fit, nothing recorded), bound by their own digest, and admitted afresh when
         the run resumes; the ``review`` event records them with the original ones.
+        ``seen``: the run as the caller read it (``store.load_run``) to decide: judged
+        on that version and written only while the run is still it, in one round trip
+        (one commit on SQLite) instead of two; where it moved on, judged again on the
+        run as stored (``docs/concepts/durable-runs.md``).
         """
         if arguments is not None:
             return self._review(run_id, call_id, "edit", by, note, at, resume,
-                                arguments=arguments)  # fmt: skip
-        return self._review(run_id, call_id, "approve", by, note, at, resume)
+                                arguments=arguments, seen=seen)  # fmt: skip
+        return self._review(run_id, call_id, "approve", by, note, at, resume, seen=seen)
 
     def deny(
         self,
@@ -410,9 +421,11 @@ class Runtime:
         note: str | None = None,
         at: str | None = None,
         resume: bool = False,
+        seen: StoredRun | None = None,
     ) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``); as :meth:`approve`."""
-        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason)
+        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason,
+                            seen=seen)  # fmt: skip
 
     def reconcile(
         self,
@@ -424,10 +437,12 @@ class Runtime:
         note: str | None = None,
         at: str | None = None,
         resume: bool = False,
+        seen: StoredRun | None = None,
     ) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists); the write is not run again. As :meth:`approve`."""
-        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result)
+        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result,
+                            seen=seen)  # fmt: skip
 
     def _review(
         self,

@@ -263,7 +263,7 @@ async def run_page(request: Request) -> Response:
     server = _server(request)
     principal = await server.who(request, "read")
     run_id = request.path_params["run_id"]
-    stored = await server.call(server.store.load_run, run_id)
+    stored = await server.read_run(run_id)
     run = views.detail_of(stored)
     link = "/runs/" + quote(run_id, safe="")
     flash = request.query_params.get("msg")
