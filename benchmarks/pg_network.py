@@ -19,7 +19,9 @@ Then each kind of round of ``docs/concepts/durable-runs.md``'s table, fsm-agent 
 a read, a keyed write, a write without a key (each the difference between runs of 8 and
 2 such rounds, over 6), a final answer (a run that only answers: its creation, its last
 checkpoint, its claim let go), and a review (a run that pauses for approval, the
-decision recorded, the run resumed to its answer), in round trips and in ms at each RTT.
+decision recorded, the run resumed to its answer; and a decision on the version its
+decider read, as the review server's page holds it: ``record_review(..., seen=)``), in
+round trips and in ms at each RTT.
 
     python benchmarks/pg_network.py [--runs 11] [--rtts 0,0.2,1,4] [--kinds-only]
 """
@@ -48,6 +50,7 @@ import postgres as pg_bench
 
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
 from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.review import record_review
 from fsm_agent.testing._pgserver import Server
 
 HERE = Path(__file__).resolve().parent
@@ -245,7 +248,8 @@ def _rounds(store: PostgresStore, names: tuple[str, ...], n: int) -> Any:
 
 
 def _review(store: PostgresStore, proxy: Proxy) -> list[tuple[float, int]]:
-    """A run paused for approval, its decision recorded, the run resumed: each part."""
+    """A run paused for approval, its decision recorded, the run resumed: each part;
+    then a decision on the version its decider read (the review server's page)."""
     tag = uuid.uuid4().hex[:8]
     answer = {"role": "assistant", "content": "done"}
     run_id = f"review-{tag}"
@@ -255,7 +259,15 @@ def _review(store: PostgresStore, proxy: Proxy) -> list[tuple[float, int]]:
         lambda: runtime.approve(run_id, "c00", by="ana"),
         lambda: _kind_runtime(store, [answer]).resume(run_id),
     ]
-    return [_timed(proxy, part) for part in parts]
+    timed = [_timed(proxy, part) for part in parts]
+    shown = f"{run_id}-shown"
+    _kind_runtime(store, [_calls(tag, 1, ("approved",)), answer]).run("go", run_id=shown)
+    view = store.load_run(shown)
+
+    def decide() -> None:
+        record_review(store, shown, "c10", "approve", reviewer="ana", seen=view)
+
+    return [*timed, _timed(proxy, decide)]
 
 
 def measure_kinds(
@@ -275,9 +287,10 @@ def measure_kinds(
                 ms8, n8 = _timed(proxy, _rounds(store, names, 8))
                 points[kind] = ((ms8 - ms2) / 6, (n8 - n2) / 6)
             points["a final answer (a whole run)"] = _timed(proxy, _rounds(store, (), 0))
-            pause, decide, resume = _review(store, proxy)
+            pause, decide, resume, on_view = _review(store, proxy)
             points["a review: the pause (a whole run)"] = pause
             points["a review: the decision recorded"] = decide
+            points["a review: the decision on a view"] = on_view
             points["a review: the run resumed to its end"] = resume
             if repeat:
                 for kind, point in points.items():

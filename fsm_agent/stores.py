@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 from fsm_agent._durable.memory import MemoryStore
 from fsm_agent._durable.store import (
     ApprovalStore,
+    CancelRequest,
     Checkpoint,
     Fence,
+    Head,
     IdempotencyRecord,
     IntentClaim,
     RunSave,
@@ -32,8 +34,10 @@ if TYPE_CHECKING:  # for type checkers; at run time both are imported on first u
 
 __all__ = [
     "ApprovalStore",
+    "CancelRequest",
     "Checkpoint",
     "Fence",
+    "Head",
     "IdempotencyRecord",
     "IntentClaim",
     "MemoryStore",

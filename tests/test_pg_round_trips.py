@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
@@ -33,6 +34,7 @@ from round_kinds import round_tools as _tools
 from fsm_agent import Runtime, ScriptedModel, ToolRegistry
 from fsm_agent._core.requests import IdempotencyRecord
 from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.review import record_review
 from fsm_agent._durable.store import Checkpoint
 from fsm_agent._errors import IntentConflict, RunBusy
 
@@ -158,6 +160,86 @@ def test_a_review_pauses_decides_and_resumes_in_few_round_trips(
     # checkpoint), the answer. (Before issue 25: 3, 7 and 11.)
     assert trips[1] == (2, 2, 3), trips
     assert store.list_runs("done")[0].run_id in {"review-0", "review-1"}
+
+
+def _gated_runtime(store: PostgresStore, script: list[Any]) -> Runtime:
+    tools = _tools()
+    tools.register(
+        lambda i: {"approved": i},
+        name="gated",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        requires_approval=True,
+        schema={"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}},
+    )
+    return Runtime(model=ScriptedModel(script), tools=tools, allowed_tools={"gated"}, store=store)
+
+
+def _paused(store: PostgresStore, run_id: str) -> None:
+    script = [calls(call("g1", "gated", i=run_id)), say("done")]
+    assert _gated_runtime(store, script).run("go", run_id=run_id).status == "review_required"
+
+
+def test_a_decision_on_the_version_its_decider_read_waits_for_one_round_trip(
+    proxied: tuple[PostgresStore, Any],
+) -> None:
+    store, proxy = proxied
+    counted: dict[str, list[int]] = {"seen": [], "unseen": []}
+    for n in range(4):  # the first warms the pool; the fewest of three tries counts
+        for way in counted:
+            run_id = f"view-{way}-{n}"
+            _paused(store, run_id)
+            view = store.load_run(run_id)
+            proxy.round_trips()
+            record_review(
+                store, run_id, "g1", "approve", reviewer="ana",
+                seen=view if way == "seen" else None,
+            )  # fmt: skip
+            counted[way].append(proxy.round_trips())
+            assert store.load_run(run_id).body["reviews"]["g1"]["reviewer"] == "ana"
+    # Judged on the view, written conditionally on the run still being it: 1. Without
+    # a view: claimed and read, then written with the claim let go: 2 (its minimum).
+    assert (min(counted["seen"][1:]), min(counted["unseen"][1:])) == (1, 2), counted
+    resumed = _gated_runtime(store, [say("done")]).resume("view-seen-3")
+    assert resumed.status == "done", resumed.detail
+
+
+def test_a_review_server_decision_with_its_view_saves_a_round_trip(
+    proxied: tuple[PostgresStore, Any],
+) -> None:
+    from server_harness import LiveServer
+
+    from fsm_agent._durable.feed import make_key
+
+    store, proxy = proxied
+    key, record = make_key("ana", "review")
+    store.add_key(record)
+    live = LiveServer(store).start()
+    counted: dict[str, list[int]] = {"shown": [], "not shown": []}
+    try:
+        with httpx.Client(
+            base_url=live.url, headers={"authorization": f"Bearer {key}"}, timeout=10
+        ) as c:
+            for n in range(4):
+                for way in counted:
+                    run_id = f"page-{way.replace(' ', '-')}-{n}"
+                    _paused(store, run_id)
+                    seq = store.load_run(run_id).events[-1]["seq"]
+                    if way == "shown":  # the page the reviewer decides on
+                        assert c.get(f"/api/runs/{run_id}").json()["seq"] == seq
+                    proxy.round_trips()
+                    r = c.post(
+                        f"/api/runs/{run_id}/reviews",
+                        json={"call_id": "g1", "action": "approve"},
+                        headers={"if-match": f'"{seq}"'},
+                    )
+                    counted[way].append(proxy.round_trips())
+                    assert r.status_code == 201, r.text
+    finally:
+        live.stop()
+    # The request's key read, the decision, the run read back for the answer: with the
+    # version the server showed, the decision is 1 round trip; without it, 2.
+    assert (min(counted["shown"][1:]), min(counted["not shown"][1:])) == (3, 4), counted
 
 
 # ── what rides behind is fenced and atomic ────────────────────────────────────────

@@ -543,15 +543,18 @@ def test_a_run_that_cannot_be_cancelled_is_a_precise_4xx_and_nothing_changes(
             for run_id, code, detail in (
                 ("r1", 409, "waiting for review: deny its pending calls"),
                 ("done", 409, "is done/final_answer: it has ended"),
-                ("busy", 409, "is cancelled where it runs"),
                 ("nope", 404, "nope"),
             ):
                 r = c.post(f"/api/runs/{run_id}/cancel")
                 assert r.status_code == code, (run_id, r.text)
                 assert detail in r.json()["detail"], r.json()
+            # A run a live driver holds gets a request for that driver, nothing more.
+            r = c.post("/api/runs/busy/cancel")
+            assert r.status_code == 202 and r.json()["run"]["cancel_requested"]["by"] == "root"
     finally:
         owners.let_go(store, "busy", driver)
     assert {r: store.load_run(r).events for r in ("r1", "done", "busy")} == before
+    assert store.load_run("r1").cancel_request is None  # a refusal stores nothing
 
 
 def test_on_postgresql_cancel_and_edit_go_through_the_machine(pg_store: Any) -> None:

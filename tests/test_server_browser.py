@@ -173,3 +173,51 @@ def test_edit_in_the_browser_refuses_a_bad_edit_then_runs_the_corrected_call(
             assert review["original_arguments"] == {"request_id": "R-3", "title": "refund 80"}
         finally:
             server.stop()
+
+
+def test_the_cancel_button_stops_a_running_run(
+    tmp_path: Path, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application drives a run whose model call takes seconds; on its page, Cancel
+    asks for the cancel (the page says "cancel requested"), the driver's next heartbeat
+    brings it, and the live status turns to cancelled, the note in the trace."""
+    import asyncio
+    import threading
+
+    import fleet_app
+
+    monkeypatch.setenv("FSM_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("FSM_TOOL_S", "20")
+    with SqliteStore(tmp_path / "runs.db", lease_s=0.9) as store:
+        key, record = make_key("root", "admin")
+        store.add_key(record)
+        rt = fleet_app.make_runtime(store)
+        results: list[Any] = []
+        driving = threading.Thread(
+            target=lambda: results.append(
+                asyncio.run(rt.arun(fleet_app.plan("r1", "read"), run_id="r1"))
+            )
+        )
+        driving.start()
+        server = LiveServer(store).start()
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(server.url + "/signin")
+            page.fill("input[name=key]", key)
+            with page.expect_navigation():
+                page.click("button >> text=Sign in")
+            page.goto(server.url + "/runs/r1")
+            page.wait_for_selector("#live >> text=deciding")
+            page.fill("form.cancel input[name=note]", "the customer called it off")
+            with page.expect_navigation():
+                page.click("button.cancel")
+            assert "cancel requested" in page.inner_text(".flash")
+            page.wait_for_selector("#live >> text=cancelled (cancelled)", timeout=10000)
+            assert page.query_selector("button.cancel") is None  # nothing left to cancel
+            driving.join(10)
+            assert results and results[0].status == "cancelled"
+            (cancel,) = [e for e in store.load_run("r1").events if e.get("trigger") == "cancel"]
+            assert (cancel["by"], cancel["note"]) == ("root", "the customer called it off")
+        finally:
+            server.stop()
+            driving.join(30)

@@ -3,6 +3,7 @@ tested through HTTP in test_server_api.py)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import zlib
 from pathlib import Path
@@ -135,6 +136,7 @@ def test_the_demo_replaces_its_own_database_written_by_an_older_fsm_agent(
         rows = conn.execute("SELECT key, type, body FROM events ORDER BY key").fetchall()
         conn.execute("DELETE FROM events")
         conn.execute("ALTER TABLE events DROP COLUMN n")
+        conn.execute("ALTER TABLE runs DROP COLUMN cancel")  # (schema 6's)
         for key, kind, body in rows:
             for i, line in enumerate(body.split("\n")):
                 conn.execute("INSERT INTO events (key, type, body, sum) VALUES (?, ?, ?, ?)",
@@ -177,6 +179,34 @@ def test_runs_cancel_takes_the_cancel_edge_or_says_why_not(
         assert store.load_run("r1").body["state"] == "review_required"
         events = store.load_run("q1").events
     assert [e["type"] for e in events] == ["run_start", "transition", "run_end"]
+
+
+def test_runs_cancel_of_a_run_a_driver_holds_stores_a_request_for_it(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Held by a live driver, the run is not cancelled from the shell: a request is
+    stored for that driver (the next one honours it at once), and the command says so."""
+    from fsm_agent._durable import owners
+
+    with SqliteStore(db) as store:
+        make_runtime([say("hi")], store=store).submit("hello", run_id="q1")
+        driver = owners.new_owner()
+        owners.hold(driver)
+        store.claim("q1", driver)
+    try:
+        code, out, _ = run(capsys, "runs", "cancel", "q1", "--db", db, "--by", "ops")
+    finally:
+        owners.drop(driver)
+    assert code == 0 and out.startswith("cancel requested for run q1 by ops at "), out
+    assert "its driver stops it at its next step" in out
+    with SqliteStore(db) as store:
+        asked = store.load_run("q1").cancel_request
+        assert store.load_run("q1").events == []  # nothing recorded yet
+    assert asked is not None and asked.by == "ops"
+    code, out, _ = run(capsys, "runs", "show", "q1", "--db", db)
+    assert code == 0 and f"  cancel requested by ops at {asked.at} (its driver" in out, out
+    code, out, _ = run(capsys, "runs", "show", "q1", "--db", db, "--json")
+    assert json.loads(out)["cancel_requested"] == {"by": "ops", "at": asked.at}
 
 
 def test_runs_cancel_records_by_and_note_in_the_trace_and_check_passes(

@@ -110,8 +110,13 @@ def test_approve_from_the_run_page_records_the_signed_in_reviewer(
         seq = re.search(r'name="seq" value="(-?\d+)"', page)
         assert seq is not None
         form = {"csrf": csrf_of(page), "seq": seq.group(1), "call_id": "c1", "action": "approve"}
+        # The page's version is kept: the form's decision is judged on it, in 1 round trip.
+        kept = server.app.app.state.server.views
+        view = kept.get("r1", int(seq.group(1)))
+        assert view is not None and view.head == store.load_run("r1").head
         r = c.post("/runs/r1/review", data=form)
         assert r.status_code == 303 and "msg=recorded" in r.headers["location"]
+        assert kept.get("r1", int(seq.group(1))) is None  # decided on: dropped
         # the same stale form again: the run moved on, the page says so
         r = c.post("/runs/r1/review", data=form)
         assert r.status_code == 303 and "error=" in r.headers["location"]

@@ -129,6 +129,41 @@ def test_a_review_pauses_decides_and_resumes_in_few_commits(tmp_path: Path) -> N
     assert (pause, decision, resumed) == (2, 2, 3)
 
 
+def test_a_decision_on_the_version_its_decider_read_commits_once(tmp_path: Path) -> None:
+    from fsm_agent._durable.review import record_review
+
+    tools = _tools()
+    tools.register(
+        lambda i: {"approved": i},
+        name="gated",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        requires_approval=True,
+        schema=SCHEMA,
+    )
+    with SqliteStore(tmp_path / "runs.db") as store:
+        statements: list[str] = []
+        counted = {}
+        for way in ("seen", "unseen"):
+            rt = Runtime(
+                model=ScriptedModel([calls(call("g1", "gated", i=way)), say("done")]),
+                tools=tools,
+                allowed_tools={"gated"},
+                store=store,
+            )
+            assert rt.run("go", run_id=way).status == "review_required"
+            view = store.load_run(way)
+            store._conn.set_trace_callback(statements.append)
+            record_review(store, way, "g1", "approve", seen=view if way == "seen" else None)
+            store._conn.set_trace_callback(None)
+            counted[way] = statements.count("COMMIT")
+            statements.clear()
+            assert store.load_run(way).body["reviews"]["g1"]["action"] == "approve"
+    # Judged on the view, written in one transaction that checks the run is still it:
+    # 1. Without a view: the claim, then the decision that lets it go: 2.
+    assert counted == {"seen": 1, "unseen": 2}
+
+
 # ── what rides behind is fenced and atomic ────────────────────────────────────────
 
 

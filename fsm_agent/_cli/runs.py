@@ -109,7 +109,11 @@ def register(subparsers: Any) -> None:  # long: declarations of the subcommands 
     )
     p.set_defaults(handler=_review, action="reconcile")
 
-    p = add("cancel", "cancel a run waiting to be driven (submitted, or between rounds)")
+    p = add(
+        "cancel",
+        "cancel a run: at once if it waits to be driven, else a request its driver "
+        "honours at its next step",
+    )
     p.add_argument("run_id")
     p.add_argument(
         "--key-env",
@@ -160,6 +164,9 @@ def _seconds(text: str) -> float:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+#: The states a run never leaves (a cancel request on such a run is history, not news).
+_ENDED = frozenset({"done", "budget_exhausted", "protocol_error", "cancelled"})
 
 
 def _age(text: str) -> float:
@@ -326,6 +333,7 @@ def _show(args: argparse.Namespace) -> int:
                     "counters": ctx.get("counters"),
                     "pending": pending,
                     "events": events,
+                    "cancel_requested": stored.cancel_request and stored.cancel_request.to_json(),
                 },
                 ensure_ascii=False,
             )
@@ -333,6 +341,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     status = ctx.get("state", "?") + (f"/{ctx['reason']}" if ctx.get("reason") else "")
     print(f"run {stored.run_id}: {status}")
+    _print_asked(stored)
     if ctx.get("detail"):
         print(f"  detail: {ctx['detail']}")
     if ctx.get("answer"):
@@ -434,9 +443,19 @@ def _review(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_asked(stored: Any) -> None:
+    """A cancel requested of a run not yet ended (its driver has not stopped it yet)."""
+    asked = stored.cancel_request
+    if asked is not None and stored.body.get("state") not in _ENDED:
+        who = f" by {asked.by}" if asked.by else ""
+        why = f": {asked.note}" if asked.note else ""
+        print(f"  cancel requested{who} at {asked.at}{why} (its driver stops it at its next step)")
+
+
 @_guarded
 def _cancel(args: argparse.Namespace) -> int:
-    from fsm_agent._durable.cancel import cancel_run
+    from fsm_agent._durable.cancel import ask_cancel
+    from fsm_agent._durable.store import CancelRequest
 
     key = None
     if args.key_env:
@@ -445,8 +464,15 @@ def _cancel(args: argparse.Namespace) -> int:
             return _fail(f"--key-env {args.key_env}: the variable is not set or empty")
     by = args.by if args.by is not None else _os_user()
     with _open(args, write=True) as store:
-        s = cancel_run(store, args.run_id, key=key, by=by, note=args.note)
-    print(f"cancelled run {args.run_id} ({s.state}/{s.reason})" + (f" by {by}" if by else ""))
+        done = ask_cancel(store, args.run_id, key=key, by=by, note=args.note)
+    if isinstance(done, CancelRequest):
+        who = f" by {done.by}" if done.by else ""
+        print(
+            f"cancel requested for run {args.run_id}{who} at {done.at}: its driver stops "
+            "it at its next step (fsm-agent runs show to see it end)"
+        )
+        return 0
+    print(f"cancelled run {args.run_id} ({done.state}/{done.reason})" + (f" by {by}" if by else ""))
     return 0
 
 

@@ -2,6 +2,13 @@
 ``POST /api/runs/{id}/cancel``, ``fsm-agent runs cancel``): the table's ``cancel``
 trigger, fired by the engine's own loop, exactly as when a driver is stopped (R2).
 
+:func:`ask_cancel` is what both call: a run waiting to be driven is cancelled here, at
+once (:func:`cancel_run`); a run a live driver holds, or one stopped in the middle of a
+batch, gets a :class:`~fsm_agent._durable.store.CancelRequest` stored with it instead,
+which its driver honours — the one driving it now at its next step (the request comes
+back with the heartbeat's lease renewal), or the next one to claim it, at once — with the
+same ``cancel`` edges and the same ``by``/``at``/``note`` (``runtime/asked.py``).
+
 The run is claimed (``RunBusy`` while a live driver holds it: that driver's own stop
 is the way to cancel it there), restored, and driven by the loop with nothing of the
 world behind it: the clock and the store answer, and the first request that would ask
@@ -28,18 +35,58 @@ from fsm_agent._core.table import Machine
 from fsm_agent._durable import owners
 from fsm_agent._durable.resume import restore_state
 from fsm_agent._durable.review import _instant, _review_config, _text_or_none
-from fsm_agent._durable.store import Checkpoint, supports_runs
-from fsm_agent._errors import ConfigError, ReviewError, StoreError
+from fsm_agent._durable.store import CancelRequest, Checkpoint, supports_runs
+from fsm_agent._errors import ConfigError, ReviewError, RunBusy, StoreError
 from fsm_agent._trace.chain import Encoder, continue_chain, trace_key
 
-__all__ = ["NotCancellable", "cancel_run"]
+__all__ = ["NotCancellable", "ask_cancel", "cancel_run"]
 
 _FINISHED = frozenset({"done", "budget_exhausted", "protocol_error", "cancelled"})
 
 
 class NotCancellable(ReviewError):
     """The run is in a state this cancel does not take (finished, paused for review,
-    stopped mid-batch); the message says what to do instead."""
+    stopped mid-batch); the message says what to do instead. ``why``: ``ended``,
+    ``review`` or ``mid_batch``."""
+
+    def __init__(self, message: str, why: str = "ended") -> None:
+        super().__init__(message)
+        self.why = why
+
+
+def ask_cancel(
+    store: Any,
+    run_id: str,
+    *,
+    key: bytes | str | None = None,
+    machines: Mapping[str, Machine] | None = None,
+    by: str | None = None,
+    note: str | None = None,
+    at: str | None = None,
+) -> RunState | CancelRequest:
+    """Cancel ``run_id`` now if it waits to be driven (:func:`cancel_run`: returns its
+    state, ``cancelled``); if a live driver holds it, or it stopped in the middle of a
+    batch, store a :class:`CancelRequest` for its driver and return the request stored
+    (the first one: asking again changes nothing). :class:`NotCancellable` for a run that
+    has ended or waits for review (also one that ended while this was asked), and what
+    :func:`cancel_run` raises otherwise."""
+    when = _instant(at, "cancel")
+    try:
+        return cancel_run(store, run_id, key=key, machines=machines, by=by, note=note, at=when)
+    except RunBusy:
+        pass  # a live driver holds it: the request is for that driver
+    except NotCancellable as exc:
+        if exc.why != "mid_batch":
+            raise
+    keep = getattr(store, "request_cancel", None)
+    if keep is None:
+        raise StoreError(f"{type(store).__name__} keeps no cancel requests for a run's driver")
+    stored: CancelRequest | None = keep(run_id, CancelRequest(when, by, note))
+    if stored is None:  # it ended meanwhile
+        body = store.load_run(run_id).body
+        status = str(body.get("state")) + (f"/{body['reason']}" if body.get("reason") else "")
+        raise NotCancellable(f"run {run_id!r} is {status}: it has ended, nothing to cancel")
+    return stored
 
 
 def cancel_run(
@@ -97,12 +144,14 @@ def _refuse_unless_waiting(s: RunState) -> None:
     if s.state == "review_required":
         raise NotCancellable(
             f"run {s.run_id!r} is {status}, waiting for review: deny its pending calls "
-            "(the model is told why) instead; a paused run ends when its reviewers decide"
+            "(the model is told why) instead; a paused run ends when its reviewers decide",
+            "review",
         )
     if s.state != "deciding":
         raise NotCancellable(
             f"run {s.run_id!r} stopped in {s.state}, in the middle of a batch: resume it "
-            "with its application (Runtime.resume or a worker) to settle the batch"
+            "with its application (Runtime.resume or a worker) to settle the batch",
+            "mid_batch",
         )
 
 

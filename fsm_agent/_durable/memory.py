@@ -32,13 +32,22 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from operator import itemgetter
 from typing import Any
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
 from fsm_agent._core.state import SaveMode
 from fsm_agent._durable import owners
 from fsm_agent._durable.feed import ConditionWatch, KeyRecord, Watch
-from fsm_agent._durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun, summary_of
+from fsm_agent._durable.store import (
+    CancelRequest,
+    Checkpoint,
+    Fence,
+    RunSave,
+    RunSummary,
+    StoredRun,
+    summary_of,
+)
 from fsm_agent._errors import (
     ConfigError,
     IntentConflict,
@@ -61,6 +70,7 @@ def _text(value: Any) -> str:
 class _Run:
     __slots__ = (
         "body",
+        "cancel",
         "created",
         "events",
         "header",
@@ -80,6 +90,11 @@ class _Run:
         self.owner: str | None = owner
         self.lease = 0.0
         self.created = self.updated = now
+        self.cancel: CancelRequest | None = None
+
+
+#: A history row's index and message (``Checkpoint.messages``), read in C.
+_INDEX, _ROW = itemgetter(0), itemgetter(1)
 
 
 class MemoryStore:
@@ -288,8 +303,12 @@ class MemoryStore:
         now: float,
     ) -> None:
         row.events.extend(events)
-        messages = row.messages
-        for index, message in checkpoint.messages:
+        messages, rows = row.messages, checkpoint.messages
+        start = len(messages)
+        if rows and list(map(_INDEX, rows)) == list(range(start, start + len(rows))):
+            messages.extend(map(_ROW, rows))  # only new rows, in order: the usual save
+            rows = []
+        for index, message in rows:
             if index == len(messages):
                 messages.append(message)
             elif index < len(messages):
@@ -316,12 +335,14 @@ class MemoryStore:
             row = self._row(run_id)
             header, snapshot = row.header, _text(row.snapshot)
             messages, events = _text(row.messages), _text(row.events)
+            cancel = row.cancel
         return StoredRun(
             run_id,
             json.loads(header),
             json.loads(snapshot),
             json.loads(messages),
             json.loads(events),
+            cancel_request=cancel,
         )
 
     def adopt_run(self, run_id: str, owner: str, header: dict[str, Any]) -> bool:
@@ -354,12 +375,27 @@ class MemoryStore:
             row.owner, row.lease = owner, now + self.lease_s
             self._finished.pop(run_id, None)
 
-    def renew(self, run_id: str, owner: str) -> None:
+    def renew(self, run_id: str, owner: str) -> CancelRequest | None:
         with self._lock:
             row = self._row(run_id)
             if row.owner != owner:
                 raise RunBusy(f"run {run_id!r} was taken over by {row.owner or 'nobody'}")
             row.lease = time.time() + self.lease_s
+            return row.cancel
+
+    def request_cancel(self, run_id: str, request: CancelRequest) -> CancelRequest | None:
+        """Store ``request`` for the run's driver (see :class:`CancelRequest`) unless one
+        is stored already; returns the one stored now (the first: asking again changes
+        nothing), or ``None`` if the run has ended (nothing stored). ``RunNotFound`` if
+        there is no such run."""
+        with self._lock:
+            row = self._row(run_id)
+            if row.body.get("state") in _TERMINAL:
+                return None
+            if row.cancel is None:
+                row.cancel = request
+                self._bump()
+            return row.cancel
 
     def release(self, run_id: str, owner: str) -> None:
         with self._lock:

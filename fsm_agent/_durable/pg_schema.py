@@ -236,7 +236,16 @@ CREATE TRIGGER runs_announce_change AFTER UPDATE ON {s}.runs
     ) EXECUTE FUNCTION {s}.announce_change();
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# 5: a cancel asked of a run while it was driven (or before it is driven again), for its
+# driver (JSON text of ``CancelRequest``, NULL where none was asked): on the runs row, so
+# the heartbeat's renewal returns it (``UPDATE … RETURNING cancel``) and a claim reads it
+# with the run. Not announced on the change feed (the trigger's columns): the run's
+# events and state do not change until its driver honours it.
+_V5 = """
+ALTER TABLE {s}.runs ADD COLUMN cancel text;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)

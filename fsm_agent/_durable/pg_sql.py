@@ -57,7 +57,7 @@ _SAVE = (
 
 #: A run as ``PostgresStore.load_run`` reads it, from its runs row ``{r}`` in ``{src}``.
 _LOADED = (
-    "h.body, h.sum, {r}.ctx, {r}.sum, m.i, m.b, m.s, e.i, e.b, e.s "
+    "h.body, h.sum, {r}.ctx, {r}.sum, m.i, m.b, m.s, e.i, e.b, e.s, {r}.cancel "
     "FROM {src} JOIN {{s}}.headers h USING (num) "
     "LEFT JOIN LATERAL (SELECT array_agg(idx ORDER BY idx) AS i, "
     "array_agg(body ORDER BY idx) AS b, array_agg(sum ORDER BY idx) AS s "
@@ -134,6 +134,28 @@ class Statements:
             _SAVE.replace(
                 f"lease_until = {_LEASE}", "owner = NULL, lease_until = '-infinity'"
             ).replace("RETURNING num, epoch", "RETURNING num, epoch, run_id, runnable")
+            + " SELECT num, CASE WHEN runnable THEN pg_notify(%(channel)s, run_id) END FROM r"
+        )
+        # A decision judged on a version of the run its decider read (``record_review(
+        # seen=)``): written only while nobody holds the run and it is still at that
+        # version (its checkpoint's checksum and its last event), its row left as a
+        # review's claim and release would leave it (the epoch counted, nobody holding
+        # it, announced if a worker may drive it). No row back: it moved on, nothing
+        # written. After ``lock_row`` in the same transaction, so its snapshot is taken
+        # once any writer of the row before it has committed.
+        self.lock_row = q("SELECT 1 FROM {s}.runs WHERE run_id = %s FOR UPDATE")
+        self.save_if_at = q(
+            _SAVE.replace(
+                f"lease_until = {_LEASE}",
+                "owner = NULL, lease_until = '-infinity', epoch = epoch + 1, "
+                "claimed_at = clock_timestamp()",
+            )
+            .replace(
+                "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch)",
+                "AND owner IS NULL AND sum = %(seen_sum)s AND coalesce((SELECT max(x.seq) "
+                "FROM {s}.events x WHERE x.num = runs.num), -1) = %(seen_seq)s",
+            )
+            .replace("RETURNING num, epoch", "RETURNING num, epoch, run_id, runnable")
             + " SELECT num, CASE WHEN runnable THEN pg_notify(%(channel)s, run_id) END FROM r"
         )
         self.save_behind = q(
@@ -214,7 +236,7 @@ class Statements:
             "u AS (UPDATE {s}.runs r SET owner = %(owner)s, epoch = r.epoch + 1, "
             f"lease_until = {_LEASE}, claimed_at = clock_timestamp() FROM c "
             "WHERE r.num = c.num RETURNING r.num, r.run_id, r.epoch, r.state, c.previous, "
-            "c.first, r.ctx, r.sum) "
+            "c.first, r.ctx, r.sum, r.cancel) "
             "SELECT u.run_id, u.epoch, u.state, u.previous, u.first, "
             + _LOADED.format(r="u", src="u")
         )
@@ -232,9 +254,22 @@ class Statements:
             "WHERE run_id = %(run_id)s AND owner = %(dead)s AND runnable "
             "RETURNING run_id, epoch"
         )
+        # The renewal returns the run's cancel request: the driver learns of one with
+        # the heartbeat it sends anyway, never by a read of its own.
         self.renew = q(
             f"UPDATE {{s}}.runs SET lease_until = {_LEASE} WHERE run_id = %(run_id)s "
-            "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch) RETURNING 1"
+            "AND owner = %(owner)s AND epoch = coalesce(%(epoch)s, epoch) RETURNING cancel"
+        )
+        # Whoever holds the run: the first request stays (asking again changes nothing),
+        # and a run that has ended gets none. Its state and the request now stored; the
+        # work channel is told (``cancel:<run id>``), so a worker driving the run renews
+        # its lease at once and learns of it then (a hint: the renewal is what counts).
+        self.request_cancel = q(
+            "WITH r AS (SELECT num, state, cancel FROM {s}.runs WHERE run_id = %(run_id)s "
+            "FOR UPDATE), u AS (UPDATE {s}.runs x SET cancel = %(cancel)s FROM r "
+            "WHERE x.num = r.num AND r.cancel IS NULL AND NOT r.state = ANY(%(ended)s) "
+            "RETURNING x.cancel) SELECT r.state, coalesce((SELECT cancel FROM u), r.cancel), "
+            "pg_notify(%(channel)s, 'cancel:' || %(run_id)s) FROM r"
         )
         self.release = q(
             "WITH r AS (UPDATE {s}.runs SET owner = NULL, lease_until = '-infinity' "

@@ -60,7 +60,15 @@ from fsm_agent._durable import owners, pg_sql
 from fsm_agent._durable.feed import KeyRecord, Watch
 from fsm_agent._durable.pg_conn import alive, conninfo, is_postgres_dsn, store_error
 from fsm_agent._durable.pg_schema import SCHEMA_VERSION, open_schema
-from fsm_agent._durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
+from fsm_agent._durable.store import (
+    CancelRequest,
+    Checkpoint,
+    Fence,
+    Head,
+    RunSave,
+    RunSummary,
+    StoredRun,
+)
 from fsm_agent._errors import (
     ConfigError,
     CorruptRecord,
@@ -749,6 +757,27 @@ class PostgresStore:
             self._epochs.pop(owner, None)
             self._released.add((run_id, owner))
 
+    def save_if_unchanged(
+        self, run_id: str, seen: Head, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> bool:
+        """Append ``events`` and replace the checkpoint only if nobody holds the run and
+        it is still at ``seen`` (a decision judged on that version:
+        ``record_review(..., seen=)``), leaving it as a claim and a release would; one
+        round trip (the row locked, then the conditional save, pipelined in one
+        transaction). ``False``: the run moved on or is held, nothing was written."""
+        params = {
+            **self._rows(events, checkpoint),
+            "run_id": run_id,
+            "seen_seq": seen.seq,
+            "seen_sum": seen.checksum,
+            "channel": self.channel,
+        }
+        with self.connection() as conn:
+            with conn.pipeline():
+                conn.execute(self.sql.lock_row, [run_id])
+                saved = conn.execute(self.sql.save_if_at, params)
+            return saved.fetchone() is not None
+
     def save_behind(
         self, run_id: str, owner: str, events: list[dict[str, Any]], checkpoint: Checkpoint
     ) -> None:
@@ -807,7 +836,7 @@ class PostgresStore:
     def _stored(self, run_id: str, row: Any) -> StoredRun:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} in {self.name}")
-        header, header_sum, snapshot, snapshot_sum, mi, mb, ms, es, eb, esum = row
+        header, header_sum, snapshot, snapshot_sum, mi, mb, ms, es, eb, esum, cancel = row
         where = f"run {run_id!r}"
         mi, mb, ms = mi or [], mb or [], ms or []
         if mi != list(range(len(mi))):
@@ -824,6 +853,8 @@ class PostgresStore:
                 self._loads(b, s, f"event {q} of {where}")
                 for q, b, s in zip(es or [], eb or [], esum or [], strict=True)
             ],
+            None if snapshot_sum is None else Head(es[-1] if es else -1, int(snapshot_sum)),
+            CancelRequest.loads(cancel, f"{self.name}: {where}"),
         )
 
     def list_runs(self, state: str | None = None) -> list[RunSummary]:
@@ -930,15 +961,30 @@ class PostgresStore:
                 return Claim(run_id, owner, row[1], "orphaned")
         return None
 
-    def renew(self, run_id: str, owner: str) -> None:
+    def renew(self, run_id: str, owner: str) -> CancelRequest | None:
         params = {
             "run_id": run_id,
             "owner": owner,
             "epoch": self._epoch(owner),
             "lease": self.lease_s,
         }
-        if self._one(self.sql.renew, params) is None:
+        row = self._one(self.sql.renew, params)
+        if row is None:
             self._not_owner(run_id)
+        return CancelRequest.loads(row[0], f"{self.name}: run {run_id!r}")
+
+    def request_cancel(self, run_id: str, request: CancelRequest) -> CancelRequest | None:
+        """As :meth:`MemoryStore.request_cancel <fsm_agent._durable.memory.MemoryStore.
+        request_cancel>`: one statement, under the run row's lock, whoever holds it."""
+        params = {"run_id": run_id, "cancel": request.dumps(), "ended": list(_FINISHED),
+                  "channel": self.channel}  # fmt: skip
+        row = self._one(self.sql.request_cancel, params)
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r} in {self.name}")
+        state, stored, _ = row
+        if state in _FINISHED:
+            return None
+        return CancelRequest.loads(stored, f"{self.name}: run {run_id!r}")
 
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim; a run a worker may drive (not finished, not waiting for a

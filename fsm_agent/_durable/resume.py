@@ -9,7 +9,8 @@ changed resumes under that table). The loop then takes the ``resume`` edge where
 applies (``core/loop.py``). On any failure the claim is released and nothing changes.
 
 :class:`Heartbeat` renews the claim's lease while a run is driven, so an owner on another
-host (which cannot be asked whether it lives) holds the run exactly while it works.
+host (which cannot be asked whether it lives) holds the run exactly while it works; the
+renewal brings back a cancel asked of the run meanwhile (``durable/cancel.py``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from fsm_agent._core.budget import Budget, RetryPolicy
 from fsm_agent._core.state import RunConfig, RunState, allowed_tools, snapshot_machine
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine
 from fsm_agent._durable import owners
-from fsm_agent._durable.store import RunStore, StoredRun
+from fsm_agent._durable.store import CancelRequest, RunStore, StoredRun
 from fsm_agent._errors import ConfigError, CorruptRecord, MachineMismatch, RunBusy, RunNotFound
 from fsm_agent._trace.chain import strip_links
 from fsm_agent._trace.replay import recorded_rules
 
-__all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "restore_run",
-           "restore_state"]  # fmt: skip
+__all__ = ["ConfigFactory", "Heartbeat", "known_machines", "machine_of", "poke",
+           "restore_run", "restore_state"]  # fmt: skip
 
 #: Builds a run's config from the settings it started with (``Runtime.config``; the
 #: machine is passed by keyword).
@@ -126,10 +127,11 @@ def restore_run(
     claimed_by: str | None = None,
     machines: Mapping[str, Machine] | None = None,
     rebuild: Rebuild | None = None,
-) -> tuple[RunState, str, list[dict[str, Any]]]:
+) -> tuple[RunState, str, list[dict[str, Any]], CancelRequest | None]:
     """Claim ``run_id`` and rebuild it; returns its state, the owner token that holds
-    the claim (the caller releases it when it stops driving) and the last two events as
-    stored (with their chain links, which the resumed run's trace continues).
+    the claim (the caller releases it when it stops driving), the last two events as
+    stored (with their chain links, which the resumed run's trace continues) and the
+    cancel asked of it, read with it (the driver honours it at once).
     ``claimed_by``: the owner token of a claim the caller already holds (a worker's, from
     its queue). ``machines``: the machines the caller knows, by hash."""
     owner = claimed_by or owners.new_owner()
@@ -147,7 +149,7 @@ def restore_run(
             stored = store.load_run(run_id) if load is None else load(run_id, owner)
         narrowed = _allowed_of(config)
         state = restore_state(stored, config, narrowed, machines, rebuild)
-        return state, owner, stored.events[-2:]
+        return state, owner, stored.events[-2:], stored.cancel_request
     except BaseException:
         owners.let_go(store, run_id, owner)
         raise
@@ -186,27 +188,47 @@ class Heartbeat:
     the renewal interval) for as long as the run is driven: a store outage shorter than
     the lease costs nothing, and after a longer one the claim is kept unless another
     driver took it meanwhile (a renewal checks the owner and epoch, not the clock).
-    ``lost`` is the last failure (``None`` after a good renewal)."""
+    ``lost`` is the last failure (``None`` after a good renewal).
+
+    A renewal returns the run's :class:`~fsm_agent._durable.store.CancelRequest` if one
+    is stored: ``on_cancel`` gets it (on this thread), and the heartbeat goes on (the
+    driver stops the run and then stops it). :func:`poke` renews at once, out of turn (a
+    worker told by ``NOTIFY`` that a cancel was asked of a run it drives)."""
 
     #: The first retry after a failed renewal, in seconds.
     RETRY_S = 0.1
 
-    def __init__(self, store: Any, run_id: str, owner: str) -> None:
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        owner: str,
+        on_cancel: Callable[[CancelRequest], None] | None = None,
+    ) -> None:
         self.store, self.run_id, self.owner = store, run_id, owner
+        self.on_cancel = on_cancel
         self.lost: BaseException | None = None
         self.failures = 0  # renewals that failed and were retried
-        self._stop = threading.Event()
+        self._stopped = False
+        self._wake = threading.Event()  # set by stop() and by poke()
         interval = max(float(getattr(store, "lease_s", 300.0)) / 3.0, 0.05)
         self._thread = threading.Thread(
             target=self._beat, args=(interval,), daemon=True, name="fsm-agent-heartbeat"
         )
+        with _BEATING_LOCK:
+            _BEATING[(run_id, owner)] = self
         self._thread.start()
 
     def _beat(self, interval: float) -> None:
         wait, retry = interval, min(self.RETRY_S, interval)
-        while not self._stop.wait(wait):
+        while True:
+            self._wake.wait(wait)
+            # (A poke between the wait and this clear is answered by this renewal.)
+            self._wake.clear()
+            if self._stopped:
+                return
             try:
-                self.store.renew(self.run_id, self.owner)
+                asked = self.store.renew(self.run_id, self.owner)
             except RunNotFound:
                 wait = interval  # a new run's first save has not created it yet
                 continue
@@ -220,8 +242,31 @@ class Heartbeat:
                 continue
             self.lost = None
             wait, retry = interval, min(self.RETRY_S, interval)
+            if isinstance(asked, CancelRequest) and self.on_cancel is not None:
+                self.on_cancel(asked)
 
     def stop(self) -> None:
-        self._stop.set()
+        with _BEATING_LOCK:
+            if _BEATING.get((self.run_id, self.owner)) is self:
+                del _BEATING[(self.run_id, self.owner)]
+        self._stopped = True
+        self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+
+
+#: The heartbeats of this process, by ``(run_id, owner)`` (for :func:`poke`).
+_BEATING: dict[tuple[str, str], Heartbeat] = {}
+_BEATING_LOCK = threading.Lock()
+
+
+def poke(run_id: str, owner: str) -> bool:
+    """Renew ``owner``'s lease on ``run_id`` now, if this process beats for it: its
+    renewal brings a cancel asked of the run at once instead of a third of a lease later.
+    Whether there was such a heartbeat."""
+    with _BEATING_LOCK:
+        beating = _BEATING.get((run_id, owner))
+    if beating is None:
+        return False
+    beating._wake.set()
+    return True

@@ -10,14 +10,20 @@ authorises exactly that call id, once, for the arguments it was paused with (R8)
 ``edit`` approves it with the reviewer's corrected arguments instead, validated here
 against the tool's schema as the run's header records it, and bound by their own digest
 (the resume admits the call afresh with them, as any call).
+
+A decider that already read the run (the review server's page) passes that read as
+``seen``: the decision is judged on it and written only while the run is still that
+version, without the claim and the read (one round trip on PostgreSQL, one commit on
+SQLite); where the run moved on, it is judged again on the run as stored.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from fsm_agent._core import loop
 from fsm_agent._core.actions import BLOCKING, FITS
@@ -104,6 +110,7 @@ def record_review(
     note: str | None = None,
     at: str | None = None,
     machines: Mapping[str, Machine] | None = None,
+    seen: StoredRun | None = None,
 ) -> dict[str, Any]:
     """Record a reviewer's decision on a paused call; returns the ``review`` event.
     ``machines``: the machines the runtime knows, by hash (see ``paused_state``).
@@ -118,10 +125,17 @@ def record_review(
     (default: now, read here, never in the core). ``key``: the runtime's ``trace_key``,
     needed to append to a signed trace. Anything that does not fit raises
     :class:`ReviewError` and changes nothing.
+
+    ``seen``: the run as the decider last read it (``store.load_run``; the review
+    server keeps the version each page showed). The decision is judged on it and
+    written only while the run is still that version and nobody holds it: one round
+    trip on PostgreSQL, one commit on SQLite. Where it moved on (or the store cannot
+    tell versions), the decision is judged again on the run as stored, claimed and read
+    first, as without ``seen``: what is recorded is the same either way.
     """
     return record(store, run_id, call_id, action, reason=reason, result=result,
                   arguments=arguments, key=key, reviewer=reviewer, note=note, at=at,
-                  machines=machines)[0]  # fmt: skip
+                  machines=machines, seen=seen)[0]  # fmt: skip
 
 
 def record(
@@ -139,16 +153,32 @@ def record(
     at: str | None = None,
     machines: Mapping[str, Machine] | None = None,
     observe: Callable[[list[dict[str, Any]]], None] | None = None,
+    seen: StoredRun | None = None,
 ) -> tuple[dict[str, Any], RunState]:
     """:func:`record_review`, also returning the run's state as now stored. ``observe``
     is given the events the review's edge recorded, before they are stored (or, for a
-    decision that does not fit, refused): a runtime's interceptors see them."""
+    decision that does not fit, refused): a runtime's interceptors see them (twice where
+    a decision judged on ``seen`` found the run moved on and was judged again)."""
     _check_action(action, arguments)
     who = _text_or_none("reviewer", reviewer)
     why = _text_or_none("note", note)
-    when = _instant(at)
+    request: dict[str, Any] = {"at": _instant(at)}
+    if who is not None:  # (absent, not null, when nobody was named)
+        request["reviewer"] = who
+    if why is not None:
+        request["note"] = why
+    decision = _Decision(call_id, action, reason, result, arguments, request, key, machines)
     if not supports_runs(store):
         raise StoreError(f"{type(store).__name__} does not keep runs")
+    if seen is not None:
+        if seen.run_id != run_id:
+            raise ReviewError(
+                f"the run seen is {seen.run_id!r}, not {run_id!r}: pass the decided run's "
+                "own read (store.load_run(run_id)) as seen="
+            )
+        done = _on_view(store, seen, decision, observe)
+        if done is not None:
+            return done
     owner = owners.new_owner()
     owners.hold(owner)
     try:
@@ -157,32 +187,79 @@ def record(
         owners.drop(owner)
         raise
     try:
-        s = paused_state(stored, machines)
-        request = _request(s, call_id, action, reason, result)
-        if action == "edit":
-            request.update(_edited(stored, s, call_id, arguments))
-        request["at"] = when
-        if who is not None:  # (absent, not null, when nobody was named)
-            request["reviewer"] = who
-        if why is not None:
-            request["note"] = why
+        events, s, checkpoint = decision.judge(store, stored, observe)
+        # The decision and the claim's end in one statement where the store can.
+        save = getattr(store, "save_and_release", store.save)
+        save(run_id, owner, events, checkpoint)
+        return events[-1], s
+    finally:
+        owners.let_go(store, run_id, owner)
+
+
+class _Decision(NamedTuple):
+    """A decision as asked, judged on a version of the run by :meth:`judge`."""
+
+    call_id: str
+    action: str
+    reason: str | None
+    result: Any
+    arguments: Any
+    #: the fields the caller gave the ``review`` event (when, who, why)
+    given: dict[str, Any]
+    key: bytes | str | None
+    machines: Mapping[str, Machine] | None
+
+    def judge(
+        self,
+        store: Any,
+        stored: StoredRun,
+        observe: Callable[[list[dict[str, Any]]], None] | None,
+    ) -> tuple[list[dict[str, Any]], RunState, Checkpoint]:
+        """The events the review's edge records on ``stored``, the state after it and
+        the checkpoint to save; :class:`ReviewError` where it does not fit."""
+        s = paused_state(stored, self.machines)
+        request = _request(s, self.call_id, self.action, self.reason, self.result)
+        if self.action == "edit":
+            request.update(_edited(stored, s, self.call_id, self.arguments))
+        request.update(self.given)
         before = len(s.events)
         fits = loop.review(s, request)
         events = s.events[before:]
         if observe is not None:
             observe(events)
         if not fits:
-            raise ReviewError(_refusal(s, call_id, action))
-        lines = _chained(store, stored, events, key)
+            raise ReviewError(_refusal(s, self.call_id, self.action))
+        lines = _chained(store, stored, events, self.key)
         # An edit rewrote the batch's assistant message in the history.
         rows = [(i, s.messages[i]) for i in sorted(set(s.rewritten))]
         s.rewritten.clear()
-        # The decision and the claim's end in one statement where the store can.
-        save = getattr(store, "save_and_release", store.save)
-        save(run_id, owner, events, Checkpoint(s.snapshot(), rows, lines))
-        return events[-1], s
-    finally:
-        owners.let_go(store, run_id, owner)
+        return events, s, Checkpoint(s.snapshot(), rows, lines)
+
+
+def _on_view(
+    store: Any,
+    seen: StoredRun,
+    decision: _Decision,
+    observe: Callable[[list[dict[str, Any]]], None] | None,
+) -> tuple[dict[str, Any], RunState] | None:
+    """The decision judged on ``seen`` and written while the run is still that version
+    (``store.save_if_unchanged``); ``None`` where it cannot be: the store tells no
+    versions, the run moved on, or it does not fit this version (judged again on the
+    run as stored, which says why)."""
+    save = getattr(store, "save_if_unchanged", None)
+    if save is None or seen.head is None:
+        return None
+    # Judged on a copy: the loop's state shares what it restores from (the decider
+    # may keep its view, and this judgement may not be the one stored).
+    view = StoredRun(seen.run_id, seen.header, copy.deepcopy(seen.snapshot),
+                     list(seen.messages), list(seen.events), seen.head)  # fmt: skip
+    try:
+        events, s, checkpoint = decision.judge(store, view, observe)
+    except ReviewError:
+        return None
+    if not save(seen.run_id, seen.head, events, checkpoint):
+        return None
+    return events[-1], s
 
 
 def _chained(

@@ -47,7 +47,15 @@ from fsm_agent._core.jsonsafe import c_dumps
 from fsm_agent._core.state import SaveMode
 from fsm_agent._durable import owners
 from fsm_agent._durable.feed import KeyRecord, Watch
-from fsm_agent._durable.store import Checkpoint, Fence, RunSave, RunSummary, StoredRun
+from fsm_agent._durable.store import (
+    CancelRequest,
+    Checkpoint,
+    Fence,
+    Head,
+    RunSave,
+    RunSummary,
+    StoredRun,
+)
 from fsm_agent._errors import (
     ConfigError,
     CorruptRecord,
@@ -147,6 +155,12 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 1;
     """,
+    # 6: a cancel asked of a run while it was driven (or before it is driven again), for
+    # its driver: JSON text of ``CancelRequest``, NULL where none was asked. On the runs
+    # row, so the heartbeat's renewal returns it in its own statement.
+    """
+    ALTER TABLE runs ADD COLUMN cancel TEXT;
+    """,
 )
 
 _SHIFT = 32  # events and messages: key = run number << 32 | seq (or history index)
@@ -160,6 +174,9 @@ _BEHIND_MOST = 32
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+#: The states a run never leaves: no cancel is asked of such a run.
+_ENDED = frozenset({"done", "budget_exhausted", "protocol_error", "cancelled"})
 
 
 def _plain_dumps(value: Any) -> str:
@@ -707,6 +724,40 @@ class SqliteStore:
         with self._lock:
             self._released.add((run_id, owner))
 
+    def save_if_unchanged(
+        self, run_id: str, seen: Head, events: list[dict[str, Any]], checkpoint: Checkpoint
+    ) -> bool:
+        """As :meth:`PostgresStore.save_if_unchanged`: one ``BEGIN IMMEDIATE``
+        transaction (one commit, where a claim and a save are two) that writes only if
+        nobody holds the run and it is still at ``seen``; ``False`` (nothing written)
+        otherwise."""
+        rows = _encode(events, checkpoint)
+        state, reason, pending = rows.columns
+        with self._write() as c:
+            found = c.execute(
+                "SELECT num FROM runs WHERE run_id = ? AND owner IS NULL AND sum = ?",
+                (run_id, seen.checksum),
+            ).fetchone()
+            if found is None:
+                return False
+            num = int(found[0])
+            base = num << _SHIFT
+            last = c.execute(
+                "SELECT key, n FROM events WHERE key BETWEEN ? AND ? ORDER BY key DESC LIMIT 1",
+                (base, base + (1 << _SHIFT) - 1),
+            ).fetchone()
+            if (-1 if last is None else last[0] - base + last[1] - 1) != seen.seq:
+                return False
+            now = time.time()
+            c.execute(
+                "UPDATE runs SET state = ?, reason = ?, pending = ?, ctx = ?, sum = ?, "
+                "updated = ?, lease_until = ? WHERE num = ?",
+                (state, reason, pending, rows.snapshot, rows.snapshot_sum, now,
+                 now + self.lease_s, num),
+            )  # fmt: skip
+            self._append(c, num, rows.events, rows.messages)
+        return True
+
     def _checkpoint(self, run_id: str, owner: str, rows: _Rows, *, release: bool = False) -> None:
         """Commit a checkpoint (after what waits behind its driving): every transaction
         that commits one goes through here."""
@@ -788,13 +839,13 @@ class SqliteStore:
     def load_run(self, run_id: str) -> StoredRun:
         with self._lock:
             rows = self._read(
-                "SELECT r.num, h.body, h.sum, r.ctx, r.sum FROM runs r JOIN "
+                "SELECT r.num, h.body, h.sum, r.ctx, r.sum, r.cancel FROM runs r JOIN "
                 "headers h USING (num) WHERE r.run_id = ?",
                 (run_id,),
             )
             if not rows:
                 raise RunNotFound(f"no run {run_id!r} in {self.path}")
-            num, header, header_sum, snapshot, snapshot_sum = rows[0]
+            num, header, header_sum, snapshot, snapshot_sum, cancel = rows[0]
             span = (num << _SHIFT, ((num + 1) << _SHIFT) - 1)
             messages = self._read(
                 "SELECT key, body, sum FROM messages WHERE key BETWEEN ? AND ? ORDER BY key", span
@@ -804,12 +855,17 @@ class SqliteStore:
                 span,
             )
         where = f"run {run_id!r}"
+        loaded = self._events(events, span[0], where)
+        last = int(loaded[-1]["seq"]) if loaded else -1
+        head = None if snapshot_sum is None else Head(last, int(snapshot_sum))
         return StoredRun(
             run_id,
             self._loads(header, header_sum, f"the header of {where}"),
             self._loads(snapshot, snapshot_sum, f"the checkpoint of {where}"),
             [self._loads(b, s, f"history row {k - span[0]} of {where}") for k, b, s in messages],
-            self._events(events, span[0], where),
+            loaded,
+            head,
+            CancelRequest.loads(cancel, f"{self.path}: {where}"),
         )
 
     def _events(self, rows: list[Any], base: int, where: str) -> list[dict[str, Any]]:
@@ -923,14 +979,30 @@ class SqliteStore:
             for k in [k for k in self._behind if k[0] == run_id and k[1] != owner]:
                 del self._behind[k]
 
-    def renew(self, run_id: str, owner: str) -> None:
+    def renew(self, run_id: str, owner: str) -> CancelRequest | None:
         with self._write() as c:
-            cur = c.execute(
-                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
+            row = c.execute(
+                "UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ? RETURNING cancel",
                 (time.time() + self.lease_s, run_id, owner),
-            )
-            if cur.rowcount != 1:
+            ).fetchone()
+            if row is None:
                 self._not_owner(c, run_id)
+        return CancelRequest.loads(row[0], f"{self.path}: run {run_id!r}")
+
+    def request_cancel(self, run_id: str, request: CancelRequest) -> CancelRequest | None:
+        """As :meth:`MemoryStore.request_cancel <fsm_agent._durable.memory.MemoryStore.
+        request_cancel>`: one ``BEGIN IMMEDIATE`` transaction, whoever holds the run."""
+        with self._write() as c:
+            row = c.execute("SELECT state, cancel FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.path}")
+            state, stored = row
+            if state in _ENDED:
+                return None
+            if stored is None:
+                c.execute("UPDATE runs SET cancel = ? WHERE run_id = ?", (request.dumps(), run_id))
+                return request
+        return CancelRequest.loads(stored, f"{self.path}: run {run_id!r}")
 
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim, with what still waits behind the driving (a run that

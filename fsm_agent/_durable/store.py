@@ -23,16 +23,20 @@ documented intent lifetime.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, TypeGuard, runtime_checkable
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim
 from fsm_agent._core.state import SaveMode
+from fsm_agent._errors import CorruptRecord
 
 __all__ = [
     "ApprovalStore",
+    "CancelRequest",
     "Checkpoint",
     "Fence",
+    "Head",
     "IdempotencyRecord",
     "IntentClaim",
     "RunSave",
@@ -80,16 +84,68 @@ class RunSave:
     checkpoint: Checkpoint
 
 
+class Head(NamedTuple):
+    """Which version of a run a read saw: its last event's ``seq`` (-1: none) and the
+    stored checksum of its checkpoint's text. Every save that changes the run changes
+    one of them (a claim changes neither: it changes who holds the run, not the run)."""
+
+    seq: int
+    checksum: int
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """A cancel asked of a run its store keeps (the review server, ``fsm-agent runs
+    cancel``) while a driver held it or before one continues it: stored with the run, it
+    reaches the driver with its lease renewal (``Heartbeat``) or with its claim, and the
+    driver stops the run through the ``cancel`` trigger with these fields, as a direct
+    cancel records them. ``at``: when it was asked (ISO-8601 UTC)."""
+
+    at: str
+    by: str | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        """The request as the API shows it and the store keeps it (absent, not null,
+        where not given)."""
+        given = {"by": self.by, "at": self.at, "note": self.note}
+        return {k: v for k, v in given.items() if v is not None}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), ensure_ascii=False, sort_keys=True)
+
+    @classmethod
+    def loads(cls, text: Any, where: str) -> CancelRequest | None:
+        """The request a store kept as :meth:`dumps` text (``None``: there is none);
+        :class:`~fsm_agent._errors.CorruptRecord`, naming ``where``, if it is not one."""
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+            at, by, note = data["at"], data.get("by"), data.get("note")
+        except (ValueError, TypeError, KeyError):
+            raise CorruptRecord(f"{where}: the stored cancel request is unreadable") from None
+        texts = isinstance(at, str) and all(v is None or isinstance(v, str) for v in (by, note))
+        if not texts:
+            raise CorruptRecord(f"{where}: the stored cancel request is unreadable")
+        return cls(at, by, note)
+
+
 @dataclass
 class StoredRun:
     """A run as stored: its header (the caller's settings), last checkpoint, history and
-    trace events."""
+    trace events, and the cancel asked of it, if any (:class:`CancelRequest`). ``head``:
+    the version read, where the store can tell it (SQLite, PostgreSQL): a decision judged
+    on this read is written only while the run is still at it (``record_review(...,
+    seen=)``)."""
 
     run_id: str
     header: dict[str, Any]
     snapshot: dict[str, Any]
     messages: list[dict[str, Any]]
     events: list[dict[str, Any]]
+    head: Head | None = None
+    cancel_request: CancelRequest | None = None
 
     @property
     def body(self) -> dict[str, Any]:
@@ -208,8 +264,10 @@ class RunStore(Store, Protocol):
         """Make ``owner`` the one driver of the run; ``RunBusy`` if a live owner holds it
         (``durable/owners.py``), ``RunNotFound`` if there is no such run."""
 
-    def renew(self, run_id: str, owner: str) -> None:
-        """Extend ``owner``'s lease (a heartbeat); ``RunBusy`` if it lost the claim."""
+    def renew(self, run_id: str, owner: str) -> CancelRequest | None:
+        """Extend ``owner``'s lease (a heartbeat); ``RunBusy`` if it lost the claim. Returns
+        the run's :class:`CancelRequest` if one is stored (in the renewal's own statement:
+        the driver learns of a cancel without a read of its own), else ``None``."""
 
     def release(self, run_id: str, owner: str) -> None:
         """Give up the claim (no-op if ``owner`` does not hold it)."""

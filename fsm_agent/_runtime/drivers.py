@@ -15,6 +15,12 @@ its last good checkpoint and the run can be resumed from there) and then re-rais
 first exception. Model and tool failures that are *outcomes* (an ``Exception`` or
 ``SystemExit`` from a model or tool) never stop the driver: the loop is sent them.
 
+A cancel asked through the store (``runtime/asked.py``: the heartbeat's renewal or the
+claim brings it) stops the run the same way, with the request's ``by``/``at``/``note``
+thrown in, before the next request that would ask the world (and, in the async driver,
+by interrupting the model call, tool call or sleep in flight); the run then ends as
+asked, and nothing is re-raised.
+
 Timeouts count from the moment a tool starts (R11). A sync tool with ``timeout_s`` runs
 on a thread of its own, at most ``ToolThreads.limit`` at once per runtime; a call that
 cannot start within its timeout (every thread busy with hung calls) is never started and
@@ -35,14 +41,15 @@ import contextlib
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import Token
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fsm_agent._core.budget import bounded_text
 from fsm_agent._core.loop import Cancelled, Steps
 from fsm_agent._core.requests import (
+    READ_CLOCK,
     AbortIntent,
     AskModel,
     BeginIntent,
@@ -64,8 +71,16 @@ from fsm_agent._core.requests import (
 from fsm_agent._core.state import RunState
 from fsm_agent._durable import owners
 from fsm_agent._durable.resume import Heartbeat
-from fsm_agent._durable.store import ApprovalStore, Checkpoint, RunSave, RunStore, Store
+from fsm_agent._durable.store import (
+    ApprovalStore,
+    CancelRequest,
+    Checkpoint,
+    RunSave,
+    RunStore,
+    Store,
+)
 from fsm_agent._errors import ToolRejected, TransientToolError
+from fsm_agent._runtime.asked import CancelAsked
 from fsm_agent._runtime.context import (
     reset_deadline,
     reset_trace_context,
@@ -76,7 +91,12 @@ from fsm_agent._runtime.interceptors import Chain
 from fsm_agent._trace.chain import Encoder
 from fsm_agent._trace.io import TraceSink
 
+if TYPE_CHECKING:
+    import asyncio
+
 __all__ = ["AsyncDriver", "Driving", "Io", "SyncDriver", "ToolThreads", "outcome_of", "propagates"]
+
+T = TypeVar("T")
 
 Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
 
@@ -167,6 +187,9 @@ class Io:
     built: bool = False
     # Set when a store or sink failed while the run was stopping: not asked again.
     broken: set[str] = field(default_factory=set)
+    #: A cancel asked of the run through its store (``runtime/asked.py``; ``None``: a run
+    #: no store keeps, whose driving no request can reach).
+    asked: CancelAsked | None = None
 
 
 def propagates(exc: BaseException) -> bool:
@@ -255,6 +278,7 @@ class _Driver:
 
     @answers(BeginIntent)
     def begin_intent(self, request: BeginIntent) -> IntentClaim:
+        self.honour()  # (a write about to begin: nothing of it has happened yet)
         fence = self._fence()
         riding = self.riding(request.save)
         if riding is not None:  # only a store that keeps runs gets a save
@@ -383,6 +407,31 @@ class _Driver:
     def skipped(self, request: Request) -> bool:
         return "store" in self.io.broken and isinstance(request, _STORE_REQUESTS)
 
+    def was_asked(self, exc: BaseException) -> bool:
+        """``exc`` is the cancel asked through the store (the run ends cancelled, as
+        asked: nothing to re-raise), not a failure."""
+        asked = self.io.asked
+        return asked is not None and exc is asked.cancelled
+
+    def stop(self, steps: Steps, request: Request, exc: BaseException) -> Request | None:
+        """Performing ``request`` raised ``exc``: stop the run (the ``cancel`` edge, with
+        who asked where the store asked it); the loop's next request, or ``None`` when it
+        has finished."""
+        asked = self.was_asked(exc)
+        if not asked:
+            self.broke(request)
+        try:
+            nxt: Request = steps.throw(exc if asked else Cancelled())
+        except (StopIteration, Cancelled):
+            return None
+        return nxt
+
+    def honour(self) -> None:
+        """Before asking the world: stop here if a cancel was asked through the store."""
+        asked = self.io.asked
+        if asked is not None:
+            asked.check()
+
 
 def _no_tool(request: CallTool) -> ToolOutcome:
     """The answer when the registry has no tool of that name (it changed since the call
@@ -397,30 +446,33 @@ class SyncDriver(_Driver):
 
     def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
+        stopping = False
         # Bound once: the per-request cost of no interceptors is one ``is None``.
-        chain, perform = self.io.chain, self.perform
+        chain, perform, clock = self.io.chain, self.perform, self.io.clock
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
                 elif chain is None:
-                    answer = perform(request)
+                    # The clock (read twice a round) is read here: one call less each.
+                    answer = clock() if request is READ_CLOCK else perform(request)
                 else:
                     answer = chain.perform(request, perform)
             except BaseException as exc:
-                if failure is not None:  # already stopping: keep going, first cause wins
+                if stopping:  # already stopping: keep going, first cause wins
                     answer = self.fallback(request, exc)
+                    failure = failure or exc
                 elif _creates_run(request):  # the run never existed: nothing to close
                     steps.close()
                     raise
                 else:
-                    failure = exc
-                    self.broke(request)
-                    try:
-                        request = steps.throw(Cancelled())
-                    except (StopIteration, Cancelled):
+                    stopping = True
+                    failure = None if self.was_asked(exc) else exc
+                    stopped = self.stop(steps, request, exc)
+                    if stopped is None:
                         break
+                    request = stopped
                     continue
             try:
                 request = steps.send(answer)
@@ -430,12 +482,14 @@ class SyncDriver(_Driver):
             raise failure
 
     def perform(self, request: Request) -> Any:
-        if isinstance(request, ReadClock):
-            return self.io.clock()  # read_clock's body: twice a round, one call less
+        # (``drive`` reads the clock for READ_CLOCK itself: the model and the tools come
+        # first here, once a round each.)
         if isinstance(request, AskModel):
             return self.ask(request)
         if isinstance(request, CallTool):
             return self.call_tool(request)
+        if isinstance(request, ReadClock):
+            return self.io.clock()  # read_clock's body, one call less
         if isinstance(request, EmitEvents):
             return self.emit(request)
         if isinstance(request, Sleep):
@@ -444,10 +498,12 @@ class SyncDriver(_Driver):
 
     @answers(Sleep)
     def sleep(self, request: Sleep) -> None:
+        self.honour()
         (self.io.sleep or time.sleep)(request.seconds)
 
     @answers(AskModel)
     def ask(self, request: AskModel) -> Any:
+        self.honour()
         deadline = self.io.deadline
         token = set_deadline(None if deadline is None else deadline(self.io.clock()))
         try:
@@ -465,6 +521,7 @@ class SyncDriver(_Driver):
 
     @answers(CallTool)
     def call_tool(self, request: CallTool) -> ToolOutcome:
+        self.honour()
         tool = self.io.tools(request.tool)  # the run's registry
         if tool is None:
             return _no_tool(request)
@@ -496,10 +553,45 @@ class SyncDriver(_Driver):
 
 
 class AsyncDriver(_Driver):
-    """Awaits every request; blocking store operations run in a worker thread."""
+    """Awaits every request; blocking store operations run in a worker thread. A cancel
+    asked through the store interrupts the model call, tool call or sleep in flight."""
+
+    def __init__(self, io: Io) -> None:
+        super().__init__(io)
+        self._asked: asyncio.Event | None = None
+
+    async def unless_asked(self, awaitable: Awaitable[T]) -> T:
+        """``await awaitable``, unless a cancel is asked through the store meanwhile:
+        then it is cancelled (a thread a sync tool runs on runs on) and the request's
+        ``Cancelled`` raised. Without a store to ask, just the await."""
+        asked = self.io.asked
+        if asked is None:
+            return await awaitable
+        import asyncio
+
+        event = self._asked
+        if event is None:
+            event = self._asked = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            asked.on_delivery(lambda: loop.call_soon_threadsafe(event.set))
+        work = asyncio.ensure_future(awaitable)
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait((work, waiter), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this driving itself was cancelled: nothing runs on
+            work.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait((work,))  # (its CancelledError stays in it)
+            asked.check()
+        return work.result()
 
     async def drive(self, steps: Steps) -> None:
         failure: BaseException | None = None
+        stopping = False
         chain, perform = self.io.chain, self.perform
         request = next(steps)
         while True:
@@ -511,18 +603,19 @@ class AsyncDriver(_Driver):
                 else:
                     answer = await chain.aperform(request, perform)
             except BaseException as exc:
-                if failure is not None:
+                if stopping:
                     answer = self.fallback(request, exc)
+                    failure = failure or exc
                 elif _creates_run(request):
                     steps.close()
                     raise
                 else:
-                    failure = exc
-                    self.broke(request)
-                    try:
-                        request = steps.throw(Cancelled())
-                    except (StopIteration, Cancelled):
+                    stopping = True
+                    failure = None if self.was_asked(exc) else exc
+                    stopped = self.stop(steps, request, exc)
+                    if stopped is None:
                         break
+                    request = stopped
                     continue
             try:
                 request = steps.send(answer)
@@ -554,21 +647,23 @@ class AsyncDriver(_Driver):
         import asyncio
 
         io = self.io
+        self.honour()
         if io.sleep is None:
-            await asyncio.sleep(request.seconds)
+            await self.unless_asked(asyncio.sleep(request.seconds))
         else:
             slept = io.sleep(request.seconds)
             if inspect.isawaitable(slept):
-                await slept
+                await self.unless_asked(slept)
 
     @answers_async(AskModel)
     async def ask(self, request: AskModel) -> Any:
+        self.honour()
         deadline = self.io.deadline
         token = set_deadline(None if deadline is None else deadline(self.io.clock()))
         try:
             reply = self.io.model(request.messages, request.tool_specs)
             if inspect.isawaitable(reply):
-                reply = await reply
+                reply = await self.unless_asked(reply)
         except BaseException as exc:
             if propagates(exc):
                 raise
@@ -581,6 +676,7 @@ class AsyncDriver(_Driver):
     async def call_tool(self, request: CallTool) -> ToolOutcome:
         import asyncio
 
+        self.honour()
         tool = self.io.tools(request.tool)  # the run's registry
         if tool is None:
             return _no_tool(request)
@@ -588,7 +684,7 @@ class AsyncDriver(_Driver):
         timeout = request.timeout_s
         try:
             if getattr(tool, "is_async", False):
-                value = await asyncio.wait_for(fn(**request.arguments), timeout)
+                value = await self.unless_asked(asyncio.wait_for(fn(**request.arguments), timeout))
             elif timeout is None:
                 value = fn(**request.arguments)
             else:
@@ -598,7 +694,9 @@ class AsyncDriver(_Driver):
                         "not_started",
                         error=f"no tool thread was free within {timeout:.3f}s; it never started",
                     )
-                value = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+                value = await self.unless_asked(
+                    asyncio.wait_for(asyncio.wrap_future(future), timeout)
+                )
         except (asyncio.TimeoutError, TimeoutError) as exc:
             if isinstance(exc, asyncio.TimeoutError) and timeout is not None:
                 return ToolOutcome("timeout", error=f"no result within {timeout:.3f}s")
@@ -627,11 +725,16 @@ class AsyncDriver(_Driver):
 
 
 class Driving:
-    """Around one driving of one run: the owner token, the lease heartbeat, and at the
-    end the claim released and the trace sink closed — whatever stopped the run."""
+    """Around one driving of one run: the owner token, the lease heartbeat (which brings
+    a cancel asked through the store), and at the end the claim released and the trace
+    sink closed — whatever stopped the run. ``cancel``: a cancel the store held for the
+    run when this driving claimed it (honoured at the first request that would ask the
+    world)."""
 
-    def __init__(self, store: Store, s: RunState, io: Io) -> None:
-        self.store, self.s, self.io = store, s, io
+    def __init__(
+        self, store: Store, s: RunState, io: Io, cancel: CancelRequest | None = None
+    ) -> None:
+        self.store, self.s, self.io, self.cancel = store, s, io, cancel
         self.heartbeat: Heartbeat | None = None
         self.traced: Token[dict[str, str] | None] | None = None
 
@@ -642,8 +745,15 @@ class Driving:
         if io.owner is None:
             io.owner = owners.new_owner()
             owners.hold(io.owner)
-        if self.s.config.save != "never" and getattr(self.store, "blocking", False):
-            self.heartbeat = Heartbeat(self.store, self.s.run_id, io.owner)
+        kept = self.s.config.save != "never"
+        beats = kept and getattr(self.store, "blocking", False)
+        if beats or (kept and self.cancel is not None):
+            io.asked = CancelAsked()
+            if self.cancel is not None:
+                io.asked.deliver(self.cancel)
+        if beats:
+            assert io.asked is not None
+            self.heartbeat = Heartbeat(self.store, self.s.run_id, io.owner, io.asked.deliver)
         return self
 
     def __exit__(self, *exc: object) -> None:

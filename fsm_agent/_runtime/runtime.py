@@ -30,10 +30,17 @@ from fsm_agent._core.table import DEFAULT_MACHINE, Machine
 from fsm_agent._durable import owners, review
 from fsm_agent._durable.memory import MemoryStore
 from fsm_agent._durable.resume import known_machines, restore_run
-from fsm_agent._durable.store import Checkpoint, Store, supports_approvals, supports_runs
+from fsm_agent._durable.store import (
+    CancelRequest,
+    Checkpoint,
+    Store,
+    StoredRun,
+    supports_approvals,
+    supports_runs,
+)
 from fsm_agent._errors import ConfigError, MachineMismatch, StoreError
 from fsm_agent._rules import Rule, RuleSet
-from fsm_agent._runtime.call_ids import warn_repeated_calls
+from fsm_agent._runtime.call_ids import call_ids, warn_repeated_calls
 from fsm_agent._runtime.config import (
     check_context,
     check_settings,
@@ -361,8 +368,10 @@ class Runtime:
         live owner drives it), ``MachineMismatch`` or ``StoreError``, changing nothing.
         """
         model = self._sync_model(model, "resume")
-        state, owner, encoder, sink = self._restore(run_id)
-        return self._drive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink, cancel = self._restore(run_id)
+        return self._drive(
+            state, model, sink, resumed=True, owner=owner, encoder=encoder, cancel=cancel
+        )
 
     async def aresume(
         self, run_id: str, *, model: Model | None = None, claimed_by: str | None = None
@@ -370,8 +379,10 @@ class Runtime:
         """:meth:`resume` for async models and tools. ``claimed_by``: the owner token of
         a claim the caller already holds on the run (a worker's: ``runtime/worker.py``)."""
         model = self._model_for(model)
-        state, owner, encoder, sink = self._restore(run_id, claimed_by)
-        return await self._adrive(state, model, sink, resumed=True, owner=owner, encoder=encoder)
+        state, owner, encoder, sink, cancel = self._restore(run_id, claimed_by)
+        return await self._adrive(
+            state, model, sink, resumed=True, owner=owner, encoder=encoder, cancel=cancel
+        )
 
     def approve(
         self,
@@ -383,6 +394,7 @@ class Runtime:
         at: str | None = None,
         resume: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        seen: StoredRun | None = None,
     ) -> RunResult:
         """Approve a paused call (that call, once, for its exact arguments).
 
@@ -394,11 +406,15 @@ class Runtime:
         ``edit``): validated now against the tool's schema (``ReviewError`` if they do
         not fit, nothing recorded), bound by their own digest, and admitted afresh when
         the run resumes; the ``review`` event records them with the original ones.
+        ``seen``: the run as the caller read it (``store.load_run``) to decide: judged
+        on that version and written only while the run is still it, in one round trip
+        (one commit on SQLite) instead of two; where it moved on, judged again on the
+        run as stored (``docs/concepts/durable-runs.md``).
         """
         if arguments is not None:
             return self._review(run_id, call_id, "edit", by, note, at, resume,
-                                arguments=arguments)  # fmt: skip
-        return self._review(run_id, call_id, "approve", by, note, at, resume)
+                                arguments=arguments, seen=seen)  # fmt: skip
+        return self._review(run_id, call_id, "approve", by, note, at, resume, seen=seen)
 
     def deny(
         self,
@@ -410,9 +426,11 @@ class Runtime:
         note: str | None = None,
         at: str | None = None,
         resume: bool = False,
+        seen: StoredRun | None = None,
     ) -> RunResult:
         """Answer a paused call as denied (the model sees ``reason``); as :meth:`approve`."""
-        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason)
+        return self._review(run_id, call_id, "deny", by, note, at, resume, reason=reason,
+                            seen=seen)  # fmt: skip
 
     def reconcile(
         self,
@@ -424,10 +442,12 @@ class Runtime:
         note: str | None = None,
         at: str | None = None,
         resume: bool = False,
+        seen: StoredRun | None = None,
     ) -> RunResult:
         """Settle an ``outcome_unknown`` write with the result observed outside (e.g. the
         ticket exists); the write is not run again. As :meth:`approve`."""
-        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result)
+        return self._review(run_id, call_id, "reconcile", by, note, at, resume, result=result,
+                            seen=seen)  # fmt: skip
 
     def _review(
         self,
@@ -489,7 +509,7 @@ class Runtime:
             retry=retry or self.retry,
             policy=policy or self.policy,
             allowed=allowed,
-            tools=self.tools.get,
+            tools=self.tools.lookup,
             tool_specs=[t.spec() for t in self.tools if t.name in allowed],
             approvals=self._book,
             save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
@@ -528,16 +548,17 @@ class Runtime:
 
     def _restore(
         self, run_id: str, claimed_by: str | None = None
-    ) -> tuple[RunState, str, Encoder | None, TraceSink | None]:
+    ) -> tuple[RunState, str, Encoder | None, TraceSink | None, CancelRequest | None]:
         """The claimed, rebuilt run; with a ``trace_dir``, its file continued (it then holds
-        the whole run: ``runtime/trace_files.py``) as the sink of the rest of the run."""
+        the whole run: ``runtime/trace_files.py``) as the sink of the rest of the run; and
+        the cancel asked of it, read with it."""
         store = self.store
         if not supports_runs(store):
             raise StoreError(
                 f"{type(store).__name__} does not keep runs; "
                 "use a MemoryStore, SqliteStore or PostgresStore"
             )
-        state, owner, tail = restore_run(
+        state, owner, tail, cancel = restore_run(
             store,
             run_id,
             self.config,
@@ -560,7 +581,7 @@ class Runtime:
                 )
                 state.config = replace(state.config, emit=True)
                 encoder = self._file_encoder(state, encoder, file_chain)
-            return state, owner, encoder, sink
+            return state, owner, encoder, sink, cancel
         except BaseException:
             if sink is not None:
                 sink.close()
@@ -666,13 +687,16 @@ class Runtime:
         resumed: bool,
         owner: str | None = None,
         encoder: Encoder | None = None,
+        cancel: CancelRequest | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
-        with Driving(self.store, s, io):
+        s.call_ids = call_ids(s.messages)  # (the loop notes an id that comes back)
+        with Driving(self.store, s, io, cancel):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
-        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        if s.call_id_repeated:  # else no call can repeat one: the pass is skipped
+            result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
 
     async def _adrive(
@@ -684,13 +708,16 @@ class Runtime:
         resumed: bool,
         owner: str | None = None,
         encoder: Encoder | None = None,
+        cancel: CancelRequest | None = None,
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
-        with Driving(self.store, s, io):
+        s.call_ids = call_ids(s.messages)  # (the loop notes an id that comes back)
+        with Driving(self.store, s, io, cancel):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
-        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        if s.call_id_repeated:  # else no call can repeat one: the pass is skipped
+            result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
 
 

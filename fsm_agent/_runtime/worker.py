@@ -6,7 +6,9 @@ any number of hosts never claim one run twice): runs submitted and never driven
 (``Runtime.submit``), runs whose reviews are all settled, runs whose owner's lease expired
 (a worker that died, stalled or lost its connection) and runs released unfinished. It
 wakes on ``LISTEN/NOTIFY`` (a new run, a review decision, a release) and polls every
-``poll_s`` for leases that expired silently.
+``poll_s`` for leases that expired silently. A ``cancel:<run id>`` notification (a cancel
+asked of a run, ``durable/cancel.py``) makes the heartbeat of that run, if this worker
+drives it, renew at once: the renewal brings the request, and the run stops.
 
 Each claim is driven by ``Runtime.aresume`` under the claim's owner token and epoch: the
 lease is renewed by heartbeats while it runs, and every commit is fenced, so a worker that
@@ -39,6 +41,7 @@ from typing import Any, cast
 
 from fsm_agent._durable import owners
 from fsm_agent._durable.postgres import PostgresStore
+from fsm_agent._durable.resume import poke
 from fsm_agent._errors import ConfigError, RunBusy, StoreError
 from fsm_agent._runtime.runtime import Runtime
 
@@ -251,6 +254,8 @@ class Worker:
             self.grace_s,
         )
         await self._report(force=True)
+        if not self._active:  # the last one finished while the report was sent
+            return
         _, late = await asyncio.wait(list(self._active), timeout=self.grace_s)
         for task in late:
             claim = self._active.get(task)
@@ -286,6 +291,13 @@ class Worker:
 
     # ── notifications ─────────────────────────────────────────────────────────────
 
+    def _cancel_asked(self, run_id: str) -> None:
+        """A cancel was asked of ``run_id``: if this worker drives it, its heartbeat
+        renews now and brings the request (not a third of a lease later)."""
+        for claim in list(self._active.values()):
+            if claim.run_id == run_id:
+                poke(run_id, claim.owner)
+
     async def _listen(self, wake: asyncio.Event) -> None:
         """``LISTEN`` on the store's work channel on a connection of its own; reconnects
         after a lost connection (and wakes the loop then: it may have missed some)."""
@@ -299,11 +311,17 @@ class Worker:
                     await conn.execute(f'LISTEN "{self.store.channel}"')
                     backoff = 0.1
                     wake.set()
-                    async for _ in conn.notifies():
+                    async for note in conn.notifies():
+                        if note.payload.startswith(CANCEL_NOTE):
+                            self._cancel_asked(note.payload[len(CANCEL_NOTE) :])
                         wake.set()
             except psycopg.Error:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+
+#: The payload prefix of a cancel asked of a run (``PostgresStore.request_cancel``).
+CANCEL_NOTE = "cancel:"
 
 
 def _counts(c: WorkerCounts) -> str:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
@@ -25,8 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fsm_agent._durable.cancel import NotCancellable, cancel_run
+from fsm_agent._durable.cancel import NotCancellable, ask_cancel
 from fsm_agent._durable.review import InvalidEdit, record
+from fsm_agent._durable.store import CancelRequest, StoredRun
 from fsm_agent._errors import ReviewError, RunBusy, RunExists, RunNotFound, StoreError
 from fsm_agent.server import _runs as views
 from fsm_agent.server._auth import Principal, Sessions, authenticate, check_csrf
@@ -57,6 +59,10 @@ _ACTIONS = ("approve", "deny", "edit", "reconcile")
 _SEP = "\r\n"
 #: Events per read of a stream
 _PAGE = 500
+#: Versions of paused runs kept for a decision on them (``_Views``), and the events and
+#: history rows they may hold together (a long run's version holds its whole trace)
+_VIEWS = 256
+_VIEW_ROWS = 200_000
 
 
 class _Guard:
@@ -107,6 +113,49 @@ def _etag_seq(value: str | None) -> int | None:
     return int(text)
 
 
+class _Views:
+    """The versions of paused runs this server last showed (a bounded LRU), keyed by
+    run id and the ``seq`` a page names: a decision sent back with that ``If-Match`` is
+    judged on the very version the reviewer saw and written only while the run is
+    still at it (``record_review(..., seen=)``: one round trip). Only the server's own
+    reads are kept; what a client sends names one, never supplies it."""
+
+    def __init__(self, most: int = _VIEWS, rows: int = _VIEW_ROWS) -> None:
+        self.most, self.rows = most, rows
+        self._kept: OrderedDict[tuple[str, int], StoredRun] = OrderedDict()
+        self._held = 0  # events and history rows of the versions kept
+
+    def keep(self, stored: StoredRun) -> None:
+        """Keep ``stored`` if a decision could be made on it (a paused run whose store
+        tells versions), dropping the least recently shown past either bound."""
+        if stored.head is None or stored.body.get("state") != "review_required":
+            return
+        at = (stored.run_id, stored.head.seq)
+        self.drop(*at)
+        self._kept[at] = stored
+        self._held += _rows(stored)
+        while len(self._kept) > self.most or (self._held > self.rows and len(self._kept) > 1):
+            _, gone = self._kept.popitem(last=False)
+            self._held -= _rows(gone)
+
+    def drop(self, run_id: str, seq: int) -> None:
+        gone = self._kept.pop((run_id, seq), None)
+        if gone is not None:
+            self._held -= _rows(gone)
+
+    def get(self, run_id: str, seq: int | None) -> StoredRun | None:
+        if seq is None:
+            return None
+        found = self._kept.get((run_id, seq))
+        if found is not None:
+            self._kept.move_to_end((run_id, seq))
+        return found
+
+
+def _rows(stored: StoredRun) -> int:
+    return len(stored.events) + len(stored.messages)
+
+
 class Server:
     """The routes' shared state: the store, sessions, the watch, the optional runtime."""
 
@@ -117,6 +166,7 @@ class Server:
         self.trace_key = trace_key
         self.secure_cookies = secure_cookies
         self.sessions = Sessions()
+        self.views = _Views()
         self.broadcaster = Broadcaster(store)
         self.broadcaster.on_bump.append(self._prefetch)
         self.worker: asyncio.Task[None] | None = None
@@ -155,6 +205,12 @@ class Server:
             raise ApiError(409, "conflict", str(exc)) from None
         except StoreError as exc:
             raise ApiError(503, "store_unavailable", str(exc)) from None
+
+    async def read_run(self, run_id: str) -> StoredRun:
+        """The stored run, its version kept for a decision on it (``_Views``)."""
+        stored: StoredRun = await self.call(self.store.load_run, run_id)
+        self.views.keep(stored)
+        return stored
 
     async def shared(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Any:
         """One store read for every request that asks the same thing while it is in
@@ -214,7 +270,7 @@ class Server:
 
     async def run(self, request: Request) -> Response:
         await self.who(request, "read")
-        stored = await self.call(self.store.load_run, request.path_params["run_id"])
+        stored = await self.read_run(request.path_params["run_id"])
         return JSONResponse(views.detail_of(stored))
 
     async def events(self, request: Request) -> Response:
@@ -282,17 +338,20 @@ class Server:
         run_id = request.path_params["run_id"]
         body = await _json_body(request)
         event = await self.decide(run_id, body, principal, request.headers.get("if-match"))
-        stored = await self.call(self.store.load_run, run_id)
+        stored = await self.read_run(run_id)
         return JSONResponse({"review": event, "run": views.detail_of(stored)}, status_code=201)
 
     async def decide(
         self, run_id: str, body: dict[str, Any], principal: Principal, if_match: str | None
     ) -> dict[str, Any]:
         """Record a review through the run's machine (``durable/review.record``), as the
-        key's holder; ``if_match`` (``"SEQ"``): refuse if the run moved on past it."""
+        key's holder; ``if_match`` (``"SEQ"``): refuse if the run moved on past it. A
+        version this server showed at that seq is judged and written in one round trip
+        (``_Views``); any other is claimed, read and judged under the claim."""
         principal.require("review")
         call_id, action, arguments = _review_fields(body)
         expected = _etag_seq(if_match)
+        seen = self.views.get(run_id, expected)
 
         def moved_on(events: list[dict[str, Any]]) -> None:
             # Called under the review's claim, before anything is stored: a page that
@@ -320,6 +379,7 @@ class Server:
                     note=body.get("note"),
                     machines=getattr(self.runtime, "machines", None),
                     observe=moved_on,
+                    seen=seen,
                 )
             except InvalidEdit as exc:
                 raise ApiError(422, "invalid", str(exc)) from None
@@ -328,6 +388,8 @@ class Server:
             return event
 
         event: dict[str, Any] = await self.call(decide)
+        if expected is not None:  # that version is gone: the next page shows the new one
+            self.views.drop(run_id, expected)
         self.broadcaster.poke(frozenset({run_id}))
         return event
 
@@ -337,22 +399,24 @@ class Server:
         note = None
         if await request.body():  # (a body is optional: {"note": "why"})
             note = (await _json_body(request)).get("note")
-        await self.stop_run(run_id, principal, note)
+        requested = await self.stop_run(run_id, principal, note)
         stored = await self.call(self.store.load_run, run_id)
-        return JSONResponse({"run": views.detail_of(stored)})
+        return JSONResponse({"run": views.detail_of(stored)}, status_code=202 if requested else 200)
 
-    async def stop_run(self, run_id: str, principal: Principal, note: Any = None) -> None:
+    async def stop_run(self, run_id: str, principal: Principal, note: Any = None) -> bool:
         """Cancel ``run_id`` through its machine's ``cancel`` trigger
         (``durable/cancel.py``), as the key's holder (recorded in the ``cancel``
-        transition with the time and ``note``); 409 for a run this cannot cancel,
+        transition with the time and ``note``): here and now if it waits to be driven,
+        else by a cancel request stored for its driver (``True``: requested, the driver
+        honours it at its next step); 409 for a run that has ended or waits for review,
         saying why."""
         principal.require("admin")
         if note is not None and (not isinstance(note, str) or not note.strip()):
             raise ApiError(422, "invalid", "note: a non-empty string")
 
-        def stop() -> None:
+        def stop() -> bool:
             try:
-                cancel_run(
+                done = ask_cancel(
                     self.store,
                     run_id,
                     key=self.trace_key,
@@ -362,17 +426,17 @@ class Server:
                 )
             except NotCancellable as exc:
                 raise ApiError(409, "conflict", str(exc)) from None
-            except RunBusy as exc:
-                raise ApiError(
-                    409,
-                    "conflict",
-                    f"{exc}; a run being driven is cancelled where it runs (its driver's "
-                    "stop); try again once it pauses or ends",
-                ) from None
+            return isinstance(done, CancelRequest)
 
-        await self.call(stop)
-        log.info("fsm-agent serve: run %r cancelled by %r", run_id, principal.name)
+        requested: bool = await self.call(stop)
+        log.info(
+            "fsm-agent serve: run %r %s by %r",
+            run_id,
+            "cancel requested" if requested else "cancelled",
+            principal.name,
+        )
         self.broadcaster.poke(frozenset({run_id}))
+        return requested
 
     async def submit(self, request: Request) -> Response:
         await self.who(request, "admin")

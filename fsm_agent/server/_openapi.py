@@ -210,9 +210,12 @@ OPENAPI: dict[str, Any] = {
         },
         "/api/runs/{run_id}/cancel": {
             "post": {
-                "summary": "cancel a run waiting to be driven (scope admin), through the "
-                "machine's cancel trigger: every open call answered, run_end written; the "
-                "cancel transition records the key's holder (by), the time (at) and the note",
+                "summary": "cancel a run (scope admin) through the machine's cancel trigger: "
+                "every open call answered, run_end written; the cancel transition records "
+                "the key's holder (by), the time (at) and the note. A run waiting to be "
+                "driven is cancelled at once (200); a run a driver holds, or one stopped "
+                "mid-batch, gets a cancel request its driver honours at its next step (202, "
+                "the request in the run's cancel_requested; asking again changes nothing)",
                 "parameters": [_RUN_ID],
                 "requestBody": {
                     "required": False,
@@ -227,11 +230,15 @@ OPENAPI: dict[str, Any] = {
                 },
                 "responses": {
                     "200": _ok("cancelled: the run", {"type": "object"}),
+                    "202": _ok(
+                        "cancel requested: the run, with cancel_requested {by, at, note}",
+                        {"type": "object"},
+                    ),
                     "403": _error("the key's scope does not allow cancelling (admin)"),
                     "422": _error("a note that is not a non-empty string"),
                     "409": _error(
-                        "the run has ended, waits for review, stopped mid-batch, or a live "
-                        "driver holds it (the detail says which and what to do)"
+                        "the run has ended or waits for review (the detail says which and "
+                        "what to do)"
                     ),
                     **_COMMON,
                 },

@@ -121,6 +121,11 @@ def detail_of(stored: StoredRun) -> dict[str, Any]:
         "seq": stored.events[-1]["seq"] if stored.events else -1,
         "events": len(stored.events),
         "pending": calls,
+        # A cancel asked while a driver held the run, for that driver (or the next) to
+        # honour at its next step; ``null`` where none was asked.
+        "cancel_requested": (
+            None if stored.cancel_request is None else stored.cancel_request.to_json()
+        ),
     }
 
 

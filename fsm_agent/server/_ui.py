@@ -163,9 +163,9 @@ def _calls(run: dict[str, Any], csrf: str, may_review: bool) -> str:
 
 
 def _cancel_form(run: dict[str, Any], csrf: str) -> str:
-    """The cancel button of a run that has not ended (the server says why it cannot
-    when the run is not waiting to be driven)."""
-    if run["status"] in views.FINISHED:
+    """The cancel button of a run that has not ended and has no cancel asked of it yet
+    (the server says why it cannot when the run waits for review)."""
+    if run["status"] in views.FINISHED or run.get("cancel_requested"):
         return ""
     action = escape("/runs/" + quote(run["run_id"], safe="") + "/cancel")
     return (
@@ -263,7 +263,7 @@ async def run_page(request: Request) -> Response:
     server = _server(request)
     principal = await server.who(request, "read")
     run_id = request.path_params["run_id"]
-    stored = await server.call(server.store.load_run, run_id)
+    stored = await server.read_run(run_id)
     run = views.detail_of(stored)
     link = "/runs/" + quote(run_id, safe="")
     flash = request.query_params.get("msg")
@@ -331,12 +331,19 @@ async def run_cancel(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     link = "/runs/" + quote(run_id, safe="")
     try:
-        await server.stop_run(run_id, principal, str(form.get("note") or "").strip() or None)
+        requested = await server.stop_run(
+            run_id, principal, str(form.get("note") or "").strip() or None
+        )
     except ApiError as exc:
         if exc.status in (401, 403):
             raise
         return RedirectResponse(f"{link}?{urlencode({'error': exc.detail})}", 303)
-    return RedirectResponse(f"{link}?{urlencode({'msg': 'cancelled the run'})}", 303)
+    done = (
+        "cancel requested: its driver stops the run at its next step"
+        if requested
+        else "cancelled the run"
+    )
+    return RedirectResponse(f"{link}?{urlencode({'msg': done})}", 303)
 
 
 async def static(request: Request) -> Response:
@@ -363,9 +370,20 @@ def routes() -> list[Route]:
     ]
 
 
+def _asked(run: dict[str, Any]) -> str:
+    """A cancel asked of a run that has not ended yet: its driver stops it at its next
+    step (the live status then turns to cancelled)."""
+    asked = run.get("cancel_requested")
+    if not asked or run["status"] in views.FINISHED:
+        return ""
+    by = f" by {escape(asked['by'])}" if asked.get("by") else ""
+    return f' · <span class="label-asked">cancel requested{by} at {escape(asked["at"])}</span>'
+
+
 def _live(run: dict[str, Any], events: list[dict[str, Any]], link: str) -> str:
     return (
-        f"<p>status: {_label(run['label'])} · seq {run['seq']} · {run['events']} events</p>"
+        f"<p>status: {_label(run['label'])}{_asked(run)} · seq {run['seq']} · "
+        f"{run['events']} events</p>"
         f'<div class="grid"><div class="diagram"><img alt="the machine and this run\'s path" '
         f'src="/api{escape(link)}/diagram.svg?seq={run["seq"]}"></div>'
         f"<div><h2>Events</h2>{_events_list(events)}</div></div>"
