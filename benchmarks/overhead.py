@@ -21,7 +21,12 @@ at once, each edge's checkpoint point read off its columns once, no generator pe
 guard, no bracket count of short JSON); and 385k once the arguments decoder is built
 once (``canonical.parse_arguments``), which saves ~15k per call in both loops, since the
 hand-written one parses with the same function: 146k, so the ratio reads 2.64× while
-the engine's own share (engine − hand-written) went from 266k to 239k per round.
+the engine's own share (engine − hand-written) went from 266k to 239k per round. Then
+(issue 18 again, same session): 388k (2.68×) before, 356k (2.45×) after, the engine's
+own share 243k -> 210k: the loop takes the compiled walk and builds the transition
+event itself (two calls less per edge), the round's two frozen requests set their slots
+directly, tools are looked up with the registry dict's own ``get``, and the
+repeated-calls pass over the history runs only when an id came back.
 """
 
 from __future__ import annotations

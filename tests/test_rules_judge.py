@@ -3,6 +3,7 @@ executed calls, schema answers, failing closed, opaque callables, the canonical 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from typing import Any
@@ -606,6 +607,11 @@ QUANTIFIED = [
     "calls.filter(c, c.result.n > 1).size() == 1",  # errors on results without n
     "calls.exists(c, c.result.n)",  # not a bool (a number, or no n): an error
     "calls.exists(c, c.tool == ')' || c.tool == 'search')",
+    # Bodies selecting fields get those fields only; the others get the whole call.
+    "calls.exists(c, c.nope == 1)",  # no such field: the same error either way
+    "calls.exists(c, has(c.result) && c.tool == 'fetch_url')",
+    "calls.exists(c, c['tool'] == 'fetch_url')",
+    "calls.exists(c, size(c) == 4 && c.tool == 'fetch_url')",
 ]
 
 
@@ -683,19 +689,153 @@ def test_quantifiers_judged_together_give_each_its_own_verdict() -> None:
             assert fast == whole, (len(grown), fast, whole)
 
 
-def test_the_digest_of_a_growing_list_of_calls_is_the_digest_of_the_list() -> None:
-    """The calls' digests are kept with the run as text and spliced into a judgement's
-    digest; an input holding the very placeholder is digested the long way, the same."""
-    from fsm_agent._rules.ruleset import _CALLS_MARK
-
+def test_the_inputs_digest_is_form_2_over_the_parts_the_rules_read() -> None:
+    """Form 2, as docs/concepts/traces.md defines it: lines ``fsm-agent rule inputs 2``,
+    the phase, the call id, then ``name=part`` by name; ``calls`` the chain of its
+    entries' digests, the same whether the list is kept with the run or not."""
     both = "args.to == 'q' || calls.exists(c, c.tool == 'fetch_url')"
     rules = RuleSet([Rule("r", on="before_tool", tools=["send_email"], when=both,
                           then="deny")], TOOLS)  # fmt: skip
     grown = [executed("search", q=str(n)) for n in range(3)]
-    for to in ("a", _CALLS_MARK, f'"{_CALLS_MARK}"'):
-        facts = Facts(tool="send_email", args={"to": to}, calls=grown, call_id="m")
+    link = "0" * 64
+    for entry in grown:
+        link = hashlib.sha256((link + digest(entry)).encode()).hexdigest()
+    lines = ["fsm-agent rule inputs 2", "before_tool", '"m"', 'args={"to":"a\\n"}',
+             f"calls=chain:{link}"]  # fmt: skip
+    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    facts = Facts(tool="send_email", args={"to": "a\n"}, calls=grown, call_id="m")
+    for _ in range(2):  # the second time from the kept log and digests
         fast = rules.judge("before_tool", replace(facts, appended=True))
         whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
-        inputs = {"args": {"to": to}, "calls": [digest(c) for c in grown]}
-        expected = digest({"phase": "before_tool", "call_id": "m", "inputs": inputs})
         assert fast.inputs_digest == whole.inputs_digest == expected
+    for _ in range(2):  # a list not kept as a log: its chain steps are kept by entry
+        assert rules.judge("before_tool", replace(facts, calls=grown[:])).inputs_digest == expected
+    grown.append(executed("search", q="3"))
+    longer = rules.judge("before_tool", replace(facts, appended=True)).inputs_digest
+    assert longer == rules.judge("before_tool", replace(facts, calls=list(grown))).inputs_digest
+    assert longer != expected
+
+
+def test_the_context_enters_the_digest_as_its_digest_trusted_or_not() -> None:
+    rules = RuleSet([Rule("c", on="before_tool", when="context.tier == 'x'", then="deny")],
+                    TOOLS)  # fmt: skip
+    context = {"tier": "gold"}
+    lines = ["fsm-agent rule inputs 2", "before_tool", "null", f"context={digest(context)}"]
+    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    trusted = Facts(tool="send_email", context=context, trusted=frozenset({"context"}))
+    for facts in (trusted, trusted, replace(trusted, trusted=frozenset())):
+        assert rules.judge("before_tool", facts).inputs_digest == expected
+    other = replace(trusted, context={"tier": "silver"})
+    assert rules.judge("before_tool", other).inputs_digest != expected
+
+
+def test_an_engine_call_within_cels_limits_is_taken_as_it_is_the_others_screened() -> None:
+    """An appended list's entry (the engine's plain JSON) is not walked and copied where
+    its canonical text shows it within CEL's limits; at each limit the verdict equals
+    the one on a fresh copy (screened in full), errors word for word."""
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    plain = executed("search", q="x", result={"n": 2**63 - 1, "s": "1" * 30})
+    calls = [plain]
+    rules.judge("before_tool", Facts(tool="send_email", calls=calls, appended=True))
+    (kept,) = rules._entries.log(calls).screened
+    assert kept is not plain and kept == plain  # 19 digits: screened in full, the same
+    small = executed("search", q="y", result={"n": -(10**17), "deep": [[[1]]]})
+    calls.append(small)
+    rules.judge("before_tool", Facts(tool="send_email", calls=calls, appended=True))
+    assert rules._entries.log(calls).screened[1] is small
+
+    def nested(depth: int) -> Any:
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    for result in ({"n": 2**64}, {"n": -(2**63) - 1}, nested(99), nested(100), {"s": "\ud800"},
+                   {"n": 2**63}, {"deep": nested(98)}):  # fmt: skip
+        grown = [executed("fetch_url", url="u"), executed("search", q="z", result=result)]
+        facts = Facts(tool="send_email", args={"to": "a"}, calls=grown, call_id="m")
+        fast = rules.judge("before_tool", replace(facts, appended=True))
+        whole = rules.judge("before_tool", replace(facts, calls=json.loads(json.dumps(grown))))
+        assert fast == whole, (result, fast, whole)
+
+
+def test_counters_read_by_field_name_are_given_and_digested_as_those_fields_only() -> None:
+    from fsm_agent._rules import cel
+
+    assert cel.selected_fields("counters.model_calls > 2 && counters .tool_rounds < 9",
+                               "counters") == frozenset({"model_calls", "tool_rounds"})  # fmt: skip
+    assert cel.selected_fields("'counters' == context.x", "counters") == frozenset()
+    others = ("size(counters) > 3", "counters.size() > 3", "counters['model_calls'] > 1",
+              "counters.exists(k, k == 'x')", "counters.?model_calls.orValue(0) > 1")  # fmt: skip
+    for other in others:
+        assert cel.selected_fields(other, "counters") is None, other
+
+    def judged(when: str, **counters: Any) -> Judgement:
+        rules = RuleSet([Rule("r", on="before_model", when=when, then="deny")], TOOLS)
+        facts = Facts(counters={"model_calls": 3, "tool_rounds": 1, **counters}, call_id="m")
+        return rules.judge("before_model", facts)
+
+    by_name = "counters.model_calls > 2"
+    assert judged(by_name).verdict == "deny"
+    assert judged(by_name).inputs_digest == judged(by_name, tool_rounds=7).inputs_digest
+    assert judged(by_name).inputs_digest != judged(by_name, model_calls=4).inputs_digest
+    lines = ["fsm-agent rule inputs 2", "before_model", '"m"', 'counters={"model_calls":3}']
+    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    assert judged(by_name).inputs_digest == expected
+    whole = "size(counters) > 1 && counters.model_calls > 2"
+    assert judged(whole).verdict == "deny"
+    assert judged(whole).inputs_digest != judged(whole, tool_rounds=7).inputs_digest
+    missing = judged("counters.nope > 1")  # no such counter: an error, fails closed
+    assert missing.verdict == "deny" and missing.error is not None
+    assert "nope" in missing.error
+
+
+def test_plain_arguments_within_cels_limits_are_not_walked_the_others_screened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Facts.plain`` (the loop's parsed arguments): screened by their canonical text
+    where it shows them within CEL's limits, walked in full otherwise; the verdicts
+    and digests equal those of the same facts not vouched for, errors word for word."""
+    from fsm_agent._rules import cel
+
+    rules = RuleSet(EXAMPLE_RULES, TOOLS)
+    walked: list[str] = []
+    screen = cel.screen
+
+    def counted(value: Any, where: str) -> Any:
+        walked.append(where)
+        return screen(value, where)
+
+    monkeypatch.setattr(cel, "screen", counted)
+    for args in ({"amount_cents": 7000}, {"amount_cents": 2**64}, {"amount_cents": 10**17},
+                 {"amount_cents": 1, "note": "\ud800"}):  # fmt: skip
+        facts = Facts(tool="issue_refund", args=args, call_id="c1")
+        walked.clear()
+        vouched = rules.judge("before_tool", replace(facts, plain=frozenset({"args"})))
+        assert walked == ([] if args["amount_cents"] in (7000, 10**17) else ["args"]), args
+        assert vouched == rules.judge("before_tool", facts), args
+
+
+def test_the_fast_constructors_build_what_the_dataclasses_build_every_field() -> None:
+    from dataclasses import fields
+
+    given: dict[str, Any] = {
+             "tool": "t", "effect": "read", "args": {"a": 1}, "result": [1], "answer": "x",
+             "counters": {"model_calls": 1}, "calls": [], "context": {"k": "v"},
+             "call_id": "c", "trusted": frozenset({"tool"}), "appended": True,
+             "plain": frozenset({"args"})}  # fmt: skip
+    assert {f.name for f in fields(Facts)} == set(given)  # a new field needs Facts.of too
+    for kwargs in ({}, given):
+        fast, slow = Facts.of(**kwargs), Facts(**kwargs)
+        assert fast == slow and vars(fast) == vars(slow)
+    judged: dict[str, Any] = {
+              "phase": "answer", "verdict": "stop", "rule_id": "r", "inputs_digest": "d",
+              "detail": "why", "call_id": "c", "error": "e", "tried": ("r",),
+              "opaque": ("r",)}  # fmt: skip
+    assert {f.name for f in fields(Judgement)} == set(judged)
+    assert vars(Judgement.of(**judged)) == vars(Judgement(**judged))
+    assert vars(Judgement.of("answer", "pass", None, "d")) == vars(
+        Judgement("answer", "pass", None, "d")
+    )
+    with pytest.raises(AttributeError):
+        Facts.of().tool = "x"  # type: ignore[misc]

@@ -20,6 +20,7 @@ from fsm_agent import Budget, Rule, Runtime, ScriptedModel, ToolRegistry
 from fsm_agent._core.table import DEFAULT_MACHINE
 from fsm_agent._durable.sqlite import SqliteStore
 from fsm_agent._errors import ConfigError, MachineMismatch
+from fsm_agent._rules import RuleSet
 from fsm_agent._trace.chain import encode_events, strip_links
 from fsm_agent._trace.checker import check_bytes, check_trace
 
@@ -156,7 +157,7 @@ def test_deny_answers_the_call_with_the_rule_and_runs_nothing(tmp_path: Path) ->
     }  # fmt: skip
     (judged,) = rule_events(result.events)
     assert judged["rule"] == "no-mail-after-web" and judged["verdict"] == "deny"
-    assert judged["call_id"] == "c2" and judged["inputs_digest"].startswith("sha256:")
+    assert judged["call_id"] == "c2" and judged["inputs_digest"].startswith("v2:sha256:")
     assert result.counters["tool_attempts"] == {"fetch_url": 1}
     checked(tmp_path / "t.jsonl")
 
@@ -731,3 +732,42 @@ def test_rules_join_an_applications_own_machine(tmp_path: Path) -> None:
     # the application's own row stops the run after its one round.
     assert (result.status, result.reason) == ("budget_exhausted", "tool_rounds")
     assert tool_results(result.messages)["c2"] == {"ok": True, "value": {"sent": True}}
+
+
+def test_check_refuses_a_trace_of_the_earlier_digest_form_naming_both(tmp_path: Path) -> None:
+    events = _trace(tmp_path)
+    assert all(e["inputs_digest"].startswith("v2:sha256:") for e in rule_events(events))
+    for e in rule_events(events):  # what an earlier development build wrote there
+        e["inputs_digest"] = "sha256:" + "ab" * 32
+    report = check_bytes(_relinked(events))
+    assert not report.ok
+    (violation,) = report.violations
+    assert "earlier development build" in violation.message, violation
+    assert "'v2:sha256:...'" in violation.message and "sha256:abab" in violation.message
+
+
+def test_check_rebuilds_a_runs_rules_once_per_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header's rules name the machine and are what replay judges with: one rule set
+    built for both (an opaque rule's stand-in still answers from the replay)."""
+
+    def holds(facts: Any) -> bool:
+        return bool(facts.tool == "send_email")
+
+    opaque = Rule("py-no-mail", on="before_tool", tools=["send_email"], when=holds, then="deny")
+    script = [calls(call("c1", "fetch_url", url="u")),
+              calls(call("c2", "send_email", to="b")), say("done")]  # fmt: skip
+    runtime(World(), script, [NO_MAIL, opaque]).run("go", trace=tmp_path / "t.jsonl")
+    built: list[int] = []
+    from_json = RuleSet.from_json.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[RuleSet], *args: Any, **kwargs: Any) -> RuleSet:
+        built.append(1)
+        return from_json(cls, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(RuleSet, "from_json", classmethod(counted))
+    report = check_trace(tmp_path / "t.jsonl")
+    assert report.ok, report.violations
+    assert len(built) == 1
+    assert any("py-no-mail" in n for n in report.notes), report.notes

@@ -161,6 +161,25 @@ def test_coverage_counts_only_while_installed() -> None:
     assert cov.hits[REPLIED] == 1 and cov.hits[DONE] == 1 and sum(cov.hits) == 2
 
 
+def test_coverages_uninstalled_in_the_order_installed_leave_none_behind() -> None:
+    # Installed a, b and removed a, b (not b, a): a context-variable token reset out of
+    # turn restored b's view, which still held a, and a watched every later run.
+    from fsm_agent.testing import answer, scripted_runtime
+    from fsm_agent.testing._faults import FaultyTools
+
+    first, second, later = TransitionCoverage(), TransitionCoverage(), TransitionCoverage()
+    first.install()
+    second.install()
+    first.uninstall()
+    second.uninstall()
+    later.install()
+    try:
+        scripted_runtime(FaultyTools(), [answer("a")]).run("?")
+    finally:
+        later.uninstall()
+    assert sum(first.hits) == 0 and sum(second.hits) == 0 and sum(later.hits) == 2
+
+
 def test_importing_the_package_and_toolkit_needs_neither_pytest_nor_hypothesis() -> None:
     import subprocess
     import sys

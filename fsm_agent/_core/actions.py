@@ -24,7 +24,7 @@ from fsm_agent._core.content import split_media, tool_message
 from fsm_agent._core.decision import NO_DECISION, PreparedCall
 from fsm_agent._core.jsonsafe import copy_json, dumps_safe
 from fsm_agent._core.reasons import stop_detail
-from fsm_agent._core.state import RunState
+from fsm_agent._core.state import NO_CALL, RunState
 
 __all__ = ["ACTIONS", "BLOCKING", "FITS", "answer"]
 
@@ -83,7 +83,12 @@ def answer(
         # store and the trace, and the model is never handed it.
         text = json.dumps({"ok": False, "error": "output_too_large", "bytes": size})
         media = []
-    message = tool_message(call.id, text, media)
+    # (tool_message's plain-text form, without its call: once per answered call.)
+    message = (
+        {"role": "tool", "tool_call_id": call.id, "content": text}
+        if not media
+        else tool_message(call.id, text, media)
+    )
     at_error = s.placeholders.pop(call.id, None)
     if at_error is None:
         at = len(s.messages)
@@ -117,10 +122,14 @@ def _set_stop(s: RunState) -> None:
 
 
 def start_batch(s: RunState, payloads: Payloads) -> None:
-    _append_batch(s)
+    # (_append_batch and select_call(0) inlined: once per tool round, two calls less.)
+    d = s.decision
+    if not s.batch_appended:
+        s.messages.append(d.message)
+        s.batch_appended = True
     s.counters.tool_rounds += 1
-    s.counters.tool_calls += len(s.decision.calls)
-    s.select_call(0)
+    s.counters.tool_calls += len(d.calls)
+    s.index, s.call, s.attempt = 0, d.calls[0], 0
 
 
 def next_call(s: RunState, payloads: Payloads) -> None:
@@ -132,7 +141,7 @@ def next_call(s: RunState, payloads: Payloads) -> None:
 
 def end_batch(s: RunState, payloads: Payloads) -> None:
     s.decision = NO_DECISION
-    s.clear_call()
+    s.call = NO_CALL  # (clear_call's body: once per tool round, one call less)
     s.approvals = {}
 
 

@@ -132,13 +132,17 @@ class _Malformed(Exception):
 
 
 def _parse(raw: Any) -> Decision:
+    # (Loops, not comprehensions: each comprehension is a call, once per reply.)
     try:
         content, tool_calls = _envelope(raw)
-        calls = [_read_call(i, call) for i, call in enumerate(tool_calls)]
+        calls: list[PreparedCall] = []
+        for i, call in enumerate(tool_calls):
+            calls.append(_read_call(i, call))
     except _Malformed as exc:
         return Decision(malformed=str(exc))
     missing = duplicate = None
     seen: set[str] = set()
+    recorded: list[dict[str, Any]] = []  # the calls as the normalised message holds them
     for call in calls:
         if not call.id:
             hint = raw.get("missing_id_hint")  # an adapter's advice (a kept extra key)
@@ -148,29 +152,32 @@ def _parse(raw: Any) -> Decision:
         elif call.id in seen:
             duplicate = duplicate or f"id {call.id!r} is used twice"
         seen.add(call.id)
+        arguments = call.raw_arguments
+        if not arguments.isascii():
+            arguments = clean_text(arguments)
+        function = {"name": call.name, "arguments": arguments}
+        recorded.append({"id": call.id, "type": "function", "function": function})
     answer = None if content is None else clean_text(content)
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     if calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": clean_text(c.raw_arguments)}}
-            for c in calls
-        ]  # fmt: skip
+        message["tool_calls"] = recorded
     for key, value in raw.items():
         if key not in _CORE_KEYS:
             message[_safe_key(key)] = make_safe(value)
-    return Decision(message=message, answer=answer, calls=calls, missing_id=missing,
-                    duplicate_id=duplicate)  # fmt: skip
+    # (Positional, in field order: message, answer, calls, malformed, missing_id,
+    # duplicate_id; a keyword call costs more, once per reply.)
+    return Decision(message, answer, calls, None, missing, duplicate)
 
 
 def _is_mapping(value: Any) -> bool:
-    # A plain dict first: the ABC's instance check costs more than the rest of a field.
+    # Callers test ``type(value) is dict`` first, inline: the ABC's instance check (and
+    # this call) cost more than the rest of a field.
     return type(value) is dict or isinstance(value, Mapping)
 
 
 def _envelope(raw: Any) -> tuple[str | None, list[Any]]:
     """The reply's content and its list of calls, or :class:`_Malformed`."""
-    if not _is_mapping(raw):
+    if type(raw) is not dict and not _is_mapping(raw):
         raise _Malformed(f"the model returned {type(raw).__name__}, not a message dict")
     if raw.get("role") != "assistant":
         raise _Malformed(f"role must be 'assistant', got {make_safe(raw.get('role'))!r}")
@@ -187,13 +194,13 @@ def _envelope(raw: Any) -> tuple[str | None, list[Any]]:
 
 def _read_call(i: int, call: Any) -> PreparedCall:
     """One Chat Completions tool call, or :class:`_Malformed` naming what is wrong."""
-    if not _is_mapping(call):
+    if type(call) is not dict and not _is_mapping(call):
         raise _Malformed(f"tool_calls[{i}] must be an object, got {type(call).__name__}")
     if call.get("type", "function") != "function":
         kind = make_safe(call.get("type"))
         raise _Malformed(f"tool_calls[{i}].type must be 'function', got {kind!r}")
     fn = call.get("function")
-    if not _is_mapping(fn):
+    if type(fn) is not dict and not _is_mapping(fn):
         raise _Malformed(f"tool_calls[{i}].function is missing or not an object")
     name, args = fn.get("name"), fn.get("arguments")
     if not isinstance(name, str) or not name:
@@ -204,8 +211,11 @@ def _read_call(i: int, call: Any) -> PreparedCall:
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise _Malformed(f"tool_calls[{i}].id must be a string, got {type(call_id).__name__}")
-    # (Positional: a keyword call of a 19-field __init__ costs more, once per call.)
-    return PreparedCall(i, clean_text(call_id) if call_id else "", clean_text(name), args)
+    # (Positional: a keyword call of a 19-field __init__ costs more, once per call. An
+    # ASCII text, as ids and names are, holds no lone surrogate: no clean_text call.)
+    if call_id:
+        call_id = call_id if call_id.isascii() else clean_text(call_id)
+    return PreparedCall(i, call_id or "", name if name.isascii() else clean_text(name), args)
 
 
 def _safe_key(key: Any) -> str:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from fsm_agent._core.state import RunState
 
 __all__ = [
+    "CHOICES",
     "RUN_MACHINE",
     "build_machine",
     "check_machine",
@@ -203,13 +204,14 @@ RUN_MACHINE: Machine = build_machine()
 #: machine hash -> its shared ``transitions`` machine.
 _ENGINES: dict[str, Machine] = {DEFAULT_MACHINE.hash: RUN_MACHINE}
 #: machine hash -> trigger -> source state -> that group's compiled walk: what
-#: :func:`fire` looks up per transition (two dict lookups, no method call).
-_CHOICES: dict[str, dict[str, dict[str, Choice]]] = {}
+#: :func:`fire` (and the loop's ``_fire``, which inlines it) looks up per transition
+#: (dict lookups, no method call).
+CHOICES: dict[str, dict[str, dict[str, Choice]]] = {}
 
 
 def _register(table: MachineValue, engine: Machine) -> None:
     _ENGINES[table.hash] = engine
-    _CHOICES[table.hash] = {
+    CHOICES[table.hash] = {
         name: cast(_Trigger, event).choices for name, event in engine.events.items()
     }
 
@@ -239,13 +241,13 @@ def fire(state: RunState, trigger: str) -> Transition:
     # on the hot path.)
     table = state.config.machine
     try:
-        choice = _CHOICES[table.hash][trigger][state.state]
+        choice = CHOICES[table.hash][trigger][state.state]
     except KeyError:
         # A machine not fired yet (built now), or no edge of ``trigger`` from here
         # (``transitions`` raises its stock ``MachineError``); an unknown trigger
         # raises ``KeyError`` as before.
         engine_of(table)
-        choices = _CHOICES[table.hash][trigger]
+        choices = CHOICES[table.hash][trigger]
         if state.state not in choices:
             taken = cast(_Trigger, _ENGINES[table.hash].events[trigger]).take(state)
             state.taken = taken

@@ -61,7 +61,6 @@ __all__ = [
     "review",
     "run_end",
     "run_start",
-    "transition",
     "typed",
 ]
 
@@ -627,6 +626,8 @@ def typed(data: Mapping[str, Any], run_id: str, *, built: bool = False) -> Event
 
 
 # ── building the recorded dicts (the one place each type's fields are written) ────
+# (A ``transition`` is built where it is taken, ``core/loop.py``'s ``_after``: five
+# times per tool round, one call less each.)
 
 
 def run_start(run_id: str, schema: str, header: Mapping[str, Any], messages: Any) -> dict[str, Any]:
@@ -651,15 +652,6 @@ def decision_oversized(seq: int, size: int, usage: Any) -> dict[str, Any]:
 
 def decision_failed(seq: int, error: str) -> dict[str, Any]:
     return {"type": "decision", "seq": seq, "error": error}
-
-
-def transition(
-    trigger: str, source: str, dest: str, guards: dict[str, bool], t: float
-) -> dict[str, Any]:
-    """A transition's required fields; the loop adds the optional ones it has, then
-    ``seq`` (its payloads' seqs follow it)."""
-    return {"type": "transition", "trigger": trigger, "source": source, "dest": dest,
-            "guards": guards, "t": t}  # fmt: skip
 
 
 def observation(call_id: str, tool: str, result: Any, synthetic: bool) -> dict[str, Any]:

@@ -114,23 +114,34 @@ def _non_finite(value: float) -> str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
+def _c_encoder(item: str, key: str, allow_nan: bool) -> Callable[[Any, int], Any] | None:
+    """The C encoder ``json.dumps(ensure_ascii=False, allow_nan=..., separators=(item,
+    key))`` builds per call, built once: ``encode(value, 0)`` gives the chunks of the
+    text. No circular check (a cycle recurses to ``RecursionError``, which
+    :func:`dumps_safe` handles as any value that is not JSON). ``None`` where the
+    interpreter has no C accelerator."""
+    if c_make_encoder is None:
+        return None
+    from json.encoder import c_encode_basestring  # type: ignore[attr-defined]
+
+    encode: Callable[[Any, int], Any] = c_make_encoder(
+        None, json.JSONEncoder().default, c_encode_basestring, None, key, item,
+        False, False, allow_nan,
+    )  # fmt: skip
+    return encode
+
+
 def c_dumps(
     item: str = ", ", key: str = ": ", *, allow_nan: bool = False
 ) -> Callable[[Any], str] | None:
     """``json.dumps(value, ensure_ascii=False, allow_nan=..., separators=(item, key))``
     without its per-call set-up (a new ``JSONEncoder`` and C encoder every call: half the
     cost of encoding a small reply, twice per tool round). The same C encoder
-    ``json.dumps`` builds, built once; without a circular check (a cycle recurses to
-    ``RecursionError``, which :func:`dumps_safe` handles as any value that is not JSON).
-    ``None`` where the interpreter has no C accelerator."""
-    if c_make_encoder is None:
+    ``json.dumps`` builds, built once (:func:`_c_encoder`). ``None`` where the
+    interpreter has no C accelerator."""
+    encode = _c_encoder(item, key, allow_nan)
+    if encode is None:
         return None
-    from json.encoder import c_encode_basestring  # type: ignore[attr-defined]
-
-    encode = c_make_encoder(
-        None, json.JSONEncoder().default, c_encode_basestring, None, key, item,
-        False, False, allow_nan,
-    )  # fmt: skip
     join = "".join
 
     def dumps(value: Any) -> str:
@@ -143,16 +154,20 @@ def _plain_dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
-_dumps: Callable[[Any], str] = c_dumps() or _plain_dumps
+#: The encoder :func:`dumps_safe` calls directly (no wrapper call: twice per tool round).
+_encode = _c_encoder(", ", ": ", False)
+#: Valid JSON nested n deep has n openers and n closers: a text this short cannot nest
+#: too deep (most replies and results), so it is not scanned (:func:`_depth_ok`).
+_SHORT = 2 * MAX_DEPTH + 1
 
 
 def dumps_safe(value: Any) -> tuple[str, bytes, bool]:
     """``(text, utf8, changed)``: ``value`` as compact JSON text and its UTF-8 bytes, after
     :func:`make_safe` if it was not already JSON-safe (``changed`` says so)."""
     try:
-        text = _dumps(value)
+        text = _plain_dumps(value) if _encode is None else "".join(_encode(value, 0))
         data = text.encode("utf-8")
-        if _depth_ok(text):
+        if len(text) <= _SHORT or _depth_ok(text):
             return text, data, False
     except Exception:  # not JSON as is (types, NaN, surrogates, huge ints, depth, ...)
         pass
@@ -175,9 +190,7 @@ def copy_json(text: str) -> Any:
 def _depth_ok(text: str) -> bool:
     """Whether JSON ``text`` nests at most :data:`MAX_DEPTH` deep (bracket count; strings
     may hold brackets, which only makes this stricter, never looser)."""
-    if len(text) <= 2 * MAX_DEPTH + 1:
-        # Valid JSON nested n deep has n openers and n closers: a text this short cannot
-        # nest too deep (most replies and results; a count of each bracket costs more).
+    if len(text) <= _SHORT:  # (a count of each bracket costs more than this test)
         return True
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return True

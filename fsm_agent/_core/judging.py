@@ -169,12 +169,15 @@ def rules_machine(
 #: or a name the decision cleaned), the engine's own counters, and the context (screened
 #: once, when the run was asked for: ``runtime/config.py``).
 _TRUSTED = frozenset({"tool", "effect", "counters", "context"})
+#: What the loop hands over as plain JSON (strictly parsed arguments, a result made
+#: JSON-safe): screened by its canonical text only (``Facts.plain``).
+_PLAIN = frozenset({"args", "result"})
 
 
 def _facts(s: RunState, **more: Any) -> Facts:
     counters = s.counters.as_dict()
-    return Facts(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED,
-                 appended=True, **more)  # fmt: skip
+    return Facts.of(counters=counters, calls=s.executed, context=s.context, trusted=_TRUSTED,
+                 appended=True, plain=_PLAIN, **more)  # fmt: skip
 
 
 def _words(judgement: Judgement) -> str:
@@ -213,9 +216,9 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
         return
     counters = s.counters.as_dict()  # once for the batch, shared by its facts
     batch = [
-        Facts(tool=c.name, effect=c.effect, args=c.arguments, counters=counters,
+        Facts.of(tool=c.name, effect=c.effect, args=c.arguments, counters=counters,
               calls=s.executed, context=s.context, call_id=c.id, trusted=_TRUSTED,
-              appended=True)
+              appended=True, plain=_PLAIN)
         for c in calls
     ]  # fmt: skip
     for call, judgement in zip(calls, rules.judge_batch(batch), strict=True):

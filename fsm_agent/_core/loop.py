@@ -48,8 +48,8 @@ from fsm_agent._core.decision import (
     admit_calls,
     parse_decision,
 )
-from fsm_agent._core.engine import fire
-from fsm_agent._core.guards import guard_of
+from fsm_agent._core.engine import CHOICES, fire
+from fsm_agent._core.guards import GUARDS, guard_of
 from fsm_agent._core.intents import claim_json, record_json
 from fsm_agent._core.jsonsafe import clean_text, dumps_safe, make_safe
 from fsm_agent._core.requests import (
@@ -71,7 +71,7 @@ from fsm_agent._core.requests import (
 )
 from fsm_agent._core.select import select
 from fsm_agent._core.state import RunState
-from fsm_agent._core.table import CALL_STEP, ENDS, TERMINAL_STATES, Transition
+from fsm_agent._core.table import CALL_STEP, ENDS, STARTS_BATCH, TERMINAL_STATES, Transition
 
 #: Review actions that approve the call (``edit``: with the reviewer's arguments, which
 #: the call then carries, so the digest binds the approval to them).
@@ -329,21 +329,27 @@ def _decide(s: RunState) -> Steps:
     if s.reply_bytes > s.config.budget.max_reply_bytes:
         yield from _oversized_reply(s, reply)
         return
-    s.decision = parse_decision(reply)
+    d = s.decision = parse_decision(reply)
+    ids = s.call_ids
+    if ids is not None:  # (the runtime's repeated-calls warning reads this)
+        for call in d.calls:
+            if call.id in ids:
+                s.call_id_repeated = True
+            ids.add(call.id)
     s.seq += 1
     # ``malformed``: why it was refused. The recorded copy is JSON-safe, so a reply
     # refused for a non-JSON value may read as well-formed (the checker needs the verdict).
-    event = events.decision(s.seq, _recorded_reply(reply, s.decision), s.decision.malformed)
+    # A well-formed reply is recorded as its normalised message (fresh dicts already,
+    # and what the history holds).
+    recorded = d.message if d.malformed is None else _refused_reply(reply)
+    event = events.decision(s.seq, recorded, d.malformed)
     # (An ASCII reply, as most are, holds no lone surrogate: nothing to look for.)
     if changed or not text.isascii():
-        lossy = {
-            c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
-            for c in s.decision.calls
-            if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
-        }
-        if lossy:  # arguments with lone surrogates (shown as U+FFFD): their UTF-8 bytes, in hex
-            event["raw_arguments"] = lossy
-    _record(s, event)
+        _note_lossy_arguments(d, event)
+    if s.config.redact is None:
+        s.events.append(event)  # what _record does without a hook, minus a call
+    else:
+        _record(s, event)
     if isinstance(reply, dict):
         usage = reply.get("usage")
         if usage is None:  # what metered(None) reads: neither counted (most scripted replies)
@@ -354,6 +360,18 @@ def _decide(s: RunState) -> Steps:
     s.answered = set()  # ids need only be unique within a batch
     if _fire(s, "model_replied"):
         yield from _flush(s)
+
+
+def _note_lossy_arguments(d: Decision, event: dict[str, Any]) -> None:
+    """Arguments with lone surrogates (shown as U+FFFD) go on the decision event as their
+    UTF-8 bytes, in hex: what the checker needs to see them refused."""
+    lossy = {
+        c.id: c.raw_arguments.encode("utf-8", "surrogatepass").hex()
+        for c in d.calls
+        if not c.raw_arguments.isascii() and clean_text(c.raw_arguments) is not c.raw_arguments
+    }
+    if lossy:
+        event["raw_arguments"] = lossy
 
 
 #: The fields of a reply's ``usage`` that ``core/budget.py``'s ``metered`` reads.
@@ -501,12 +519,34 @@ def _fire(s: RunState, trigger: str) -> bool:
     """Take the edge of ``trigger``, run its action, record it; whether requests follow
     it (:func:`_flush`: its events to emit, a checkpoint to save). A plain function, not
     a generator: this is the hot path, five times per tool round, and most edges of a
-    run without consumers are followed by nothing."""
-    edge = fire(s, trigger)
-    _after(s, edge)
+    run without consumers are followed by nothing.
+
+    :func:`~fsm_agent._core.engine.fire` inlined (one call less per edge): the compiled
+    walk of the run's state is looked up directly; a machine not fired yet, or a state
+    ``trigger`` has no edge from, goes through ``fire`` itself."""
     config = s.config
-    # (An edge at none of the checkpoint points is not asked about: most of a round's.)
-    return config.emit or (config.save != "never" and edge.save_point != 0 and _wants_save(s, edge))
+    try:
+        choice = CHOICES[config.machine.hash][trigger][s.state]
+    except KeyError:
+        edge = fire(s, trigger)
+    else:
+        log: dict[str, bool] = {}
+        s.guard_log = log
+        taken = choice(s, GUARDS, log)
+        assert taken is not None, "every group ends with an unguarded edge"
+        edge = s.taken = taken
+        s.state = edge.dest
+    _after(s, edge)
+    if config.emit:
+        return True
+    # Only edges where _wants_save may say yes ask it: none at no checkpoint point, nor a
+    # read's call steps, nor a batch's start outside ``replies`` mode (most of a round's).
+    point = edge.save_point
+    if not point or config.save == "never":
+        return False
+    if point == CALL_STEP:
+        return s.call.effect == "write" and _wants_save(s, edge)
+    return (point != STARTS_BATCH or config.save == "replies") and _wants_save(s, edge)
 
 
 def _flush(s: RunState) -> Steps:
@@ -554,10 +594,14 @@ def _wants_save(s: RunState, edge: Transition) -> bool:
     return False
 
 
-def _after(s: RunState, edge: Any) -> None:
+def _after(s: RunState, edge: Transition) -> None:
     """Run the edge's action and record the transition (and its payloads, and
     ``run_end`` at a terminal state) in ``s.events``."""
-    event = events.transition(edge.trigger, edge.source, edge.dest, s.guard_log, s.now - s.started)
+    # The transition event's required fields (``events.Transitioned``), in its order; the
+    # optional ones it has follow, then ``seq`` (its payloads' seqs follow it). Built here,
+    # not by a helper: this is the one place it is written, five times per tool round.
+    event: dict[str, Any] = {"type": "transition", "trigger": edge.trigger, "source": edge.source,
+             "dest": edge.dest, "guards": s.guard_log, "t": s.now - s.started}  # fmt: skip
     if s.inputs:  # what the world answered since the last transition (replayed by check)
         event["inputs"], s.inputs = s.inputs, []
     payloads: list[dict[str, Any]] = []
@@ -596,7 +640,7 @@ def _after(s: RunState, edge: Any) -> None:
             seq = payload["seq"] = seq + 1
             append(payload)
         s.seq = seq
-    if edge.dest in _TERMINAL and edge.source not in _TERMINAL:  # (not a review: still paused)
+    if edge.ends_run:  # (not a review: the run stays paused)
         s.seq += 1
         _record(s, events.run_end(s.seq, s.status, s.reason, s.detail, s.answer,
                                   s.counters.as_dict()))  # fmt: skip
@@ -719,13 +763,10 @@ def _describe_error(exc: BaseException) -> str:
     return clean_text(bounded_text(text))
 
 
-def _recorded_reply(reply: Any, decision: Decision) -> Any:
-    """The reply as the trace records it, JSON-safe (R12) and a copy, so a model that
-    reuses or mutates the dict it returned cannot change what was recorded. A well-formed
-    reply is recorded as its normalised message (fresh dicts already, and what the
-    history holds); one that was refused, exactly as it came."""
-    if decision.malformed is None:
-        return decision.message
+def _refused_reply(reply: Any) -> Any:
+    """A refused reply as the trace records it: exactly as it came, JSON-safe (R12) and a
+    copy, so a model that reuses or mutates the dict it returned cannot change what was
+    recorded."""
     text, _, _ = dumps_safe(reply)
     return json.loads(text)
 

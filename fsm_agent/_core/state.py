@@ -38,6 +38,7 @@ from fsm_agent._errors import CorruptRecord, MachineMismatch
 from fsm_agent._rules import RuleSet
 
 __all__ = [
+    "NO_CALL",
     "SNAPSHOT_VERSION",
     "Counters",
     "RunConfig",
@@ -60,7 +61,8 @@ SNAPSHOT_VERSION = 3
 #: PostgreSQL).
 SaveMode = Literal["never", "writes", "replies"]
 
-_NO_CALL = PreparedCall(-1, "", "", "")
+#: The current call of a run between batches (``RunState.call``).
+NO_CALL = PreparedCall(-1, "", "", "")
 
 
 class Counters:
@@ -262,7 +264,7 @@ class RunState:
     )
     batch_appended: bool = persisted(False)
     index: int = persisted(0)
-    call: PreparedCall = persisted(_NO_CALL, dump=_dump_call, load=_load_call)
+    call: PreparedCall = persisted(NO_CALL, dump=_dump_call, load=_load_call)
     attempt: int = persisted(0)
     outcome: ToolOutcome = persisted(
         factory=lambda: ToolOutcome("ok"),
@@ -332,6 +334,11 @@ class RunState:
     saved_events: int = apart("cursor", 0)
     saved_messages: int = apart("cursor", 0)
     rewritten: list[int] = apart("cursor", factory=list)
+    #: The ids of the calls the history held when this driving began and of every call
+    #: parsed since (``None``: not kept), and whether a parsed call's id was among them:
+    #: only then can a reply have repeated a call (``runtime/call_ids.py`` warns of it).
+    call_ids: set[Any] | None = apart("scratch: this driving's call ids", None)
+    call_id_repeated: bool = apart("scratch: this driving's call ids", False)
     #: What the world answered since the last transition (intent claims, loaded records,
     #: approval uses, keys): recorded on the next transition event (``inputs``), so
     #: ``check`` replays them.
@@ -347,7 +354,7 @@ class RunState:
         self.attempt = 0
 
     def clear_call(self) -> None:
-        self.call = _NO_CALL
+        self.call = NO_CALL
 
     # ── serialisation ─────────────────────────────────────────────────────────────
 

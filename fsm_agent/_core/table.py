@@ -128,6 +128,9 @@ class Transition:
     #: ``_wants_save``), read off its columns once, not on every firing: :data:`ENDS`,
     #: :data:`CALL_STEP`, :data:`STARTS_BATCH` or 0 (none).
     save_point: int = field(init=False, repr=False, compare=False)
+    #: The edge enters a terminal state from a working one (``run_end`` follows it; a
+    #: review of a paused run does not end it), read off its columns once.
+    ends_run: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         checks = tuple((g[1:], False) if g.startswith("!") else (g, True) for g in self.guards)
@@ -141,6 +144,8 @@ class Transition:
         else:
             point = 0
         object.__setattr__(self, "save_point", point)
+        ends = self.dest in TERMINAL_STATES and self.source not in TERMINAL_STATES
+        object.__setattr__(self, "ends_run", ends)
 
     @property
     def key(self) -> str:

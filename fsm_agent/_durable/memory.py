@@ -32,6 +32,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from operator import itemgetter
 from typing import Any
 
 from fsm_agent._core.intents import IdempotencyRecord, IntentClaim, may_claim
@@ -90,6 +91,10 @@ class _Run:
         self.lease = 0.0
         self.created = self.updated = now
         self.cancel: CancelRequest | None = None
+
+
+#: A history row's index and message (``Checkpoint.messages``), read in C.
+_INDEX, _ROW = itemgetter(0), itemgetter(1)
 
 
 class MemoryStore:
@@ -298,8 +303,12 @@ class MemoryStore:
         now: float,
     ) -> None:
         row.events.extend(events)
-        messages = row.messages
-        for index, message in checkpoint.messages:
+        messages, rows = row.messages, checkpoint.messages
+        start = len(messages)
+        if rows and list(map(_INDEX, rows)) == list(range(start, start + len(rows))):
+            messages.extend(map(_ROW, rows))  # only new rows, in order: the usual save
+            rows = []
+        for index, message in rows:
             if index == len(messages):
                 messages.append(message)
             elif index < len(messages):

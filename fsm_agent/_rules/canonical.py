@@ -13,11 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["canonical_text", "digest", "digest_spliced"]
+__all__ = ["INPUTS_DIGEST", "canonical_text", "chain", "digest", "digest_of_text", "inputs_digest"]
 
+#: How a judgement's inputs digest starts (:func:`inputs_digest`); the digest form of
+#: earlier development builds started ``sha256:`` (the inputs as one JSON document).
+INPUTS_DIGEST = "v2:sha256:"
+
+#: The chain of an empty list of digests (:func:`chain`).
+CHAIN_START = "0" * 64
 
 #: Built once: ``json.dumps`` with these options builds an encoder at every call, and a
 #: digest is taken at every judgement.
@@ -26,10 +32,38 @@ _ENCODER = json.JSONEncoder(
 )
 
 
+def _c_encoder() -> Callable[[Any, int], Any] | None:
+    """``_ENCODER``'s C encoder, built once: ``encode`` builds one (and a closure) at
+    every call, which costs more than encoding a small value. Used only where it gives
+    exactly ``_ENCODER``'s text on a probe (its signature is CPython's, not public)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    probe = {"b": [1, 2.5, None, True, "\u00e9\n"], "a": {"z": -3, "y": ""}}
+    try:
+        # No markers: a cycle recurses to RecursionError, which canonical_text catches.
+        encoder = make(None, _ENCODER.default, json.encoder.encode_basestring, None,
+                       ":", ",", True, False, False)  # fmt: skip
+        if "".join(encoder(probe, 0)) != _ENCODER.encode(probe):
+            return None
+    except Exception:  # another interpreter's signature: the public way it is
+        return None
+    return encoder  # type: ignore[no-any-return]
+
+
+_C_ENCODER = _c_encoder()
+
+
 def canonical_text(value: Any) -> str:
     """Sorted keys, no spaces, strict JSON; the ``!`` form for anything strict JSON refuses."""
     try:
-        text = _ENCODER.encode(value)
+        kind = type(value)
+        if kind is str:
+            text = json.encoder.encode_basestring(value)
+        elif _C_ENCODER is not None and (kind is dict or kind is list):
+            text = "".join(_C_ENCODER(value, 0))
+        else:
+            text = _ENCODER.encode(value)
         text.encode("utf-8")  # a lone surrogate passes dumps but not UTF-8
         return text
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
@@ -38,22 +72,28 @@ def canonical_text(value: Any) -> str:
 
 def digest(value: Any) -> str:
     """``sha256:`` and the hex digest of :func:`canonical_text`."""
-    text = canonical_text(value)
+    return digest_of_text(canonical_text(value))
+
+
+def digest_of_text(text: str) -> str:
+    """:func:`digest` of the value whose canonical text is ``text``."""
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def digest_spliced(value: Any, mark: str, text: str) -> str | None:
-    """:func:`digest` of ``value`` with the one string ``mark`` in it standing for a
-    value whose canonical text is ``text`` (known already: a long list kept with a run,
-    not encoded again at every judgement); ``None`` where that cannot be told apart
-    (``mark`` met elsewhere in ``value``'s text, or the ``!`` form), for the caller to
-    digest the value itself."""
-    whole = canonical_text(value)
-    marked = json.dumps(mark)
-    if whole.startswith("!") or whole.count(marked) != 1:
-        return None
-    whole = whole.replace(marked, text)
-    return "sha256:" + hashlib.sha256(whole.encode("utf-8", "surrogatepass")).hexdigest()
+def chain(previous: str, entry_digest: str) -> str:
+    """The chain of a list of digests one longer: the hex SHA-256 of the previous chain
+    and the new digest (a list's chain starts at :data:`CHAIN_START`). A list that only
+    grows is digested by one step per entry added, not by its whole length per use."""
+    return hashlib.sha256((previous + entry_digest).encode("ascii")).hexdigest()
+
+
+def inputs_digest(phase: str, call_id: Any, parts: Iterable[str]) -> str:
+    """A judgement's inputs digest: :data:`INPUTS_DIGEST` and the hex SHA-256 of lines
+    ``fsm-agent rule inputs 2``, the phase, the call id's canonical text, then one
+    ``name=component`` per variable read, by name (each component a canonical text, a
+    ``sha256:`` digest or a ``chain:``, none holding a line break)."""
+    text = "\n".join(("fsm-agent rule inputs 2", phase, canonical_text(call_id), *parts))
+    return INPUTS_DIGEST + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _robust(value: Any) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "quantifier",
     "referenced_names",
     "screen",
+    "selected_fields",
 ]
 
 #: The nesting a screened input may have; the same bound strict JSON parsing uses for
@@ -283,19 +284,23 @@ _ELEMENT_ENVS: dict[str, Any] = {}
 
 def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | None]]:
     """``call -> [each quantifier's body on it]``: one evaluation for all of them (the
-    call converted once), each one alone where that fails (to tell which erred)."""
+    call converted once), each one alone where that fails (to tell which erred). Where
+    every body reads its call by field name only (``c.tool``, ``c.args``), the call is
+    given as those fields: the binding converts no more of it (its ``result``, say)."""
     one = [q.holds for q in quantifiers]
+    project = _projection(quantifiers)
     if len(quantifiers) < 2:
-        return lambda call: [holds(call) for holds in one]
+        return lambda call: [holds(project(call)) for holds in one]
     names = sorted({q.variable for q in quantifiers})
     env = _cel().NewEnv(variables={name: _cel().Type.DYN for name in names})
     try:
         expression = env.compile("[" + ", ".join(f"({q.source})" for q in quantifiers) + "]")
     except Exception:
-        return lambda call: [holds(call) for holds in one]
+        return lambda call: [holds(project(call)) for holds in one]
     error, size = _cel().Type.ERROR, len(quantifiers)
 
     def evaluate(call: Any) -> list[bool | None]:
+        call = project(call)
         try:
             value = expression.eval(data=dict.fromkeys(names, call))
             results = value.plain_value() if value.type() != error else None
@@ -306,6 +311,25 @@ def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | Non
         return [holds(call) for holds in one]
 
     return evaluate
+
+
+def _projection(quantifiers: Sequence[Quantifier]) -> Callable[[Any], Any]:
+    """``call -> the fields of it the bodies select``, or the call itself where a body
+    reads it otherwise (indexed, iterated, passed whole)."""
+    fields: set[str] = set()
+    for q in quantifiers:
+        selected = selected_fields(q.source, q.variable)
+        if selected is None:
+            return lambda call: call
+        fields |= selected
+    kept = tuple(sorted(fields))
+
+    def project(call: Any) -> Any:
+        if type(call) is not dict:
+            return call
+        return {field: call[field] for field in kept if field in call}
+
+    return project
 
 
 def quantifier(source: str, phase: str) -> Quantifier | None:
@@ -388,6 +412,24 @@ def referenced_names(source: str, phase: str) -> frozenset[str]:
     it only decides which inputs are screened and handed over."""
     bare = _STRING_LITERAL.sub(lambda m: " " * len(m.group(0)), source)
     return frozenset(_IDENTIFIER.findall(bare)) & PHASE_VARIABLES[phase].keys()
+
+
+_SELECTION = re.compile(r"\s*\.\s*([A-Za-z_]\w*)(\s*\()?")
+
+
+def selected_fields(source: str, variable: str) -> frozenset[str] | None:
+    """The fields ``NAME`` of ``variable.NAME`` in ``source`` when every mention of
+    ``variable`` (outside string literals) is such a selection, else ``None`` (it is read
+    otherwise: indexed, passed whole, sized, iterated). A condition that only selects
+    fields reads those and nothing else of the variable: it is given only them."""
+    bare = _STRING_LITERAL.sub(lambda m: " " * len(m.group(0)), source)
+    fields: set[str] = set()
+    for match in re.finditer(rf"(?<![.\w]){re.escape(variable)}(?!\w)", bare):
+        selection = _SELECTION.match(bare, match.end())
+        if selection is None or selection.group(2) is not None:  # `counters.size()`
+            return None
+        fields.add(selection.group(1))
+    return frozenset(fields)
 
 
 def argument_fields(source: str) -> list[tuple[str, int, int]]:

@@ -13,6 +13,7 @@ __all__ = ["PASS", "Facts", "Judgement"]
 PASS = "pass"
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_new = object.__new__
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,41 @@ class Facts:
     #: engine from plain JSON within CEL's limits): handed over without the screen.
     trusted: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     #: The caller vouches that ``calls`` is a list that only grows between judgements and
-    #: whose entries never change (the engine's executed calls): its entries are then
-    #: screened and digested once each, as they are added, not walked at every judgement.
+    #: whose entries never change and are plain JSON values (dicts with string keys,
+    #: lists, str, int, float, bool, None: no tuples or subclasses), as the engine builds
+    #: its executed calls: its entries are then screened and digested once each, as they
+    #: are added, not walked at every judgement.
     appended: bool = field(default=False, repr=False, compare=False)
+    #: Variables the caller vouches are plain JSON values as the engine builds them (as
+    #: ``appended``'s entries are): screened by their canonical text, which the digest
+    #: needs anyway, not walked and copied, where it shows them within CEL's limits.
+    plain: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    @classmethod
+    def of(
+        cls,
+        tool: str | None = None,
+        effect: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        result: Any = None,
+        answer: str | None = None,
+        counters: Mapping[str, Any] = _EMPTY,
+        calls: Sequence[Mapping[str, Any]] = (),
+        context: Mapping[str, Any] = _EMPTY,
+        call_id: str | None = None,
+        trusted: frozenset[str] = frozenset(),
+        appended: bool = False,
+        plain: frozenset[str] = frozenset(),
+    ) -> Facts:
+        """``Facts(...)``, built for the loop's hot path: a frozen dataclass's
+        ``__init__`` sets each field through ``object.__setattr__``, which costs three
+        times filling the instance's dict at once (the loop builds one per judgement)."""
+        facts = _new(cls)
+        facts.__dict__.update(tool=tool, effect=effect, args=args, result=result,
+                              answer=answer, counters=counters, calls=calls, context=context,
+                              call_id=call_id, trusted=trusted, appended=appended,
+                              plain=plain)  # fmt: skip
+        return facts
 
     def variable(self, name: str) -> Any:
         """The value of one rule variable (``args`` of a call with none is ``{}``)."""
@@ -72,6 +105,27 @@ class Judgement:
     error: str | None = None
     tried: tuple[str, ...] = ()
     opaque: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        phase: str,
+        verdict: str,
+        rule_id: str | None,
+        inputs_digest: str,
+        detail: str | None = None,
+        call_id: str | None = None,
+        error: str | None = None,
+        tried: tuple[str, ...] = (),
+        opaque: tuple[str, ...] = (),
+    ) -> Judgement:
+        """``Judgement(...)``, built as :meth:`Facts.of` is (once per judgement)."""
+        judgement = _new(cls)
+        judgement.__dict__.update(phase=phase, verdict=verdict, rule_id=rule_id,
+                                  inputs_digest=inputs_digest, detail=detail,
+                                  call_id=call_id, error=error, tried=tried,
+                                  opaque=opaque)  # fmt: skip
+        return judgement
 
     def to_json(self) -> dict[str, Any]:
         """The payload of the ``rule`` trace event, empty fields left out."""

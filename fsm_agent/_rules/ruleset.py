@@ -15,6 +15,7 @@ for answers) with the error in the judgement.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,14 @@ from jsonschema.exceptions import SchemaError
 
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import cel
-from fsm_agent._rules.canonical import canonical_text, digest, digest_spliced
+from fsm_agent._rules.canonical import (
+    CHAIN_START,
+    canonical_text,
+    chain,
+    digest,
+    digest_of_text,
+    inputs_digest,
+)
 from fsm_agent._rules.facts import PASS, Facts, Judgement
 from fsm_agent._rules.rule import PHASES, TOOL_PHASES, OpaqueCondition, Rule
 
@@ -371,7 +379,7 @@ class RuleSet:
         found = self._candidates(phase, facts.tool)
         if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
             facts = replace(facts, effect=self._effect(facts.tool))
-        inputs = _Inputs(phase, facts, self._entries, found.reads)
+        inputs = _Inputs(phase, facts, self._entries, found.reads, found.counters)
         if found.plain:
             results = inputs.batch_results(found)
             if results is not None:
@@ -411,7 +419,7 @@ class RuleSet:
                 return self._verdict(inputs, tried, compiled, rule.then, detail, None)
             detail = rule.message or f"rule {rule.id!r}: {rule.condition_text()}"
             return self._verdict(inputs, tried, compiled, rule.then, detail, None)
-        return Judgement(
+        return Judgement.of(
             phase=phase,
             verdict=PASS,
             rule_id=None,
@@ -425,8 +433,8 @@ class RuleSet:
         """The common case without the loop: every rule a CEL condition with a plain
         verdict, all evaluated at once, and the first that holds decides."""
         if True not in results:
-            inputs.upto = found.reads
-            return Judgement(
+            inputs.upto = found.names
+            return Judgement.of(
                 phase=inputs.phase,
                 verdict=PASS,
                 rule_id=None,
@@ -451,7 +459,7 @@ class RuleSet:
         detail: str,
         error: str | None,
     ) -> Judgement:
-        return Judgement(
+        return Judgement.of(
             phase=inputs.phase,
             verdict=verdict,
             rule_id=compiled.rule.id,
@@ -474,7 +482,7 @@ class _EntryCache:
     screened entries and digests as lists that grow with it, so a judgement late in a
     long run walks none of the entries it has seen before."""
 
-    __slots__ = ("_digests", "_logs", "_screened")
+    __slots__ = ("_context", "_digests", "_logs", "_screened", "_steps")
 
     LIMIT = 20_000
     #: The logs kept (one per run being judged; a runtime drives few runs at once).
@@ -484,6 +492,32 @@ class _EntryCache:
         self._screened: dict[int, tuple[Any, Any]] = {}
         self._digests: dict[int, tuple[Any, str]] = {}
         self._logs: dict[int, _Log] = {}
+        self._context: tuple[Any, str] = (None, "")
+        self._steps: dict[tuple[str, int], tuple[Any, str]] = {}
+
+    def context_digest(self, context: Any) -> str:
+        """The digest of a trusted context (the run's, never changed): once per run."""
+        held, known = self._context
+        if held is not context:
+            known = digest(context)
+            self._context = (context, known)
+        return known
+
+    def chain(self, calls: Sequence[Any]) -> str:
+        """The chain of the entries' digests of a list not kept as a log: each step
+        kept by the chain before it and the entry, so the same calls judged again cost a
+        lookup per call, not a hash."""
+        out = CHAIN_START
+        steps = self._steps
+        for entry in calls:
+            hit = steps.get((out, id(entry)))
+            if hit is None or hit[0] is not entry:
+                hit = (entry, chain(out, self.entry_digest(entry)))
+                if len(steps) >= self.LIMIT:
+                    steps.clear()
+                steps[(out, id(entry))] = hit
+            out = hit[1]
+        return out
 
     def log(self, calls: list[Any]) -> _Log:
         """The log of ``calls`` (an appended list), brought up to its length."""
@@ -510,17 +544,33 @@ class _EntryCache:
             self._screened[id(entry)] = hit
         return hit[1]
 
-    def digests(self, calls: Sequence[Any]) -> list[str]:
-        return [self.digest_entry(entry) for entry in calls]
+    def screen_logged(self, entry: Any, position: int, text: str | None) -> Any:
+        """:meth:`screen_entry` for an entry of an appended list (the engine's: plain
+        JSON values as it builds them, ``Facts.appended``), whose canonical ``text`` is
+        at hand: where that text shows it within CEL's limits (strict JSON, so no lone
+        surrogate; nesting bounded by its bracket count; no integer of 19 digits or
+        more), the entry is taken as it is, not walked and copied."""
+        if text is not None and _within_limits(text):
+            if len(self._screened) >= self.LIMIT:
+                self._screened.clear()
+            self._screened[id(entry)] = (entry, entry)
+            return entry
+        return self.screen_entry(entry, position)
 
-    def digest_entry(self, entry: Any) -> str:
+    def digest_entry(self, entry: Any) -> str | None:
+        """The entry's digest if it was computed before, else ``None``."""
         hit = self._digests.get(id(entry))
-        if hit is None or hit[0] is not entry:
-            hit = (entry, digest(entry))
-            if len(self._digests) >= self.LIMIT:
-                self._digests.clear()
-            self._digests[id(entry)] = hit
-        return hit[1]
+        return hit[1] if hit is not None and hit[0] is entry else None
+
+    def keep_digest(self, entry: Any, entry_digest: str) -> str:
+        if len(self._digests) >= self.LIMIT:
+            self._digests.clear()
+        self._digests[id(entry)] = (entry, entry_digest)
+        return entry_digest
+
+    def entry_digest(self, entry: Any) -> str:
+        known = self.digest_entry(entry)
+        return known if known is not None else self.keep_digest(entry, digest(entry))
 
 
 class _Log:
@@ -529,12 +579,12 @@ class _Log:
     ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
     reading ``calls`` then fails closed, as when the whole list is screened at once."""
 
-    __slots__ = ("_last", "_listed", "calls", "digests", "refused", "screened", "tallies")
+    __slots__ = ("_last", "calls", "chain", "digests", "refused", "screened", "tallies")
 
     def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
         self._last: Any = None  # the last entry seen, to tell that the list only grew
-        self._listed = ""  # the digests' canonical text, without the brackets
+        self.chain = CHAIN_START  # of the digests (canonical.chain)
         self.screened: list[Any] = []
         self.digests: list[str] = []
         self.refused: cel.Unrepresentable | None = None
@@ -555,10 +605,6 @@ class _Log:
                 tally.add(held)
         return tallies
 
-    def digests_text(self) -> str:
-        """The canonical text of :attr:`digests` (what ``canonical_text`` gives)."""
-        return f"[{self._listed}]"
-
     def holds(self) -> bool:
         """Whether the list still starts with the entries seen (it only grew)."""
         seen = len(self.digests)
@@ -568,14 +614,15 @@ class _Log:
         calls = self.calls
         for position in range(len(self.digests), len(calls)):
             entry = calls[position]
-            entry_digest = cache.digest_entry(entry)
+            entry_digest, text = cache.digest_entry(entry), None
+            if entry_digest is None:
+                text = canonical_text(entry)
+                entry_digest = cache.keep_digest(entry, digest_of_text(text))
             self.digests.append(entry_digest)
-            # A digest is "sha256:" and hex: its canonical text is itself quoted.
-            self._listed += f',"{entry_digest}"' if self._listed else f'"{entry_digest}"'
-
+            self.chain = chain(self.chain, entry_digest)
             if self.refused is None:
                 try:
-                    self.screened.append(cache.screen_entry(entry, position))
+                    self.screened.append(cache.screen_logged(entry, position, text))
                 except cel.Unrepresentable as exc:
                     self.refused = exc
         if calls:
@@ -587,11 +634,13 @@ class _Inputs:
 
     __slots__ = (
         "_activation",
+        "_counters",
         "_entries",
         "_names",
         "_opaque",
         "_refused",
         "_screened",
+        "_texts",
         "_wanted",
         "facts",
         "phase",
@@ -599,15 +648,23 @@ class _Inputs:
     )
 
     def __init__(
-        self, phase: str, facts: Facts, entries: _EntryCache, wanted: frozenset[str]
+        self,
+        phase: str,
+        facts: Facts,
+        entries: _EntryCache,
+        wanted: frozenset[str],
+        counters: tuple[str, ...] | None = None,
     ) -> None:
         self.phase = phase
         self.facts = facts
+        self._counters = counters  # the counters' fields the conditions read, if by name
+        self._texts: dict[str, str] = {}  # canonical texts of plain variables, screened so
         self._entries = entries
         self._wanted = wanted  # what the candidate rules read
         self._screened: dict[str, Any] = {}
         self._refused: dict[str, cel.Unrepresentable] = {}
-        self.upto: frozenset[str] = frozenset()  # what the batch-evaluated rules tried read
+        #: What the batch-evaluated rules tried read, by name.
+        self.upto: tuple[str, ...] = ()
         self._activation: Any = None
         self._names: set[str] = set()  # the variables the tried rules read (digested)
         self._opaque: list[str] = []
@@ -649,28 +706,49 @@ class _Inputs:
 
     def _activation_of_all(self) -> Any:
         if self._activation is None:
-            trusted = self.facts.trusted
+            facts, screened = self.facts, self._screened
+            trusted, plain = facts.trusted, facts.plain
             for name in sorted(self._wanted):
-                value = self.facts.variable(name)
-                if name in trusted:
-                    self._screened[name] = value
+                if name in trusted and name != "counters":  # as they are (no projection)
+                    screened[name] = getattr(facts, name)
                     continue
-                try:
-                    if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
-                        log = self._entries.log(self.facts.calls)
-                        if log.refused is not None:
-                            raise log.refused
-                        self._screened[name] = log.screened
-                    elif name == "calls" and isinstance(value, list):
-                        self._screened[name] = self._entries.screened(value)
+                if name == "calls" and facts.appended and type(facts.calls) is list:
+                    log = self._entries.log(facts.calls)  # (not copied, as variable() does)
+                    if log.refused is not None:
+                        self._refused[name] = log.refused
                     else:
-                        self._screened[name] = cel.screen(value, name)
+                        screened[name] = log.screened
+                    continue
+                value = self._value(name)
+                if name in trusted:
+                    screened[name] = value
+                    continue
+                if name in plain:
+                    text = canonical_text(value)
+                    if _within_limits(text):
+                        screened[name], self._texts[name] = value, text
+                        continue
+                try:
+                    if name == "calls" and isinstance(value, list):
+                        screened[name] = self._entries.screened(value)
+                    else:
+                        screened[name] = cel.screen(value, name)
                 except cel.Unrepresentable as exc:
                     self._refused[name] = exc
-            self._activation = cel.activation(self.phase, self._screened)
+            self._activation = cel.activation(self.phase, screened)
         if self._refused:
             raise next(iter(self._refused.values()))
         return self._activation
+
+    def _value(self, name: str) -> Any:
+        """A variable as the conditions are given it, and digested: of ``counters``, only
+        the fields they read where they read it by field name (unless a Python
+        condition ran: it may read any)."""
+        value = self.facts.variable(name)
+        fields = self._counters
+        if name != "counters" or fields is None or self._opaque or type(value) is not dict:
+            return value
+        return {field: value[field] for field in fields if field in value}
 
     def read_everything(self, rule_id: str) -> None:
         """A Python condition may read any fact: all of the phase's are digested."""
@@ -681,33 +759,33 @@ class _Inputs:
         return tuple(self._opaque)
 
     def digest(self) -> str:
-        """The digest of what the tried rules read. ``calls`` enters as the list of its
-        entries' digests (each computed once per run), so the digest of a judgement late
-        in a long run costs no more than an early one."""
-        seen: dict[str, Any] = {}
-        log = None
-        for name in sorted(self._names | self.upto):
-            if name == "calls" and self.facts.appended and type(self.facts.calls) is list:
-                log = self._entries.log(self.facts.calls)
-                seen[name] = _CALLS_MARK  # its text is kept with the run: spliced in
-                continue
-            value = self.facts.variable(name)
-            listed = name == "calls" and isinstance(value, list)
-            seen[name] = self._entries.digests(value) if listed else value
-        judged = {"phase": self.phase, "call_id": self.facts.call_id, "inputs": seen}
-        if log is None:
-            return digest(judged)
-        spliced = digest_spliced(judged, _CALLS_MARK, log.digests_text())
-        if spliced is not None:
-            return spliced
-        seen["calls"] = log.digests
-        return digest(judged)
+        """The digest of what the tried rules read (:func:`inputs_digest`): each variable
+        as its canonical text, but ``calls`` as the chain of its entries' digests (kept
+        with the run: a judgement late in a long run digests no more than an early one)
+        and ``context`` as its digest (computed once per run where it is trusted: the
+        run's, fixed)."""
+        facts = self.facts
+        names = self.upto if not self._names else sorted(self._names.union(self.upto))
+        parts = []
+        for name in names:
+            if name == "calls":
+                part = self._calls_part()
+            elif name == "context":
+                context = facts.context
+                trusted = name in facts.trusted
+                part = self._entries.context_digest(context) if trusted else digest(context)
+            else:
+                part = self._texts.get(name) or canonical_text(self._value(name))
+            parts.append(f"{name}={part}")
+        return inputs_digest(self.phase, facts.call_id, parts)
 
-
-#: What stands for the calls' digests in a judgement's inputs until their text, kept
-#: with the run, is spliced in (a string no input is expected to hold; one that does
-#: only makes that judgement digest the long way).
-_CALLS_MARK = "\x00calls: the digests of the executed calls\x00"
+    def _calls_part(self) -> str:
+        calls = self.facts.calls
+        if self.facts.appended and type(calls) is list:
+            return "chain:" + self._entries.log(calls).chain
+        if not isinstance(calls, list | tuple):
+            return canonical_text(calls)
+        return "chain:" + self._entries.chain(calls)
 
 
 @dataclass(frozen=True)
@@ -717,9 +795,9 @@ class _Candidates:
     rules: tuple[_Compiled, ...]
     reads: frozenset[str]
     batch: tuple[cel.CelBatch, tuple[int, ...]] | None  # and the ids of its conditions
-    #: What the CEL conditions of ``rules[: i + 1]`` read: a judgement that stops at rule
-    #: ``i`` digests this, with no set union per rule tried.
-    upto: tuple[frozenset[str], ...] = ()
+    #: What the CEL conditions of ``rules[: i + 1]`` read, by name: a judgement that
+    #: stops at rule ``i`` digests this, with no set union per rule tried.
+    upto: tuple[tuple[str, ...], ...] = ()
     ids: tuple[str, ...] = ()  # the rules' ids
     #: Every rule a CEL condition deciding as it holds (no limit, no schema): the batch's
     #: first true result is the verdict.
@@ -728,13 +806,17 @@ class _Candidates:
     #: it), and the rest (their positions, and one program for them): a run's growing
     #: calls are then judged from tallies, and CEL is handed the rest only.
     split: _Split | None = None
+    names: tuple[str, ...] = ()  # ``reads`` by name
+    #: The counters the CEL conditions read, where each reads them by field name only
+    #: (``counters.model_calls``): they are given, and digested, those fields only.
+    counters: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
         programs = [c.condition for c in rules if isinstance(c.condition, cel.CelProgram)]
         batch = cel.compile_batch(programs, phase)
         ids = tuple(id(p) for p in programs)
-        upto = tuple(_reads(rules[: i + 1]) for i in range(len(rules)))
+        upto = tuple(tuple(sorted(_reads(rules[: i + 1]))) for i in range(len(rules)))
         plain = batch is not None and all(
             isinstance(c.condition, cel.CelProgram)
             and c.rule.then != "limit"
@@ -749,6 +831,8 @@ class _Candidates:
             tuple(c.rule.id for c in rules),
             plain,
             _Split.of(phase, programs) if batch is not None else None,
+            tuple(sorted(_reads(rules))),
+            _counter_fields(programs),
         )
 
 
@@ -803,6 +887,32 @@ class _Split:
                 return None
             out[self.rest[0]] = single
         return out
+
+
+#: Nineteen digits in a row: where a canonical text has none, every integer in it is
+#: within CEL's 64 bits (2**63 has 19 digits).
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+
+
+def _within_limits(text: str) -> bool:
+    """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes."""
+    return (
+        not text.startswith("!")
+        and text.count("{") + text.count("[") <= cel.MAX_DEPTH
+        and _LONG_DIGITS.search(text) is None
+    )
+
+
+def _counter_fields(programs: list[cel.CelProgram]) -> tuple[str, ...] | None:
+    """The counters ``programs`` read, by name, if each reads them by field name only."""
+    fields: set[str] = set()
+    for program in programs:
+        if "counters" in program.names:
+            selected = cel.selected_fields(program.source, "counters")
+            if selected is None:
+                return None
+            fields |= selected
+    return tuple(sorted(fields))
 
 
 def _reads(rules: tuple[_Compiled, ...]) -> frozenset[str]:

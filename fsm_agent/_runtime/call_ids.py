@@ -6,7 +6,9 @@ see: the call is admitted as new (a batch's ids are checked against each other o
 runs again (a keyed write replays its stored result, an approval is asked for again). The
 usual cause is a scripted model rebuilt in a new process, which starts its script again
 on a resumed run. The runtime warns once per driving, after it, at the cost of one pass
-over the history.
+over the history, and only when an id came back: the loop notes each call id it parses
+against :func:`call_ids` of the history it began the driving with
+(``RunState.call_ids``), so a driving whose ids were all new skips that pass.
 
 A reused id with *another* call is not warned about: the testing kit's ``decide()``
 numbers each decision's calls ``c1``, ``c2``, ... on purpose, and the provider validators
@@ -19,7 +21,20 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["repeated_calls", "warn_repeated_calls"]
+__all__ = ["call_ids", "repeated_calls", "warn_repeated_calls"]
+
+
+def call_ids(messages: list[dict[str, Any]]) -> set[Any]:
+    """The ids of every call the history holds, of any role (only an assistant's are
+    calls: more ids can only send a driving to :func:`repeated_calls`, never keep one
+    from it); what the loop checks each parsed call against (``RunState.call_ids``)."""
+    return {
+        raw.get("id")
+        for message in messages
+        if isinstance(calls := message.get("tool_calls"), list)
+        for raw in calls
+        if isinstance(raw, dict)
+    }
 
 
 def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str, str]]:
@@ -30,6 +45,8 @@ def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str
     # with itself). A call without a string id or a ``function`` object is not a call.
     # The name and arguments are read only when an id comes back: most never do, and
     # this pass costs every run one step per message.
+    if _ids_distinct(messages):
+        return []  # a repeat needs an id asked for twice: the common case, settled at once
     earlier: dict[str, tuple[dict[str, Any], int]] = {}
     repeated: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
@@ -58,6 +75,24 @@ def repeated_calls(messages: list[dict[str, Any]], since: int) -> list[tuple[str
             ):
                 repeated.append((call_id, str(name)))
     return repeated
+
+
+def _ids_distinct(messages: list[dict[str, Any]]) -> bool:
+    """Whether no two calls of the assistant messages share an id: one comprehension and
+    a set, about half the pass below, which then only runs when an id comes back (an
+    unhashable id, which that pass skips, sends it there too)."""
+    ids = [
+        raw.get("id")
+        for message in messages
+        if message.get("role") == "assistant"
+        and isinstance(calls := message.get("tool_calls"), list)
+        for raw in calls
+        if isinstance(raw, dict)
+    ]
+    try:
+        return len(set(ids)) == len(ids)
+    except TypeError:
+        return False
 
 
 def warn_repeated_calls(run_id: str, messages: list[dict[str, Any]], since: int) -> list[str]:

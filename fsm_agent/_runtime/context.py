@@ -54,12 +54,10 @@ def time_left() -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
-def set_deadline(deadline: float | None) -> contextvars.Token[float | None]:
-    return _deadline.set(deadline)
-
-
-def reset_deadline(token: contextvars.Token[float | None]) -> None:
-    _deadline.reset(token)
+#: Set the current deadline (a token for :func:`reset_deadline`); the variable's own
+#: methods, not wrappers: once per model call, each a call less.
+set_deadline: Callable[[float | None], contextvars.Token[float | None]] = _deadline.set
+reset_deadline: Callable[[contextvars.Token[float | None]], None] = _deadline.reset
 
 
 _delta_sink: contextvars.ContextVar[DeltaSink | None] = contextvars.ContextVar(

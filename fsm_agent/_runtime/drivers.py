@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from fsm_agent._core.budget import bounded_text
 from fsm_agent._core.loop import Cancelled, Steps
 from fsm_agent._core.requests import (
+    READ_CLOCK,
     AbortIntent,
     AskModel,
     BeginIntent,
@@ -447,14 +448,15 @@ class SyncDriver(_Driver):
         failure: BaseException | None = None
         stopping = False
         # Bound once: the per-request cost of no interceptors is one ``is None``.
-        chain, perform = self.io.chain, self.perform
+        chain, perform, clock = self.io.chain, self.perform, self.io.clock
         request = next(steps)
         while True:
             try:
                 if failure is not None and self.skipped(request):
                     answer = self.fallback(request, failure)
                 elif chain is None:
-                    answer = perform(request)
+                    # The clock (read twice a round) is read here: one call less each.
+                    answer = clock() if request is READ_CLOCK else perform(request)
                 else:
                     answer = chain.perform(request, perform)
             except BaseException as exc:
@@ -480,12 +482,14 @@ class SyncDriver(_Driver):
             raise failure
 
     def perform(self, request: Request) -> Any:
-        if isinstance(request, ReadClock):
-            return self.io.clock()  # read_clock's body: twice a round, one call less
+        # (``drive`` reads the clock for READ_CLOCK itself: the model and the tools come
+        # first here, once a round each.)
         if isinstance(request, AskModel):
             return self.ask(request)
         if isinstance(request, CallTool):
             return self.call_tool(request)
+        if isinstance(request, ReadClock):
+            return self.io.clock()  # read_clock's body, one call less
         if isinstance(request, EmitEvents):
             return self.emit(request)
         if isinstance(request, Sleep):

@@ -93,6 +93,20 @@ def observing(*interceptors: Any, first: bool = False) -> Iterator[None]:
         _AMBIENT.reset(token)
 
 
+def watch(interceptor: Any) -> None:
+    """Add ``interceptor`` to every run driven from now on in this context, until
+    :func:`unwatch` (the pytest plugin's coverage: installed and removed apart, in any
+    order, so no token of :func:`observing` can be reset out of turn)."""
+    ambient = _AMBIENT.get()
+    if not any(i is interceptor for i in ambient):
+        _AMBIENT.set((*ambient, interceptor))
+
+
+def unwatch(interceptor: Any) -> None:
+    """Remove ``interceptor`` (and only it) from this context's ambient interceptors."""
+    _AMBIENT.set(tuple(i for i in _AMBIENT.get() if i is not interceptor))
+
+
 def _overrides(obj: Any, name: str) -> bool:
     """Whether ``obj`` has its own ``name`` (not :class:`Interceptor`'s pass-through)."""
     method = getattr(type(obj), name, None)

@@ -40,7 +40,7 @@ from fsm_agent._durable.store import (
 )
 from fsm_agent._errors import ConfigError, MachineMismatch, StoreError
 from fsm_agent._rules import Rule, RuleSet
-from fsm_agent._runtime.call_ids import warn_repeated_calls
+from fsm_agent._runtime.call_ids import call_ids, warn_repeated_calls
 from fsm_agent._runtime.config import (
     check_context,
     check_settings,
@@ -509,7 +509,7 @@ class Runtime:
             retry=retry or self.retry,
             policy=policy or self.policy,
             allowed=allowed,
-            tools=self.tools.get,
+            tools=self.tools.lookup,
             tool_specs=[t.spec() for t in self.tools if t.name in allowed],
             approvals=self._book,
             save=getattr(store, "save_mode", "writes") if supports_runs(store) else "never",
@@ -691,10 +691,12 @@ class Runtime:
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
+        s.call_ids = call_ids(s.messages)  # (the loop notes an id that comes back)
         with Driving(self.store, s, io, cancel):
             SyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
-        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        if s.call_id_repeated:  # else no call can repeat one: the pass is skipped
+            result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
 
     async def _adrive(
@@ -710,10 +712,12 @@ class Runtime:
     ) -> RunResult:
         io = self._io(s, model, sink, owner, encoder)
         since = len(s.messages)
+        s.call_ids = call_ids(s.messages)  # (the loop notes an id that comes back)
         with Driving(self.store, s, io, cancel):
             await AsyncDriver(io).drive(steps(s, resumed=resumed))
         result = self._result(s)
-        result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
+        if s.call_id_repeated:  # else no call can repeat one: the pass is skipped
+            result.warnings = warn_repeated_calls(s.run_id, s.messages, since)
         return result
 
 

@@ -47,7 +47,7 @@ from fsm_agent._trace.chain import (
     link_bytes,
 )
 from fsm_agent._trace.io import MAX_LINE
-from fsm_agent._trace.replay import Replay, Rewind, recorded_rules
+from fsm_agent._trace.replay import Rebuilt, Replay, Rewind
 from fsm_agent._trace.walk import Walk, Write
 
 __all__ = [
@@ -187,11 +187,14 @@ class _Header:
         self.legacy = schema == LEGACY_SCHEMA
         self.replayed = schema == SCHEMA
         hashes = {machine_hash} | (set(LEGACY_MACHINE_HASHES) if self.legacy else set())
+        #: The header's rules rebuilt, for the replay to judge with (built once).
+        self.rebuilt: Rebuilt | None = None
         if event.get("rules") is not None and self.replayed:
             # A run with the application's rules fires the default machine plus their
             # rows: the machine the recorded rules build is the one it must name.
             try:
-                hashes.add(recorded_rules(event)[1].hash)
+                self.rebuilt = Rebuilt.of(event)
+                hashes.add(self.rebuilt.machine.hash)
             except (ConfigError, ValueError, TypeError, KeyError) as exc:
                 raise TraceError(name, 1, f"the header's rules cannot be rebuilt: {exc}") from None
         if event.get("machine_hash") not in hashes:
@@ -218,7 +221,12 @@ def _conformance(
     report.writes = writes
     if head.replayed:
         return Replay(
-            head.event, report.fail, writes=writes, note=report.notes.append, saving=saving
+            head.event,
+            report.fail,
+            writes=writes,
+            note=report.notes.append,
+            rebuilt=head.rebuilt,
+            saving=saving,
         )
     if not head.legacy:
         report.notes.append(

@@ -52,7 +52,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fsm_agent._core.approvals import ApprovalBook
@@ -85,11 +85,12 @@ from fsm_agent._core.streamed import fold_problems
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import RuleSet, ToolInfo
+from fsm_agent._rules.canonical import INPUTS_DIGEST
 from fsm_agent._rules.canonical import digest as rule_digest
 from fsm_agent._trace.model import Settings
 from fsm_agent._trace.walk import Write
 
-__all__ = ["MAX_AHEAD", "Replay", "Rewind", "recorded_rules"]
+__all__ = ["MAX_AHEAD", "Rebuilt", "Replay", "Rewind", "recorded_rules"]
 
 #: Recorded events held while the engine has not reached them; past this the trace is
 #: not replayable (memory stays bounded whatever a hostile trace holds).
@@ -242,26 +243,58 @@ def recorded_rules(
     cannot be rebuilt. An opaque rule (a Python ``when``) is rebuilt with a stand-in
     calling ``stand_in(rule id, facts)`` (default: never holds), since ``check`` cannot
     run the application's code."""
-    data = head.get("rules")
-    if data is None:
-        return None, DEFAULT_MACHINE
-    if not isinstance(data, Mapping) or not isinstance(data.get("rules"), list):
-        raise ConfigError("the header's rules are not a recorded rule set")
-    facts = head.get("tools")
-    tools = {
-        str(name): ToolInfo(str(f.get("effect")), f.get("schema"))
-        for name, f in (facts.items() if isinstance(facts, Mapping) else ())
-        if isinstance(f, Mapping)
-    }
-    ask: StandIn = stand_in or (lambda rule_id, phase, facts: False)
-    stand_ins: dict[str, Callable[[Any], Any]] = {}
-    for item in data["rules"]:
-        when = item.get("when") if isinstance(item, Mapping) else None
-        if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
-            rule_id, phase = str(item.get("id")), str(item.get("on"))
-            stand_ins[when["digest"]] = _stand_in(ask, rule_id, phase, when.get("python"))
-    rules = RuleSet.from_json(data, tools, callables=stand_ins)
-    return rules, rules_machine(rules, rules_hash=rule_digest(dict(data)))
+    rebuilt = Rebuilt.of(head)
+    if stand_in is not None:
+        rebuilt.asker.ask = stand_in
+    return rebuilt.rules, rebuilt.machine
+
+
+class _Asker:
+    """Where the rebuilt opaque rules' stand-ins send their question: a replay sets
+    :attr:`ask` once it exists, so the checker's header and the replay share one
+    rebuilt rule set (built once per trace, not once by each)."""
+
+    __slots__ = ("ask",)
+
+    def __init__(self) -> None:
+        self.ask: StandIn = lambda rule_id, phase, facts: False
+
+    def __call__(self, rule_id: str, phase: str, facts: Any) -> bool:
+        return self.ask(rule_id, phase, facts)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A header's rules rebuilt (``None`` without rules), their machine, and where
+    their opaque stand-ins ask."""
+
+    rules: RuleSet | None
+    machine: Machine
+    asker: _Asker
+
+    @classmethod
+    def of(cls, head: Mapping[str, Any]) -> Rebuilt:
+        """Rebuild; :class:`ConfigError` (or the reading's error) if they cannot be."""
+        asker = _Asker()
+        data = head.get("rules")
+        if data is None:
+            return cls(None, DEFAULT_MACHINE, asker)
+        if not isinstance(data, Mapping) or not isinstance(data.get("rules"), list):
+            raise ConfigError("the header's rules are not a recorded rule set")
+        facts = head.get("tools")
+        tools = {
+            str(name): ToolInfo(str(f.get("effect")), f.get("schema"))
+            for name, f in (facts.items() if isinstance(facts, Mapping) else ())
+            if isinstance(f, Mapping)
+        }
+        stand_ins: dict[str, Callable[[Any], Any]] = {}
+        for item in data["rules"]:
+            when = item.get("when") if isinstance(item, Mapping) else None
+            if isinstance(when, Mapping) and isinstance(when.get("digest"), str):
+                rule_id, phase = str(item.get("id")), str(item.get("on"))
+                stand_ins[when["digest"]] = _stand_in(asker, rule_id, phase, when.get("python"))
+        rules = RuleSet.from_json(data, tools, callables=stand_ins)
+        return cls(rules, rules_machine(rules, rules_hash=rule_digest(dict(data))), asker)
 
 
 def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[Any], Any]:
@@ -277,14 +310,17 @@ def _stand_in(ask: StandIn, rule_id: str, phase: str, name: Any) -> Callable[[An
 
 
 def _config(
-    head: Mapping[str, Any], replay: Replay, saving: bool
+    head: Mapping[str, Any], replay: Replay, rebuilt: Rebuilt | None, saving: bool
 ) -> tuple[RunConfig | None, list[str]]:
     """The run's configuration as the header records it, emitting after every edge (the
     points where a driver may stop the run), or the header's problems."""
     settings = Settings(head)
     problems = list(settings.problems)
     try:
-        rules, machine = recorded_rules(head, replay.recorded_verdict)
+        if rebuilt is None:
+            rebuilt = Rebuilt.of(head)
+        rebuilt.asker.ask = replay.recorded_verdict
+        rules, machine = rebuilt.rules, rebuilt.machine
     except (ConfigError, ValueError, TypeError, KeyError) as exc:
         problems.append(f"rules cannot be rebuilt ({exc})")
         rules, machine = None, DEFAULT_MACHINE
@@ -367,8 +403,11 @@ class Replay:
         *,
         writes: list[Write] | None = None,
         note: Callable[[str], None] | None = None,
+        rebuilt: Rebuilt | None = None,
         saving: bool = True,
     ) -> None:
+        """``rebuilt``: the header's rules already rebuilt (:meth:`Rebuilt.of`), which
+        this replay then judges with instead of rebuilding them."""
         self._fail = fail
         #: Whether the loop saves its checkpoints (a resume restores one). Without, a
         #: resume from a checkpoint before the state replayed so far raises
@@ -406,7 +445,7 @@ class Replay:
         self.loud_until = 0  # the last line up to which the loop emits after every edge
         self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
         self.wake = 0  # the transitions pending that the loop waits for
-        config, problems = _config(head, self, saving)
+        config, problems = _config(head, self, rebuilt, saving)
         if config is None:
             fail(1, "the header " + "; ".join(problems) + ": the run cannot be replayed")
             self.dead = True
@@ -685,15 +724,8 @@ class Replay:
                 f"here; the trace records {_describe(recorded)}",
             )
             return
-        for name in _DIVERGING:
-            if recorded.get(name) != mine.get(name):
-                why = _guard_changes(recorded.get("guards"), mine.get("guards"))
-                self.stop(
-                    line,
-                    f"seq {seq}: the engine writes {_describe(mine)} here{why}; the "
-                    f"trace records {_describe(recorded)}",
-                )
-                return
+        if self._diverged(line, seq, recorded, mine):
+            return
         for name in sorted(set(recorded) | set(mine)):
             # Guards are the engine's own outcomes, not payload: strict, redacted or not.
             differ = self.fail if name == "guards" else self._payload
@@ -730,6 +762,32 @@ class Replay:
                     f"seq {seq}: {name}: the engine writes {_js(mine[name])}; the "
                     f"trace records {_js(recorded[name])}{hint}",
                 )
+
+    def _diverged(
+        self, line: int, seq: Any, recorded: dict[str, Any], mine: dict[str, Any]
+    ) -> bool:
+        """Stop where the engine and the trace went different ways, or where the trace's
+        rule event is of the earlier digest form (every one after would differ too)."""
+        for name in _DIVERGING:
+            if recorded.get(name) != mine.get(name):
+                why = _guard_changes(recorded.get("guards"), mine.get("guards"))
+                self.stop(
+                    line,
+                    f"seq {seq}: the engine writes {_describe(mine)} here{why}; the "
+                    f"trace records {_describe(recorded)}",
+                )
+                return True
+        old, new = recorded.get("inputs_digest"), mine.get("inputs_digest")
+        if not _earlier_digest(old, new):
+            return False
+        self.stop(
+            line,
+            f"seq {seq}: inputs_digest {_js(old)} is in the digest form of an earlier "
+            "development build (the inputs as one JSON document, 'sha256:...'); this "
+            f"fsm-agent writes and checks form 2 ('{INPUTS_DIGEST}...', "
+            "docs/concepts/traces.md): the trace cannot be checked here; record the run again",
+        )
+        return True
 
     def _diff_fields(
         self, line: int, where: str, recorded: dict[str, Any], mine: dict[str, Any]
@@ -1432,3 +1490,14 @@ def _js(value: Any) -> str:
     except (TypeError, ValueError, RecursionError):
         text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _earlier_digest(recorded: Any, mine: Any) -> bool:
+    """A rule event's inputs digest in the form earlier development builds wrote
+    (``sha256:`` over the inputs as one JSON document) where this build writes form 2."""
+    return (
+        isinstance(recorded, str)
+        and recorded.startswith("sha256:")
+        and isinstance(mine, str)
+        and mine.startswith(INPUTS_DIGEST)
+    )

@@ -38,6 +38,8 @@ class ScriptedModel:
         step = self.steps[self.calls]
         self.calls += 1
         self.seen.append(messages)
+        if type(step) is dict:  # a decision, as most steps are: neither raised nor called
+            return step
         if isinstance(step, BaseException):
             raise step
         if callable(step):

@@ -5,7 +5,7 @@ machine's table (the default one unless given another; runs whose header names a
 machine are not counted) that every ``transition`` event took. Installed
 (:meth:`~TransitionCoverage.install`, as the pytest plugin does), it watches every run
 driven in this context, whatever runtime drives it
-(:func:`~fsm_agent._runtime.interceptors.observing`). The
+(:func:`~fsm_agent._runtime.interceptors.watch`). The
 report lists every transition of the table; :func:`write_html` writes a DOT diagram whose edges
 are coloured by hit count, an SVG of it when Graphviz ``dot`` is installed, and an HTML
 page with the diagram (or the DOT source) and the table.
@@ -13,7 +13,6 @@ page with the diagram (or the DOT source) and the table.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import re
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from fsm_agent._core.select import select_recorded
 from fsm_agent._core.table import DEFAULT_MACHINE, INITIAL_STATE, Machine, Transition
 from fsm_agent._render.dot import Overlay, machine_dot
 from fsm_agent._render.engine import RenderError, render
-from fsm_agent._runtime.interceptors import Interceptor, observing
+from fsm_agent._runtime.interceptors import Interceptor, unwatch, watch
 
 __all__ = ["TransitionCoverage", "edge_of", "to_dot", "write_html"]
 
@@ -60,7 +59,6 @@ class TransitionCoverage(Interceptor):
         self.hits = [0] * len(machine.transitions)
         # run id -> machine hash, from the headers seen (a resumed run shows none).
         self._machines: dict[str, str] = {}
-        self._installed: contextlib.ExitStack | None = None
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, RunStarted):
@@ -73,15 +71,13 @@ class TransitionCoverage(Interceptor):
                 self.hits[edge.index] += 1
 
     def install(self) -> None:
-        """Watch every run driven from now on in this context (until :meth:`uninstall`)."""
-        if self._installed is None:
-            self._installed = contextlib.ExitStack()
-            self._installed.enter_context(observing(self))
+        """Watch every run driven from now on in this context (until :meth:`uninstall`;
+        installing twice watches once)."""
+        watch(self)
 
     def uninstall(self) -> None:
-        if self._installed is not None:
-            self._installed.close()
-            self._installed = None
+        """Stop watching, whichever other coverages were installed or removed since."""
+        unwatch(self)
 
     def reachable(self) -> list[int]:
         """The edges that count: not known unreachable, or taken anyway."""

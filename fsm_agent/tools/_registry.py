@@ -226,6 +226,13 @@ class ToolRegistry:
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
+    @property
+    def lookup(self) -> Callable[[str], Tool | None]:
+        """:meth:`get` as the registry's own dict's method, for a run's hot path (its
+        admission and its driver look a tool up once a call each): no Python call per
+        lookup, and it sees tools registered later (the dict is never replaced)."""
+        return self._tools.get
+
     def __getitem__(self, name: str) -> Tool:
         return self._tools[name]
 
