@@ -21,10 +21,10 @@ shared machine disturbs least), wall seconds, and peak RSS (``ru_maxrss``) of th
 process. Run: ``python benchmarks/check_vs_walker.py --old /tmp/oldwalker [--mb 1000]``.
 The traces are deleted at the end.
 
-Measured (1 GB, 3.18 M events, best of 2 at a load of about 3): the walker 27.3 s CPU,
-replay 31.7 s (1.16x; before issue 18's replay work 1.5-1.7x), peak RSS 33 MB for both.
-In instructions (callgrind, 20,000 events of the same run, net of start-up): 2,013 M
-against 2,211 M (1.10x; was 2,960 M, 1.47x).
+Measured (1 GB, 3.18 M events, best of 2 at a load of about 3): the walker 27.0 s CPU,
+replay 30.1 s (1.11x; before issue 18's replay work 1.5-1.7x), peak RSS 33 MB for both.
+In instructions (callgrind, 20,000 events of the same run, net of start-up): 2,012 M
+against 2,159 M (1.07x; was 2,960 M, 1.47x).
 """
 
 from __future__ import annotations
