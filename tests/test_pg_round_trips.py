@@ -108,17 +108,19 @@ def test_a_round_waits_on_the_fewest_round_trips(
 ) -> None:
     store, proxy = proxied
     _trips(store, proxy, kind, 2)  # warms the pool's connections and prepared statements
-    # The proxy counts turns: a statement the kernel happens to split while the server
-    # already answers its first part counts twice, never less than once. So the fewest
-    # of three tries is the count (a loaded machine splits more).
+    # The proxy counts turns, not waits. A statement the kernel happens to split while
+    # the server already answers its first part counts twice; a statement sent ahead
+    # counts once when its answer comes back before the next is sent, and not at all
+    # when a loaded machine sends the next first (the two answers make one turn). So a
+    # count may fall below a quiet machine's, never below the waits: the fewest of three
+    # tries, held to upper bounds.
     tries = [(_trips(store, proxy, kind, 2), _trips(store, proxy, kind, 8)) for _ in range(3)]
     short, long = min(t[0] for t in tries), min(t[1] for t in tries)
-    per_round = (long - short) / 6
     # (Before issue 25: 1, 2, 3 and 3 round trips; a read 0.5 before its checkpoints
     # were sent ahead.)
-    assert per_round <= most + 0.01, (kind, short, long)
+    assert (long - short) / 6 <= most + 0.01, (kind, short, long)
     # The run itself: its creation, and its last checkpoint that lets the claim go.
-    assert short - 2 * per_round <= 2, (kind, short, long)
+    assert short <= 2 + 2 * most and long <= 2 + 8 * most, (kind, short, long)
 
 
 def test_a_review_pauses_decides_and_resumes_in_few_round_trips(
