@@ -1,15 +1,20 @@
 """The three kinds of tool a durable round can call (a read, a keyed write, a keyless
 write) and a script of rounds of them: shared by the tests that count what a round costs
-a store (``test_pg_round_trips.py``: round trips; ``test_sqlite_rounds.py``: commits)."""
+a store (``test_pg_round_trips.py``: round trips; ``test_sqlite_rounds.py``: commits), and
+what both check after a process killed with a write's result behind."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import call, calls, say
 
-from fsm_agent import ToolRegistry
+from fsm_agent import Runtime, ScriptedModel, ToolRegistry
+from fsm_agent._durable.store import Store
 
 SCHEMA = {"type": "object", "required": ["i"], "properties": {"i": {"type": "string"}}}
 
@@ -37,3 +42,25 @@ def round_script(kind: tuple[str, ...], rounds: int) -> list[Any]:
         for r in range(rounds)
     ]
     return [*steps, say("done")]
+
+
+def resume_after_kill(store: Store, ledger: Path) -> None:
+    """Run ``r1``, killed after its keyed write ``K`` ran and before the write's result
+    was stored, resumes to review (``outcome_unknown``), never running the write again."""
+    record = store.get_intent("write", "K")
+    assert record is not None and record.status == "pending"  # its result never stored
+    tools = ToolRegistry()
+    tools.register(
+        lambda i: pytest.fail("the write ran twice"),
+        name="write",
+        effect="write",
+        idempotency_key=lambda a: a["i"],
+        schema={"type": "object", "properties": {"i": {"type": "string"}}},
+    )
+    model = ScriptedModel([say("done")])
+    result = Runtime(model=model, tools=tools, allowed_tools={"write"}, store=store).resume("r1")
+    assert (result.status, result.reason) == ("review_required", "outcome_unknown")
+    assert json.loads(result.messages[result.pending["c1"]]["content"])["error"] == (
+        "outcome_unknown"
+    )
+    assert ledger.read_text().split() == ["K"]

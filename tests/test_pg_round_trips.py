@@ -13,7 +13,6 @@ survives a kill, and nothing sent after a refusal lands."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import Backend, call, calls, make_runtime, say
+from round_kinds import resume_after_kill
 from round_kinds import round_script as _script
 from round_kinds import round_tools as _tools
 
@@ -535,24 +535,7 @@ def test_killed_before_a_result_behind_was_sent_resumes_to_outcome_unknown(
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert ledger.read_text().split() == ["K"]
     with PostgresStore(pg_server.dsn, schema=pg_schema) as store:
-        record = store.get_intent("write", "K")
-        assert record is not None and record.status == "pending"  # never sent
-        tools = ToolRegistry()
-        tools.register(
-            lambda i: pytest.fail("the write ran twice"),
-            name="write",
-            effect="write",
-            idempotency_key=lambda a: a["i"],
-            schema={"type": "object", "properties": {"i": {"type": "string"}}},
-        )
-        model = ScriptedModel([say("done")])
-        runtime = Runtime(model=model, tools=tools, allowed_tools={"write"}, store=store)
-        result = runtime.resume("r1")
-    assert (result.status, result.reason) == ("review_required", "outcome_unknown")
-    assert json.loads(result.messages[result.pending["c1"]]["content"])["error"] == (
-        "outcome_unknown"
-    )
-    assert ledger.read_text().split() == ["K"]
+        resume_after_kill(store, ledger)
 
 
 READS_CHILD = textwrap.dedent(

@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 from conftest import call, calls, say
-from round_kinds import SCHEMA
+from round_kinds import SCHEMA, resume_after_kill
 from round_kinds import round_script as _script
 from round_kinds import round_tools as _tools
 
-from fsm_agent import Budget, Runtime, ScriptedModel, ToolRegistry
+from fsm_agent import Budget, Runtime, ScriptedModel
 from fsm_agent._core.requests import IdempotencyRecord
 from fsm_agent._durable import sqlite as sqlite_store
 from fsm_agent._durable.sqlite import SqliteStore
@@ -383,24 +383,7 @@ def test_killed_before_a_result_behind_was_stored_resumes_to_outcome_unknown(
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert ledger.read_text().split() == ["K"]
     with SqliteStore(db) as store:
-        record = store.get_intent("write", "K")
-        assert record is not None and record.status == "pending"  # never stored
-        tools = ToolRegistry()
-        tools.register(
-            lambda i: pytest.fail("the write ran twice"),
-            name="write",
-            effect="write",
-            idempotency_key=lambda a: a["i"],
-            schema={"type": "object", "properties": {"i": {"type": "string"}}},
-        )
-        model = ScriptedModel([say("done")])
-        runtime = Runtime(model=model, tools=tools, allowed_tools={"write"}, store=store)
-        result = runtime.resume("r1")
-    assert (result.status, result.reason) == ("review_required", "outcome_unknown")
-    assert json.loads(result.messages[result.pending["c1"]]["content"])["error"] == (
-        "outcome_unknown"
-    )
-    assert ledger.read_text().split() == ["K"]
+        resume_after_kill(store, ledger)
 
 
 # ── the WAL is checkpointed off the rounds ─────────────────────────────────────────
