@@ -198,9 +198,13 @@ def test_connections_killed_mid_commit_lose_and_repeat_nothing(
             stop.set()
             killer.join()
         executed = _no_write_twice(ledger)
-        _nothing_lost(store, executed)
         print(f"\nconnections killed: {len(kills)}; worker: {worker.counts}")
         assert len(kills) >= 10  # (measured: 22-327 per run on a loaded 2-core machine)
+    # What the database holds, read on connections of its own: right after the storm the
+    # attacked pool is still testing and replacing what was killed (all ten back within
+    # 0.5 s in the runs measured; once, on a clean clone, not within its 5 s timeout).
+    with _store(pg_server, pg_schema) as reader:
+        _nothing_lost(reader, executed)
     _check_all(pg_server, pg_schema, run_ids)
 
 
