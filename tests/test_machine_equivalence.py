@@ -99,10 +99,18 @@ def test_the_compiled_walk_meets_the_same_guards_and_picks_the_same_edge() -> No
 
         expected = choose(DEFAULT_MACHINE.edges_from(source, trigger), guard)
         model = Model(source, values)
-        guards = {name: (lambda m, name=name: m.values[name]) for name in GUARDS}
+        evaluated: list[str] = []
+
+        def evaluate(m: Model, name: str, evaluated: list[str] = evaluated) -> bool:
+            evaluated.append(name)
+            return m.values[name]
+
+        guards = {name: (lambda m, name=name: evaluate(m, name)) for name in GUARDS}
         event = cast(Any, lean.events[trigger])
         taken = event.choices[source](model, guards, model.guard_log)
         assert taken is expected, (source, trigger, values)
+        # A guard met twice (``strict_policy`` after each refusal) is evaluated once.
+        assert evaluated == list(dict.fromkeys(asked)), (source, trigger)
         # Every guard met is logged in order (one met twice is logged once, as before).
         assert list(model.guard_log) == list(dict.fromkeys(asked))
         assert model.guard_log == {name: values[name] for name in asked}

@@ -68,8 +68,9 @@ def compile_choice(
 ) -> Choice:
     """:func:`choose` over ``edges`` as one function, for the engine's hot path (some
     thirty guards per tool round): ``choice(model, guards, log)`` calls
-    ``guards[name](model)`` for each guard the walk meets, in the same order, writes
-    each outcome to ``log``, and returns the same edge.
+    ``guards[name](model)`` for each guard the walk meets, in the same order (once: a
+    guard met again is read from ``log``), writes each outcome to ``log``, and returns
+    the same edge.
 
     The walk is written out as straight-line code (as ``dataclasses`` writes
     ``__init__``): one call site per guard instead of one shared by every guard, which
@@ -81,14 +82,33 @@ def compile_choice(
     """
     fixed = dict(fixed or {})
     lines = ["def choice(model, guards, log):"]
+    # A guard met again in the same walk (``strict_policy`` follows every refusal edge,
+    # and each rule row of ``validate``) is not evaluated again: guards are pure, so its
+    # outcome is the one logged. Where it was surely evaluated (the first check of an
+    # earlier edge, or an earlier check of this one) it is read from the log; where it
+    # may have been (a later check of an earlier edge), looked up and evaluated if absent.
+    surely: set[str] = set()  # evaluated on every path that reaches the current edge
+    maybe: set[str] = set()  # evaluated on some of them
     for i, edge in enumerate(edges):
         depth = 1
+        here = set(surely)
         for name, want in edge.checks:
             pad = "    " * depth
             source = "fixed" if name in fixed else "guards"
-            lines.append(f"{pad}value = log[{name!r}] = {source}[{name!r}](model)")
+            if name in here:
+                lines.append(f"{pad}value = log[{name!r}]")
+            elif name in maybe:
+                lines.append(f"{pad}value = log.get({name!r})")
+                lines.append(f"{pad}if value is None:")
+                lines.append(f"{pad}    value = log[{name!r}] = {source}[{name!r}](model)")
+            else:
+                lines.append(f"{pad}value = log[{name!r}] = {source}[{name!r}](model)")
             lines.append(f"{pad}if value is {want}:")
+            here.add(name)
             depth += 1
+        if edge.checks:
+            surely.add(edge.checks[0][0])
+            maybe.update(name for name, _ in edge.checks[1:])
         lines.append(f"{'    ' * depth}return edges[{i}]")
         if not edge.checks:
             break  # an unguarded edge: nothing after it is reached
