@@ -237,8 +237,8 @@ def fire(state: RunState, trigger: str) -> Transition:
     :meth:`_Trigger.take` inlined (this runs five times per tool round): the compiled
     walk of the run's state is looked up directly, and only a state the trigger has no
     edge from goes through ``transitions`` (its stock ``MachineError``)."""
-    # (A guard met twice in one choice is evaluated twice: pure, and cheaper than a memo
-    # on the hot path.)
+    # (A guard met twice in one choice is evaluated once: the compiled walk reads it back
+    # from the fresh log, ``select.compile_choice``.)
     table = state.config.machine
     try:
         choice = CHOICES[table.hash][trigger][state.state]
