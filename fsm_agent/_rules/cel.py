@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fsm_agent._rules import celfast
+
 __all__ = [
     "MAX_DEPTH",
     "PHASE_VARIABLES",
@@ -134,10 +136,17 @@ def _env(phase: str) -> Any:
     return env
 
 
+#: ``env -> True | False | None``: a condition read into Python (``celfast``), ``None``
+#: meaning "ask the engine".
+Fast = celfast.Fast
+
+
 class CelProgram:
     """A checked condition of one phase; :meth:`evaluate` never raises."""
 
-    __slots__ = ("_error", "_expression", "names", "phase", "quantifier", "source")
+    __slots__ = (
+        "_error", "_expression", "checked", "fast", "names", "phase", "quantifier", "source",
+    )  # fmt: skip
 
     def __init__(self, source: str, phase: str, expression: Any, names: frozenset[str]) -> None:
         self.source = source
@@ -148,6 +157,20 @@ class CelProgram:
         #: The condition as a quantifier over ``calls`` whose body reads only the call,
         #: when it is one (then it can be judged call by call, each call once per run).
         self.quantifier = quantifier(source, phase)
+        #: The condition in Python where it is within ``celfast``'s subset, else ``None``.
+        self.checked: bytes = expression.serialize()  # the checked AST (cel.expr.CheckedExpr)
+        self.fast: Fast | None = celfast.compile_checked(self.checked, *_kinds(phase))
+
+    def evaluate_on(self, screened: dict[str, Any], activation: Callable[[], Any]) -> bool | str:
+        """:meth:`evaluate`, in Python where that is sure to agree with the engine:
+        ``screened`` holds the screened inputs, ``activation()`` gives them as an
+        activation (built only when the engine is asked)."""
+        fast = self.fast
+        if fast is not None:
+            value = fast(screened)
+            if value is not None:
+                return value
+        return self.evaluate(activation())
 
     def evaluate(self, activation: Any) -> bool | str:
         """``True``/``False``, or a string saying why the condition has no value.
@@ -174,12 +197,26 @@ class CelBatch:
     whole list fails, and the caller evaluates them one by one (to fail closed on the
     right rule, and only when an earlier one did not decide)."""
 
-    __slots__ = ("_error", "_expression", "size")
+    __slots__ = ("_error", "_expression", "fast", "size")
 
-    def __init__(self, expression: Any, size: int) -> None:
+    def __init__(self, expression: Any, size: int, fast: celfast.FastMany | None = None) -> None:
         self._expression = expression
         self._error = _cel().Type.ERROR
         self.size = size
+        #: Every condition in Python (``celfast``), or ``None`` where one is not.
+        self.fast = fast
+
+    def evaluate_on(
+        self, screened: dict[str, Any], activation: Callable[[], Any]
+    ) -> list[bool] | None:
+        """:meth:`evaluate`, in Python where every condition is sure to agree with the
+        engine (as :meth:`CelProgram.evaluate_on`); the engine is asked otherwise."""
+        fast = self.fast
+        if fast is not None:
+            results = fast(screened)
+            if results is not None:
+                return results
+        return self.evaluate(activation())
 
     def evaluate(self, activation: Any) -> list[bool] | None:
         try:
@@ -194,6 +231,12 @@ class CelBatch:
         return results if set(map(type, results)) == _BOOL else None
 
 
+def _kinds(phase: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The phase's variables, and those of them declared as maps (for ``celfast``)."""
+    names = PHASE_VARIABLES[phase]
+    return frozenset(names), frozenset(n for n, kind in names.items() if kind == "map")
+
+
 def compile_batch(programs: list[CelProgram], phase: str) -> CelBatch | None:
     """One program for ``programs`` (already checked one by one), or ``None`` when the
     list does not compile (past the engine's nesting limit, say): then one by one."""
@@ -203,7 +246,10 @@ def compile_batch(programs: list[CelProgram], phase: str) -> CelBatch | None:
         expression = _env(phase).compile("[" + ", ".join(f"({p.source})" for p in programs) + "]")
     except Exception:
         return None
-    return CelBatch(expression, len(programs))
+    fast = None
+    if all(p.fast is not None for p in programs):
+        fast = celfast.compile_many([p.checked for p in programs], *_kinds(phase))
+    return CelBatch(expression, len(programs), fast)
 
 
 class Quantifier:
@@ -219,7 +265,7 @@ class Quantifier:
     filter's size: an error if any call's body is one); where it is an error, the caller
     evaluates the condition whole, for CEL's own message."""
 
-    __slots__ = ("_error", "_expression", "bound", "kind", "op", "source", "variable")
+    __slots__ = ("_error", "_expression", "bound", "fast", "kind", "op", "source", "variable")
 
     def __init__(
         self, kind: str, variable: str, source: str, expression: Any, op: str, bound: int
@@ -228,9 +274,18 @@ class Quantifier:
         self.source = source  # the body
         self._expression = expression
         self._error = _cel().Type.ERROR
+        #: The body in Python where it is within ``celfast``'s subset, else ``None``.
+        self.fast: Fast | None = celfast.compile_checked(
+            expression.serialize(), frozenset({variable})
+        )
 
     def holds(self, call: Any) -> bool | None:
         """``BODY`` on one screened call: ``None`` where it is an error or not a bool."""
+        fast = self.fast
+        if fast is not None:
+            value = fast({self.variable: call})
+            if value is not None:
+                return value
         try:
             value = self._expression.eval(data={self.variable: call})
             if value.type() == self._error:
@@ -288,6 +343,8 @@ def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | Non
     every body reads its call by field name only (``c.tool``, ``c.args``), the call is
     given as those fields: the binding converts no more of it (its ``result``, say)."""
     one = [q.holds for q in quantifiers]
+    if all(q.fast is not None for q in quantifiers):  # in Python: no conversion to spare
+        return lambda call: [holds(call) for holds in one]
     project = _projection(quantifiers)
     if len(quantifiers) < 2:
         return lambda call: [holds(project(call)) for holds in one]

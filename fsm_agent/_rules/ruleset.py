@@ -638,6 +638,7 @@ class _Inputs:
         "_entries",
         "_names",
         "_opaque",
+        "_ready",
         "_refused",
         "_screened",
         "_texts",
@@ -666,23 +667,31 @@ class _Inputs:
         #: What the batch-evaluated rules tried read, by name.
         self.upto: tuple[str, ...] = ()
         self._activation: Any = None
+        self._ready = False  # whether the wanted variables were screened
         self._names: set[str] = set()  # the variables the tried rules read (digested)
         self._opaque: list[str] = []
 
-    def activation_for(self, program: cel.CelProgram) -> Any:
-        """An activation for ``program``; raises
+    def screened_for(self, program: cel.CelProgram) -> dict[str, Any]:
+        """The screened inputs for ``program``; raises
         :class:`~fsm_agent._rules.cel.Unrepresentable` for an input of it CEL cannot take.
 
-        Built once per judgement with every variable the candidate rules read, so one
-        activation serves them all; a variable CEL cannot take is left out of it and
-        fails only the rules that read it."""
+        Screened once per judgement with every variable the candidate rules read, so
+        they serve them all; a variable CEL cannot take is left out and fails only the
+        rules that read it."""
         self._names |= program.names
         try:
-            return self._activation_of_all()
+            return self._screened_all()
         except cel.Unrepresentable:
             for name in program.names & self._refused.keys():
                 raise self._refused[name] from None
-            return self._activation
+            return self._screened
+
+    def activation(self) -> Any:
+        """The screened inputs as the engine's activation, built once, on first need
+        (a condition ``celfast`` evaluates needs none)."""
+        if self._activation is None:
+            self._activation = cel.activation(self.phase, self._screened)
+        return self._activation
 
     def evaluate_batch(self, found: _Candidates) -> dict[int, bool] | None:
         """The batch's results by condition id, or ``None`` (then one by one)."""
@@ -694,18 +703,19 @@ class _Inputs:
         """The batch's results in the order of its conditions, or ``None``."""
         assert found.batch is not None
         try:
-            activation = self._activation_of_all()
+            screened = self._screened_all()
         except cel.Unrepresentable:
             return None
         split, facts = found.split, self.facts
         if split is not None and facts.appended and type(facts.calls) is list:
-            results = split.results(self._entries.log(facts.calls), activation, found.batch[0].size)
+            results = split.results(self._entries.log(facts.calls), self, found.batch[0].size)
             if results is not None:
                 return results
-        return found.batch[0].evaluate(activation)
+        return found.batch[0].evaluate_on(screened, self.activation)
 
-    def _activation_of_all(self) -> Any:
-        if self._activation is None:
+    def _screened_all(self) -> dict[str, Any]:
+        if not self._ready:
+            self._ready = True
             facts, screened = self.facts, self._screened
             trusted, plain = facts.trusted, facts.plain
             for name in sorted(self._wanted):
@@ -735,10 +745,9 @@ class _Inputs:
                         screened[name] = cel.screen(value, name)
                 except cel.Unrepresentable as exc:
                     self._refused[name] = exc
-            self._activation = cel.activation(self.phase, screened)
         if self._refused:
             raise next(iter(self._refused.values()))
-        return self._activation
+        return self._screened
 
     def _value(self, name: str) -> Any:
         """A variable as the conditions are given it, and digested: of ``counters``, only
@@ -863,7 +872,7 @@ class _Split:
                 return None  # the rest cannot be one program: the whole batch it is
         return cls(quantified, rest, program, cel.bodies([q for _, q in quantified]))
 
-    def results(self, log: _Log, activation: Any, size: int) -> list[bool] | None:
+    def results(self, log: _Log, inputs: _Inputs, size: int) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
         out: list[Any] = [None] * size
         tallies = log.tallies_of(self)
@@ -876,13 +885,13 @@ class _Split:
             out[position] = held
         program = self.program
         if isinstance(program, cel.CelBatch):
-            rest = program.evaluate(activation)
+            rest = program.evaluate_on(inputs._screened, inputs.activation)
             if rest is None:
                 return None
             for position, value in zip(self.rest, rest, strict=True):
                 out[position] = value
         elif program is not None:
-            single = program.evaluate(activation)
+            single = program.evaluate_on(inputs._screened, inputs.activation)
             if type(single) is not bool:
                 return None
             out[self.rest[0]] = single
@@ -946,10 +955,10 @@ def _evaluate(
             return f"{condition.qualname} returned {type(value).__name__}, not a bool"
         return value
     try:
-        activation = inputs.activation_for(condition)
+        screened = inputs.screened_for(condition)
     except cel.Unrepresentable as exc:
         return f"an input CEL cannot take: {exc}"
-    return condition.evaluate(activation)
+    return condition.evaluate_on(screened, inputs.activation)
 
 
 def _schema_failures(validator: Draft202012Validator, answer: str | None) -> str | None:
