@@ -349,7 +349,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     # The chain's fields as the runtime closes every line of this run (``Chain.encode``):
     # a line that ends with them is parsed without them (see _without_chain).
     fields = _chain_fields(run) if bare else None
-    cut = -(len(fields) + LINK_HEX + 2) if fields is not None else 0
+    run_at = -(len(fields) + LINK_HEX + 2) if fields is not None else 0
     line_no = 0
     raw = first
     event: Any = head.event
@@ -375,8 +375,8 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
         if line_no > 1:
             if (
                 fields is not None
-                and body[cut:link_at] == fields
-                and ((event := _without_chain(body, cut)) is not None)
+                and body[run_at:link_at] == fields
+                and ((event := _without_chain(body, run_at)) is not None)
             ):
                 feed(line_no, event)  # of this run: its id is in the bytes compared
             else:
