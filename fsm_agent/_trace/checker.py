@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from fsm_agent._core.jsonsafe import MAX_DEPTH, make_safe
+from fsm_agent._core.jsonsafe import MAX_DEPTH, clean_text, make_safe
 from fsm_agent._core.loop import SCHEMA
 from fsm_agent._core.select import select_recorded
 from fsm_agent._core.table import LEGACY_MACHINE_HASHES, MACHINE_HASH, Transition, edges_from
@@ -346,6 +346,10 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     readline = handle.readline
     # (Locals for the per-line loop: slice bounds, the read limit.)
     tail, link_at, limit, newline = -_TAIL, -LINK_HEX - 2, MAX_LINE + 1, b"\n"
+    # The chain's fields as the runtime closes every line of this run (``Chain.encode``):
+    # a line that ends with them is parsed without them (see _without_chain).
+    fields = _chain_fields(run) if bare else None
+    run_at = -(len(fields) + LINK_HEX + 2) if fields is not None else 0
     line_no = 0
     raw = first
     event: Any = head.event
@@ -369,25 +373,32 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 fail(line_no, "no chain link at the end of the line")
                 prev = None  # the next line's link cannot be verified either
         if line_no > 1:
-            try:
-                event = loads(body)
-            except (ValueError, RecursionError) as exc:
-                fail(line_no, f"not JSON: {_reason(exc)}")
-                event = None
-            if type(event) is dict:
-                if bare:
-                    of = event.pop("run", None)
-                    event.pop("chain", None)
-                else:
-                    of = event.get("run")
-                if mac is not None and of != run:
-                    fail(line_no, f"an event of run {of!r} in run {run!r}'s trace")
-                feed(line_no, event)
-            elif event is not None:
-                fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
-                walk.skip(line_no, numbered=True)
+            if (
+                fields is not None
+                and body[run_at:link_at] == fields
+                and ((event := _without_chain(body, run_at)) is not None)
+            ):
+                feed(line_no, event)  # of this run: its id is in the bytes compared
             else:
-                walk.skip(line_no, numbered=False)
+                try:
+                    event = loads(body)
+                except (ValueError, RecursionError) as exc:
+                    fail(line_no, f"not JSON: {_reason(exc)}")
+                    event = None
+                if type(event) is dict:
+                    if bare:
+                        of = event.pop("run", None)
+                        event.pop("chain", None)
+                    else:
+                        of = event.get("run")
+                    if mac is not None and of != run:
+                        fail(line_no, f"an event of run {of!r} in run {run!r}'s trace")
+                    feed(line_no, event)
+                elif event is not None:
+                    fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
+                    walk.skip(line_no, numbered=True)
+                else:
+                    walk.skip(line_no, numbered=False)
         raw = readline(limit)
         if len(raw) > MAX_LINE and not raw.endswith(newline):
             while True:  # skip the rest of an over-long line without holding it
@@ -401,6 +412,38 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     report.last_link = prev.decode("ascii", "replace") if prev else None
     walk.finish(line_no)
     return report
+
+
+def _chain_fields(run: str | None) -> bytes | None:
+    """``,"run":<id>,"chain":"``: how ``Chain.encode`` ends a line of run ``run`` before
+    its link (None if it cannot end one: a run id that is no clean text)."""
+    if run is None or clean_text(run) is not run:
+        return None
+    try:
+        return (',"run":' + json.dumps(run, ensure_ascii=False)).encode("utf-8") + _LINK_FIELD
+    except UnicodeEncodeError:  # pragma: no cover - clean text encodes
+        return None
+
+
+def _without_chain(body: bytes, cut: int) -> dict[str, Any] | None:
+    """The event of a line that ends with its run's chain fields (``body[cut:]``, the
+    run id compared as bytes, the link of letters and digits, then ``"}``), parsed
+    without them: the same event as parsing the whole line and dropping them, for less
+    (two fields fewer to read, to hash and to pop). None where that may not hold (then
+    the whole line is parsed): a line that is not JSON without them, or not an object,
+    or an empty one (``{,"run":...}`` is not JSON)."""
+    if not body.endswith(b'"}') or not body[-LINK_HEX - 2 : -2].isalnum():
+        return None  # (the link and the line's end are JSON as the rest is parsed)
+    try:
+        event = parse_line(body[:cut] + b"}")
+    except (ValueError, RecursionError):
+        return None
+    if type(event) is not dict or not event:
+        return None
+    if "run" in event or "chain" in event:  # written twice: the last one counts, dropped
+        event.pop("run", None)
+        event.pop("chain", None)
+    return event
 
 
 def _reason(exc: BaseException) -> str:

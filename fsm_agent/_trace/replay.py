@@ -378,6 +378,7 @@ class Replay:
         "line",
         "loud_until",
         "matched",
+        "noted",
         "pending",
         "problem",
         "quiet",
@@ -441,6 +442,14 @@ class Replay:
         self.uses: dict[str, set[str]] = {}  # approval id -> calls the trace spent it on
         tools = head.get("tools")
         self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
+        #: The recorded event types :meth:`_note` reads: decisions, and observations
+        #: only where a tool is idempotent (what it reads of them is for those alone).
+        self.noted = frozenset({"decision"}) | (
+            {"observation"}
+            if any(isinstance(f, Mapping) and f.get("idempotent") is True
+                   for f in self.facts.values())
+            else set()
+        )  # fmt: skip
         self.transitions = 0  # transitions in ``pending``
         self.loud_until = 0  # the last line up to which the loop emits after every edge
         self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
@@ -659,7 +668,7 @@ class Replay:
         guards = e.get("guards")
         return not (isinstance(guards, dict) and guards.get("write_in_flight") is True)
 
-    def _compare(self) -> bool:
+    def _compare(self) -> bool:  # noqa: C901 - the per-event loop, kept in one method
         """Compare what the engine wrote with what the trace records, as far as both
         go; False when the engine's events wait for recorded ones not read yet."""
         produced = self.s.events
@@ -670,6 +679,7 @@ class Replay:
         # counters and cursors are stored back on the way out.)
         popleft, since, saving = pending.popleft, self.since_save, self.saving
         matched, count = self.matched, len(produced)
+        noted = self.noted
         taken = 0  # transitions taken off ``pending``
         last: dict[str, Any] | None = None  # the last transition compared
         done = True
@@ -681,20 +691,25 @@ class Replay:
             line, recorded = item = popleft()
             mine = produced[matched]
             matched += 1
-            transition = recorded.get("type") == "transition"
-            if transition:
+            kind = recorded.get("type")
+            if kind == "transition":
                 taken += 1
                 last = recorded
-            if recorded != mine:
-                self.line, self.matched, self.transitions = line, matched, self.transitions - taken
-                taken = 0
-                self._diff(line, recorded, mine)
-                if self.dead:
-                    return False
-            if not transition:
-                if last is not None:  # (what an observation's note reads)
-                    self.last_trigger = last.get("trigger") or ""
-                self._note(line, recorded)
+                if recorded != mine:
+                    self._mismatch(line, matched, taken, recorded, mine)
+                    taken = 0
+                    if self.dead:
+                        return False
+            else:
+                if recorded != mine:
+                    self._mismatch(line, matched, taken, recorded, mine)
+                    taken = 0
+                    if self.dead:
+                        return False
+                if kind in noted:
+                    if last is not None:  # (what an observation's note reads)
+                        self.last_trigger = last.get("trigger") or ""
+                    self._note(line, recorded)
             if saving and len(since) < MAX_AHEAD:
                 since.append(item)
         self.line = line
@@ -708,6 +723,15 @@ class Replay:
         self.matched = 0
         self.s.emitted = self.s.saved_events = 0
         return True
+
+    def _mismatch(
+        self, line: int, matched: int, taken: int, recorded: dict[str, Any], mine: dict[str, Any]
+    ) -> None:
+        """An event the engine writes that differs from the recorded one: the cursors of
+        :meth:`_compare` stored (``taken``: the transitions it took off ``pending``), then
+        the difference reported."""
+        self.line, self.matched, self.transitions = line, matched, self.transitions - taken
+        self._diff(line, recorded, mine)
 
     def _saved(self, save: SaveCheckpoint) -> None:
         """A checkpoint the live run may have saved here: a resume may restore it."""
@@ -875,22 +899,23 @@ class Replay:
         # (Everything the loop wrote was compared: the next recorded event is the first
         # pending, most often the transition itself.)
         pending = self.pending
-        first = pending[0][1] if pending else None
-        ahead: Any = (0, first) if first is not None and first.get("type") == "transition" else None
-        if ahead is None:
+        if pending and (nxt := pending[0][1]).get("type") == "transition":
+            at = 0
+        else:
             ahead = self._ahead(final)
-        if ahead is _WAIT:
-            return _WAIT
-        if ahead is None and isinstance(
-            request, (SaveCheckpoint, EmitEvents, CommitIntent, AbortIntent, Sleep)
-        ):  # answered with nothing: no input to read ahead for
-            if isinstance(request, SaveCheckpoint):
-                self._saved(request)
-            return None
-        if ahead is None:
-            self.stop(self.fed, f"the trace ends while the engine waits for {_request(request)}")
-            return _WAIT
-        at, nxt = ahead
+            if ahead is _WAIT:
+                return _WAIT
+            if ahead is None and isinstance(
+                request, (SaveCheckpoint, EmitEvents, CommitIntent, AbortIntent, Sleep)
+            ):  # answered with nothing: no input to read ahead for
+                if isinstance(request, SaveCheckpoint):
+                    self._saved(request)
+                return None
+            if ahead is None:
+                message = f"the trace ends while the engine waits for {_request(request)}"
+                self.stop(self.fed, message)
+                return _WAIT
+            at, nxt = ahead
         if (
             "inputs" in nxt
             and _resumed(nxt) is not None
