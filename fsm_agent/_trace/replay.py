@@ -442,14 +442,7 @@ class Replay:
         self.uses: dict[str, set[str]] = {}  # approval id -> calls the trace spent it on
         tools = head.get("tools")
         self.facts: Mapping[str, Any] = tools if isinstance(tools, Mapping) else {}
-        #: The recorded event types :meth:`_note` reads: decisions, and observations
-        #: only where a tool is idempotent (what it reads of them is for those alone).
-        self.noted = frozenset({"decision"}) | (
-            {"observation"}
-            if any(isinstance(f, Mapping) and f.get("idempotent") is True
-                   for f in self.facts.values())
-            else set()
-        )  # fmt: skip
+        self.noted = _noted(self.facts)
         self.transitions = 0  # transitions in ``pending``
         self.loud_until = 0  # the last line up to which the loop emits after every edge
         self.big = False  # the last decision fed holds more than _QUIET_BATCH calls
@@ -1526,3 +1519,10 @@ def _earlier_digest(recorded: Any, mine: Any) -> bool:
         and isinstance(mine, str)
         and mine.startswith(INPUTS_DIGEST)
     )
+
+
+def _noted(facts: Mapping[str, Any]) -> frozenset[str]:
+    """The recorded event types :meth:`Replay._note` reads: decisions, and observations
+    only where a tool is idempotent (what it reads of them is for those alone)."""
+    idempotent = any(isinstance(f, Mapping) and f.get("idempotent") is True for f in facts.values())
+    return frozenset({"decision", "observation"} if idempotent else {"decision"})
