@@ -17,7 +17,7 @@ from transitions import Machine, MachineError
 
 from fsm_agent._core.engine import build_machine
 from fsm_agent._core.guards import GUARDS
-from fsm_agent._core.select import choose
+from fsm_agent._core.select import choose, compile_choice
 from fsm_agent._core.table import DEFAULT_MACHINE, INITIAL_STATE, STATES, TRANSITIONS, Transition
 
 
@@ -129,3 +129,48 @@ def test_take_moves_the_run_and_logs_its_guards() -> None:
     assert list(model.guard_log)[:3] == ["decision_malformed", "has_tool_calls", "call_id_missing"]
     with pytest.raises(MachineError):
         event.take(Model("done", {}))
+
+
+#: A trigger and two states for edges made up by a test (not the default table's).
+EDGE: tuple[Any, Any, Any] = ("go", "s", "t")
+
+
+def test_edges_sharing_a_first_check_are_walked_as_choose_walks_them() -> None:
+    """Runs of edges that start with the same check (an application's rule rows all
+    start ``strict_policy``) share one test of it in the compiled walk: on random groups
+    made of such runs (with negated checks, repeated guards and edges that hold only
+    the shared check), the same edge and the same guards, each evaluated once, in order."""
+    rng = random.Random(19)
+    pool = ["a", "b", "c", "d", "!a", "!b", "!c"]
+    for _ in range(3000):
+        edges: list[Transition] = []
+        while len(edges) < rng.randint(1, 9):
+            first = rng.choice(pool)
+            for _ in range(rng.randint(1, 4)):  # a run sharing ``first``
+                rest = tuple(rng.sample(pool, rng.randint(0, 2)))
+                guards = (first, *(g for g in rest if g.lstrip("!") != first.lstrip("!")))
+                edges.append(Transition(*EDGE, guards))
+        edges.append(Transition(*EDGE, ()))  # every group ends unguarded
+        group = tuple(edges)
+        values = {name: rng.random() < 0.5 for name in "abcd"}
+        asked: list[str] = []
+
+        def guard(name: str, asked: list[str] = asked, values: dict[str, bool] = values) -> bool:
+            asked.append(name)
+            return values[name]
+
+        expected = choose(group, guard)
+        evaluated: list[str] = []
+
+        def check(name: str, seen: list[str] = evaluated, values: dict[str, bool] = values) -> Any:
+            def test(machine: Any) -> bool:
+                seen.append(name)
+                return values[name]
+
+            return test
+
+        table = {n: check(n) for n in "abcd"}
+        log: dict[str, bool] = {}
+        assert compile_choice(group)(None, table, log) is expected, (group, values)
+        assert evaluated == list(dict.fromkeys(asked)), (group, values)
+        assert log == {name: values[name] for name in asked}

@@ -333,6 +333,38 @@ def test_after_tool_deny_keeps_the_result_from_the_model(tmp_path: Path) -> None
     checked(tmp_path / "t.jsonl")
 
 
+def test_rules_judge_a_result_as_the_trace_records_it_so_check_agrees(tmp_path: Path) -> None:
+    """A tool may return keys that are not strings: the model and the trace see them as
+    JSON spells them (``"true"``, ``"null"``), and so do the rules, in ``result`` and in
+    ``calls`` (they once read Python's ``"True"``: an honest trace then failed check)."""
+    tools = ToolRegistry()
+
+    @tools.tool(schema=QUERY, effect="read")
+    def search(q: str) -> dict[Any, Any]:
+        return {True: 1, None: q, 3: [False]}
+
+    seen = Rule(
+        "seen-before",
+        on="before_tool",
+        tools=["search"],
+        then="deny",
+        when="calls.exists(c, c.result['true'] == 1 && c.result['null'] == 'x')",
+    )
+    odd = Rule("odd-result", on="after_tool", tools=["search"], when="'True' in result",
+               then="deny")  # fmt: skip
+    script = [calls(call("a", "search", q="x")), calls(call("b", "search", q="y")), say("ok")]
+    result = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
+                     rules=[seen, odd]).run("go", trace=tmp_path / "t.jsonl")  # fmt: skip
+    assert result.status == "done"
+    answers = tool_results(result.messages)
+    assert answers["a"] == {"ok": True, "value": {"true": 1, "null": "x", "3": [False]}}
+    assert answers["b"]["error"] == "denied_by_rule" and answers["b"]["rule"] == "seen-before"
+    assert [(e["phase"], e["rule"], e["verdict"]) for e in rule_events(result.events)] == [
+        ("before_tool", None, "pass"), ("after_tool", None, "pass"),
+        ("before_tool", "seen-before", "deny")]  # fmt: skip
+    checked(tmp_path / "t.jsonl")
+
+
 def test_strict_after_tool_deny_stops_the_run_and_withholds_the_result(tmp_path: Path) -> None:
     """Under the strict policy a result an ``after_tool`` rule denies stops the run
     ``protocol_error/denied_by_rule`` (the guide: a deny, strict, stops): the call ran, so it

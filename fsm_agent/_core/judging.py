@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsm_agent._core import events
 from fsm_agent._core.canonical import digest
-from fsm_agent._core.jsonsafe import make_safe
+from fsm_agent._core.jsonsafe import as_json
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine, Transition
 from fsm_agent._rules import Facts, Judgement, RuleSet
 
@@ -264,7 +264,7 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
     s.ruled = frozenset()
     if outcome.kind != "ok" or not rules.judges("after_tool", call.name):
         return
-    result = make_safe(outcome.value)
+    result = as_json(outcome.value)  # as the observation records it (check replays it)
     facts = _facts(
         s, tool=call.name, effect=call.effect, args=call.arguments, result=result,
         call_id=call.id,
@@ -326,6 +326,6 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
         "tool": call.name,
         "args": call.arguments if call.arguments is not None else {},
         "ok": ok,
-        "result": make_safe(result) if ok else None,
+        "result": as_json(result) if ok else None,  # as recorded (see after_tool)
     }
     s.executed.append(entry)

@@ -87,23 +87,23 @@ def compile_choice(
     # outcome is the one logged. Where it was surely evaluated (the first check of an
     # earlier edge, or an earlier check of this one) it is read from the log; where it
     # may have been (a later check of an earlier edge), looked up and evaluated if absent.
+    #
+    # Consecutive edges whose first check is the same (each rule row of ``validate``
+    # starts with ``strict_policy``) share one test of it: where it fails, the walk skips
+    # them all at once; where it holds, each edge's other checks follow in order.
     surely: set[str] = set()  # evaluated on every path that reaches the current edge
     maybe: set[str] = set()  # evaluated on some of them
+    shared: tuple[str, bool] | None = None  # the first check of the open run of edges
     for i, edge in enumerate(edges):
-        depth = 1
-        here = set(surely)
-        for name, want in edge.checks:
-            pad = "    " * depth
+        depth, here, checks = 1, set(surely), edge.checks
+        if checks and checks[0] == shared:
+            depth, checks = 2, checks[1:]  # inside the run's test of its first check
+            here.add(shared[0])
+        else:
+            shared = edge.checks[0] if edge.checks else None
+        for name, want in checks:
             source = "fixed" if name in fixed else "guards"
-            if name in here:
-                lines.append(f"{pad}value = log[{name!r}]")
-            elif name in maybe:
-                lines.append(f"{pad}value = log.get({name!r})")
-                lines.append(f"{pad}if value is None:")
-                lines.append(f"{pad}    value = log[{name!r}] = {source}[{name!r}](model)")
-            else:
-                lines.append(f"{pad}value = log[{name!r}] = {source}[{name!r}](model)")
-            lines.append(f"{pad}if value is {want}:")
+            lines += _test_lines("    " * depth, name, want, source, here, maybe)
             here.add(name)
             depth += 1
         if edge.checks:
@@ -119,6 +119,21 @@ def compile_choice(
     exec("\n".join(lines), namespace)
     choice: Choice = namespace["choice"]
     return choice
+
+
+def _test_lines(
+    pad: str, name: str, want: bool, source: str, here: set[str], maybe: set[str]
+) -> list[str]:
+    """The lines that read guard ``name`` (from the log where it was surely evaluated
+    before, evaluating it where it may not have been) and test it for ``want``."""
+    if name in here:
+        read = [f"{pad}value = log[{name!r}]"]
+    elif name in maybe:
+        read = [f"{pad}value = log.get({name!r})", f"{pad}if value is None:",
+                f"{pad}    value = log[{name!r}] = {source}[{name!r}](model)"]  # fmt: skip
+    else:
+        read = [f"{pad}value = log[{name!r}] = {source}[{name!r}](model)"]
+    return [*read, f"{pad}if value is {want}:"]
 
 
 def select_recorded(

@@ -23,6 +23,7 @@ field that declares neither fails at import.
 from __future__ import annotations
 
 import json
+import operator
 import zlib
 from collections.abc import Callable, Collection
 from dataclasses import Field, dataclass, field, fields
@@ -91,7 +92,7 @@ class Counters:
         self.tool_attempts: dict[str, int] = {}
 
     def as_dict(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in self.__slots__}
+        out = dict(zip(self.__slots__, _ALL_COUNTERS(self), strict=True))
         out["tool_attempts"] = dict(self.tool_attempts)
         return out
 
@@ -103,6 +104,10 @@ class Counters:
                 setattr(counters, name, data[name])
         counters.tool_attempts = dict(counters.tool_attempts)
         return counters
+
+
+#: Every counter of a run at once (``Counters.as_dict``: at every judgement of a rule).
+_ALL_COUNTERS = operator.attrgetter(*Counters.__slots__)
 
 
 @dataclass(frozen=True, eq=False)

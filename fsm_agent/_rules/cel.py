@@ -337,14 +337,14 @@ _SIZE_BOUND = re.compile(r"\.\s*size\s*\(\s*\)\s*(==|!=|>=|<=|>|<)\s*(\d{1,18})\
 _ELEMENT_ENVS: dict[str, Any] = {}
 
 
-def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | None]]:
+def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], Sequence[bool | None]]:
     """``call -> [each quantifier's body on it]``: one evaluation for all of them (the
     call converted once), each one alone where that fails (to tell which erred). Where
     every body reads its call by field name only (``c.tool``, ``c.args``), the call is
     given as those fields: the binding converts no more of it (its ``result``, say)."""
-    one = [q.holds for q in quantifiers]
+    one: list[Callable[[Any], bool | None]] = [q.holds for q in quantifiers]
     if all(q.fast is not None for q in quantifiers):  # in Python: no conversion to spare
-        return lambda call: [holds(call) for holds in one]
+        return _fused(quantifiers, one)
     project = _projection(quantifiers)
     if len(quantifiers) < 2:
         return lambda call: [holds(project(call)) for holds in one]
@@ -366,6 +366,23 @@ def bodies(quantifiers: Sequence[Quantifier]) -> Callable[[Any], list[bool | Non
         if type(results) is list and len(results) == size and set(map(type, results)) == _BOOL:
             return results
         return [holds(call) for holds in one]
+
+    return evaluate
+
+
+def _fused(
+    quantifiers: Sequence[Quantifier], one: list[Callable[[Any], bool | None]]
+) -> Callable[[Any], Sequence[bool | None]]:
+    """Every body (each within ``celfast``'s subset) as one generated function of the
+    call; where it cannot say for one of them, each body alone (to tell which erred)."""
+    names = sorted({q.variable for q in quantifiers})
+    many = celfast.compile_many([q._expression.serialize() for q in quantifiers], frozenset(names))
+    if many is None:
+        return lambda call: [holds(call) for holds in one]
+
+    def evaluate(call: Any) -> Sequence[bool | None]:
+        results = many(dict.fromkeys(names, call))
+        return results if results is not None else [holds(call) for holds in one]
 
     return evaluate
 

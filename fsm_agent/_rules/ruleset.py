@@ -335,7 +335,7 @@ class RuleSet:
         if not isinstance(facts.calls, list | tuple):
             return sys.maxsize  # executions that cannot be counted: the limit fails closed
         calls = [*facts.calls, *ahead]
-        reads = _reads((compiled,))
+        names = tuple(sorted(_reads((compiled,))))
         total = 0
         for position, call in enumerate(calls):
             tool = call.get("tool") if isinstance(call, Mapping) else None
@@ -354,7 +354,7 @@ class RuleSet:
                 call_id=None,
                 appended=False,  # a slice made here, not the run's growing list
             )
-            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, reads))
+            holds = _evaluate(compiled, past, _Inputs(compiled.rule.on, past, self._entries, names))
             total += holds is not False  # True, or an error: counted (fails closed)
         return total
 
@@ -370,7 +370,8 @@ class RuleSet:
         found = self._for_tool.get(key)
         if found is None:  # a tool that is not registered: no batch compiled for it
             rules = tuple(c for c in self._by_phase[phase] if c.matches_tool(tool))
-            found = _Candidates(rules, _reads(rules), None)
+            reads = _reads(rules)
+            found = _Candidates(rules, reads, None, names=tuple(sorted(reads)))
             if len(self._for_tool) < 10_000:  # a bounded cache: tool names come from a model
                 self._for_tool[key] = found
         return found
@@ -379,7 +380,7 @@ class RuleSet:
         found = self._candidates(phase, facts.tool)
         if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
             facts = replace(facts, effect=self._effect(facts.tool))
-        inputs = _Inputs(phase, facts, self._entries, found.reads, found.counters)
+        inputs = _Inputs(phase, facts, self._entries, found.names, found.counters)
         if found.plain:
             results = inputs.batch_results(found)
             if results is not None:
@@ -482,7 +483,7 @@ class _EntryCache:
     screened entries and digests as lists that grow with it, so a judgement late in a
     long run walks none of the entries it has seen before."""
 
-    __slots__ = ("_context", "_digests", "_logs", "_screened", "_steps")
+    __slots__ = ("_context", "_digests", "_logs", "_screened", "_steps", "_texts")
 
     LIMIT = 20_000
     #: The logs kept (one per run being judged; a runtime drives few runs at once).
@@ -494,6 +495,16 @@ class _EntryCache:
         self._logs: dict[int, _Log] = {}
         self._context: tuple[Any, str] = (None, "")
         self._steps: dict[tuple[str, int], tuple[Any, str]] = {}
+        self._texts: dict[str, str] = {}
+
+    def text(self, name: str) -> str:
+        """:func:`canonical_text` of a name (a tool's, an effect), once per name."""
+        text = self._texts.get(name)
+        if text is None:
+            if len(self._texts) >= self.LIMIT:
+                self._texts.clear()
+            text = self._texts[name] = canonical_text(name)
+        return text
 
     def context_digest(self, context: Any) -> str:
         """The digest of a trusted context (the run's, never changed): once per run."""
@@ -599,10 +610,16 @@ class _Log:
         tallies = self.tallies.get(id(split))
         if tallies is None:
             tallies = self.tallies[id(split)] = [cel.Tally() for _ in split.quantified]
-        screened = self.screened
+        screened, bodies = self.screened, split.bodies
         for position in range(tallies[0].seen, len(screened)):
-            for tally, held in zip(tallies, split.bodies(screened[position]), strict=True):
-                tally.add(held)
+            for tally, held in zip(tallies, bodies(screened[position]), strict=True):
+                tally.seen += 1  # (Tally.add, spelled out: once per call and quantifier)
+                if held is None:
+                    tally.errors += 1
+                elif held:
+                    tally.trues += 1
+                else:
+                    tally.falses += 1
         return tallies
 
     def holds(self) -> bool:
@@ -636,12 +653,13 @@ class _Inputs:
         "_activation",
         "_counters",
         "_entries",
+        "_log",
         "_names",
         "_opaque",
+        "_parts",
         "_ready",
         "_refused",
         "_screened",
-        "_texts",
         "_wanted",
         "facts",
         "phase",
@@ -653,15 +671,18 @@ class _Inputs:
         phase: str,
         facts: Facts,
         entries: _EntryCache,
-        wanted: frozenset[str],
+        wanted: tuple[str, ...],
         counters: tuple[str, ...] | None = None,
     ) -> None:
         self.phase = phase
         self.facts = facts
         self._counters = counters  # the counters' fields the conditions read, if by name
-        self._texts: dict[str, str] = {}  # canonical texts of plain variables, screened so
+        #: Each variable's component of the digest (``digest``), kept where screening
+        #: worked it out on the way (a plain variable's canonical text, say).
+        self._parts: dict[str, str] = {}
         self._entries = entries
-        self._wanted = wanted  # what the candidate rules read
+        self._wanted = wanted  # what the candidate rules read, by name (sorted)
+        self._log: _Log | None = None  # the run's calls as a log, fetched once
         self._screened: dict[str, Any] = {}
         self._refused: dict[str, cel.Unrepresentable] = {}
         #: What the batch-evaluated rules tried read, by name.
@@ -686,6 +707,11 @@ class _Inputs:
                 raise self._refused[name] from None
             return self._screened
 
+    @property
+    def screened(self) -> dict[str, Any]:
+        """The variables screened so far (all the wanted ones, once screened)."""
+        return self._screened
+
     def activation(self) -> Any:
         """The screened inputs as the engine's activation, built once, on first need
         (a condition ``celfast`` evaluates needs none)."""
@@ -708,7 +734,7 @@ class _Inputs:
             return None
         split, facts = found.split, self.facts
         if split is not None and facts.appended and type(facts.calls) is list:
-            results = split.results(self._entries.log(facts.calls), self, found.batch[0].size)
+            results = split.results(self.log(), self, found.batch[0].size)
             if results is not None:
                 return results
         return found.batch[0].evaluate_on(screened, self.activation)
@@ -716,38 +742,52 @@ class _Inputs:
     def _screened_all(self) -> dict[str, Any]:
         if not self._ready:
             self._ready = True
-            facts, screened = self.facts, self._screened
-            trusted, plain = facts.trusted, facts.plain
-            for name in sorted(self._wanted):
-                if name in trusted and name != "counters":  # as they are (no projection)
-                    screened[name] = getattr(facts, name)
-                    continue
-                if name == "calls" and facts.appended and type(facts.calls) is list:
-                    log = self._entries.log(facts.calls)  # (not copied, as variable() does)
-                    if log.refused is not None:
-                        self._refused[name] = log.refused
-                    else:
-                        screened[name] = log.screened
-                    continue
-                value = self._value(name)
-                if name in trusted:
-                    screened[name] = value
-                    continue
-                if name in plain:
-                    text = canonical_text(value)
-                    if _within_limits(text):
-                        screened[name], self._texts[name] = value, text
-                        continue
-                try:
-                    if name == "calls" and isinstance(value, list):
-                        screened[name] = self._entries.screened(value)
-                    else:
-                        screened[name] = cel.screen(value, name)
-                except cel.Unrepresentable as exc:
-                    self._refused[name] = exc
+            self._screen_wanted()
         if self._refused:
             raise next(iter(self._refused.values()))
         return self._screened
+
+    def _screen_wanted(self) -> None:
+        facts, screened, parts = self.facts, self._screened, self._parts
+        trusted, plain = facts.trusted, facts.plain
+        for name in self._wanted:
+            if name in trusted and name != "counters":  # as they are (no projection)
+                value = screened[name] = getattr(facts, name)
+                if name in _NAMES and type(value) is str:  # its digest part, on the way
+                    parts[name] = self._entries.text(value)
+                continue
+            if name == "calls" and facts.appended and type(facts.calls) is list:
+                log = self.log()  # (not copied, as variable() does)
+                parts[name] = "chain:" + log.chain
+                if log.refused is not None:
+                    self._refused[name] = log.refused
+                else:
+                    screened[name] = log.screened
+                continue
+            value = self._value(name)
+            if name in trusted:
+                screened[name] = value
+                continue
+            if name in plain:
+                text = canonical_text(value)
+                if _within_limits(text):
+                    screened[name], parts[name] = value, text
+                    continue
+            try:
+                if name == "calls" and isinstance(value, list):
+                    screened[name] = self._entries.screened(value)
+                else:
+                    screened[name] = cel.screen(value, name)
+            except cel.Unrepresentable as exc:
+                self._refused[name] = exc
+
+    def log(self) -> _Log:
+        """The run's calls (an appended list) as their log, up to date: fetched once
+        per judgement (they do not grow while it is judged)."""
+        log = self._log
+        if log is None:
+            log = self._log = self._entries.log(self.facts.calls)  # type: ignore[arg-type]
+        return log
 
     def _value(self, name: str) -> Any:
         """A variable as the conditions are given it, and digested: of ``counters``, only
@@ -772,29 +812,37 @@ class _Inputs:
         as its canonical text, but ``calls`` as the chain of its entries' digests (kept
         with the run: a judgement late in a long run digests no more than an early one)
         and ``context`` as its digest (computed once per run where it is trusted: the
-        run's, fixed)."""
-        facts = self.facts
+        run's, fixed). A part screening worked out on the way is taken as it is."""
         names = self.upto if not self._names else sorted(self._names.union(self.upto))
-        parts = []
+        parts = self._parts
+        if self._opaque:
+            parts.pop("counters", None)  # a Python condition ran: all of them, not a projection
+        out = []
         for name in names:
-            if name == "calls":
-                part = self._calls_part()
-            elif name == "context":
-                context = facts.context
-                trusted = name in facts.trusted
-                part = self._entries.context_digest(context) if trusted else digest(context)
-            else:
-                part = self._texts.get(name) or canonical_text(self._value(name))
-            parts.append(f"{name}={part}")
-        return inputs_digest(self.phase, facts.call_id, parts)
+            part = parts.get(name)
+            if part is None:
+                part = parts[name] = self._part(name)
+            out.append(f"{name}={part}")
+        return inputs_digest(self.phase, self.facts.call_id, out)
 
-    def _calls_part(self) -> str:
-        calls = self.facts.calls
-        if self.facts.appended and type(calls) is list:
-            return "chain:" + self._entries.log(calls).chain
-        if not isinstance(calls, list | tuple):
-            return canonical_text(calls)
-        return "chain:" + self._entries.chain(calls)
+    def _part(self, name: str) -> str:
+        facts = self.facts
+        if name == "calls":
+            calls = facts.calls
+            if facts.appended and type(calls) is list:
+                return "chain:" + self.log().chain
+            if not isinstance(calls, list | tuple):
+                return canonical_text(calls)
+            return "chain:" + self._entries.chain(calls)
+        if name == "context":
+            context = facts.context
+            trusted = name in facts.trusted
+            return self._entries.context_digest(context) if trusted else digest(context)
+        return canonical_text(self._value(name))
+
+
+#: The variables that are names (strings the run repeats: a tool's, an effect).
+_NAMES = frozenset({"tool", "effect"})
 
 
 @dataclass(frozen=True)
@@ -852,7 +900,11 @@ class _Split:
     quantified: tuple[tuple[int, cel.Quantifier], ...]
     rest: tuple[int, ...]
     program: cel.CelBatch | cel.CelProgram | None  # for ``rest``: none, one, or a batch
-    bodies: Callable[[Any], list[bool | None]]  # one call -> each quantifier's body on it
+    bodies: Callable[[Any], Sequence[bool | None]]  # one call -> each quantifier's body on it
+    #: The quantifiers alone, and where each of the batch's conditions is found in the
+    #: rest's results followed by the quantifiers' verdicts.
+    quantifiers: tuple[cel.Quantifier, ...] = ()
+    order: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
@@ -870,32 +922,35 @@ class _Split:
             program = cel.compile_batch(others, phase)
             if program is None:
                 return None  # the rest cannot be one program: the whole batch it is
-        return cls(quantified, rest, program, cel.bodies([q for _, q in quantified]))
+        found_at = [*rest, *(i for i, _ in quantified)]
+        order = tuple(found_at.index(i) for i in range(len(programs)))
+        quantifiers = tuple(q for _, q in quantified)
+        return cls(quantified, rest, program, cel.bodies(quantifiers), quantifiers, order)
 
     def results(self, log: _Log, inputs: _Inputs, size: int) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
-        out: list[Any] = [None] * size
         tallies = log.tallies_of(self)
         if tallies is None:
             return None
-        for (position, quantifier), tally in zip(self.quantified, tallies, strict=True):
-            held = quantifier.verdict(tally)
-            if held is None:
-                return None
-            out[position] = held
+        held = [q.verdict(t) for q, t in zip(self.quantifiers, tallies, strict=True)]
+        if None in held:
+            return None
         program = self.program
+        rest: list[bool] = []
         if isinstance(program, cel.CelBatch):
-            rest = program.evaluate_on(inputs._screened, inputs.activation)
-            if rest is None:
+            got = program.evaluate_on(inputs.screened, inputs.activation)
+            if got is None:
                 return None
-            for position, value in zip(self.rest, rest, strict=True):
-                out[position] = value
+            rest = got
         elif program is not None:
-            single = program.evaluate_on(inputs._screened, inputs.activation)
+            single = program.evaluate_on(inputs.screened, inputs.activation)
             if type(single) is not bool:
                 return None
-            out[self.rest[0]] = single
-        return out
+            rest = [single]
+        if True not in held and True not in rest:
+            return [False] * size  # (the common case: none holds, in any order)
+        combined: list[Any] = [*rest, *held]  # (none of held is None here)
+        return [combined[i] for i in self.order]
 
 
 #: Nineteen digits in a row: where a canonical text has none, every integer in it is
@@ -905,11 +960,11 @@ _LONG_DIGITS = re.compile(r"[0-9]{19}")
 
 def _within_limits(text: str) -> bool:
     """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes."""
-    return (
-        not text.startswith("!")
-        and text.count("{") + text.count("[") <= cel.MAX_DEPTH
-        and _LONG_DIGITS.search(text) is None
-    )
+    if text.startswith("!"):
+        return False
+    if len(text) < 19:  # too short for 19 digits, or for CEL's nesting limit
+        return True
+    return text.count("{") + text.count("[") <= cel.MAX_DEPTH and _LONG_DIGITS.search(text) is None
 
 
 def _counter_fields(programs: list[cel.CelProgram]) -> tuple[str, ...] | None:
