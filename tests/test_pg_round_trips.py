@@ -114,11 +114,16 @@ def test_a_round_waits_on_the_fewest_round_trips(
     # when a loaded machine sends the next first (the two answers make one turn). So a
     # count may fall below a quiet machine's, never below the waits: the fewest of three
     # tries, held to upper bounds.
+    # The cost of a round is taken within one try (its short and long runs met the same
+    # load): the fewest short run of one try and the fewest long run of another made a
+    # loaded machine's round look dearer than it is (a short run of 3 turns against a
+    # long one of 10, where a quiet machine counts 4 and 10).
     tries = [(_trips(store, proxy, kind, 2), _trips(store, proxy, kind, 8)) for _ in range(3)]
     short, long = min(t[0] for t in tries), min(t[1] for t in tries)
+    per_round = min((b - a) / 6 for a, b in tries)
     # (Before issue 25: 1, 2, 3 and 3 round trips; a read 0.5 before its checkpoints
     # were sent ahead.)
-    assert (long - short) / 6 <= most + 0.01, (kind, short, long)
+    assert per_round <= most + 0.01, (kind, tries)
     # The run itself: its creation, and its last checkpoint that lets the claim go.
     assert short <= 2 + 2 * most and long <= 2 + 8 * most, (kind, short, long)
 

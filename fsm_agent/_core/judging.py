@@ -201,16 +201,20 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
     """Judge every admitted call of the batch before any runs (the loop's ``_admit``)."""
     decided: set[str] = set()
     s.rule_detail = ""
+    # On resume: what is answered stays answered, and the call that was dispatched keeps
+    # the judgement it was dispatched with (its write may have started: R6, R11); a call
+    # a reviewer denied is not judged again.
+    answered, placeholders, reviews, current = s.answered, s.placeholders, s.reviews, s.call
     calls = [
         c
         for c in s.decision.calls
-        if c.refusal is None and c.arguments is not None and rules.judges("before_tool", c.name)
+        if c.refusal is None
+        and c.arguments is not None
+        and (c.id not in answered or c.id in placeholders)
+        and c is not current
+        and (c.id not in reviews or (reviews[c.id] or {}).get("action") != "deny")
+        and rules.judges("before_tool", c.name)
     ]
-    # On resume: what is answered stays answered, and the call that was dispatched keeps
-    # the judgement it was dispatched with (its write may have started: R6, R11).
-    calls = [c for c in calls if (c.id not in s.answered or c.id in s.placeholders)
-             and c is not s.call]  # fmt: skip
-    calls = [c for c in calls if (s.reviews.get(c.id) or {}).get("action") != "deny"]
     if not calls:
         s.ruled = frozenset()
         return

@@ -316,6 +316,13 @@ class Tally:
     def __init__(self) -> None:
         self.seen = self.trues = self.falses = self.errors = 0
 
+    @classmethod
+    def of_falses(cls, count: int) -> Tally:
+        """The tally of ``count`` calls the body was false for."""
+        tally = cls()
+        tally.seen = tally.falses = count
+        return tally
+
     def add(self, held: bool | None) -> None:
         self.seen += 1
         if held is None:
@@ -376,7 +383,11 @@ def _fused(
     """Every body (each within ``celfast``'s subset) as one generated function of the
     call; where it cannot say for one of them, each body alone (to tell which erred)."""
     names = sorted({q.variable for q in quantifiers})
-    many = celfast.compile_many([q._expression.serialize() for q in quantifiers], frozenset(names))
+    # A call is a map (the engine's entries are): tested once, not at every field read;
+    # one that is not makes the function ask for each body alone.
+    many = celfast.compile_many(
+        [q._expression.serialize() for q in quantifiers], frozenset(names), frozenset(names)
+    )
     if many is None:
         return lambda call: [holds(call) for holds in one]
 

@@ -289,7 +289,8 @@ class RuleSet:
             return False
         if phase not in TOOL_PHASES or tool is None:
             return True
-        return bool(self._candidates(phase, tool).rules)
+        found = self._for_tool.get((phase, tool)) if type(tool) is str else None
+        return bool((found or self._candidates(phase, tool)).rules)
 
     def judge(self, phase: str, facts: Facts) -> Judgement:
         """The verdict of ``phase``'s rules on ``facts``: the first rule that holds decides."""
@@ -600,27 +601,28 @@ class _Log:
         self.digests: list[str] = []
         self.refused: cel.Unrepresentable | None = None
         #: Per split (by identity: the rule set holds them), its quantifiers' tallies.
-        self.tallies: dict[int, list[cel.Tally]] = {}
+        self.tallies: dict[int, _Tallies] = {}
 
-    def tallies_of(self, split: _Split) -> list[cel.Tally] | None:
+    def tallies_of(self, split: _Split) -> _Tallies | None:
         """The tallies of ``split``'s quantifiers over every call, each call evaluated
         once for all of them; ``None`` where a call is one CEL cannot take."""
         if self.refused is not None:
             return None
-        tallies = self.tallies.get(id(split))
-        if tallies is None:
-            tallies = self.tallies[id(split)] = [cel.Tally() for _ in split.quantified]
+        found = self.tallies.get(id(split))
+        if found is None:
+            found = self.tallies[id(split)] = _Tallies()
         screened, bodies = self.screened, split.bodies
-        for position in range(tallies[0].seen, len(screened)):
-            for tally, held in zip(tallies, bodies(screened[position]), strict=True):
-                tally.seen += 1  # (Tally.add, spelled out: once per call and quantifier)
-                if held is None:
-                    tally.errors += 1
-                elif held:
-                    tally.trues += 1
-                else:
-                    tally.falses += 1
-        return tallies
+        for position in range(found.seen, len(screened)):
+            held = bodies(screened[position])
+            if found.each is None:
+                if True not in held and None not in held:  # (the common case)
+                    found.seen += 1
+                    continue
+                found.each = [cel.Tally.of_falses(found.seen) for _ in held]
+            found.seen += 1
+            for tally, one in zip(found.each, held, strict=True):
+                tally.add(one)
+        return found
 
     def holds(self) -> bool:
         """Whether the list still starts with the entries seen (it only grew)."""
@@ -755,6 +757,8 @@ class _Inputs:
                 value = screened[name] = getattr(facts, name)
                 if name in _NAMES and type(value) is str:  # its digest part, on the way
                     parts[name] = self._entries.text(value)
+                elif name == "context":  # (the run's: digested once per run)
+                    parts[name] = self._entries.context_digest(value)
                 continue
             if name == "calls" and facts.appended and type(facts.calls) is list:
                 log = self.log()  # (not copied, as variable() does)
@@ -765,8 +769,8 @@ class _Inputs:
                     screened[name] = log.screened
                 continue
             value = self._value(name)
-            if name in trusted:
-                screened[name] = value
+            if name in trusted:  # the engine's counters (a projection): its part too
+                screened[name], parts[name] = value, canonical_text(value)
                 continue
             if name in plain:
                 text = canonical_text(value)
@@ -893,6 +897,18 @@ class _Candidates:
         )
 
 
+class _Tallies:
+    """A split's quantifiers over the calls seen: while every body was false on every
+    call (a rule that has not come near holding: the common case), the count alone;
+    from the first call one held or erred for, a tally per quantifier."""
+
+    __slots__ = ("each", "seen")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.each: list[cel.Tally] | None = None
+
+
 @dataclass(frozen=True, eq=False)  # by identity: the key of a run's tallies
 class _Split:
     """A batch as its quantifiers over ``calls`` and one program for the rest."""
@@ -905,6 +921,10 @@ class _Split:
     #: rest's results followed by the quantifiers' verdicts.
     quantifiers: tuple[cel.Quantifier, ...] = ()
     order: tuple[int, ...] = ()
+    #: The quantifiers' verdicts over no call, and over calls none of which any body
+    #: held or erred for (then no tally is kept per quantifier: :class:`_Tallies`).
+    if_none: tuple[bool | None, ...] = ()
+    if_all_false: tuple[bool | None, ...] = ()
 
     @classmethod
     def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
@@ -925,16 +945,23 @@ class _Split:
         found_at = [*rest, *(i for i, _ in quantified)]
         order = tuple(found_at.index(i) for i in range(len(programs)))
         quantifiers = tuple(q for _, q in quantified)
-        return cls(quantified, rest, program, cel.bodies(quantifiers), quantifiers, order)
+        if_none = tuple(q.verdict(cel.Tally.of_falses(0)) for q in quantifiers)
+        if_all_false = tuple(q.verdict(cel.Tally.of_falses(1)) for q in quantifiers)
+        bodies = cel.bodies(quantifiers)
+        return cls(quantified, rest, program, bodies, quantifiers, order, if_none, if_all_false)
 
     def results(self, log: _Log, inputs: _Inputs, size: int) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
         tallies = log.tallies_of(self)
         if tallies is None:
             return None
-        held = [q.verdict(t) for q, t in zip(self.quantifiers, tallies, strict=True)]
-        if None in held:
-            return None
+        held: Sequence[bool | None]
+        if tallies.each is None:  # every body false on every call: verdicts known
+            held = self.if_all_false if tallies.seen else self.if_none
+        else:
+            held = [q.verdict(t) for q, t in zip(self.quantifiers, tallies.each, strict=True)]
+            if None in held:
+                return None
         program = self.program
         rest: list[bool] = []
         if isinstance(program, cel.CelBatch):
