@@ -363,6 +363,9 @@ def test_rules_judge_a_result_as_the_trace_records_it_so_check_agrees(tmp_path: 
         ("before_tool", None, "pass"), ("after_tool", None, "pass"),
         ("before_tool", "seen-before", "deny")]  # fmt: skip
     checked(tmp_path / "t.jsonl")
+    cli = subprocess.run([sys.executable, "-m", "fsm_agent", "check", str(tmp_path / "t.jsonl")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert cli.returncode == 0, cli.stdout + cli.stderr
 
 
 def test_strict_after_tool_deny_stops_the_run_and_withholds_the_result(tmp_path: Path) -> None:

@@ -913,18 +913,16 @@ class _Tallies:
 class _Split:
     """A batch as its quantifiers over ``calls`` and one program for the rest."""
 
-    quantified: tuple[tuple[int, cel.Quantifier], ...]
-    rest: tuple[int, ...]
-    program: cel.CelBatch | cel.CelProgram | None  # for ``rest``: none, one, or a batch
+    quantifiers: tuple[cel.Quantifier, ...]  # the batch's quantifiers, in its order
+    program: cel.CelBatch | cel.CelProgram | None  # for the rest: none, one, or a batch
     bodies: Callable[[Any], Sequence[bool | None]]  # one call -> each quantifier's body on it
-    #: The quantifiers alone, and where each of the batch's conditions is found in the
-    #: rest's results followed by the quantifiers' verdicts.
-    quantifiers: tuple[cel.Quantifier, ...] = ()
-    order: tuple[int, ...] = ()
+    #: Where each of the batch's conditions is found in the rest's results followed by
+    #: the quantifiers' verdicts.
+    order: tuple[int, ...]
     #: The quantifiers' verdicts over no call, and over calls none of which any body
     #: held or erred for (then no tally is kept per quantifier: :class:`_Tallies`).
-    if_none: tuple[bool | None, ...] = ()
-    if_all_false: tuple[bool | None, ...] = ()
+    if_none: tuple[bool | None, ...]
+    if_all_false: tuple[bool | None, ...]
 
     @classmethod
     def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
@@ -948,7 +946,7 @@ class _Split:
         if_none = tuple(q.verdict(cel.Tally.of_falses(0)) for q in quantifiers)
         if_all_false = tuple(q.verdict(cel.Tally.of_falses(1)) for q in quantifiers)
         bodies = cel.bodies(quantifiers)
-        return cls(quantified, rest, program, bodies, quantifiers, order, if_none, if_all_false)
+        return cls(quantifiers, program, bodies, order, if_none, if_all_false)
 
     def results(self, log: _Log, inputs: _Inputs, size: int) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
