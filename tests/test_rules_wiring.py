@@ -17,6 +17,7 @@ import pytest
 from conftest import call, calls, say
 
 from fsm_agent import Budget, Rule, Runtime, ScriptedModel, ToolRegistry
+from fsm_agent._core.content import Image
 from fsm_agent._core.table import DEFAULT_MACHINE
 from fsm_agent._durable.sqlite import SqliteStore
 from fsm_agent._errors import ConfigError, MachineMismatch
@@ -366,6 +367,63 @@ def test_rules_judge_a_result_as_the_trace_records_it_so_check_agrees(tmp_path: 
     cli = subprocess.run([sys.executable, "-m", "fsm_agent", "check", str(tmp_path / "t.jsonl")],
                          capture_output=True, text=True)  # fmt: skip
     assert cli.returncode == 0, cli.stdout + cli.stderr
+
+
+def test_rules_read_a_result_holding_media_as_the_observation_records_it(tmp_path: Path) -> None:
+    """An image a tool returns is split off the observation (its bytes go to the model as
+    a part, the trace keeps a stand-in with their size): ``result`` and ``calls`` hold that
+    stand-in too, so ``check``, which replays the stand-in, judges what the run judged
+    (the rules once read the whole value: an honest trace then failed check)."""
+    tools = ToolRegistry()
+
+    @tools.tool(schema=QUERY, effect="read")
+    def snap(q: str) -> dict[str, Any]:
+        return {"pic": Image(b"\x89PNG" + b"x" * 100), "q": q}
+
+    stand_in = "result.pic.type == 'image' && result.pic.bytes == 104"
+    shown = Rule("image-seen", on="after_tool", tools=["snap"], when=f"!({stand_in})",
+                 then="deny")  # fmt: skip
+    again = Rule("one-image", on="before_tool", tools=["snap"], then="deny",
+                 when="calls.exists(c, c.result.pic.part == 1)")  # fmt: skip
+    script = [calls(call("a", "snap", q="x")), calls(call("b", "snap", q="y")), say("ok")]
+    result = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
+                     rules=[shown, again]).run("go", trace=tmp_path / "t.jsonl")  # fmt: skip
+    assert (result.status, result.reason) == ("done", "final_answer")
+    assert [(e["phase"], e["rule"], e["verdict"]) for e in rule_events(result.events)] == [
+        ("before_tool", None, "pass"), ("after_tool", None, "pass"),
+        ("before_tool", "one-image", "deny")]  # fmt: skip
+    assert result.counters["tool_attempts"] == {"snap": 1}
+    checked(tmp_path / "t.jsonl")
+    cli = subprocess.run([sys.executable, "-m", "fsm_agent", "check", str(tmp_path / "t.jsonl")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+
+
+def test_a_result_kept_by_its_size_only_is_not_judged_and_calls_hold_null(tmp_path: Path) -> None:
+    """A result past ``max_output_bytes`` is recorded by its size only and stops the run
+    (R9): there is nothing the trace holds to judge, so no ``after_tool`` rule is; ``calls``
+    holds the call as ok with a null result. ``check`` replays a stand-in of that size and
+    agrees (the rules once read the whole value: an honest trace then failed check)."""
+    tools = ToolRegistry()
+
+    @tools.tool(schema=QUERY, effect="read")
+    def dump(q: str) -> dict[str, Any]:
+        return {"blob": "y" * 5000, "q": q}
+
+    leak = Rule("no-blob", on="after_tool", tools=["dump"], when="has(result.blob)",
+                then="deny")  # fmt: skip
+    after = Rule("after-dump", on="before_model", when="calls.exists(c, c.ok && c.result == null)",
+                 then="deny")  # fmt: skip
+    script = [calls(call("a", "dump", q="x")), say("never asked")]
+    result = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
+                     rules=[leak, after], budget=Budget(max_output_bytes=1000)).run(
+        "go", trace=tmp_path / "t.jsonl")  # fmt: skip
+    assert (result.status, result.reason) == ("budget_exhausted", "tool_output")
+    assert [(e["phase"], e["rule"], e["verdict"]) for e in rule_events(result.events)] == [
+        ("before_model", None, "pass"), ("before_model", "after-dump", "deny")]  # fmt: skip
+    assert tool_results(result.messages)["a"]["error"] == "output_too_large"
+    assert result.counters["model_calls"] == 1
+    checked(tmp_path / "t.jsonl")
 
 
 def test_strict_after_tool_deny_stops_the_run_and_withholds_the_result(tmp_path: Path) -> None:

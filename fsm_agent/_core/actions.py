@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fsm_agent._core import events
 from fsm_agent._core.budget import MAX_RECORD_BYTES
@@ -51,18 +51,25 @@ _KEPT = ("digest", "reason", "result", "reviewer", "at", "note", "arguments")
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 
 
-def answer(
-    s: RunState,
-    payloads: Payloads,
-    result: dict[str, Any],
-    *,
-    call: PreparedCall | None = None,
-    synthetic: bool = False,
-) -> int:
-    """Bind ``result`` to ``call`` (default: the current one) as its tool message; returns
-    the message's index in the history. The trace gets a copy (``observation``), so a
-    tool that mutates what it returned later cannot change what was recorded."""
-    call = call or s.call
+class Recorded(NamedTuple):
+    """A result as its tool message and observation hold it: the JSON text (with media
+    split off, or a stand-in where it is kept by its size only), the media, their bytes,
+    and the size counted against ``max_output_bytes``."""
+
+    text: str
+    media: list[Any]
+    media_bytes: int
+    size: int
+    oversized: bool
+
+    def value(self) -> Any:
+        """The recorded ``value`` of an ok result (``None`` where it is kept by its size
+        only): what the rules read of it, and what ``check`` replays."""
+        return None if self.oversized else copy_json(self.text).get("value")
+
+
+def record(s: RunState, result: dict[str, Any], synthetic: bool = False) -> Recorded:
+    """``result`` as :func:`answer` records it (the observation the trace gets)."""
     text, data, changed = dumps_safe(result)
     media: list[Any] = []
     media_bytes = 0
@@ -83,6 +90,27 @@ def answer(
         # store and the trace, and the model is never handed it.
         text = json.dumps({"ok": False, "error": "output_too_large", "bytes": size})
         media = []
+    return Recorded(text, media, media_bytes, size, oversized)
+
+
+def answer(
+    s: RunState,
+    payloads: Payloads,
+    result: dict[str, Any],
+    *,
+    call: PreparedCall | None = None,
+    synthetic: bool = False,
+    recorded: Recorded | None = None,
+) -> int:
+    """Bind ``result`` to ``call`` (default: the current one) as its tool message; returns
+    the message's index in the history. The trace gets a copy (``observation``), so a
+    tool that mutates what it returned later cannot change what was recorded.
+    ``recorded``: :func:`record` of ``result``, where the rules already made it."""
+    call = call or s.call
+    if recorded is None:
+        recorded = record(s, result, synthetic)
+    s.recorded = recorded
+    text, media, media_bytes, size, oversized = recorded
     # (tool_message's plain-text form, without its call: once per answered call.)
     message = (
         {"role": "tool", "tool_call_id": call.id, "content": text}
@@ -193,7 +221,8 @@ def answer_replay(s: RunState, payloads: Payloads) -> None:
 
 
 def answer_result(s: RunState, payloads: Payloads) -> None:
-    answer(s, payloads, {"ok": True, "value": s.outcome.value})
+    # (Recorded already where an after_tool rule judged it: judging.after_tool.)
+    answer(s, payloads, {"ok": True, "value": s.outcome.value}, recorded=s.ahead)
 
 
 def answer_failure(s: RunState, payloads: Payloads) -> None:

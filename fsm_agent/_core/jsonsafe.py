@@ -37,7 +37,7 @@ from json.scanner import c_make_scanner  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
-    "MAX_DEPTH", "MAX_INT_DIGITS", "as_json", "c_dumps", "clean_text", "copy_json", "dumps_safe",
+    "MAX_DEPTH", "MAX_INT_DIGITS", "c_dumps", "clean_text", "copy_json", "dumps_safe",
     "make_safe",
 ]  # fmt: skip
 
@@ -186,15 +186,6 @@ def copy_json(text: str) -> Any:
     if _scan is None:
         return json.loads(text)
     return _scan(text, 0)[0]
-
-
-def as_json(value: Any) -> Any:
-    """``value`` as its JSON text (:func:`dumps_safe`) reads back: what a trace records
-    of it. Not :func:`make_safe`'s copy: a key that is not a string is spelled as JSON
-    spells it (``true``, ``null``), not as Python does (``True``), so what the rules
-    judged and what ``check`` replays from the trace are one value. Encoding and
-    reading are C where the interpreter has the accelerator (no walk in Python)."""
-    return copy_json(dumps_safe(value)[0])
 
 
 def _depth_ok(text: str) -> bool:

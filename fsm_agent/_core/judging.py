@@ -30,8 +30,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fsm_agent._core import events
+from fsm_agent._core.actions import record
 from fsm_agent._core.canonical import digest
-from fsm_agent._core.jsonsafe import as_json
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine, Transition
 from fsm_agent._rules import Facts, Judgement, RuleSet
 
@@ -265,10 +265,16 @@ def _approved(s: RunState, call_id: str, args_digest: str) -> bool:
 def after_tool(s: RunState, rules: RuleSet) -> None:
     """Judge the current call's successful result before the history gets it."""
     call, outcome = s.call, s.outcome
-    s.ruled = frozenset()
+    s.ruled, s.ahead = frozenset(), None
     if outcome.kind != "ok" or not rules.judges("after_tool", call.name):
         return
-    result = as_json(outcome.value)  # as the observation records it (check replays it)
+    # As the observation records it (what check replays), media split off; the answer
+    # takes this record rather than make it again. One kept by its size only is not
+    # judged: the model never gets it, and the run stops on it (R9, output_budget_spent).
+    s.ahead = record(s, {"ok": True, "value": outcome.value})
+    if s.ahead.oversized:
+        return
+    result = s.ahead.value()
     facts = _facts(
         s, tool=call.name, effect=call.effect, args=call.arguments, result=result,
         call_id=call.id,
@@ -322,14 +328,16 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
     if rules is not None and not rules.reads_calls:
         return  # no rule reads them: nothing to keep (the same in check's replay)
     call, outcome = s.call, s.outcome
-    ok, result = outcome.kind == "ok", outcome.value
+    ok = outcome.kind == "ok"
     if not returned:
-        stored = call.record if s.taken.action == "answer_stored" else None
-        ok, result = stored is not None, stored.result if stored is not None else None
+        ok = s.taken.action == "answer_stored"  # (its stored result answered it)
+    # What the trace records of the result: the answer's observation, or, withheld by
+    # an after_tool rule, what that rule judged (its rule event records it).
+    made = s.ahead if s.taken.action == "answer_rule" else s.recorded
     entry = {
         "tool": call.name,
         "args": call.arguments if call.arguments is not None else {},
         "ok": ok,
-        "result": as_json(result) if ok else None,  # as recorded (see after_tool)
+        "result": made.value() if ok else None,
     }
     s.executed.append(entry)

@@ -313,6 +313,11 @@ class RunState:
     ruled: frozenset[str] = apart("scratch: the rules of the last judgement", frozenset())
     #: What those rules said (the stop detail of a rule's edge).
     rule_detail: str = apart("scratch: the words of the last judgement", "")
+    #: The current call's result as its observation records it (``actions.Recorded``),
+    #: made for its ``after_tool`` judgement: the answer takes it rather than remake it.
+    ahead: Any = apart("scratch: the result an after_tool judgement read", None)
+    #: The record of the last answer made (``actions.Recorded``): what ``calls`` keeps.
+    recorded: Any = apart("scratch: the last answer's record", None)
     #: A reviewer's decision being recorded (the ``review`` trigger).
     review_request: dict[str, Any] | None = apart("scratch: the review being fired", None)
     #: Who asked for the ``cancel`` being fired, when and why (``loop.Cancelled``).
