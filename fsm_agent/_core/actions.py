@@ -15,8 +15,8 @@ JSON-safe by ``core/jsonsafe.py`` (R12).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fsm_agent._core import events
 from fsm_agent._core.budget import MAX_RECORD_BYTES
@@ -51,27 +51,27 @@ _KEPT = ("digest", "reason", "result", "reviewer", "at", "note", "arguments")
 _FAILURE_ERRORS = {"rejected": "rejected", "timeout": "timeout", "not_started": "not_executed"}
 
 
-class Recorded(NamedTuple):
-    """A result as its tool message and observation hold it: the JSON text (with media
-    split off, or a stand-in where it is kept by its size only), the media, their bytes,
-    and the size counted against ``max_output_bytes``."""
+#: A result as its tool message and observation hold it (:func:`record`): the JSON text
+#: (with media split off, or a stand-in where it is kept by its size only), the media,
+#: their bytes, the size counted against ``max_output_bytes``, and whether it is kept by
+#: its size only. (A plain tuple: made once per answered call.)
+Recorded = tuple[str, Sequence[Any], int, int, bool]
 
-    text: str
-    media: list[Any]
-    media_bytes: int
-    size: int
-    oversized: bool
 
-    def value(self) -> Any:
-        """The recorded ``value`` of an ok result (``None`` where it is kept by its size
-        only): what the rules read of it, and what ``check`` replays."""
-        return None if self.oversized else copy_json(self.text).get("value")
+#: The media of a result that holds none.
+_NO_MEDIA: tuple[Any, ...] = ()
+
+
+def recorded_value(recorded: Recorded) -> Any:
+    """The recorded ``value`` of an ok result (``None`` where it is kept by its size
+    only): what the rules read of it, and what ``check`` replays."""
+    return None if recorded[4] else copy_json(recorded[0]).get("value")
 
 
 def record(s: RunState, result: dict[str, Any], synthetic: bool = False) -> Recorded:
     """``result`` as :func:`answer` records it (the observation the trace gets)."""
     text, data, changed = dumps_safe(result)
-    media: list[Any] = []
+    media: Sequence[Any] = _NO_MEDIA
     media_bytes = 0
     budget = s.config.budget
     if changed:  # not plain JSON data: it may hold images or files (core/content.py)
@@ -81,16 +81,14 @@ def record(s: RunState, result: dict[str, Any], synthetic: bool = False) -> Reco
             media_bytes = sum(len(m.data) for m in media)
     size = len(data) + media_bytes
     limit = budget.max_output_bytes
-    oversized = not synthetic and size > (
-        MAX_RECORD_BYTES if limit is None else min(limit, MAX_RECORD_BYTES)
-    )
+    oversized = not synthetic and (size > MAX_RECORD_BYTES or (limit is not None and size > limit))
     if oversized:
         # Alone past the whole output budget (or what one record may hold): the run
         # stops on it anyway, so it is kept by its size, not whole, in the history, the
         # store and the trace, and the model is never handed it.
         text = json.dumps({"ok": False, "error": "output_too_large", "bytes": size})
-        media = []
-    return Recorded(text, media, media_bytes, size, oversized)
+        media = _NO_MEDIA
+    return text, media, media_bytes, size, oversized
 
 
 def answer(
@@ -107,10 +105,9 @@ def answer(
     tool that mutates what it returned later cannot change what was recorded.
     ``recorded``: :func:`record` of ``result``, where the rules already made it."""
     call = call or s.call
-    if recorded is None:
-        recorded = record(s, result, synthetic)
-    s.recorded = recorded
-    text, media, media_bytes, size, oversized = recorded
+    text, media, media_bytes, size, oversized = s.recorded = recorded or record(
+        s, result, synthetic
+    )
     # (tool_message's plain-text form, without its call: once per answered call.)
     message = (
         {"role": "tool", "tool_call_id": call.id, "content": text}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,7 +156,7 @@ def _data_url(item: Media) -> str:
     return f"data:{item.media_type};base64,{base64.b64encode(item.data).decode('ascii')}"
 
 
-def media_parts(media: list[Media]) -> list[dict[str, Any]]:
+def media_parts(media: Sequence[Media]) -> list[dict[str, Any]]:
     """The Chat Completions content parts of ``media``, in order."""
     parts: list[dict[str, Any]] = []
     for item in media:
@@ -170,7 +170,7 @@ def media_parts(media: list[Media]) -> list[dict[str, Any]]:
     return parts
 
 
-def tool_message(call_id: str, text: str, media: list[Media]) -> dict[str, Any]:
+def tool_message(call_id: str, text: str, media: Sequence[Media]) -> dict[str, Any]:
     """The tool message answering ``call_id``: plain text, or text plus media parts."""
     if not media:
         return {"role": "tool", "tool_call_id": call_id, "content": text}

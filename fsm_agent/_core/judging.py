@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fsm_agent._core import events
-from fsm_agent._core.actions import record
+from fsm_agent._core.actions import record, recorded_value
 from fsm_agent._core.canonical import digest
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine, Transition
 from fsm_agent._rules import Facts, Judgement, RuleSet
@@ -272,9 +272,9 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
     # takes this record rather than make it again. One kept by its size only is not
     # judged: the model never gets it, and the run stops on it (R9, output_budget_spent).
     s.ahead = record(s, {"ok": True, "value": outcome.value})
-    if s.ahead.oversized:
+    if s.ahead[4]:  # (oversized)
         return
-    result = s.ahead.value()
+    result = recorded_value(s.ahead)
     facts = _facts(
         s, tool=call.name, effect=call.effect, args=call.arguments, result=result,
         call_id=call.id,
@@ -338,6 +338,6 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
         "tool": call.name,
         "args": call.arguments if call.arguments is not None else {},
         "ok": ok,
-        "result": made.value() if ok else None,
+        "result": recorded_value(made) if ok else None,
     }
     s.executed.append(entry)

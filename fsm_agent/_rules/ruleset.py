@@ -15,11 +15,11 @@ for answers) with the error in the judgement.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
+from hashlib import sha256
 from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
@@ -32,7 +32,6 @@ from fsm_agent._rules.canonical import (
     canonical_text,
     chain,
     digest,
-    digest_of_text,
     inputs_digest,
 )
 from fsm_agent._rules.facts import PASS, Facts, Judgement
@@ -381,11 +380,13 @@ class RuleSet:
         found = self._candidates(phase, facts.tool)
         if phase in TOOL_PHASES and facts.effect is None and isinstance(facts.tool, str):
             facts = replace(facts, effect=self._effect(facts.tool))
+        quick = self._quick(phase, facts, found) if found.plain and facts.appended else None
+        if quick is not None:
+            return quick
         inputs = _Inputs(phase, facts, self._entries, found.names, found.counters)
-        if found.plain:
-            results = inputs.batch_results(found)
-            if results is not None:
-                return self._plain(inputs, found, results)
+        results = inputs.batch_results(found) if found.plain else None
+        if results is not None:
+            return self._plain(inputs, found, results)
         known = inputs.evaluate_batch(found) if found.batch is not None else None
         tried: list[str] = []
         for position, compiled in enumerate(found.rules):
@@ -430,6 +431,108 @@ class RuleSet:
             tried=tuple(tried),
             opaque=inputs.opaque_ids(),
         )
+
+    def _quick(self, phase: str, facts: Facts, found: _Candidates) -> Judgement | None:
+        """:meth:`_plain`'s judgement of the engine's facts (``appended``: its executed
+        calls; trusted and plain variables as ``core/judging.py`` hands them over) with
+        none of :class:`_Inputs`'s bookkeeping: each variable screened and given its line
+        of the digest in one pass, in the digest's order. ``None`` wherever this is not
+        sure to judge as the general path does (a variable to screen by walking it, a
+        call CEL cannot take, a condition ``celfast`` leaves to the engine): the general
+        path then judges (``tests/test_rules_quick.py`` holds the two to one judgement)."""
+        taken = self._quick_screen(facts, found)
+        if taken is None:
+            return None
+        screened, lines, log = taken
+        results = self._quick_results(phase, found, screened, log)
+        if results is None:
+            return None
+        if True not in results:
+            return Judgement.of(phase=phase, verdict=PASS, rule_id=None, tried=found.ids,
+                                inputs_digest=inputs_digest(phase, facts.call_id, lines),
+                                call_id=facts.call_id)  # fmt: skip
+        position = results.index(True)
+        read = frozenset(found.upto[position])
+        lines = [line for name, line in zip(found.names, lines, strict=True) if name in read]
+        rule = found.rules[position].rule
+        return Judgement.of(phase=phase, verdict=rule.then, rule_id=rule.id,
+                            inputs_digest=inputs_digest(phase, facts.call_id, lines),
+                            detail=rule.message or f"rule {rule.id!r}: {rule.condition_text()}",
+                            call_id=facts.call_id, tried=found.ids[: position + 1])  # fmt: skip
+
+    def _quick_screen(
+        self, facts: Facts, found: _Candidates
+    ) -> tuple[dict[str, Any], list[str], _Log | None] | None:
+        """The variables ``found`` reads, screened, and their lines of the digest (as
+        :meth:`_Inputs._screen_wanted` and :meth:`_Inputs.digest` make them), in the
+        digest's order; the run's log where they read ``calls``. ``None``: not sure."""
+        screened: dict[str, Any] = {}
+        lines: list[str] = []
+        entries, trusted, plain = self._entries, facts.trusted, facts.plain
+        log: _Log | None = None
+        for name in found.names:  # (sorted: the digest's order)
+            if name == "calls":
+                calls = facts.calls
+                if type(calls) is not list or name in trusted:
+                    return None
+                log = entries.log(calls)
+                if log.refused is not None:
+                    return None
+                screened[name] = log.screened
+                lines.append("calls=chain:" + log.chain)
+                continue
+            value = getattr(facts, name)
+            if name in trusted:
+                got = self._trusted(name, value, found.counters)
+                if got is None:
+                    return None
+                value, part = got
+            elif name in plain:
+                if value is None and name == "args":
+                    value = {}
+                part = canonical_text(value)
+                if not _within_limits(part):
+                    return None
+            else:
+                return None
+            screened[name] = value
+            lines.append(f"{name}={part}")
+        return screened, lines, log
+
+    def _trusted(
+        self, name: str, value: Any, fields: tuple[str, ...] | None
+    ) -> tuple[Any, str] | None:
+        """A trusted variable as the conditions get it, and its component of the digest
+        (``None``: not sure of them): of ``counters``, the fields read (where they are
+        read by name), as their canonical text; ``context`` as its digest (once per
+        run); a name (a tool's, an effect) as its canonical text (once per name)."""
+        if name == "counters":
+            if type(value) is not dict:
+                return None
+            if fields is not None:
+                value = {field: value[field] for field in fields if field in value}
+            return value, canonical_text(value)
+        if name == "context":
+            return value, self._entries.context_digest(value)
+        return (value, self._entries.text(value)) if type(value) is str else None
+
+    @staticmethod
+    def _quick_results(
+        phase: str, found: _Candidates, screened: dict[str, Any], log: _Log | None
+    ) -> list[bool] | None:
+        """The batch's results on ``screened`` (as :meth:`_Inputs.batch_results`)."""
+        assert found.batch is not None
+        batch = found.batch[0]
+
+        def activation() -> Any:
+            return cel.activation(phase, screened)
+
+        split = found.split
+        if split is not None and log is not None:
+            results = split.results(log, screened, activation, batch.size)
+            if results is not None:
+                return results
+        return batch.evaluate_on(screened, activation)
 
     def _plain(self, inputs: _Inputs, found: _Candidates, results: list[bool]) -> Judgement:
         """The common case without the loop: every rule a CEL condition with a plain
@@ -480,9 +583,10 @@ class _EntryCache:
     changed) are screened and hashed in full otherwise at every call the rules judge.
 
     Keyed by identity, holding the entry itself so that its id is not reused; bounded.
-    A list the caller vouches only grows (``Facts.appended``) has a :class:`_Log`: its
-    screened entries and digests as lists that grow with it, so a judgement late in a
-    long run walks none of the entries it has seen before."""
+    A list the caller vouches only grows (``Facts.appended``, the engine's) has a
+    :class:`_Log` instead: its screened entries and digests as lists that grow with it,
+    so a judgement late in a long run walks none of the entries it has seen before (its
+    entries are not kept here as well: each is taken in once, when it is appended)."""
 
     __slots__ = ("_context", "_digests", "_logs", "_screened", "_steps", "_texts")
 
@@ -538,7 +642,8 @@ class _EntryCache:
             if len(self._logs) >= self.LOGS:
                 self._logs.clear()
             log = self._logs[id(calls)] = _Log(calls)
-        log.extend(self)
+        if len(log.digests) < len(calls):
+            log.extend()
         return log
 
     def screened(self, calls: Sequence[Any]) -> list[Any]:
@@ -555,19 +660,6 @@ class _EntryCache:
                 self._screened.clear()
             self._screened[id(entry)] = hit
         return hit[1]
-
-    def screen_logged(self, entry: Any, position: int, text: str | None) -> Any:
-        """:meth:`screen_entry` for an entry of an appended list (the engine's: plain
-        JSON values as it builds them, ``Facts.appended``), whose canonical ``text`` is
-        at hand: where that text shows it within CEL's limits (strict JSON, so no lone
-        surrogate; nesting bounded by its bracket count; no integer of 19 digits or
-        more), the entry is taken as it is, not walked and copied."""
-        if text is not None and _within_limits(text):
-            if len(self._screened) >= self.LIMIT:
-                self._screened.clear()
-            self._screened[id(entry)] = (entry, entry)
-            return entry
-        return self.screen_entry(entry, position)
 
     def digest_entry(self, entry: Any) -> str | None:
         """The entry's digest if it was computed before, else ``None``."""
@@ -629,21 +721,26 @@ class _Log:
         seen = len(self.digests)
         return seen <= len(self.calls) and (seen == 0 or self._last is self.calls[seen - 1])
 
-    def extend(self, cache: _EntryCache) -> None:
-        calls = self.calls
-        for position in range(len(self.digests), len(calls)):
+    def extend(self) -> None:
+        """Take in the entries appended since: each one's canonical text, digest and
+        chain step, and its screened form (the entry itself, within CEL's limits)."""
+        calls, digests = self.calls, self.digests
+        for position in range(len(digests), len(calls)):
             entry = calls[position]
-            entry_digest, text = cache.digest_entry(entry), None
-            if entry_digest is None:
-                text = canonical_text(entry)
-                entry_digest = cache.keep_digest(entry, digest_of_text(text))
-            self.digests.append(entry_digest)
+            text = canonical_text(entry)
+            data = text.encode("utf-8", "surrogatepass")
+            entry_digest = "sha256:" + sha256(data).hexdigest()  # (digest_of_text(text))
+            digests.append(entry_digest)
             self.chain = chain(self.chain, entry_digest)
-            if self.refused is None:
-                try:
-                    self.screened.append(cache.screen_logged(entry, position, text))
-                except cel.Unrepresentable as exc:
-                    self.refused = exc
+            if self.refused is not None:
+                continue
+            if _within_limits(text, data):  # taken as it is, not walked and copied
+                self.screened.append(entry)
+                continue
+            try:
+                self.screened.append(cel.screen(entry, f"calls[{position}]"))
+            except cel.Unrepresentable as exc:
+                self.refused = exc
         if calls:
             self._last = calls[-1]
 
@@ -736,7 +833,7 @@ class _Inputs:
             return None
         split, facts = found.split, self.facts
         if split is not None and facts.appended and type(facts.calls) is list:
-            results = split.results(self.log(), self, found.batch[0].size)
+            results = split.results(self.log(), screened, self.activation, found.batch[0].size)
             if results is not None:
                 return results
         return found.batch[0].evaluate_on(screened, self.activation)
@@ -948,7 +1045,9 @@ class _Split:
         bodies = cel.bodies(quantifiers)
         return cls(quantifiers, program, bodies, order, if_none, if_all_false)
 
-    def results(self, log: _Log, inputs: _Inputs, size: int) -> list[bool] | None:
+    def results(
+        self, log: _Log, screened: dict[str, Any], activation: Callable[[], Any], size: int
+    ) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
         tallies = log.tallies_of(self)
         if tallies is None:
@@ -963,12 +1062,12 @@ class _Split:
         program = self.program
         rest: list[bool] = []
         if isinstance(program, cel.CelBatch):
-            got = program.evaluate_on(inputs.screened, inputs.activation)
+            got = program.evaluate_on(screened, activation)
             if got is None:
                 return None
             rest = got
         elif program is not None:
-            single = program.evaluate_on(inputs.screened, inputs.activation)
+            single = program.evaluate_on(screened, activation)
             if type(single) is not bool:
                 return None
             rest = [single]
@@ -978,18 +1077,28 @@ class _Split:
         return [combined[i] for i in self.order]
 
 
+#: Bytes to bytes: each ASCII digit to ``0``, anything else to a space. A UTF-8 text's
+#: digits are single bytes and no other character has a byte in ``0``-``9``, so a run of
+#: nineteen digits in the text is a run of nineteen ``0`` in its translation (one pass in
+#: C; a regular expression's search costs some ten times as much).
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
 #: Nineteen digits in a row: where a canonical text has none, every integer in it is
 #: within CEL's 64 bits (2**63 has 19 digits).
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
+_LONG_RUN = b"0" * 19
 
 
-def _within_limits(text: str) -> bool:
-    """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes."""
+def _within_limits(text: str, data: bytes | None = None) -> bool:
+    """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes;
+    ``data``: the text's UTF-8 bytes, where they are at hand."""
     if text.startswith("!"):
         return False
     if len(text) < 19:  # too short for 19 digits, or for CEL's nesting limit
         return True
-    return text.count("{") + text.count("[") <= cel.MAX_DEPTH and _LONG_DIGITS.search(text) is None
+    if text.count("{") + text.count("[") > cel.MAX_DEPTH:
+        return False
+    # (A canonical text not in the ``!`` form encodes as strict UTF-8: canonical_text.)
+    utf8 = text.encode("utf-8") if data is None else data
+    return _LONG_RUN not in utf8.translate(_DIGITS)
 
 
 def _counter_fields(programs: list[cel.CelProgram]) -> tuple[str, ...] | None:
