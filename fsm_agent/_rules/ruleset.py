@@ -440,7 +440,8 @@ class RuleSet:
         sure to judge as the general path does (a variable to screen by walking it, a
         call CEL cannot take, a condition ``celfast`` leaves to the engine): the general
         path then judges (``tests/test_rules_quick.py`` holds the two to one judgement)."""
-        taken = self._quick_screen(facts, found)
+        screen = found.screen
+        taken = screen(facts, self._entries) if screen is not None else None
         if taken is None:
             return None
         screened, lines, log = taken
@@ -459,62 +460,6 @@ class RuleSet:
                             inputs_digest=inputs_digest(phase, facts.call_id, lines),
                             detail=rule.message or f"rule {rule.id!r}: {rule.condition_text()}",
                             call_id=facts.call_id, tried=found.ids[: position + 1])  # fmt: skip
-
-    def _quick_screen(
-        self, facts: Facts, found: _Candidates
-    ) -> tuple[dict[str, Any], list[str], _Log | None] | None:
-        """The variables ``found`` reads, screened, and their lines of the digest (as
-        :meth:`_Inputs._screen_wanted` and :meth:`_Inputs.digest` make them), in the
-        digest's order; the run's log where they read ``calls``. ``None``: not sure."""
-        screened: dict[str, Any] = {}
-        lines: list[str] = []
-        entries, trusted, plain = self._entries, facts.trusted, facts.plain
-        log: _Log | None = None
-        for name in found.names:  # (sorted: the digest's order)
-            if name == "calls":
-                calls = facts.calls
-                if type(calls) is not list or name in trusted:
-                    return None
-                log = entries.log(calls)
-                if log.refused is not None:
-                    return None
-                screened[name] = log.screened
-                lines.append("calls=chain:" + log.chain)
-                continue
-            value = getattr(facts, name)
-            if name in trusted:
-                got = self._trusted(name, value, found.counters)
-                if got is None:
-                    return None
-                value, part = got
-            elif name in plain:
-                if value is None and name == "args":
-                    value = {}
-                part = canonical_text(value)
-                if not _within_limits(part):
-                    return None
-            else:
-                return None
-            screened[name] = value
-            lines.append(f"{name}={part}")
-        return screened, lines, log
-
-    def _trusted(
-        self, name: str, value: Any, fields: tuple[str, ...] | None
-    ) -> tuple[Any, str] | None:
-        """A trusted variable as the conditions get it, and its component of the digest
-        (``None``: not sure of them): of ``counters``, the fields read (where they are
-        read by name), as their canonical text; ``context`` as its digest (once per
-        run); a name (a tool's, an effect) as its canonical text (once per name)."""
-        if name == "counters":
-            if type(value) is not dict:
-                return None
-            if fields is not None:
-                value = {field: value[field] for field in fields if field in value}
-            return value, canonical_text(value)
-        if name == "context":
-            return value, self._entries.context_digest(value)
-        return (value, self._entries.text(value)) if type(value) is str else None
 
     @staticmethod
     def _quick_results(
@@ -942,6 +887,85 @@ class _Inputs:
         return canonical_text(self._value(name))
 
 
+#: A generated screener (:func:`_screener`).
+Screen = Callable[[Facts, "_EntryCache"], "tuple[dict[str, Any], list[str], _Log | None] | None"]
+
+#: What the quick path's screener does for each variable (``{v}``: its local, ``{q}``:
+#: its name as a literal): take it as the engine hands it over, with its part of the
+#: digest (as :meth:`_Inputs._screen_wanted` and :meth:`_Inputs.digest` make them), or
+#: return ``None`` (not sure: the general path judges).
+_SCREEN_STEPS = {
+    # Plain JSON from the loop: screened by its canonical text (``Facts.plain``).
+    "args": """
+    if 'args' not in plain: return None
+    {v} = facts.args
+    if {v} is None: {v} = {{}}
+    {t} = canonical_text({v})
+    if not within({t}): return None""",
+    "result": """
+    if 'result' not in plain: return None
+    {v} = facts.result
+    {t} = canonical_text({v})
+    if not within({t}): return None""",
+    # The run's executed calls, as a log that grows with them (``Facts.appended``).
+    "calls": """
+    {v} = facts.calls
+    if type({v}) is not list or 'calls' in trusted: return None
+    log = entries.log({v})
+    if log.refused is not None: return None
+    {v} = log.screened
+    {t} = 'chain:' + log.chain""",
+    # Trusted, as they are: the counters (those read, if by field name), the context
+    # (digested once per run), and names (a tool's, an effect: their text once each).
+    "counters": """
+    if 'counters' not in trusted: return None
+    {v} = facts.counters
+    if type({v}) is not dict: return None{project}
+    {t} = canonical_text({v})""",
+    "context": """
+    if 'context' not in trusted: return None
+    {v} = facts.context
+    {t} = entries.context_digest({v})""",
+    "tool": """
+    if 'tool' not in trusted: return None
+    {v} = facts.tool
+    if type({v}) is not str: return None
+    {t} = entries.text({v})""",
+    "effect": """
+    if 'effect' not in trusted: return None
+    {v} = facts.effect
+    if type({v}) is not str: return None
+    {t} = entries.text({v})""",
+}
+
+
+def _screener(names: tuple[str, ...], fields: tuple[str, ...] | None) -> Screen | None:
+    """One function screening exactly ``names`` (sorted: the digest's order), straight
+    line: no loop over names, no lookup per variable. ``None`` where a variable is one
+    it does not take (``answer``: the general path screens it). The source is built from
+    the fixed templates above and the variables' names only (``fields`` are passed as a
+    value, never spelled into it)."""
+    if any(name not in _SCREEN_STEPS for name in names):
+        return None
+    project = "\n    {v} = {{f: {v}[f] for f in FIELDS if f in {v}}}" if fields is not None else ""
+    body, values, lines = [], [], []
+    for i, name in enumerate(names):
+        v, t = f"v{i}", f"t{i}"
+        body.append(_SCREEN_STEPS[name].format(v=v, t=t, project=project.format(v=v)))
+        values.append(f"{name!r}: {v}")
+        lines.append(f"{name + '='!r} + {t}")
+    log = "log" if "calls" in names else "None"
+    source = (
+        "def screen(facts, entries):\n    trusted, plain = facts.trusted, facts.plain"
+        + "".join(body)
+        + f"\n    return {{{', '.join(values)}}}, [{', '.join(lines)}], {log}\n"
+    )
+    namespace: dict[str, Any] = {"canonical_text": canonical_text, "within": _within_limits,
+                                 "FIELDS": fields}  # fmt: skip
+    exec(compile(source, "<fsm_agent._rules.ruleset screen>", "exec"), namespace)
+    return namespace["screen"]  # type: ignore[no-any-return]
+
+
 #: The variables that are names (strings the run repeats: a tool's, an effect).
 _NAMES = frozenset({"tool", "effect"})
 
@@ -968,6 +992,9 @@ class _Candidates:
     #: The counters the CEL conditions read, where each reads them by field name only
     #: (``counters.model_calls``): they are given, and digested, those fields only.
     counters: tuple[str, ...] | None = None
+    #: ``(facts, entries) -> (screened, digest lines, log) | None`` for the quick path
+    #: (:func:`_screener`), where every variable read is one it can take.
+    screen: Screen | None = None
 
     @classmethod
     def of(cls, phase: str, rules: tuple[_Compiled, ...]) -> _Candidates:
@@ -991,6 +1018,7 @@ class _Candidates:
             _Split.of(phase, programs) if batch is not None else None,
             tuple(sorted(_reads(rules))),
             _counter_fields(programs),
+            _screener(tuple(sorted(_reads(rules))), _counter_fields(programs)) if plain else None,
         )
 
 
