@@ -266,7 +266,9 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
     """Judge the current call's successful result before the history gets it."""
     call, outcome = s.call, s.outcome
     s.ruled, s.ahead = frozenset(), None
-    if outcome.kind != "ok" or not rules.judges("after_tool", call.name):
+    if "after_tool" not in rules.phases or outcome.kind != "ok":
+        return
+    if not rules.judges("after_tool", call.name):
         return
     # As the observation records it (what check replays), media split off; the answer
     # takes this record rather than make it again. One kept by its size only is not
@@ -293,7 +295,7 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
 def before_model(s: RunState, rules: RuleSet) -> None:
     """Judge the next model call when the batch is done (the loop's ``observe`` step)."""
     s.ruled = frozenset()
-    if not rules.judges("before_model"):
+    if "before_model" not in rules.phases:
         return
     if any(c.id not in s.answered for c in s.decision.calls):
         return  # the batch has calls left: no model call follows this observe
@@ -310,7 +312,7 @@ def answer(s: RunState, rules: RuleSet) -> None:
     d = s.decision
     if d.calls or d.malformed is not None or not (d.answer and d.answer.strip()):
         return
-    if not rules.judges("answer"):
+    if "answer" not in rules.phases:
         return
     judgement = rules.judge("answer", _facts(s, answer=d.answer))
     _record(s, judgement)

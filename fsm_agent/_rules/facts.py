@@ -138,9 +138,10 @@ class Judgement:
         }
         if self.call_id is not None:
             out["call_id"] = self.call_id
-        for key in ("detail", "error"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        if self.detail is not None:
+            out["detail"] = self.detail
+        if self.error is not None:
+            out["error"] = self.error
         if self.opaque:
             out["opaque"] = list(self.opaque)
         return out

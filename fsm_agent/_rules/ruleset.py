@@ -32,6 +32,7 @@ from fsm_agent._rules.canonical import (
     canonical_text,
     chain,
     digest,
+    digest_of_text,
     inputs_digest,
 )
 from fsm_agent._rules.facts import PASS, Facts, Judgement
@@ -131,17 +132,9 @@ class RuleSet:
         self._by_phase: dict[str, tuple[_Compiled, ...]] = {
             phase: tuple(c for c in compiled if c.rule.on == phase) for phase in PHASES
         }
-        # The rules of a phase that can match a tool, worked out once per tool name (for
-        # every registered tool here, with their conditions compiled into one batch).
-        # Tools that match the same rules share one batch (compiled once, not per tool).
-        self._for_tool: dict[tuple[str, str | None], _Candidates] = {}
-        shared: dict[tuple[_Compiled, ...], _Candidates] = {}
-        for phase, of_phase in self._by_phase.items():
-            for tool in self._tools if phase in TOOL_PHASES else (None,):
-                matching = tuple(c for c in of_phase if tool is None or c.matches_tool(tool))
-                if matching not in shared:
-                    shared[matching] = _Candidates.of(phase, matching)
-                self._for_tool[(phase, tool)] = shared[matching]
+        #: The phases some rule is judged at (the loop's test before any judgement).
+        self.phases = frozenset(phase for phase, rules in self._by_phase.items() if rules)
+        self._for_tool = self._candidates_per_tool()
         self._entries = _EntryCache()
         #: Whether any rule reads the run's executed calls: a CEL condition naming
         #: ``calls``, a Python one (it may read anything), a limit (it counts them).
@@ -151,9 +144,26 @@ class RuleSet:
             or (isinstance(c.condition, cel.CelProgram) and "calls" in c.condition.names)
             for c in compiled
         )
-        self.hash = digest(self.to_json())
+        header = self.to_json()
+        self._canonical = canonical_text(header)
+        self._header = json.dumps(header, ensure_ascii=False)  # (to_json's copies, in order)
+        self.hash = digest_of_text(self._canonical)
 
     # -- construction -------------------------------------------------------------------
+
+    def _candidates_per_tool(self) -> dict[tuple[str, str | None], _Candidates]:
+        """The rules of a phase that can match a tool, worked out once per tool name (for
+        every registered tool, their conditions compiled into one batch). Tools that
+        match the same rules share one batch (compiled once, not per tool)."""
+        out: dict[tuple[str, str | None], _Candidates] = {}
+        shared: dict[tuple[_Compiled, ...], _Candidates] = {}
+        for phase, of_phase in self._by_phase.items():
+            for tool in self._tools if phase in TOOL_PHASES else (None,):
+                matching = tuple(c for c in of_phase if tool is None or c.matches_tool(tool))
+                if matching not in shared:
+                    shared[matching] = _Candidates.of(phase, matching)
+                out[(phase, tool)] = shared[matching]
+        return out
 
     def _glob_problems(self, rule: Rule) -> list[str]:
         if rule.on not in TOOL_PHASES or not isinstance(rule.tools, tuple):
@@ -223,13 +233,17 @@ class RuleSet:
     # -- canonical form -----------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The rules in order, in canonical form: what a run's header records."""
+        """The rules in order, in canonical form: what a run's header records (a fresh
+        copy each time: every run's header gets one)."""
+        known: str | None = getattr(self, "_header", None)
+        if known is not None:
+            return json.loads(known)  # type: ignore[no-any-return]
         return {"format": FORMAT, "rules": [_rule_json(c) for c in self._compiled]}
 
     @property
     def canonical(self) -> str:
         """:meth:`to_json` as canonical text (its digest is :attr:`hash`)."""
-        return canonical_text(self.to_json())
+        return self._canonical
 
     @property
     def opaque_rules(self) -> tuple[str, ...]:
@@ -302,15 +316,27 @@ class RuleSet:
         batch, as if executed: the batch's calls would all run before the next
         judgement, so judging each against the executed calls alone would let a batch of
         four past a limit of three."""
-        ahead: list[Mapping[str, Any]] = []
+        passed: list[Facts] = []
         out: list[Judgement] = []
         for facts in batch:
-            judgement = self._judge("before_tool", facts, tuple(ahead))
+            tool = facts.tool
+            # The engine's facts of a registered tool whose candidates are plain CEL
+            # rules (no limit: the calls ahead are not read) go straight to _quick.
+            found = self._for_tool.get(("before_tool", tool)) if type(tool) is str else None
+            judgement = (
+                self._quick("before_tool", facts, found)
+                if found is not None and found.plain and facts.appended and facts.effect
+                else None
+            )
+            if judgement is None:
+                ahead = tuple(
+                    {"tool": f.tool, "args": f.variable("args"), "ok": True, "result": None}
+                    for f in passed
+                )
+                judgement = self._judge("before_tool", facts, ahead)
             out.append(judgement)
             if judgement.verdict in (PASS, "allow"):
-                ahead.append(
-                    {"tool": facts.tool, "args": facts.variable("args"), "ok": True, "result": None}
-                )
+                passed.append(facts)
         return tuple(out)
 
     def executions(self, rule_id: str, facts: Facts) -> int:
@@ -445,9 +471,22 @@ class RuleSet:
         if taken is None:
             return None
         screened, lines, log = taken
-        results = self._quick_results(phase, found, screened, log)
+        assert found.batch is not None
+        batch = found.batch[0]
+
+        def activation() -> Any:
+            return cel.activation(phase, screened)
+
+        split = found.split
+        results = (
+            split.results(log, screened, activation, batch.size)
+            if split is not None and log is not None
+            else None
+        )
         if results is None:
-            return None
+            results = batch.evaluate_on(screened, activation)
+            if results is None:
+                return None
         if True not in results:
             return Judgement.of(phase=phase, verdict=PASS, rule_id=None, tried=found.ids,
                                 inputs_digest=inputs_digest(phase, facts.call_id, lines),
@@ -460,24 +499,6 @@ class RuleSet:
                             inputs_digest=inputs_digest(phase, facts.call_id, lines),
                             detail=rule.message or f"rule {rule.id!r}: {rule.condition_text()}",
                             call_id=facts.call_id, tried=found.ids[: position + 1])  # fmt: skip
-
-    @staticmethod
-    def _quick_results(
-        phase: str, found: _Candidates, screened: dict[str, Any], log: _Log | None
-    ) -> list[bool] | None:
-        """The batch's results on ``screened`` (as :meth:`_Inputs.batch_results`)."""
-        assert found.batch is not None
-        batch = found.batch[0]
-
-        def activation() -> Any:
-            return cel.activation(phase, screened)
-
-        split = found.split
-        if split is not None and log is not None:
-            results = split.results(log, screened, activation, batch.size)
-            if results is not None:
-                return results
-        return batch.evaluate_on(screened, activation)
 
     def _plain(self, inputs: _Inputs, found: _Candidates, results: list[bool]) -> Judgement:
         """The common case without the loop: every rule a CEL condition with a plain
@@ -583,7 +604,13 @@ class _EntryCache:
     def log(self, calls: list[Any]) -> _Log:
         """The log of ``calls`` (an appended list), brought up to its length."""
         log = self._logs.get(id(calls))
-        if log is None or log.calls is not calls or not log.holds():
+        # Kept while the list still starts with the entries seen (it only grew).
+        if (
+            log is None
+            or log.calls is not calls
+            or (seen := len(log.digests)) > len(calls)
+            or (seen and log.last is not calls[seen - 1])
+        ):
             if len(self._logs) >= self.LOGS:
                 self._logs.clear()
             log = self._logs[id(calls)] = _Log(calls)
@@ -628,11 +655,11 @@ class _Log:
     ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
     reading ``calls`` then fails closed, as when the whole list is screened at once."""
 
-    __slots__ = ("_last", "calls", "chain", "digests", "refused", "screened", "tallies")
+    __slots__ = ("calls", "chain", "digests", "last", "refused", "screened", "tallies")
 
     def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
-        self._last: Any = None  # the last entry seen, to tell that the list only grew
+        self.last: Any = None  # the last entry seen, to tell that the list only grew
         self.chain = CHAIN_START  # of the digests (canonical.chain)
         self.screened: list[Any] = []
         self.digests: list[str] = []
@@ -661,11 +688,6 @@ class _Log:
                 tally.add(one)
         return found
 
-    def holds(self) -> bool:
-        """Whether the list still starts with the entries seen (it only grew)."""
-        seen = len(self.digests)
-        return seen <= len(self.calls) and (seen == 0 or self._last is self.calls[seen - 1])
-
     def extend(self) -> None:
         """Take in the entries appended since: each one's canonical text, digest and
         chain step, and its screened form (the entry itself, within CEL's limits)."""
@@ -687,7 +709,7 @@ class _Log:
             except cel.Unrepresentable as exc:
                 self.refused = exc
         if calls:
-            self._last = calls[-1]
+            self.last = calls[-1]
 
 
 class _Inputs:
