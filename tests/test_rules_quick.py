@@ -56,13 +56,14 @@ def _scalar(rng: random.Random) -> Any:
                        "é😀"])  # fmt: skip
 
 
-def _value(rng: random.Random, depth: int = 0) -> Any:
-    roll = rng.random()
-    if depth > 2 or roll < 0.6:
+def _result(rng: random.Random) -> Any:
+    """A tool's result: mostly a record of scalars with a list of items in it."""
+    if rng.random() < 0.1:
         return _scalar(rng)
-    if roll < 0.8:
-        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {rng.choice(["order_id", "n", "x"]): _value(rng, depth + 1) for _ in range(2)}
+    record = {"order_id": _scalar(rng), "status": _scalar(rng)}
+    if rng.random() < 0.3:
+        record["items"] = [{"price": _scalar(rng)} for _ in range(rng.randint(0, 3))]
+    return record
 
 
 def _deep(depth: int) -> Any:
@@ -89,7 +90,7 @@ def _args(rng: random.Random) -> Any:
 def _entry(rng: random.Random) -> dict[str, Any]:
     ok = rng.random() < 0.8
     return {"tool": rng.choice(["lookup", "pay"]), "args": _args(rng) or {}, "ok": ok,
-            "result": _value(rng) if ok else None}  # fmt: skip
+            "result": _result(rng) if ok else None}  # fmt: skip
 
 
 def _facts(rng: random.Random, calls: list[Any]) -> Facts:
