@@ -144,7 +144,7 @@ class RuleSet:
             or (isinstance(c.condition, cel.CelProgram) and "calls" in c.condition.names)
             for c in compiled
         )
-        header = self.to_json()
+        header = {"format": FORMAT, "rules": [_rule_json(c) for c in self._compiled]}
         self._canonical = canonical_text(header)
         self._header = json.dumps(header, ensure_ascii=False)  # (to_json's copies, in order)
         self.hash = digest_of_text(self._canonical)
@@ -235,10 +235,7 @@ class RuleSet:
     def to_json(self) -> dict[str, Any]:
         """The rules in order, in canonical form: what a run's header records (a fresh
         copy each time: every run's header gets one)."""
-        known: str | None = getattr(self, "_header", None)
-        if known is not None:
-            return json.loads(known)  # type: ignore[no-any-return]
-        return {"format": FORMAT, "rules": [_rule_json(c) for c in self._compiled]}
+        return json.loads(self._header)  # type: ignore[no-any-return]
 
     @property
     def canonical(self) -> str:
