@@ -181,10 +181,12 @@ def instruction_ratios(counted: int = 100, runs: int = 2) -> dict[int, float] | 
     return ratios
 
 
-def wired_instructions(runs: int = 2) -> dict[str, float] | None:
+def wired_instructions(runs: int = 10) -> dict[str, float] | None:
     """Instructions per round of the wired scenario (``Runtime(rules=...)``, 100 rounds):
     no rules, the rules that do not read ``calls``, all 20; each against the same set-up
-    run with no work (the figures the issue bounds: 20 rules ≤ 1.5× none)."""
+    run with no work (the figures the issue bounds: 20 rules ≤ 1.5× none). Ten runs of
+    100 rounds: a set-up differs between processes by some 0.5 M instructions (random
+    run ids, addresses), ±2.5k a round over two runs, ±0.5k over ten."""
 
     def workload(which: str, count: int) -> str:
         return (

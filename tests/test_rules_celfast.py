@@ -226,3 +226,68 @@ def test_a_batch_agrees_condition_by_condition() -> None:
             assert batch.evaluate(cel.activation(PHASE, env)) == together
         else:
             assert None in alone
+
+
+#: The phase's variables other than ``args``, as a judgement gives them.
+BASE = {"tool": "lookup", "effect": "read", "counters": {"model_calls": 0}, "calls": [],
+        "context": {}}  # fmt: skip
+
+
+def _batch(*sources: str) -> cel.CelBatch:
+    programs = [cel.compile_condition(s, PHASE) for s in sources]
+    assert all(not isinstance(p, list) for p in programs), programs
+    batch = cel.compile_batch(programs, PHASE)  # type: ignore[arg-type]
+    assert batch is not None and batch.fast is not None
+    return batch
+
+
+def test_a_field_read_outside_any_guard_is_read_once_up_front() -> None:
+    """Read by three conditions, at the top of each: read once before them (where it is
+    missing, the whole batch asks the engine, as reading it in the first would)."""
+    batch = _batch("args.a == 'x'", "args.a.startsWith('y')", "size(args.a) > 1")
+    assert batch.fast is not None
+    assert batch.fast({**BASE, "args": {"a": "yz"}}) == [False, True, True]
+    assert batch.fast({**BASE, "args": {"a": 5}}) is None  # (a type the engine decides)
+    assert batch.fast({**BASE, "args": {}}) is None
+    assert batch.evaluate(cel.activation(PHASE, {**BASE, "args": {"a": "yz"}})) == [
+        False, True, True,
+    ]  # fmt: skip
+
+
+def test_a_field_read_only_under_a_guard_is_not_read_up_front() -> None:
+    """Read only where an error is absorbed (the right of ``&&``, a branch of ``?:``, a
+    comprehension's body): a missing field must not make the batch ask the engine."""
+    batch = _batch("'a' in args && args.a == 'x'", "args.n > 0 ? args.b == 'y' : false",
+                   "args.n == 0")  # fmt: skip
+    assert batch.fast is not None
+    env = {**BASE, "args": {"n": 0}}
+    assert batch.fast(env) == [False, False, True]
+    assert batch.evaluate(cel.activation(PHASE, env)) == [False, False, True]
+    env = {**BASE, "args": {"n": 1, "a": "x", "b": "y"}}
+    assert batch.fast(env) == batch.evaluate(cel.activation(PHASE, env)) == [True, True, False]
+
+
+def test_a_field_read_both_ways_is_read_up_front_and_shared() -> None:
+    batch = _batch("args.a == 'x'", "'a' in args && args.a == 'y'")
+    assert batch.fast is not None
+    for args, expected in (({"a": "x"}, [True, False]), ({"a": "y"}, [False, True])):
+        env = {**BASE, "args": args}
+        assert batch.fast(env) == batch.evaluate(cel.activation(PHASE, env)) == expected
+    assert batch.fast({**BASE, "args": {}}) is None
+
+
+def test_quantifier_bodies_take_the_call_and_ask_each_body_alone_where_unsure() -> None:
+    quantifiers = []
+    sources = ["calls.exists(c, c.tool == 'send')",
+               "calls.filter(c, c.tool == 'lookup' && c.args.a == 'Z').size() > 0"]  # fmt: skip
+    for source in sources:
+        program = cel.compile_condition(source, PHASE)
+        assert not isinstance(program, list) and program.quantifier is not None
+        quantifiers.append(program.quantifier)
+    bodies = cel.bodies(quantifiers)
+    assert list(bodies({"tool": "lookup", "args": {"a": "Z"}})) == [False, True]
+    assert list(bodies({"tool": "send", "args": {}})) == [True, False]
+    # No ``tool``: the generated function cannot say; each body alone tells which erred.
+    alone = [q.holds({"args": {"a": "Z"}}) for q in quantifiers]
+    assert list(bodies({"args": {"a": "Z"}})) == alone
+    assert list(bodies("not a call")) == [q.holds("not a call") for q in quantifiers]

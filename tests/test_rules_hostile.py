@@ -71,7 +71,7 @@ def judge_everywhere(value: Any) -> list[str]:
         ("answer", Facts(answer=value if isinstance(value, str) else "x", calls=calls)),
     ):
         judged = RULES.judge(phase, facts)
-        assert judged.inputs_digest.startswith("v2:sha256:")
+        assert judged.inputs_digest.startswith("v3:sha256:")
         if judged.error is not None:
             assert judged.verdict == ("stop" if phase == "answer" else "deny")
             assert judged.rule_id is not None
@@ -139,5 +139,5 @@ def test_facts_of_the_wrong_shape_never_raise_either(
     facts = Facts(tool=tool, args=args, calls=calls, counters=counters, context=context)
     for phase in ("before_tool", "after_tool", "before_model", "answer"):
         judged = RULES.judge(phase, facts)
-        assert judged.inputs_digest.startswith("v2:sha256:")
+        assert judged.inputs_digest.startswith("v3:sha256:")
     RULES.judge_batch([facts, facts])

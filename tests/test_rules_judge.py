@@ -689,39 +689,43 @@ def test_quantifiers_judged_together_give_each_its_own_verdict() -> None:
             assert fast == whole, (len(grown), fast, whole)
 
 
-def test_the_inputs_digest_is_form_2_over_the_parts_the_rules_read() -> None:
-    """Form 2, as docs/concepts/traces.md defines it: lines ``fsm-agent rule inputs 2``,
-    the phase, the call id, then ``name=part`` by name; ``calls`` the chain of its
-    entries' digests, the same whether the list is kept with the run or not."""
+def test_the_inputs_digest_is_form_3_over_the_parts_the_rules_read() -> None:
+    """Form 3, as docs/concepts/traces.md defines it: lines ``fsm-agent rule inputs 3``,
+    the phase, the call id, then ``name=part`` by name; ``calls`` by its length (the
+    trace's chain binds its entries), the same whether the list is kept with the run or
+    not."""
     both = "args.to == 'q' || calls.exists(c, c.tool == 'fetch_url')"
     rules = RuleSet([Rule("r", on="before_tool", tools=["send_email"], when=both,
                           then="deny")], TOOLS)  # fmt: skip
     grown = [executed("search", q=str(n)) for n in range(3)]
-    link = "0" * 64
-    for entry in grown:
-        link = hashlib.sha256((link + digest(entry)).encode()).hexdigest()
-    lines = ["fsm-agent rule inputs 2", "before_tool", '"m"', 'args={"to":"a\\n"}',
-             f"calls=chain:{link}"]  # fmt: skip
-    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    lines = ["fsm-agent rule inputs 3", "before_tool", '"m"', 'args={"to":"a\\n"}',
+             "calls=count:3"]  # fmt: skip
+    expected = "v3:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
     facts = Facts(tool="send_email", args={"to": "a\n"}, calls=grown, call_id="m")
-    for _ in range(2):  # the second time from the kept log and digests
+    for _ in range(2):  # the second time from the kept log
         fast = rules.judge("before_tool", replace(facts, appended=True))
         whole = rules.judge("before_tool", replace(facts, calls=[dict(c) for c in grown]))
         assert fast.inputs_digest == whole.inputs_digest == expected
-    for _ in range(2):  # a list not kept as a log: its chain steps are kept by entry
-        assert rules.judge("before_tool", replace(facts, calls=grown[:])).inputs_digest == expected
+    assert rules.judge("before_tool", replace(facts, calls=tuple(grown))).inputs_digest == expected
     grown.append(executed("search", q="3"))
     longer = rules.judge("before_tool", replace(facts, appended=True)).inputs_digest
     assert longer == rules.judge("before_tool", replace(facts, calls=list(grown))).inputs_digest
     assert longer != expected
+    # An id that is not ASCII takes the general canonical text (the same text).
+    odd = replace(facts, call_id="m\u00e9", calls=[])
+    text = "\n".join(["fsm-agent rule inputs 3", "before_tool", '"m\u00e9"',
+                      'args={"to":"a\\n"}', "calls=count:0"])  # fmt: skip
+    assert rules.judge("before_tool", odd).inputs_digest == (
+        "v3:sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    )
 
 
 def test_the_context_enters_the_digest_as_its_digest_trusted_or_not() -> None:
     rules = RuleSet([Rule("c", on="before_tool", when="context.tier == 'x'", then="deny")],
                     TOOLS)  # fmt: skip
     context = {"tier": "gold"}
-    lines = ["fsm-agent rule inputs 2", "before_tool", "null", f"context={digest(context)}"]
-    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    lines = ["fsm-agent rule inputs 3", "before_tool", "null", f"context={digest(context)}"]
+    expected = "v3:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
     trusted = Facts(tool="send_email", context=context, trusted=frozenset({"context"}))
     for facts in (trusted, trusted, replace(trusted, trusted=frozenset())):
         assert rules.judge("before_tool", facts).inputs_digest == expected
@@ -779,8 +783,8 @@ def test_counters_read_by_field_name_are_given_and_digested_as_those_fields_only
     assert judged(by_name).verdict == "deny"
     assert judged(by_name).inputs_digest == judged(by_name, tool_rounds=7).inputs_digest
     assert judged(by_name).inputs_digest != judged(by_name, model_calls=4).inputs_digest
-    lines = ["fsm-agent rule inputs 2", "before_model", '"m"', 'counters={"model_calls":3}']
-    expected = "v2:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    lines = ["fsm-agent rule inputs 3", "before_model", '"m"', 'counters={"model_calls":3}']
+    expected = "v3:sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
     assert judged(by_name).inputs_digest == expected
     whole = "size(counters) > 1 && counters.model_calls > 2"
     assert judged(whole).verdict == "deny"

@@ -158,7 +158,7 @@ def test_deny_answers_the_call_with_the_rule_and_runs_nothing(tmp_path: Path) ->
     }  # fmt: skip
     (judged,) = rule_events(result.events)
     assert judged["rule"] == "no-mail-after-web" and judged["verdict"] == "deny"
-    assert judged["call_id"] == "c2" and judged["inputs_digest"].startswith("v2:sha256:")
+    assert judged["call_id"] == "c2" and judged["inputs_digest"].startswith("v3:sha256:")
     assert result.counters["tool_attempts"] == {"fetch_url": 1}
     checked(tmp_path / "t.jsonl")
 
@@ -367,6 +367,69 @@ def test_rules_judge_a_result_as_the_trace_records_it_so_check_agrees(tmp_path: 
     cli = subprocess.run([sys.executable, "-m", "fsm_agent", "check", str(tmp_path / "t.jsonl")],
                          capture_output=True, text=True)  # fmt: skip
     assert cli.returncode == 0, cli.stdout + cli.stderr
+
+
+def _calls_run(
+    tmp_path: Path,
+    result: Any,
+    raw: str,
+    *,
+    handoff: bool = True,
+    monkeypatch: pytest.MonkeyPatch | None = None,
+) -> Any:
+    """Two rounds of ``search`` (the first with arguments spelled ``raw`` by the model,
+    returning ``result``), judged by a rule reading ``calls``; ``handoff=False``: the
+    engine does not hand its entries' texts to the log (each is encoded instead)."""
+    if not handoff:
+        assert monkeypatch is not None
+        monkeypatch.setattr(RuleSet, "executed", lambda self, calls, text: None)
+    tools = ToolRegistry()
+    tools.register(lambda **a: result, name="search", effect="read", schema={"type": "object"},
+                   allow_extra_fields=True)  # fmt: skip
+    seen = Rule("seen", on="before_tool", tools=["search"], then="deny",
+                when="calls.exists(c, c.tool == 'mail')")  # fmt: skip
+    first = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "search", "arguments": raw}}
+        ],
+    }
+    script = [first, calls(call("b", "search", q="y")), say("ok")]
+    return Runtime(model=ScriptedModel(script), tools=tools, allowed_tools=tools.names(),
+                   rules=[seen]).run("go", trace=tmp_path / "t.jsonl")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("result", "raw", "holds"),
+    [
+        ({"n": 7, "s": "1234567890123456789"}, '{"q": "x"}', True),  # 19 digits in a string
+        ({"n": 2**70}, '{"q": "x"}', False),  # past CEL's 64 bits: fails closed
+        ({"n": 1}, '{"q": "x", "n": 123456789012345678901234}', False),
+        ({"deep": [[[[[[[[[[1]]]]]]]]]] * 12}, '{"q": "x"}', True),  # many brackets, shallow
+        ({"n": 1.5e300, "e": "\u00e9\U0001f600"}, '{"q": "\\u00e9"}', True),
+    ],
+)
+def test_the_engine_screens_an_executed_call_by_its_texts_as_by_encoding_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, result: Any, raw: str, holds: bool
+) -> None:
+    """An executed call enters ``calls`` screened by the texts its parts came from (the
+    recorded result, the model's arguments): the same judgement as encoding the entry,
+    an entry CEL cannot take failing a rule that reads ``calls`` closed either way."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    handed = _calls_run(tmp_path / "a", result, raw)
+    encoded = _calls_run(tmp_path / "b", result, raw, handoff=False, monkeypatch=monkeypatch)
+    judged = [
+        (e["rule"], e["verdict"], e.get("error") is not None) for e in rule_events(handed.events)
+    ]
+    assert judged == [
+        (e["rule"], e["verdict"], e.get("error") is not None) for e in rule_events(encoded.events)
+    ]
+    assert judged[-1] == ((None, "pass", False) if holds else ("seen", "deny", True))
+    assert handed.status == encoded.status == "done"
+    checked(tmp_path / "a" / "t.jsonl")
+    checked(tmp_path / "b" / "t.jsonl")
 
 
 def test_rules_read_a_result_holding_media_as_the_observation_records_it(tmp_path: Path) -> None:
@@ -829,14 +892,16 @@ def test_rules_join_an_applications_own_machine(tmp_path: Path) -> None:
 
 def test_check_refuses_a_trace_of_the_earlier_digest_form_naming_both(tmp_path: Path) -> None:
     events = _trace(tmp_path)
-    assert all(e["inputs_digest"].startswith("v2:sha256:") for e in rule_events(events))
-    for e in rule_events(events):  # what an earlier development build wrote there
-        e["inputs_digest"] = "sha256:" + "ab" * 32
-    report = check_bytes(_relinked(events))
-    assert not report.ok
-    (violation,) = report.violations
-    assert "earlier development build" in violation.message, violation
-    assert "'v2:sha256:...'" in violation.message and "sha256:abab" in violation.message
+    assert all(e["inputs_digest"].startswith("v3:sha256:") for e in rule_events(events))
+    for earlier in ("sha256:", "v2:sha256:"):  # what earlier development builds wrote
+        for e in rule_events(events):
+            e["inputs_digest"] = earlier + "ab" * 32
+        report = check_bytes(_relinked(events))
+        assert not report.ok
+        (violation,) = report.violations
+        assert "earlier development build" in violation.message, violation
+        assert "'v3:sha256:...'" in violation.message, violation
+        assert f"{earlier}abab" in violation.message, violation
 
 
 def test_check_rebuilds_a_runs_rules_once_per_trace(

@@ -660,11 +660,6 @@ def observation(call_id: str, tool: str, result: Any, synthetic: bool) -> dict[s
             "synthetic": synthetic}  # fmt: skip
 
 
-def rule_judged(seq: int, judgement: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """A judgement's payload (``Judgement.to_json()``) as a ``rule`` event."""
-    return {**judgement, **extra, "seq": seq}
-
-
 def review(action: str, call_id: str, tool: str) -> dict[str, Any]:
     """A review's required fields, without its ``seq``; the decision's own fields
     (``digest``, ``reason``, ``result``, ``arguments``) are added by ``durable/review.py``."""

@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fsm_agent._core import events
 from fsm_agent._core.actions import record, recorded_value
 from fsm_agent._core.canonical import digest
+from fsm_agent._core.jsonsafe import copy_json
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine, Transition
 from fsm_agent._rules import Facts, Judgement, RuleSet
 
@@ -187,11 +187,12 @@ def _words(judgement: Judgement) -> str:
     return detail if detail.startswith(prefix) else prefix + detail
 
 
-def _record(s: RunState, judgement: Judgement, **extra: Any) -> None:
+def _record(s: RunState, judgement: Judgement, extra: dict[str, Any] | None = None) -> None:
+    """The judgement as a ``rule`` event, with ``extra``'s fields."""
     if not judgement.tried:  # no rule of this phase matched: nothing was evaluated
         return
     s.seq += 1
-    s.events.append(events.rule_judged(s.seq, judgement.to_json(), extra))
+    s.events.append(judgement.event(s.seq, extra))
 
 
 # ── the four points ───────────────────────────────────────────────────────────────
@@ -205,6 +206,7 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
     # the judgement it was dispatched with (its write may have started: R6, R11); a call
     # a reviewer denied is not judged again.
     answered, placeholders, reviews, current = s.answered, s.placeholders, s.reviews, s.call
+    judged = rules.judged["before_tool"]  # (a registered tool's answer, looked up)
     calls = [
         c
         for c in s.decision.calls
@@ -213,7 +215,7 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
         and (c.id not in answered or c.id in placeholders)
         and c is not current
         and (c.id not in reviews or (reviews[c.id] or {}).get("action") != "deny")
-        and rules.judges("before_tool", c.name)
+        and (judged.get(c.name) or (c.name not in judged and rules.judges("before_tool", c.name)))
     ]
     if not calls:
         s.ruled = frozenset()
@@ -236,7 +238,7 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
         elif verdict == "review" and rule_id is not None:
             args_digest = call.args_digest or digest(call.name, call.arguments or {})
             if _approved(s, call.id, args_digest):
-                _record(s, judgement, args_digest=args_digest, reviewed="approve")
+                _record(s, judgement, {"args_digest": args_digest, "reviewed": "approve"})
                 continue
             call.review_rule = rule_id
             decided.add(rule_id)
@@ -244,7 +246,7 @@ def before_tool(s: RunState, rules: RuleSet) -> None:
                 f"{'; ' if s.rule_detail else ''}{call.id} ({call.name}) needs review: "
                 f"{_words(judgement)}"
             )
-            _record(s, judgement, args_digest=args_digest)
+            _record(s, judgement, {"args_digest": args_digest})
         else:
             _record(s, judgement)
     s.ruled = frozenset(decided)
@@ -287,7 +289,7 @@ def after_tool(s: RunState, rules: RuleSet) -> None:
         return
     # The withheld result is recorded here (the observation holds the denial), so check
     # replays the judgement on what the tool returned; a redaction hook may hide it.
-    _record(s, judgement, result=result)
+    _record(s, judgement, {"result": result})
     s.ruled = frozenset({judgement.rule_id})
     s.rule_detail = _words(judgement)
 
@@ -329,17 +331,19 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
     rules = s.config.rules
     if rules is not None and not rules.reads_calls:
         return  # no rule reads them: nothing to keep (the same in check's replay)
-    call, outcome = s.call, s.outcome
-    ok = outcome.kind == "ok"
-    if not returned:
-        ok = s.taken.action == "answer_stored"  # (its stored result answered it)
-    # What the trace records of the result: the answer's observation, or, withheld by
-    # an after_tool rule, what that rule judged (its rule event records it).
-    made = s.ahead if s.taken.action == "answer_rule" else s.recorded
-    entry = {
-        "tool": call.name,
-        "args": call.arguments if call.arguments is not None else {},
-        "ok": ok,
-        "result": recorded_value(made) if ok else None,
-    }
+    call, taken = s.call, s.taken.action
+    ok = s.outcome.kind == "ok" if returned else taken == "answer_stored"  # (stored: answered)
+    text, result = "null", None
+    if ok:
+        # What the trace records of the result: the answer's observation, or, withheld
+        # by an after_tool rule, what that rule judged (its rule event records it).
+        made = s.ahead if taken == "answer_rule" else s.recorded
+        text = made[0]
+        result = None if made[4] else copy_json(text).get("value")  # (recorded_value)
+    arguments = call.arguments
+    entry = {"tool": call.name, "args": arguments if arguments is not None else {}, "ok": ok,
+             "result": result}  # fmt: skip
     s.executed.append(entry)
+    if rules is not None and arguments is not None:
+        # The texts the entry's parts were parsed from: its log screens it by them.
+        rules.executed(s.executed, f"{text}\n{call.raw_arguments}\n{call.name}")

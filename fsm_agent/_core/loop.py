@@ -407,10 +407,17 @@ def _validate(s: RunState) -> bool:
     return _fire(s, "validate")
 
 
+#: No rule decided (``RunState.ruled``).
+_NONE_RULED: frozenset[str] = frozenset()
+
+
 def _observe(s: RunState) -> bool:
     rules = s.config.rules
     assert rules is not None
-    judging.before_model(s, rules)
+    if "before_model" in rules.phases:
+        judging.before_model(s, rules)
+    else:  # (its reset, without the call: once per round)
+        s.ruled = _NONE_RULED
     return _fire(s, "observe")
 
 
@@ -419,9 +426,16 @@ def _tool_returned(s: RunState) -> bool:
     call is answered (not retried), adds it to the executed calls rules read."""
     rules = s.config.rules
     assert rules is not None
-    judging.after_tool(s, rules)
+    if "after_tool" in rules.phases:
+        judging.after_tool(s, rules)
+    else:  # (its reset, without the call: once per call)
+        s.ruled, s.ahead = _NONE_RULED, None
     wants = _fire(s, "tool_returned")
-    if s.taken.action != "schedule_retry" and s.outcome.kind != "not_started":
+    if (
+        rules.reads_calls  # (else nothing is kept: record_execution's first test)
+        and s.taken.action != "schedule_retry"
+        and s.outcome.kind != "not_started"
+    ):
         judging.record_execution(s)  # answered, or stopped with an unknown outcome: it ran
     return wants
 

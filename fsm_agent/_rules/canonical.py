@@ -16,14 +16,21 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["INPUTS_DIGEST", "canonical_text", "chain", "digest", "digest_of_text", "inputs_digest"]
+__all__ = [
+    "EARLIER_DIGESTS",
+    "INPUTS_DIGEST",
+    "canonical_text",
+    "digest",
+    "digest_of_text",
+    "inputs_digest",
+]
 
-#: How a judgement's inputs digest starts (:func:`inputs_digest`); the digest form of
-#: earlier development builds started ``sha256:`` (the inputs as one JSON document).
-INPUTS_DIGEST = "v2:sha256:"
-
-#: The chain of an empty list of digests (:func:`chain`).
-CHAIN_START = "0" * 64
+#: How a judgement's inputs digest starts (:func:`inputs_digest`, form 3). Earlier
+#: development builds wrote ``sha256:`` (form 1: the inputs as one JSON document) and
+#: ``v2:sha256:`` (form 2: ``calls`` as a chain of its entries' digests).
+INPUTS_DIGEST = "v3:sha256:"
+#: The forms earlier development builds wrote (no release wrote them).
+EARLIER_DIGESTS = ("sha256:", "v2:sha256:")
 
 #: Built once: ``json.dumps`` with these options builds an encoder at every call, and a
 #: digest is taken at every judgement.
@@ -52,6 +59,8 @@ def _c_encoder() -> Callable[[Any, int], Any] | None:
 
 
 _C_ENCODER = _c_encoder()
+_encode_str = json.encoder.encode_basestring
+_sha256 = hashlib.sha256
 
 
 def canonical_text(value: Any) -> str:
@@ -59,7 +68,7 @@ def canonical_text(value: Any) -> str:
     try:
         kind = type(value)
         if kind is str:
-            text = json.encoder.encode_basestring(value)
+            text = _encode_str(value)
         elif _C_ENCODER is not None and (kind is dict or kind is list):
             text = "".join(_C_ENCODER(value, 0))
         else:
@@ -80,20 +89,16 @@ def digest_of_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def chain(previous: str, entry_digest: str) -> str:
-    """The chain of a list of digests one longer: the hex SHA-256 of the previous chain
-    and the new digest (a list's chain starts at :data:`CHAIN_START`). A list that only
-    grows is digested by one step per entry added, not by its whole length per use."""
-    return hashlib.sha256((previous + entry_digest).encode("ascii")).hexdigest()
-
-
 def inputs_digest(phase: str, call_id: Any, parts: Iterable[str]) -> str:
     """A judgement's inputs digest: :data:`INPUTS_DIGEST` and the hex SHA-256 of lines
-    ``fsm-agent rule inputs 2``, the phase, the call id's canonical text, then one
+    ``fsm-agent rule inputs 3``, the phase, the call id's canonical text, then one
     ``name=component`` per variable read, by name (each component a canonical text, a
-    ``sha256:`` digest or a ``chain:``, none holding a line break)."""
-    text = "\n".join(("fsm-agent rule inputs 2", phase, canonical_text(call_id), *parts))
-    return INPUTS_DIGEST + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    ``sha256:`` digest or a ``count:``, none holding a line break)."""
+    # (An ASCII id, the model's: its canonical text without the general function.)
+    ascii_id = type(call_id) is str and call_id.isascii()
+    of_id = _encode_str(call_id) if ascii_id else canonical_text(call_id)
+    text = "\n".join(("fsm-agent rule inputs 3", phase, of_id, *parts))
+    return INPUTS_DIGEST + _sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _robust(value: Any) -> str:

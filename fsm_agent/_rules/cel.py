@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fsm_agent._rules import celfast
 
@@ -383,19 +383,20 @@ def _fused(
     """Every body (each within ``celfast``'s subset) as one generated function of the
     call; where it cannot say for one of them, each body alone (to tell which erred)."""
     names = sorted({q.variable for q in quantifiers})
+
     # A call is a map (the engine's entries are): tested once, not at every field read;
     # one that is not makes the function ask for each body alone.
+    def alone(call: Any) -> list[bool | None]:
+        return [holds(call) for holds in one]
+
+    # Generated to take the call itself, and to ask each body alone where it cannot say.
     many = celfast.compile_many(
-        [q._expression.serialize() for q in quantifiers], frozenset(names), frozenset(names)
-    )
+        [q._expression.serialize() for q in quantifiers], frozenset(names), frozenset(names),
+        otherwise=alone,
+    )  # fmt: skip
     if many is None:
-        return lambda call: [holds(call) for holds in one]
-
-    def evaluate(call: Any) -> Sequence[bool | None]:
-        results = many(dict.fromkeys(names, call))
-        return results if results is not None else [holds(call) for holds in one]
-
-    return evaluate
+        return alone
+    return cast(Callable[[Any], Sequence[bool | None]], many)  # (it takes the call itself)
 
 
 def _projection(quantifiers: Sequence[Quantifier]) -> Callable[[Any], Any]:

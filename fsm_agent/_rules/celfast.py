@@ -102,13 +102,27 @@ def compile_checked(
 
 
 def compile_many(
-    serialized: Sequence[bytes], variables: frozenset[str], maps: frozenset[str] = frozenset()
+    serialized: Sequence[bytes],
+    variables: frozenset[str],
+    maps: frozenset[str] = frozenset(),
+    otherwise: Callable[[Any], Any] | None = None,
 ) -> FastMany | None:
     """Several conditions as one function ``env -> [each one's bool] | None`` (``None``
-    where any one needs the engine), or ``None`` when one is outside the subset."""
+    where any one needs the engine), or ``None`` when one is outside the subset.
+
+    ``otherwise``: the function takes one value, the value of every variable (not an
+    env), and gives ``otherwise(value)`` where it would give ``None``."""
     try:
         trees = [_fold(_tree(_message(_any_value(s)))) for s in serialized]
-        return _Generator(variables, maps).function(trees)
+        # A first pass finds the fields read outside any guard; the second reads those
+        # once, up front (what raises there made the whole function ask the engine).
+        probe = _Generator(variables, maps)
+        probe.statements(trees)
+        generator = _Generator(variables, maps, frozenset(probe.unguarded))
+        if otherwise is not None:
+            generator.whole, generator.fail = True, "_otherwise(_env)"
+            generator.values["_otherwise"] = otherwise
+        return generator.function(trees)
     except (_NotCompiled, IndexError, KeyError, ValueError, struct.error, UnicodeDecodeError):
         return None
     except RecursionError:
@@ -285,15 +299,34 @@ class _Generator:
     expression; nodes that need statements (``&&``, ``?:``, a comprehension) emit them
     first, at the current indent, and give the local holding their value."""
 
-    def __init__(self, variables: frozenset[str], maps: frozenset[str]) -> None:
+    def __init__(
+        self,
+        variables: frozenset[str],
+        maps: frozenset[str],
+        hoist: frozenset[tuple[str, str]] = frozenset(),
+    ) -> None:
         self.variables = variables
         self.maps = maps  # the variables declared as maps (type-checked once, at load)
         self.lines: list[str] = []
         self.values: dict[str, Any] = {}  # _kN -> a constant, field or variable name
         self.loaded: dict[str, str] = {}  # variable name -> the local holding it
         self.count = 0
+        #: How many guards (a ``try``, a branch, a loop) enclose what is being generated.
+        self.guard = 0
+        #: The fields of map variables read outside any guard: (the map's local, field).
+        self.unguarded: set[tuple[str, str]] = set()
+        #: Those read once, up front: (local, field) -> the local holding the value; and
+        #: that local -> the local holding its type.
+        self.hoist = hoist
+        self.fields: dict[tuple[str, str], str] = {}
+        self.types: dict[str, str] = {}
+        #: The argument is every variable's value (not an env); what is returned where
+        #: the engine must be asked.
+        self.whole = False
+        self.fail = "None"
 
-    def function(self, trees: list[Tree]) -> FastMany:
+    def statements(self, trees: list[Tree]) -> tuple[list[str], list[str]]:
+        """Each condition's statements, and the local holding its result."""
         body: list[str] = []
         results = []
         for tree in trees:
@@ -301,19 +334,30 @@ class _Generator:
             result = self.local()
             self.emit(2, f"{result} = {self.node(tree, {}, 2)}")
             if not _gives_bool(tree):
-                self.emit(2, f"if {result} is not True and {result} is not False: return None")
+                self.emit(
+                    2, f"if {result} is not True and {result} is not False: return {self.fail}"
+                )
             body += self.lines
             results.append(result)
+        return body, results
+
+    def function(self, trees: list[Tree]) -> FastMany:
+        body, results = self.statements(trees)
         loads = []
         for name, local in self.loaded.items():
-            loads.append(f"        {local} = _env[{self.value(name)}]")
+            loads.append(
+                f"        {local} = {'_env' if self.whole else f'_env[{self.value(name)}]'}"
+            )
             if name in self.maps:
-                loads.append(f"        if type({local}) is not dict: return None")
+                loads.append(f"        if type({local}) is not dict: return {self.fail}")
+        for (mapped, field), local in self.fields.items():
+            loads.append(f"        {local} = {mapped}[{self.value(field)}]")
+            loads.append(f"        {self.types[local]} = type({local})")
         # Any exception (a CEL error, Unsure, a case not foreseen) is "ask the engine".
         source = "\n".join([
             "def _conditions(_env):", "    try:", *loads, *body,
             f"        return [{', '.join(results)}]",
-            "    except Exception:", "        return None",
+            "    except Exception:", f"        return {self.fail}",
         ]) + "\n"  # fmt: skip
         namespace = dict(_HELPERS)
         namespace.update(self.values)
@@ -326,6 +370,26 @@ class _Generator:
     def local(self) -> str:
         self.count += 1
         return f"_t{self.count}"
+
+    def read(self, mapped: str, field: str) -> str:
+        """A field of a map variable (loaded and tested a dict): read up front where it
+        is read outside any guard somewhere (then once for all its reads)."""
+        if (mapped, field) in self.hoist:
+            local = self.fields.get((mapped, field))
+            if local is None:
+                local = self.fields[(mapped, field)] = f"_f{len(self.fields)}"
+                self.types[local] = f"{local}_type"
+            return local
+        if not self.guard:
+            self.unguarded.add((mapped, field))
+        return f"{mapped}[{self.value(field)}]"
+
+    def typed(self, value: str, t: str) -> tuple[str, str]:
+        """``(the value, its type)`` as expressions: a field read up front has both in
+        locals; anything else is held in ``t`` as its type is taken."""
+        if value in self.types:
+            return value, self.types[value]
+        return t, f"type({t} := {value})"
 
     def value(self, value: Any) -> str:
         """A name for ``value`` in the generated function's globals."""
@@ -346,13 +410,15 @@ class _Generator:
             return self.ident(tree[1], scope)
         if kind == "select":
             _, operand, field, test_only = tree
-            key = self.value(field)
             mapped = self.map_variable(operand, scope)  # a dict: checked when loaded
             if mapped is not None:
-                return f"({key} in {mapped})" if test_only else f"{mapped}[{key}]"
-            of, t = self.node(operand, scope, indent), self.local()
-            used = f"{key} in {t}" if test_only else f"{t}[{key}]"
-            return f"({used} if type({t} := {of}) is dict else _unsure())"
+                return (
+                    f"({self.value(field)} in {mapped})" if test_only else self.read(mapped, field)
+                )
+            key = self.value(field)
+            of, kind = self.typed(self.node(operand, scope, indent), self.local())
+            used = f"{key} in {of}" if test_only else f"{of}[{key}]"
+            return f"({used} if {kind} is dict else _unsure())"
         if kind == "call":
             return self.call(tree, scope, indent)
         if kind == "list":
@@ -387,9 +453,8 @@ class _Generator:
         if function in _COMPARISONS and len(args) == 2:
             return self.comparison(_COMPARISONS[function], args, scope, indent)
         if function == "!_" and len(args) == 1:
-            t = self.local()
-            value = self.node(args[0], scope, indent)
-            return f"(not {t} if type({t} := {value}) is bool else _unsure())"
+            of, kind = self.typed(self.node(args[0], scope, indent), self.local())
+            return f"(not {of} if {kind} is bool else _unsure())"
         helper = _STRICT.get((function, len(args)))
         if helper is None:
             raise _NotCompiled(f"the function {function}")
@@ -417,23 +482,25 @@ class _Generator:
         """The common helpers spelled out where their kinds are known or tested inline."""
         t = self.local()
         if helper == "_size":
-            of = self.node(args[0], scope, indent)
+            of, taken = self.typed(self.node(args[0], scope, indent), t)
             kind = self.local()
-            return (f"(len({t}) if ({kind} := type({t} := {of})) is str or {kind} is list "
+            return (f"(len({of}) if ({kind} := {taken}) is str or {kind} is list "
                     f"or {kind} is dict else _unsure())")  # fmt: skip
         constant = args[1][1] if len(args) == 2 and args[1][0] == "const" else _MISSING
         if helper in ("_starts_with", "_ends_with", "_contains") and type(constant) is str:
-            of, part = self.node(args[0], scope, indent), self.value(constant)
-            used = {"_starts_with": f"{t}.startswith({part})",
-                    "_ends_with": f"{t}.endswith({part})",
-                    "_contains": f"{part} in {t}"}[helper]  # fmt: skip
-            return f"({used} if type({t} := {of}) is str else _unsure())"
+            part = self.value(constant)
+            of, kind = self.typed(self.node(args[0], scope, indent), t)
+            used = {"_starts_with": f"{of}.startswith({part})",
+                    "_ends_with": f"{of}.endswith({part})",
+                    "_contains": f"{part} in {of}"}[helper]  # fmt: skip
+            return f"({used} if {kind} is str else _unsure())"
         if helper in ("_in", "_index"):
             mapped = self.map_variable(args[1] if helper == "_in" else args[0], scope)
             key = args[0] if helper == "_in" else args[1]
             if mapped is not None and key[0] == "const" and type(key[1]) is str:
-                name = self.value(key[1])
-                return f"({name} in {mapped})" if helper == "_in" else f"{mapped}[{name}]"
+                if helper == "_in":
+                    return f"({self.value(key[1])} in {mapped})"
+                return self.read(mapped, key[1])
         return None
 
     def comparison(self, op: str, args: Tree, scope: dict[str, str], indent: int) -> str:
@@ -444,22 +511,21 @@ class _Generator:
         if both or kind not in _SCALARS or (kind is int and not _INT_MIN <= constant <= _INT_MAX):
             return self.strict(_COMPARE_HELPERS[op], [left, right], scope, indent)
         # One side a scalar constant: a type test and Python's operator, inline.
-        t = self.local()
-        if left[0] == "const":
-            other = self.node(right, scope, indent)
-            test, a, b = f"type({t} := {other}) is {kind.__name__}", self.value(constant), t
-        else:
-            other = self.node(left, scope, indent)
-            test, a, b = f"type({t} := {other}) is {kind.__name__}", t, self.value(constant)
+        of, taken = self.typed(self.node(right if left[0] == "const" else left, scope, indent),
+                               self.local())  # fmt: skip
+        test = f"{taken} is {kind.__name__}"
+        a, b = (self.value(constant), of) if left[0] == "const" else (of, self.value(constant))
         if kind is int:
-            test += f" and {_INT_MIN} <= {t} <= {_INT_MAX}"
+            test += f" and {_INT_MIN} <= {of} <= {_INT_MAX}"
         return f"({a} {op} {b} if {test} else _unsure())"
 
     def guarded(self, tree: Tree, scope: dict[str, str], indent: int, failed: str) -> str:
         """``tree``'s value in a local, or ``failed`` where it raises (an error)."""
         out = self.local()
         self.emit(indent, "try:")
+        self.guard += 1
         self.emit(indent + 1, f"{out} = {self.node(tree, scope, indent + 1)}")
+        self.guard -= 1
         self.emit(indent, f"except Exception: {out} = {failed}")
         return out
 
@@ -487,10 +553,12 @@ class _Generator:
         test, out = self.node(args[0], scope, indent), self.local()
         chosen = self.local()
         self.emit(indent, f"{chosen} = {test}")
+        self.guard += 1  # (a branch: not always taken)
         self.emit(indent, f"if {chosen} is True:")
         self.emit(indent + 1, f"{out} = {self.node(args[1], scope, indent + 1)}")
         self.emit(indent, f"elif {chosen} is False:")
         self.emit(indent + 1, f"{out} = {self.node(args[2], scope, indent + 1)}")
+        self.guard -= 1
         self.emit(indent, "else: raise _Unsure")
         return out
 
@@ -503,10 +571,12 @@ class _Generator:
         self.emit(indent, f"for {element} in {elements}:")
         inner = {**scope, iter_var: element, accu_var: accu}
         go_on = self.local()
+        self.guard += 1  # (a loop's body: not run for no element)
         self.emit(indent + 1, f"{go_on} = {self.node(condition, inner, indent + 1)}")
         self.emit(indent + 1, f"if {go_on} is False: break")
         self.emit(indent + 1, f"if {go_on} is not True: raise _Unsure")
         self.emit(indent + 1, f"{accu} = {self.node(step, inner, indent + 1)}")
+        self.guard -= 1
         self.emit(indent, f"{out} = {self.node(result, {**scope, accu_var: accu}, indent)}")
         return out
 

@@ -129,6 +129,11 @@ class Judgement:
 
     def to_json(self) -> dict[str, Any]:
         """The payload of the ``rule`` trace event, empty fields left out."""
+        return self.event(None, None)
+
+    def event(self, seq: int | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The ``rule`` trace event: :meth:`to_json`, then ``extra``'s fields (what the
+        loop adds: an arguments digest, a withheld result) and ``seq`` (none: left out)."""
         out: dict[str, Any] = {
             "type": "rule",
             "rule": self.rule_id,
@@ -144,4 +149,8 @@ class Judgement:
             out["error"] = self.error
         if self.opaque:
             out["opaque"] = list(self.opaque)
+        if extra:
+            out.update(extra)
+        if seq is not None:
+            out["seq"] = seq
         return out

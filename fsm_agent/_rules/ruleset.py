@@ -19,8 +19,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
-from hashlib import sha256
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -28,9 +27,7 @@ from jsonschema.exceptions import SchemaError
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import cel
 from fsm_agent._rules.canonical import (
-    CHAIN_START,
     canonical_text,
-    chain,
     digest,
     digest_of_text,
     inputs_digest,
@@ -135,6 +132,12 @@ class RuleSet:
         #: The phases some rule is judged at (the loop's test before any judgement).
         self.phases = frozenset(phase for phase, rules in self._by_phase.items() if rules)
         self._for_tool = self._candidates_per_tool()
+        #: Per tool phase, each registered tool: whether any rule can match it (what
+        #: :meth:`judges` says, looked up: the loop asks for every call).
+        self.judged: dict[str, dict[str, bool]] = {
+            phase: {t: bool(f.rules) for (p, t), f in self._for_tool.items() if p == phase and t}
+            for phase in TOOL_PHASES
+        }
         self._entries = _EntryCache()
         #: Whether any rule reads the run's executed calls: a CEL condition naming
         #: ``calls``, a Python one (it may read anything), a limit (it counts them).
@@ -336,6 +339,16 @@ class RuleSet:
                 passed.append(facts)
         return tuple(out)
 
+    def executed(self, calls: list[Any], text: str) -> None:
+        """The engine appended an entry to ``calls`` (a run's executed calls, an appended
+        list): its log takes it at once, screened by ``text`` (the JSON texts its result
+        and arguments were parsed from, and its tool's name) rather than by encoding it.
+        Where the log at hand is not that list's, up to the entry before, the next
+        judgement's log takes it in instead."""
+        log = self._entries.last
+        if log.calls is calls and log.seen == len(calls) - 1:
+            log.take(calls[-1], text)
+
     def executions(self, rule_id: str, facts: Facts) -> int:
         """How many of ``facts.calls`` count toward rule ``rule_id``'s limit.
 
@@ -468,8 +481,7 @@ class RuleSet:
         if taken is None:
             return None
         screened, lines, log = taken
-        assert found.batch is not None
-        batch = found.batch[0]
+        batch = cast(tuple[cel.CelBatch, Any], found.batch)[0]  # (a plain one has a batch)
 
         def activation() -> Any:
             return cel.activation(phase, screened)
@@ -480,14 +492,18 @@ class RuleSet:
             if split is not None and log is not None
             else None
         )
-        if results is None:
-            results = batch.evaluate_on(screened, activation)
+        if results is None:  # (CelBatch.evaluate_on, without its call)
+            fast = batch.fast
+            results = fast(screened) if fast is not None else None
             if results is None:
-                return None
+                results = batch.evaluate(activation())
+                if results is None:
+                    return None
         if True not in results:
-            return Judgement.of(phase=phase, verdict=PASS, rule_id=None, tried=found.ids,
-                                inputs_digest=inputs_digest(phase, facts.call_id, lines),
-                                call_id=facts.call_id)  # fmt: skip
+            # (Positional: the common case, once per judged call.)
+            call_id = facts.call_id
+            return Judgement.of(phase, PASS, None, inputs_digest(phase, call_id, lines), None,
+                                call_id, None, found.ids)  # fmt: skip
         position = results.index(True)
         read = frozenset(found.upto[position])
         lines = [line for name, line in zip(found.names, lines, strict=True) if name in read]
@@ -541,17 +557,17 @@ class RuleSet:
 
 
 class _EntryCache:
-    """Each executed call's screened form and digest, computed once per run, not once per
-    judgement: ``calls`` only grows, and its entries (built once by the engine, never
-    changed) are screened and hashed in full otherwise at every call the rules judge.
+    """Each executed call's screened form, computed once per run, not once per judgement:
+    ``calls`` only grows, and its entries (built once by the engine, never changed) are
+    screened in full otherwise at every call the rules judge.
 
     Keyed by identity, holding the entry itself so that its id is not reused; bounded.
     A list the caller vouches only grows (``Facts.appended``, the engine's) has a
-    :class:`_Log` instead: its screened entries and digests as lists that grow with it,
-    so a judgement late in a long run walks none of the entries it has seen before (its
+    :class:`_Log` instead: its screened entries as a list that grows with it, so a
+    judgement late in a long run walks none of the entries it has seen before (its
     entries are not kept here as well: each is taken in once, when it is appended)."""
 
-    __slots__ = ("_context", "_digests", "_logs", "_screened", "_steps", "_texts")
+    __slots__ = ("_logs", "_screened", "context", "last", "texts")
 
     LIMIT = 20_000
     #: The logs kept (one per run being judged; a runtime drives few runs at once).
@@ -559,60 +575,49 @@ class _EntryCache:
 
     def __init__(self) -> None:
         self._screened: dict[int, tuple[Any, Any]] = {}
-        self._digests: dict[int, tuple[Any, str]] = {}
         self._logs: dict[int, _Log] = {}
-        self._context: tuple[Any, str] = (None, "")
-        self._steps: dict[tuple[str, int], tuple[Any, str]] = {}
-        self._texts: dict[str, str] = {}
+        #: The last context digested, with its digest; each name's canonical text.
+        self.context: tuple[Any, str] = (None, "")
+        self.texts: dict[str, str] = {}
+        #: The log used last (the run being judged: its judgements and its executed
+        #: calls find it here, not by a lookup; ``log`` where another run's was last).
+        self.last = _Log([])
 
     def text(self, name: str) -> str:
         """:func:`canonical_text` of a name (a tool's, an effect), once per name."""
-        text = self._texts.get(name)
+        text = self.texts.get(name)
         if text is None:
-            if len(self._texts) >= self.LIMIT:
-                self._texts.clear()
-            text = self._texts[name] = canonical_text(name)
+            if len(self.texts) >= self.LIMIT:
+                self.texts.clear()
+            text = self.texts[name] = canonical_text(name)
         return text
 
     def context_digest(self, context: Any) -> str:
         """The digest of a trusted context (the run's, never changed): once per run."""
-        held, known = self._context
+        held, known = self.context
         if held is not context:
             known = digest(context)
-            self._context = (context, known)
+            self.context = (context, known)
         return known
-
-    def chain(self, calls: Sequence[Any]) -> str:
-        """The chain of the entries' digests of a list not kept as a log: each step
-        kept by the chain before it and the entry, so the same calls judged again cost a
-        lookup per call, not a hash."""
-        out = CHAIN_START
-        steps = self._steps
-        for entry in calls:
-            hit = steps.get((out, id(entry)))
-            if hit is None or hit[0] is not entry:
-                hit = (entry, chain(out, self.entry_digest(entry)))
-                if len(steps) >= self.LIMIT:
-                    steps.clear()
-                steps[(out, id(entry))] = hit
-            out = hit[1]
-        return out
 
     def log(self, calls: list[Any]) -> _Log:
         """The log of ``calls`` (an appended list), brought up to its length."""
         log = self._logs.get(id(calls))
+        count = len(calls)
         # Kept while the list still starts with the entries seen (it only grew).
         if (
             log is None
             or log.calls is not calls
-            or (seen := len(log.digests)) > len(calls)
+            or (seen := log.seen) > count
             or (seen and log.last is not calls[seen - 1])
         ):
             if len(self._logs) >= self.LOGS:
                 self._logs.clear()
             log = self._logs[id(calls)] = _Log(calls)
-        if len(log.digests) < len(calls):
+            seen = 0
+        if seen < count:
             log.extend()
+        self.last = log
         return log
 
     def screened(self, calls: Sequence[Any]) -> list[Any]:
@@ -630,83 +635,70 @@ class _EntryCache:
             self._screened[id(entry)] = hit
         return hit[1]
 
-    def digest_entry(self, entry: Any) -> str | None:
-        """The entry's digest if it was computed before, else ``None``."""
-        hit = self._digests.get(id(entry))
-        return hit[1] if hit is not None and hit[0] is entry else None
-
-    def keep_digest(self, entry: Any, entry_digest: str) -> str:
-        if len(self._digests) >= self.LIMIT:
-            self._digests.clear()
-        self._digests[id(entry)] = (entry, entry_digest)
-        return entry_digest
-
-    def entry_digest(self, entry: Any) -> str:
-        known = self.digest_entry(entry)
-        return known if known is not None else self.keep_digest(entry, digest(entry))
-
 
 class _Log:
-    """One appended list's entries, screened and digested, as far as it has been seen.
+    """One appended list's entries, screened, as far as it has been seen, and the
+    tallies of the quantifiers judged over them (each entry evaluated once, as it is
+    taken in, for every split that asked for its tallies).
 
     ``screened`` stops at the first entry CEL cannot take (``refused`` says why): a rule
     reading ``calls`` then fails closed, as when the whole list is screened at once."""
 
-    __slots__ = ("calls", "chain", "digests", "last", "refused", "screened", "tallies")
+    __slots__ = ("calls", "last", "refused", "screened", "seen", "tallies", "watched")
 
     def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
+        self.seen = 0  # how many of the entries were taken in (the digest's count)
         self.last: Any = None  # the last entry seen, to tell that the list only grew
-        self.chain = CHAIN_START  # of the digests (canonical.chain)
         self.screened: list[Any] = []
-        self.digests: list[str] = []
         self.refused: cel.Unrepresentable | None = None
-        #: Per split (by identity: the rule set holds them), its quantifiers' tallies.
-        self.tallies: dict[int, _Tallies] = {}
+        #: Per split (by identity: the rule set holds them), its quantifiers' tallies;
+        #: and the same pairs, to bring up to date as entries come in.
+        self.tallies: dict[_Split, _Tallies] = {}
+        self.watched: list[tuple[Callable[[Any], Sequence[bool | None]], _Tallies]] = []
 
     def tallies_of(self, split: _Split) -> _Tallies | None:
         """The tallies of ``split``'s quantifiers over every call, each call evaluated
         once for all of them; ``None`` where a call is one CEL cannot take."""
         if self.refused is not None:
             return None
-        found = self.tallies.get(id(split))
-        if found is None:
-            found = self.tallies[id(split)] = _Tallies()
-        screened, bodies = self.screened, split.bodies
-        for position in range(found.seen, len(screened)):
-            held = bodies(screened[position])
-            if found.each is None:
-                if True not in held and None not in held:  # (the common case)
-                    found.seen += 1
-                    continue
-                found.each = [cel.Tally.of_falses(found.seen) for _ in held]
-            found.seen += 1
-            for tally, one in zip(found.each, held, strict=True):
-                tally.add(one)
+        found = self.tallies.get(split)
+        if found is None:  # its first judgement in this run: over the calls so far
+            found = self.tallies[split] = _Tallies()
+            for entry in self.screened:
+                found.add(split.bodies(entry))
+            self.watched.append((split.bodies, found))
         return found
 
     def extend(self) -> None:
-        """Take in the entries appended since: each one's canonical text, digest and
-        chain step, and its screened form (the entry itself, within CEL's limits)."""
-        calls, digests = self.calls, self.digests
-        for position in range(len(digests), len(calls)):
-            entry = calls[position]
-            text = canonical_text(entry)
-            data = text.encode("utf-8", "surrogatepass")
-            entry_digest = "sha256:" + sha256(data).hexdigest()  # (digest_of_text(text))
-            digests.append(entry_digest)
-            self.chain = chain(self.chain, entry_digest)
-            if self.refused is not None:
-                continue
-            if _within_limits(text, data):  # taken as it is, not walked and copied
-                self.screened.append(entry)
-                continue
+        """Take in the entries appended since (each encoded: :meth:`take` where their
+        texts are at hand)."""
+        calls = self.calls
+        for position in range(self.seen, len(calls)):
+            self.take(calls[position], None)
+
+    def take(self, entry: Any, text: str | None) -> None:
+        """Take in ``entry``, the list's next: screened (taken as it is where a JSON text
+        of it shows it within CEL's limits: ``text``, the engine's, joining the texts its
+        parts were parsed from, else its canonical text; else walked and copied by
+        :func:`cel.screen`), then tallied for every split that asked."""
+        position = self.seen
+        self.seen, self.last = position + 1, entry
+        if self.refused is not None:
+            return
+        if not _within_limits(canonical_text(entry) if text is None else text):
             try:
-                self.screened.append(cel.screen(entry, f"calls[{position}]"))
+                entry = cel.screen(entry, f"calls[{position}]")
             except cel.Unrepresentable as exc:
                 self.refused = exc
-        if calls:
-            self.last = calls[-1]
+                return
+        self.screened.append(entry)
+        for bodies, found in self.watched:
+            held = bodies(entry)
+            if found.each is None and True not in held and None not in held:
+                found.seen += 1  # (the common case: no tally per quantifier yet)
+            else:
+                found.add(held)
 
 
 class _Inputs:
@@ -823,7 +815,7 @@ class _Inputs:
                 continue
             if name == "calls" and facts.appended and type(facts.calls) is list:
                 log = self.log()  # (not copied, as variable() does)
-                parts[name] = "chain:" + log.chain
+                parts[name] = f"count:{log.seen}"
                 if log.refused is not None:
                     self._refused[name] = log.refused
                 else:
@@ -874,10 +866,10 @@ class _Inputs:
 
     def digest(self) -> str:
         """The digest of what the tried rules read (:func:`inputs_digest`): each variable
-        as its canonical text, but ``calls`` as the chain of its entries' digests (kept
-        with the run: a judgement late in a long run digests no more than an early one)
-        and ``context`` as its digest (computed once per run where it is trusted: the
-        run's, fixed). A part screening worked out on the way is taken as it is."""
+        as its canonical text, but ``calls`` by its length (its entries are bound by the
+        trace's chain, which records each before the judgement) and ``context`` as its
+        digest (computed once per run where it is trusted: the run's, fixed). A part
+        screening worked out on the way is taken as it is."""
         names = self.upto if not self._names else sorted(self._names.union(self.upto))
         parts = self._parts
         if self._opaque:
@@ -894,11 +886,9 @@ class _Inputs:
         facts = self.facts
         if name == "calls":
             calls = facts.calls
-            if facts.appended and type(calls) is list:
-                return "chain:" + self.log().chain
             if not isinstance(calls, list | tuple):
                 return canonical_text(calls)
-            return "chain:" + self._entries.chain(calls)
+            return f"count:{len(calls)}"  # (the trace's chain binds the entries)
         if name == "context":
             context = facts.context
             trusted = name in facts.trusted
@@ -916,13 +906,11 @@ Screen = Callable[[Facts, "_EntryCache"], "tuple[dict[str, Any], list[str], _Log
 _SCREEN_STEPS = {
     # Plain JSON from the loop: screened by its canonical text (``Facts.plain``).
     "args": """
-    if 'args' not in plain: return None
     {v} = facts.args
     if {v} is None: {v} = {{}}
     {t} = canonical_text({v})
     if not within({t}): return None""",
     "result": """
-    if 'result' not in plain: return None
     {v} = facts.result
     {t} = canonical_text({v})
     if not within({t}): return None""",
@@ -930,57 +918,89 @@ _SCREEN_STEPS = {
     "calls": """
     {v} = facts.calls
     if type({v}) is not list or 'calls' in trusted: return None
-    log = entries.log({v})
+    log = entries.last
+    if log.calls is not {v} or log.seen != len({v}): log = entries.log({v})
     if log.refused is not None: return None
     {v} = log.screened
-    {t} = 'chain:' + log.chain""",
-    # Trusted, as they are: the counters (those read, if by field name), the context
-    # (digested once per run), and names (a tool's, an effect: their text once each).
+    {t} = 'count:' + str(log.seen)""",
+    # Trusted, as they are: the counters (those read, if by field name: :data:`_PROJECT`),
+    # the context (digested once per run), and names (a tool's, an effect: their text once
+    # each).
     "counters": """
-    if 'counters' not in trusted: return None
     {v} = facts.counters
-    if type({v}) is not dict: return None{project}
-    {t} = canonical_text({v})""",
+    if type({v}) is not dict: return None{project}""",
     "context": """
-    if 'context' not in trusted: return None
     {v} = facts.context
-    {t} = entries.context_digest({v})""",
+    {t} = held[1] if (held := entries.context)[0] is {v} else entries.context_digest({v})""",
     "tool": """
-    if 'tool' not in trusted: return None
     {v} = facts.tool
     if type({v}) is not str: return None
-    {t} = entries.text({v})""",
+    {t} = entries.texts.get({v}) or entries.text({v})""",
     "effect": """
-    if 'effect' not in trusted: return None
     {v} = facts.effect
     if type({v}) is not str: return None
-    {t} = entries.text({v})""",
+    {t} = entries.texts.get({v}) or entries.text({v})""",
 }
+#: What each variable's step needs the caller to vouch for (``Facts.trusted``, ``plain``).
+_TRUSTED_STEPS = frozenset({"counters", "context", "tool", "effect"})
+_PLAIN_STEPS = frozenset({"args", "result"})
+#: The counters read by field name: where every one is an int (the engine's are), the
+#: projection and its canonical text spelled out (``F{j}``: a field's name, ``P{j}``: the
+#: text before its value); otherwise both the general way.
+_PROJECT = """
+    if {present}:
+        {v} = {{{pairs}}}
+        {t} = {text} + '}}'
+    else:
+        {v} = {{f: {v}[f] for f in FIELDS if f in {v}}}
+        {t} = canonical_text({v})"""
 
 
 def _screener(names: tuple[str, ...], fields: tuple[str, ...] | None) -> Screen | None:
     """One function screening exactly ``names`` (sorted: the digest's order), straight
     line: no loop over names, no lookup per variable. ``None`` where a variable is one
     it does not take (``answer``: the general path screens it). The source is built from
-    the fixed templates above and the variables' names only (``fields`` are passed as a
-    value, never spelled into it)."""
+    the fixed templates above and the variables' names only (``fields`` are passed as
+    values, never spelled into it)."""
     if any(name not in _SCREEN_STEPS for name in names):
         return None
-    project = "\n    {v} = {{f: {v}[f] for f in FIELDS if f in {v}}}" if fields is not None else ""
+    namespace: dict[str, Any] = {"canonical_text": canonical_text, "within": _within_limits,
+                                 "FIELDS": fields}  # fmt: skip
+
+    def project(v: str, t: str) -> str:
+        if fields is None:
+            return f"\n    {t} = canonical_text({v})"
+        if not fields:  # read by field name, none of them a counter
+            return f"\n    {v} = {{}}\n    {t} = '{{}}'"
+        each = range(len(fields))
+        return _PROJECT.format(
+            present=" and ".join(f"type(x{j} := {v}.get(F{j})) is int" for j in each),
+            pairs=", ".join(f"F{j}: x{j}" for j in each),
+            text=" + ".join(f"P{j} + str(x{j})" for j in each),
+            v=v, t=t,
+        )  # fmt: skip
+
+    for j, field in enumerate(fields or ()):
+        namespace[f"F{j}"] = field
+        namespace[f"P{j}"] = ("{" if j == 0 else ",") + canonical_text(field) + ":"
+    head = ["def screen(facts, entries):", "    trusted, plain = facts.trusted, facts.plain"]
+    for needed, where, steps in (("TRUSTED", "trusted", _TRUSTED_STEPS),
+                                 ("PLAIN", "plain", _PLAIN_STEPS)):  # fmt: skip
+        if steps.intersection(names):
+            namespace[needed] = steps.intersection(names)
+            head.append(f"    if not {needed} <= {where}: return None")
     body, values, lines = [], [], []
     for i, name in enumerate(names):
         v, t = f"v{i}", f"t{i}"
-        body.append(_SCREEN_STEPS[name].format(v=v, t=t, project=project.format(v=v)))
+        body.append(_SCREEN_STEPS[name].format(v=v, t=t, project=project(v, t)))
         values.append(f"{name!r}: {v}")
         lines.append(f"{name + '='!r} + {t}")
     log = "log" if "calls" in names else "None"
     source = (
-        "def screen(facts, entries):\n    trusted, plain = facts.trusted, facts.plain"
+        "\n".join(head)
         + "".join(body)
         + f"\n    return {{{', '.join(values)}}}, [{', '.join(lines)}], {log}\n"
     )
-    namespace: dict[str, Any] = {"canonical_text": canonical_text, "within": _within_limits,
-                                 "FIELDS": fields}  # fmt: skip
     exec(compile(source, "<fsm_agent._rules.ruleset screen>", "exec"), namespace)
     return namespace["screen"]  # type: ignore[no-any-return]
 
@@ -1052,6 +1072,17 @@ class _Tallies:
         self.seen = 0
         self.each: list[cel.Tally] | None = None
 
+    def add(self, held: Sequence[bool | None]) -> None:
+        """One more call, each quantifier's body on it."""
+        if self.each is None:
+            if True not in held and None not in held:
+                self.seen += 1
+                return
+            self.each = [cel.Tally.of_falses(self.seen) for _ in held]
+        self.seen += 1
+        for tally, one in zip(self.each, held, strict=True):
+            tally.add(one)
+
 
 @dataclass(frozen=True, eq=False)  # by identity: the key of a run's tallies
 class _Split:
@@ -1067,6 +1098,8 @@ class _Split:
     #: held or erred for (then no tally is kept per quantifier: :class:`_Tallies`).
     if_none: tuple[bool | None, ...]
     if_all_false: tuple[bool | None, ...]
+    batched: bool = False  # ``program`` is a batch
+    fast: Callable[[dict[str, Any]], list[bool] | None] | None = None  # (its ``fast``)
 
     @classmethod
     def of(cls, phase: str, programs: list[cel.CelProgram]) -> _Split | None:
@@ -1090,13 +1123,15 @@ class _Split:
         if_none = tuple(q.verdict(cel.Tally.of_falses(0)) for q in quantifiers)
         if_all_false = tuple(q.verdict(cel.Tally.of_falses(1)) for q in quantifiers)
         bodies = cel.bodies(quantifiers)
-        return cls(quantifiers, program, bodies, order, if_none, if_all_false)
+        fast = program.fast if isinstance(program, cel.CelBatch) else None
+        return cls(quantifiers, program, bodies, order, if_none, if_all_false,
+                   isinstance(program, cel.CelBatch), fast)  # fmt: skip
 
     def results(
         self, log: _Log, screened: dict[str, Any], activation: Callable[[], Any], size: int
     ) -> list[bool] | None:
         """The batch's results in its order, or ``None`` (then it is evaluated whole)."""
-        tallies = log.tallies_of(self)
+        tallies = log.tallies.get(self) or log.tallies_of(self)  # (kept up by the log)
         if tallies is None:
             return None
         held: Sequence[bool | None]
@@ -1108,10 +1143,13 @@ class _Split:
                 return None
         program = self.program
         rest: list[bool] = []
-        if isinstance(program, cel.CelBatch):
-            got = program.evaluate_on(screened, activation)
+        if self.batched:  # (CelBatch.evaluate_on, without its call: once per judgement)
+            fast = self.fast
+            got = fast(screened) if fast is not None else None
             if got is None:
-                return None
+                got = cast(cel.CelBatch, program).evaluate(activation())
+                if got is None:
+                    return None
             rest = got
         elif program is not None:
             single = program.evaluate_on(screened, activation)
@@ -1132,20 +1170,23 @@ _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
 #: Nineteen digits in a row: where a canonical text has none, every integer in it is
 #: within CEL's 64 bits (2**63 has 19 digits).
 _LONG_RUN = b"0" * 19
+_MAX_DEPTH = cel.MAX_DEPTH
 
 
-def _within_limits(text: str, data: bytes | None = None) -> bool:
-    """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes;
-    ``data``: the text's UTF-8 bytes, where they are at hand."""
+def _within_limits(text: str) -> bool:
+    """Whether a plain JSON value whose canonical text is ``text`` is one CEL takes (or
+    a value whose parts are JSON values with these texts: :meth:`RuleSet.executed`)."""
     if text.startswith("!"):
         return False
-    if len(text) < 19:  # too short for 19 digits, or for CEL's nesting limit
+    size = len(text)
+    if size < 19:  # too short for 19 digits, or for CEL's nesting limit
         return True
-    if text.count("{") + text.count("[") > cel.MAX_DEPTH:
+    if size > _MAX_DEPTH and text.count("{") + text.count("[") > _MAX_DEPTH:
         return False
-    # (A canonical text not in the ``!`` form encodes as strict UTF-8: canonical_text.)
-    utf8 = text.encode("utf-8") if data is None else data
-    return _LONG_RUN not in utf8.translate(_DIGITS)
+    try:
+        return _LONG_RUN not in text.encode("utf-8").translate(_DIGITS)
+    except UnicodeEncodeError:  # a lone surrogate (a canonical text never holds one)
+        return False
 
 
 def _counter_fields(programs: list[cel.CelProgram]) -> tuple[str, ...] | None:

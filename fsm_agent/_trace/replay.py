@@ -85,7 +85,7 @@ from fsm_agent._core.streamed import fold_problems
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine
 from fsm_agent._errors import ConfigError
 from fsm_agent._rules import RuleSet, ToolInfo
-from fsm_agent._rules.canonical import INPUTS_DIGEST
+from fsm_agent._rules.canonical import EARLIER_DIGESTS, INPUTS_DIGEST
 from fsm_agent._rules.canonical import digest as rule_digest
 from fsm_agent._trace.model import Settings
 from fsm_agent._trace.walk import Write
@@ -800,9 +800,10 @@ class Replay:
         self.stop(
             line,
             f"seq {seq}: inputs_digest {_js(old)} is in the digest form of an earlier "
-            "development build (the inputs as one JSON document, 'sha256:...'); this "
-            f"fsm-agent writes and checks form 2 ('{INPUTS_DIGEST}...', "
-            "docs/concepts/traces.md): the trace cannot be checked here; record the run again",
+            "development build ('sha256:...': the inputs as one JSON document; "
+            "'v2:sha256:...': calls as a chain of their digests); this fsm-agent writes "
+            f"and checks form 3 ('{INPUTS_DIGEST}...', docs/concepts/traces.md): the trace "
+            "cannot be checked here; record the run again",
         )
         return True
 
@@ -1511,11 +1512,12 @@ def _js(value: Any) -> str:
 
 
 def _earlier_digest(recorded: Any, mine: Any) -> bool:
-    """A rule event's inputs digest in the form earlier development builds wrote
-    (``sha256:`` over the inputs as one JSON document) where this build writes form 2."""
+    """A rule event's inputs digest in a form earlier development builds wrote (1:
+    ``sha256:`` over the inputs as one JSON document; 2: ``v2:sha256:``, ``calls`` as a
+    chain of its entries' digests) where this build writes form 3."""
     return (
         isinstance(recorded, str)
-        and recorded.startswith("sha256:")
+        and recorded.startswith(EARLIER_DIGESTS)
         and isinstance(mine, str)
         and mine.startswith(INPUTS_DIGEST)
     )
