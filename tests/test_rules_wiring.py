@@ -432,6 +432,45 @@ def test_the_engine_screens_an_executed_call_by_its_texts_as_by_encoding_it(
     checked(tmp_path / "b" / "t.jsonl")
 
 
+def test_runs_interleaved_on_one_rule_set_judge_as_each_alone() -> None:
+    """Two runs of one runtime, their rounds interleaved (async tools that yield), so the
+    log at hand is the other run's at every step: each run's judgements are those it
+    makes alone (its calls enter its own log, encoded where not handed over)."""
+    import asyncio
+
+    tools = ToolRegistry()
+
+    async def search(q: str) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"hits": [q], "n": len(q)}
+
+    tools.register(search, name="search", effect="read", schema=QUERY)
+    twice = Rule("no-repeat", on="before_tool", tools=["search"], then="deny",
+                 when="calls.exists(c, c.args.q == args.q)")  # fmt: skip
+
+    def script(tag: str) -> list[Any]:
+        return [*(calls(call(f"{tag}{n}", "search", q=f"{tag}{n % 3}")) for n in range(6)),
+                say("ok")]  # fmt: skip
+
+    rt = Runtime(model=ScriptedModel([]), tools=tools, allowed_tools=tools.names(),
+                 rules=[twice])  # fmt: skip
+
+    def judged(result: Any) -> list[tuple[Any, ...]]:
+        return [(e["call_id"], e["rule"], e["verdict"], e["inputs_digest"])
+                for e in rule_events(result.events)]  # fmt: skip
+
+    async def both() -> list[Any]:
+        return list(await asyncio.gather(
+            *(rt.arun("go", model=ScriptedModel(script(tag))) for tag in ("a", "b"))
+        ))  # fmt: skip
+
+    together = asyncio.run(both())
+    for tag, result in zip(("a", "b"), together, strict=True):
+        alone = asyncio.run(rt.arun("go", model=ScriptedModel(script(tag))))
+        assert judged(result) == judged(alone)
+        assert [v for _, _, v, _ in judged(result)] == ["pass"] * 3 + ["deny"] * 3
+
+
 def test_rules_read_a_result_holding_media_as_the_observation_records_it(tmp_path: Path) -> None:
     """An image a tool returns is split off the observation (its bytes go to the model as
     a part, the trace keeps a stand-in with their size): ``result`` and ``calls`` hold that
