@@ -10,6 +10,7 @@ nesting, counters that are not a dict, a missing effect, calls as a tuple.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tau2_policy import policy, steps_with_facts, tasks
 
 from fsm_agent._core.judging import _PLAIN, _TRUSTED
@@ -190,3 +193,69 @@ def test_the_tau2_policy_judges_as_the_general_path() -> None:
                 "before_tool", step.facts)  # fmt: skip
             judged += 1
     assert judged > 100
+
+
+# ── an executed call screened by the engine's texts (``RuleSet.executed``) ───────────
+
+_HOSTILE = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6)
+    | st.sampled_from(["1234567890123456789", "\ud800", "é😀", "9" * 30]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                 max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+
+
+def _nested(depth: int) -> Any:
+    out: Any = 1
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=st.dictionaries(st.text(max_size=3), _HOSTILE, max_size=3), value=_HOSTILE,
+       depth=st.sampled_from([0, 0, 0, 99, 100, 101]), tool=st.sampled_from(
+           ["lookup", "pay", "\ud800x", "l" * 30]), ok=st.booleans())  # fmt: skip
+def test_an_entry_screened_by_its_texts_is_screened_as_by_encoding_it(
+    args: dict[str, Any], value: Any, depth: int, tool: str, ok: bool
+) -> None:
+    """The entry the engine builds, from the texts it builds it from (the model's
+    arguments parsed under R3, the result recorded and read back), taken into a log
+    by those texts and by its canonical text: the same screened entry, or the same
+    refusal (integers past 64 bits, nesting past 100, a lone surrogate in a name)."""
+    from fsm_agent._core.canonical import ArgumentsError, parse_arguments
+    from fsm_agent._core.jsonsafe import copy_json, dumps_safe
+    from fsm_agent._rules.ruleset import _Log
+
+    if depth:
+        value = {"v": _nested(depth)}
+    try:
+        raw = json.dumps(args, ensure_ascii=False)
+        parsed = parse_arguments(raw)
+    except (ArgumentsError, ValueError, UnicodeEncodeError):
+        return  # the loop refuses these arguments: no call with them runs
+    text = dumps_safe({"ok": True, "value": value})[0] if ok else "null"
+    result = copy_json(text).get("value") if ok else None
+    entry = {"tool": tool, "args": parsed, "ok": ok, "result": result}
+    by_text, by_encoding = _Log([entry]), _Log([entry])
+    by_text.calls.clear()  # (as the engine hands it over: appended, then executed())
+    rules = RuleSet([], TOOLS)
+    rules._entries.last = by_text
+    by_text.calls.append(entry)
+    rules.executed(by_text.calls, f"{text}\n{raw}")
+    by_encoding.take(entry, None)
+    assert by_text.seen == by_encoding.seen == 1
+    assert (by_text.refused is None) == (by_encoding.refused is None), (entry, by_text.refused)
+    assert by_text.screened == by_encoding.screened or _nan_in(entry)
+
+
+def _nan_in(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isnan(value)
+    if isinstance(value, dict):
+        return any(_nan_in(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_nan_in(v) for v in value)
+    return False

@@ -346,4 +346,4 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
     s.executed.append(entry)
     if rules is not None and arguments is not None:
         # The texts the entry's parts were parsed from: its log screens it by them.
-        rules.executed(s.executed, f"{text}\n{call.raw_arguments}\n{call.name}")
+        rules.executed(s.executed, f"{text}\n{call.raw_arguments}")

@@ -342,12 +342,15 @@ class RuleSet:
     def executed(self, calls: list[Any], text: str) -> None:
         """The engine appended an entry to ``calls`` (a run's executed calls, an appended
         list): its log takes it at once, screened by ``text`` (the JSON texts its result
-        and arguments were parsed from, and its tool's name) rather than by encoding it.
-        Where the log at hand is not that list's, up to the entry before, the next
-        judgement's log takes it in instead."""
+        and arguments were parsed from, each strict UTF-8: ``dumps_safe``, R3) rather than
+        by encoding it; by encoding it where its tool's name is not ASCII (the one part
+        the texts leave out). Where the log at hand is not that list's, up to the entry
+        before, the next judgement's log takes it in instead."""
         log = self._entries.last
         if log.calls is calls and log.seen == len(calls) - 1:
-            log.take(calls[-1], text)
+            entry = calls[-1]
+            tool = entry.get("tool")
+            log.take(entry, text if type(tool) is str and tool.isascii() else None)
 
     def executions(self, rule_id: str, facts: Facts) -> int:
         """How many of ``facts.calls`` count toward rule ``rule_id``'s limit.
