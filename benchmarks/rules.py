@@ -219,10 +219,11 @@ def main() -> None:
     for n, us in judged.items():
         print(f"  with 20 rules, {n:3d} executed calls: ≈ {(base + us) / base:.2f}× a round")
     plain, wired = wired_round_us([]), wired_round_us(RULES)
-    lean = wired_round_us(NO_CALLS)
+    lean, flat = wired_round_us(NO_CALLS), wired_round_us(FLAT)
     print(f"wired (Runtime(rules=...)), per round of a 100-round run: no rules {plain:7.1f} µs; "
           f"20 rules {wired:7.1f} µs ({wired / plain:.2f}×); the {len(NO_CALLS)} that do not "
-          f"read calls {lean:7.1f} µs ({lean / plain:.2f}×)")  # fmt: skip
+          f"read calls {lean:7.1f} µs ({lean / plain:.2f}×); 20 none of which reads calls "
+          f"{flat:7.1f} µs ({flat / plain:.2f}×)")  # fmt: skip
     if "--no-instructions" in sys.argv:
         return
     ratios = instruction_ratios()
