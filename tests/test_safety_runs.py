@@ -349,6 +349,45 @@ def test_a_retry_gets_the_arguments_as_validated_not_as_mutated() -> None:
     assert json.loads(result.messages[2]["content"])["value"] == {"found": "A17"}
 
 
+def test_a_tool_that_mutates_nested_arguments_changes_neither_calls_nor_the_trace(
+    tmp_path: Path,
+) -> None:
+    """The first attempt gets a copy too: a tool appending to a list it was passed once
+    changed the call's own arguments, so a rule reading ``calls`` denied the next call on
+    what the model never sent, and ``check`` (replaying the recorded arguments) rejected
+    the honest trace of that run."""
+    from fsm_agent import Rule
+    from fsm_agent._trace.checker import check_trace
+
+    seen: list[Any] = []
+    tools = ToolRegistry()
+
+    def tag(items: list[str], meta: dict[str, Any]) -> Any:
+        seen.append(list(items))
+        items.append("MUTATED")  # scribbles on what it was given
+        meta["x"] = 1
+        return {"n": len(items)}
+
+    tools.register(tag, name="tag", effect="read", schema={"type": "object"},
+                   allow_extra_fields=True)  # fmt: skip
+    rule = Rule(
+        "no-mutated",
+        on="before_tool",
+        tools=["tag"],
+        then="deny",
+        when="calls.exists(c, 'MUTATED' in c.args.items || 'x' in c.args.meta)",
+    )
+    script = [calls(call("a", "tag", items=["x"], meta={})),
+              calls(call("b", "tag", items=["y"], meta={})), say("ok")]  # fmt: skip
+    result = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools={"tag"},
+                     rules=[rule]).run("x", trace=tmp_path / "t.jsonl")  # fmt: skip
+    assert result.status == "done" and seen == [["x"], ["y"]]
+    verdicts = [(e["call_id"], e["verdict"]) for e in result.events if e["type"] == "rule"]
+    assert verdicts == [("a", "pass"), ("b", "pass")]
+    report = check_trace(tmp_path / "t.jsonl")
+    assert report.ok, report.violations
+
+
 def test_a_replay_returns_what_was_stored_not_what_the_tool_changed_later() -> None:
     kept: dict[str, Any] = {"ticket": "T-1", "notes": []}
     tools = ToolRegistry()

@@ -407,6 +407,15 @@ def _validate(s: RunState) -> bool:
     return _fire(s, "validate")
 
 
+def _holds_containers(arguments: dict[str, Any]) -> bool:
+    """Whether an argument is an object or a list (a copy of the top level shares it)."""
+    for value in arguments.values():
+        kind = type(value)
+        if kind is dict or kind is list:
+            return True
+    return False
+
+
 #: No rule decided (``RunState.ruled``).
 _NONE_RULED: frozenset[str] = frozenset()
 
@@ -480,9 +489,16 @@ def _execute(s: RunState) -> Steps:
     # In flight from the call until tool_returned is taken: a cancel in between (even
     # while its result is being stored) may not say the write did not happen.
     s.in_flight = True
-    # A tool may mutate its arguments: a retry gets them afresh from the exact text that
-    # was validated and digested, never what an earlier attempt left behind.
-    arguments = call.arguments if s.attempt == 1 else parse_arguments(call.raw_arguments)
+    # A tool may mutate its arguments: each attempt gets its own copy (a flat object
+    # copied; one holding objects or lists, and a retry's, read afresh from the exact text
+    # that was validated and digested), so what the call keeps (the rules' ``calls``, a
+    # checkpoint) is what ``check`` replays, never what an attempt left behind.
+    arguments = call.arguments
+    arguments = (
+        dict(arguments)
+        if s.attempt == 1 and not _holds_containers(arguments)
+        else parse_arguments(call.raw_arguments)
+    )
     timeout = tool.timeout_s if s.config.budget.max_wall_clock_s is None else _timeout(s, tool)
     outcome: ToolOutcome = yield CallTool(call.id, call.name, arguments, timeout)
     s.outcome = outcome
