@@ -407,13 +407,19 @@ def _validate(s: RunState) -> bool:
     return _fire(s, "validate")
 
 
-def _holds_containers(arguments: dict[str, Any]) -> bool:
-    """Whether an argument is an object or a list (a copy of the top level shares it)."""
-    for value in arguments.values():
-        kind = type(value)
-        if kind is dict or kind is list:
-            return True
-    return False
+def _attempt_arguments(attempt: int, arguments: dict[str, Any], raw: str) -> dict[str, Any]:
+    """An attempt's own copy of a call's arguments: a tool may mutate what it is given.
+    A flat object is copied; one holding objects or lists, and a retry's, is read afresh
+    from the exact text that was validated and digested. So what the call keeps (the
+    rules' ``calls``, a checkpoint) is what ``check`` replays, never what an attempt left
+    behind."""
+    if attempt == 1:
+        for value in arguments.values():
+            kind = type(value)
+            if kind is dict or kind is list:
+                return parse_arguments(raw)
+        return dict(arguments)
+    return parse_arguments(raw)
 
 
 #: No rule decided (``RunState.ruled``).
@@ -489,16 +495,7 @@ def _execute(s: RunState) -> Steps:
     # In flight from the call until tool_returned is taken: a cancel in between (even
     # while its result is being stored) may not say the write did not happen.
     s.in_flight = True
-    # A tool may mutate its arguments: each attempt gets its own copy (a flat object
-    # copied; one holding objects or lists, and a retry's, read afresh from the exact text
-    # that was validated and digested), so what the call keeps (the rules' ``calls``, a
-    # checkpoint) is what ``check`` replays, never what an attempt left behind.
-    arguments = call.arguments
-    arguments = (
-        dict(arguments)
-        if s.attempt == 1 and not _holds_containers(arguments)
-        else parse_arguments(call.raw_arguments)
-    )
+    arguments = _attempt_arguments(s.attempt, call.arguments, call.raw_arguments)
     timeout = tool.timeout_s if s.config.budget.max_wall_clock_s is None else _timeout(s, tool)
     outcome: ToolOutcome = yield CallTool(call.id, call.name, arguments, timeout)
     s.outcome = outcome
