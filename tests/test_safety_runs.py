@@ -370,13 +370,8 @@ def test_a_tool_that_mutates_nested_arguments_changes_neither_calls_nor_the_trac
 
     tools.register(tag, name="tag", effect="read", schema={"type": "object"},
                    allow_extra_fields=True)  # fmt: skip
-    rule = Rule(
-        "no-mutated",
-        on="before_tool",
-        tools=["tag"],
-        then="deny",
-        when="calls.exists(c, 'MUTATED' in c.args.items || 'x' in c.args.meta)",
-    )
+    scribbled = "calls.exists(c, 'MUTATED' in c.args.items || 'x' in c.args.meta)"
+    rule = Rule("no-mutated", on="before_tool", tools=["tag"], then="deny", when=scribbled)
     script = [calls(call("a", "tag", items=["x"], meta={})),
               calls(call("b", "tag", items=["y"], meta={})), say("ok")]  # fmt: skip
     result = Runtime(model=ScriptedModel(script), tools=tools, allowed_tools={"tag"},
