@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from fsm_agent._core.actions import record, recorded_value
 from fsm_agent._core.canonical import digest
-from fsm_agent._core.jsonsafe import copy_json
 from fsm_agent._core.table import DEFAULT_MACHINE, Machine, Transition
 from fsm_agent._rules import Facts, Judgement, RuleSet
 
@@ -339,7 +338,7 @@ def record_execution(s: RunState, *, returned: bool = True) -> None:
         # by an after_tool rule, what that rule judged (its rule event records it).
         made = s.ahead if taken == "answer_rule" else s.recorded
         text = made[0]
-        result = None if made[4] else copy_json(text).get("value")  # (recorded_value)
+        result = recorded_value(made)
     arguments = call.arguments
     entry = {"tool": call.name, "args": arguments if arguments is not None else {}, "ok": ok,
              "result": result}  # fmt: skip

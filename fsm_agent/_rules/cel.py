@@ -384,12 +384,12 @@ def _fused(
     call; where it cannot say for one of them, each body alone (to tell which erred)."""
     names = sorted({q.variable for q in quantifiers})
 
-    # A call is a map (the engine's entries are): tested once, not at every field read;
-    # one that is not makes the function ask for each body alone.
     def alone(call: Any) -> list[bool | None]:
         return [holds(call) for holds in one]
 
-    # Generated to take the call itself, and to ask each body alone where it cannot say.
+    # Generated to take the call itself, a map (the engine's entries are): tested once,
+    # not at every field read; where it cannot say (a call that is not a map, say), each
+    # body alone tells which erred.
     many = celfast.compile_many(
         [q._expression.serialize() for q in quantifiers], frozenset(names), frozenset(names),
         otherwise=alone,
