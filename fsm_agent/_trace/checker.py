@@ -82,6 +82,11 @@ MAX_KEPT = 1000
 
 _LINK_FIELD = b',"chain":"'
 _TAIL = len(_LINK_FIELD) + LINK_HEX + 2
+#: Events handed to the replay (or the walker) at once by the line loop.
+_CHUNK = 32
+_BROKEN = (
+    "the chain breaks here: this line, or one before it, was changed, removed, inserted or moved"
+)
 
 
 @dataclass(frozen=True)
@@ -336,80 +341,104 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     fail = report.fail
     walk = _conformance(head, report, collect_writes, saving)
     mac = _integrity(head, key, report, lines=True)
-    prev: bytes | None = b""
+    # The last link and a newline: what the next line's link is computed over first
+    # (None: unknown, after a line without one).
+    prev: bytes | None = b"\n"
     run = head.run_id
-    loads = parse_line
-    # Replay takes events without the chain's fields (it compares them with what the
-    # engine writes); taken off here, where the run id is checked anyway.
-    bare = isinstance(walk, Replay)
-    feed = walk.feed_bare if isinstance(walk, Replay) else walk.feed
+    # Events go to the replay (or the walker) without the chain's fields, in chunks:
+    # one call per _CHUNK lines, not one per line.
+    chunk: list[tuple[int, dict[str, Any]]] = []
+    add, feed, scan = chunk.append, walk.feed_many, _scan
     readline = handle.readline
-    # (Locals for the per-line loop: slice bounds, the read limit.)
-    tail, link_at, limit, newline = -_TAIL, -LINK_HEX - 2, MAX_LINE + 1, b"\n"
-    # The chain's fields as the runtime closes every line of this run (``Chain.encode``):
-    # a line that ends with them is parsed without them (see _without_chain).
-    fields = _chain_fields(run) if bare else None
-    run_at = -(len(fields) + LINK_HEX + 2) if fields is not None else 0
+    # (Locals for the per-line loop: slice bounds, the read limit; the bounds are of a
+    # line read with its newline.)
+    tail, link_at, limit, newline = -_TAIL - 1, -LINK_HEX - 3, MAX_LINE + 1, b"\n"
+    # How ``Chain.encode`` closes every line of this run: its fields (the run id, then
+    # the link's key), the link, ``"}``. A line that ends so is parsed without them:
+    # the same event as parsing the whole line and dropping them, for less (two fields
+    # fewer to read, to hash and to pop).
+    fields = _chain_fields(run)
+    closing = b'"}\n'
+    run_at = -(len(fields) + LINK_HEX + 3) if fields is not None else 0
     line_no = 0
     raw = first
     event: Any = head.event
     while raw:
         line_no += 1
-        if not raw.endswith(newline):
-            fail(line_no, "truncated: the last line has no newline (was the run killed mid-write?)")
-            break
-        body = raw[:-1]
-        if mac is not None:
-            if body[tail:link_at] == _LINK_FIELD:
-                link = body[link_at:-2]
-                if prev is not None and mac(prev + newline + body[:link_at]) != link:
-                    fail(
-                        line_no,
-                        "the chain breaks here: this line, or one before it, was changed, "
-                        "removed, inserted or moved",
-                    )
-                prev = link
+        own = raw.endswith(closing) and raw[run_at:link_at] == fields
+        if own:  # (the link is read as it stands; a line it breaks is parsed whole)
+            if mac is not None:
+                link = raw[link_at:-3]
+                if prev is None or mac(prev + raw[:link_at]) != link:
+                    if prev is not None:
+                        fail(line_no, _BROKEN)
+                    own = link.isalnum()
+                prev = link + newline
             else:
-                fail(line_no, "no chain link at the end of the line")
-                prev = None  # the next line's link cannot be verified either
-        if line_no > 1:
-            if (
-                fields is not None
-                and body[run_at:link_at] == fields
-                and ((event := _without_chain(body, run_at)) is not None)
-            ):
-                feed(line_no, event)  # of this run: its id is in the bytes compared
-            else:
+                own = raw[link_at:-3].isalnum()
+            if line_no == 1:
+                pass
+            elif own:
                 try:
-                    event = loads(body)
-                except (ValueError, RecursionError) as exc:
-                    fail(line_no, f"not JSON: {_reason(exc)}")
-                    event = None
-                if type(event) is dict:
-                    if bare:
-                        of = event.pop("run", None)
-                        event.pop("chain", None)
-                    else:
-                        of = event.get("run")
-                    if mac is not None and of != run:
-                        fail(line_no, f"an event of run {of!r} in run {run!r}'s trace")
-                    feed(line_no, event)
-                elif event is not None:
-                    fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
-                    walk.skip(line_no, numbered=True)
+                    text = (raw[:run_at] + b"}").decode("utf-8")
+                    event, end = scan(text, 0)
+                except (ValueError, RecursionError, StopIteration):
+                    own = False
                 else:
-                    walk.skip(line_no, numbered=False)
-        raw = readline(limit)
-        if len(raw) > MAX_LINE and not raw.endswith(newline):
+                    if end != len(text) or type(event) is not dict or not event:
+                        own = False
+                    elif "run" in event or "chain" in event:  # twice: the last counts
+                        event.pop("run", None)
+                        event.pop("chain", None)
+                if own:
+                    add((line_no, event))  # of this run: its id is in the bytes compared
+                    if len(chunk) >= _CHUNK:
+                        feed(chunk)
+                        chunk.clear()
+                    raw = readline(limit)
+                    continue
+            if line_no > 1:  # a line whose link breaks the JSON: parsed whole
+                event = _event(line_no, raw, mac, run, fail)
+        elif not raw.endswith(newline):
+            if len(raw) <= MAX_LINE:
+                fail(line_no, "truncated: the last line has no newline (was the run killed "
+                     "mid-write?)")  # fmt: skip
+                break
             while True:  # skip the rest of an over-long line without holding it
                 more = readline(1 << 20)
                 if not more or more.endswith(b"\n"):
                     break
-            line_no += 1
             fail(line_no, f"a line longer than {MAX_LINE} bytes: not checked")
-            raw = readline(MAX_LINE + 1)
+            raw = readline(limit)
+            continue
+        else:
+            if mac is not None:
+                if raw[tail:link_at] == _LINK_FIELD:
+                    link = raw[link_at:-3]
+                    if prev is not None and mac(prev + raw[:link_at]) != link:
+                        fail(line_no, _BROKEN)
+                    prev = link + newline
+                else:
+                    fail(line_no, "no chain link at the end of the line")
+                    prev = None  # the next line's link cannot be verified either
+            if line_no > 1:
+                event = _event(line_no, raw, mac, run, fail)
+        if line_no > 1:
+            if type(event) is dict:
+                add((line_no, event))
+                if len(chunk) >= _CHUNK:
+                    feed(chunk)
+                    chunk.clear()
+            else:
+                if chunk:
+                    feed(chunk)
+                    chunk.clear()
+                walk.skip(line_no, numbered=event is not None)
+        raw = readline(limit)
+    if chunk:
+        feed(chunk)
     report.lines = line_no
-    report.last_link = prev.decode("ascii", "replace") if prev else None
+    report.last_link = prev[:-1].decode("ascii", "replace") if prev and prev != newline else None
     walk.finish(line_no)
     return report
 
@@ -425,24 +454,22 @@ def _chain_fields(run: str | None) -> bytes | None:
         return None
 
 
-def _without_chain(body: bytes, cut: int) -> dict[str, Any] | None:
-    """The event of a line that ends with its run's chain fields (``body[cut:]``, the
-    run id compared as bytes, the link of letters and digits, then ``"}``), parsed
-    without them: the same event as parsing the whole line and dropping them, for less
-    (two fields fewer to read, to hash and to pop). None where that may not hold (then
-    the whole line is parsed): a line that is not JSON without them, or not an object,
-    or an empty one (``{,"run":...}`` is not JSON)."""
-    if not body.endswith(b'"}') or not body[-LINK_HEX - 2 : -2].isalnum():
-        return None  # (the link and the line's end are JSON as the rest is parsed)
+def _event(line_no: int, raw: bytes, mac: Any, run: str | None, fail: Any) -> Any:
+    """The event of a line (read with its newline) parsed whole, the chain's fields
+    dropped, its run compared with the trace's; None if it is not JSON, a value that is
+    not an object as it is (both reported)."""
     try:
-        event = parse_line(body[:cut] + b"}")
-    except (ValueError, RecursionError):
+        event = parse_line(raw[:-1])
+    except (ValueError, RecursionError) as exc:
+        fail(line_no, f"not JSON: {_reason(exc)}")
         return None
-    if type(event) is not dict or not event:
-        return None
-    if "run" in event or "chain" in event:  # written twice: the last one counts, dropped
-        event.pop("run", None)
-        event.pop("chain", None)
+    if type(event) is not dict:
+        fail(line_no, f"not a trace event: a JSON {type(event).__name__}")
+        return event
+    of = event.pop("run", None)
+    event.pop("chain", None)
+    if mac is not None and of != run:
+        fail(line_no, f"an event of run {of!r} in run {run!r}'s trace")
     return event
 
 

@@ -487,31 +487,44 @@ class Replay:
         """The next recorded event, as read (the chain's fields are dropped)."""
         event.pop("chain", None)
         event.pop("run", None)
-        self.feed_bare(line, event)
+        self.feed_many([(line, event)])
 
-    def feed_bare(self, line: int, event: dict[str, Any]) -> None:
-        """:meth:`feed` of an event without the chain's fields (the checker's loop)."""
-        if self.dead:
-            return
-        self.pending.append((line, event))
-        self.fed = line
-        kind = event.get("type")
-        if kind == "transition":
-            self.transitions += 1
-            # Where a driver stopped the run, or a resume took over, the replay meets it at
-            # a request: the loop then makes one after every edge.
-            if event.get("trigger") == "cancel" or (
-                "inputs" in event and _resumed(event) is not None
-            ):
-                self.loud_until = max(self.loud_until, line)
-        elif kind == "decision":
-            self._batch_ahead(line, event)
-        if len(self.pending) > MAX_AHEAD:
-            self.stop(line, f"{MAX_AHEAD} events recorded that the engine never reaches")
-            return
-        if self.transitions >= self.wake:
-            self.wake = 0
-            self._run(final=False)
+    def feed_many(self, events: list[tuple[int, dict[str, Any]]]) -> None:
+        """The next recorded events, in order, each ``(line, event)`` without the chain's
+        fields (the checker's loop hands them over in chunks). The loop is run whenever
+        the transitions it waits for are in."""
+        pending = self.pending
+        append = pending.append
+        # (Locals for the per-event loop; stored back before the loop runs, which
+        # takes transitions off ``pending``.)
+        transitions, wake = self.transitions, self.wake
+        for item in events:
+            if self.dead:
+                return
+            append(item)
+            line, event = item
+            kind = event.get("type")
+            if kind == "transition":
+                transitions += 1
+                # Where a driver stopped the run, or a resume took over, the replay meets
+                # it at a request: the loop then makes one after every edge.
+                if event.get("trigger") == "cancel" or (
+                    "inputs" in event and _resumed(event) is not None
+                ):
+                    self.loud_until = max(self.loud_until, line)
+            elif kind == "decision":
+                self._batch_ahead(line, event)
+            if len(pending) > MAX_AHEAD:
+                self.fed = line
+                self.stop(line, f"{MAX_AHEAD} events recorded that the engine never reaches")
+                return
+            if transitions >= wake:
+                self.fed, self.transitions, self.wake = line, transitions, 0
+                self._run(final=False)
+                transitions, wake = self.transitions, self.wake
+        self.transitions, self.wake = transitions, wake
+        if events:
+            self.fed = events[-1][0]
 
     def _batch_ahead(self, line: int, event: dict[str, Any]) -> None:
         """A decision read ahead: a batch too large to replay quietly makes the loop

@@ -256,6 +256,10 @@ class Walk:
     def feed(self, line: int, e: dict[str, Any]) -> None:
         self.event(line, e)
 
+    def feed_many(self, events: list[tuple[int, dict[str, Any]]]) -> None:
+        for line, e in events:
+            self.event(line, e)
+
     def skip(self, line: int, *, numbered: bool) -> None:
         """A line that holds no event (reported already); ``numbered``: it was JSON, so
         it counts as an event that used up a seq."""
