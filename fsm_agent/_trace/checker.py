@@ -343,7 +343,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     mac = _integrity(head, key, report, lines=True)
     # The last link and a newline: what the next line's link is computed over first
     # (None: unknown, after a line without one).
-    prev: bytes | None = b"\n"
+    prev = _link(1, first, b"\n", mac, fail) if mac is not None else b"\n"
     run = head.run_id
     # Events go to the replay (or the walker) without the chain's fields, in chunks:
     # one call per _CHUNK lines, not one per line.
@@ -352,7 +352,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     readline = handle.readline
     # (Locals for the per-line loop: slice bounds, the read limit; the bounds are of a
     # line read with its newline.)
-    tail, link_at, limit, newline = -_TAIL - 1, -LINK_HEX - 3, MAX_LINE + 1, b"\n"
+    link_at, limit, newline, every = -LINK_HEX - 3, MAX_LINE + 1, b"\n", _CHUNK - 1
     # How ``Chain.encode`` closes every line of this run: its fields (the run id, then
     # the link's key), the link, ``"}``. A line that ends so is parsed without them:
     # the same event as parsing the whole line and dropping them, for less (two fields
@@ -360,13 +360,13 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
     fields = _chain_fields(run)
     closing = b'"}\n'
     run_at = -(len(fields) + LINK_HEX + 3) if fields is not None else 0
-    line_no = 0
-    raw = first
-    event: Any = head.event
+    line_no = 1
+    raw = readline(limit)
+    event: Any = None
     while raw:
         line_no += 1
-        own = raw.endswith(closing) and raw[run_at:link_at] == fields
-        if own:  # (the link is read as it stands; a line it breaks is parsed whole)
+        if raw.endswith(closing) and raw[run_at:link_at] == fields:  # ends as this run's
+            own = True  # (the link is read as it stands; a line it breaks is parsed whole)
             if mac is not None:
                 link = raw[link_at:-3]
                 if prev is None or mac(prev + raw[:link_at]) != link:
@@ -376,9 +376,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 prev = link + newline
             else:
                 own = raw[link_at:-3].isalnum()
-            if line_no == 1:
-                pass
-            elif own:
+            if own:
                 try:
                     text = (raw[:run_at] + b"}").decode("utf-8")
                     event, end = scan(text, 0)
@@ -390,20 +388,22 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                     elif "run" in event or "chain" in event:  # twice: the last counts
                         event.pop("run", None)
                         event.pop("chain", None)
-                if own:
-                    add((line_no, event))  # of this run: its id is in the bytes compared
-                    if len(chunk) >= _CHUNK:
-                        feed(chunk)
-                        chunk.clear()
-                    raw = readline(limit)
-                    continue
-            if line_no > 1:  # a line whose link breaks the JSON: parsed whole
-                event = _event(line_no, raw, mac, run, fail)
-        elif not raw.endswith(newline):
-            if len(raw) <= MAX_LINE:
-                fail(line_no, "truncated: the last line has no newline (was the run killed "
-                     "mid-write?)")  # fmt: skip
-                break
+            if own:
+                add((line_no, event))  # of this run: its id is in the bytes compared
+                if not line_no & every:
+                    feed(chunk)
+                    chunk.clear()
+                raw = readline(limit)
+                continue
+            event = _event(line_no, raw, mac, run, fail)  # its link breaks the JSON
+        elif raw.endswith(newline):
+            if mac is not None:
+                prev = _link(line_no, raw, prev, mac, fail)
+            event = _event(line_no, raw, mac, run, fail)
+        elif len(raw) <= MAX_LINE:
+            fail(line_no, "truncated: the last line has no newline (was the run killed mid-write?)")
+            break
+        else:
             while True:  # skip the rest of an over-long line without holding it
                 more = readline(1 << 20)
                 if not more or more.endswith(b"\n"):
@@ -411,29 +411,16 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
             fail(line_no, f"a line longer than {MAX_LINE} bytes: not checked")
             raw = readline(limit)
             continue
+        if type(event) is dict:
+            add((line_no, event))
+            if len(chunk) >= _CHUNK:
+                feed(chunk)
+                chunk.clear()
         else:
-            if mac is not None:
-                if raw[tail:link_at] == _LINK_FIELD:
-                    link = raw[link_at:-3]
-                    if prev is not None and mac(prev + raw[:link_at]) != link:
-                        fail(line_no, _BROKEN)
-                    prev = link + newline
-                else:
-                    fail(line_no, "no chain link at the end of the line")
-                    prev = None  # the next line's link cannot be verified either
-            if line_no > 1:
-                event = _event(line_no, raw, mac, run, fail)
-        if line_no > 1:
-            if type(event) is dict:
-                add((line_no, event))
-                if len(chunk) >= _CHUNK:
-                    feed(chunk)
-                    chunk.clear()
-            else:
-                if chunk:
-                    feed(chunk)
-                    chunk.clear()
-                walk.skip(line_no, numbered=event is not None)
+            if chunk:
+                feed(chunk)
+                chunk.clear()
+            walk.skip(line_no, numbered=event is not None)
         raw = readline(limit)
     if chunk:
         feed(chunk)
@@ -452,6 +439,18 @@ def _chain_fields(run: str | None) -> bytes | None:
         return (',"run":' + json.dumps(run, ensure_ascii=False)).encode("utf-8") + _LINK_FIELD
     except UnicodeEncodeError:  # pragma: no cover - clean text encodes
         return None
+
+
+def _link(line_no: int, raw: bytes, prev: bytes | None, mac: Any, fail: Any) -> bytes | None:
+    """Verify the link of a line read with its newline (the header, or a line that does
+    not end as its run's lines do); what the next line's link is computed over first."""
+    if raw[-_TAIL - 1 : -LINK_HEX - 3] != _LINK_FIELD:
+        fail(line_no, "no chain link at the end of the line")
+        return None  # the next line's link cannot be verified either
+    link = raw[-LINK_HEX - 3 : -3]
+    if prev is not None and mac(prev + raw[: -LINK_HEX - 3]) != link:
+        fail(line_no, _BROKEN)
+    return link + b"\n"
 
 
 def _event(line_no: int, raw: bytes, mac: Any, run: str | None, fail: Any) -> Any:

@@ -493,16 +493,16 @@ class Replay:
         """The next recorded events, in order, each ``(line, event)`` without the chain's
         fields (the checker's loop hands them over in chunks). The loop is run whenever
         the transitions it waits for are in."""
+        if self.dead or not events:
+            return
         pending = self.pending
         append = pending.append
         # (Locals for the per-event loop; stored back before the loop runs, which
         # takes transitions off ``pending``.)
         transitions, wake = self.transitions, self.wake
         for item in events:
-            if self.dead:
-                return
             append(item)
-            line, event = item
+            event = item[1]
             kind = event.get("type")
             if kind == "transition":
                 transitions += 1
@@ -511,20 +511,20 @@ class Replay:
                 if event.get("trigger") == "cancel" or (
                     "inputs" in event and _resumed(event) is not None
                 ):
-                    self.loud_until = max(self.loud_until, line)
+                    self.loud_until = max(self.loud_until, item[0])
+                if transitions >= wake:
+                    self.fed, self.transitions, self.wake = item[0], transitions, 0
+                    self._run(final=False)
+                    if self.dead:
+                        return
+                    transitions, wake = self.transitions, self.wake
             elif kind == "decision":
-                self._batch_ahead(line, event)
-            if len(pending) > MAX_AHEAD:
-                self.fed = line
-                self.stop(line, f"{MAX_AHEAD} events recorded that the engine never reaches")
-                return
-            if transitions >= wake:
-                self.fed, self.transitions, self.wake = line, transitions, 0
-                self._run(final=False)
-                transitions, wake = self.transitions, self.wake
+                self._batch_ahead(item[0], event)
         self.transitions, self.wake = transitions, wake
-        if events:
-            self.fed = events[-1][0]
+        self.fed = item[0]
+        if len(pending) > MAX_AHEAD:  # (checked once a chunk: pending stays bounded)
+            line = pending[MAX_AHEAD][0]
+            self.stop(line, f"{MAX_AHEAD} events recorded that the engine never reaches")
 
     def _batch_ahead(self, line: int, event: dict[str, Any]) -> None:
         """A decision read ahead: a batch too large to replay quietly makes the loop
@@ -622,9 +622,21 @@ class Replay:
                 # again some events later, not at every one.
                 self.wake = ready + _SLACK
                 return
-            answer = self._answer(final)
-            if answer is _WAIT:
-                return
+            nxt = pending[0][1] if pending else None
+            if (  # the clock read before a plain transition: half the requests, inline
+                self.request is READ_CLOCK
+                and type(nxt) is dict
+                and type(t := nxt.get("t")) is float
+                and nxt.get("type") == "transition"
+                and "inputs" not in nxt
+                and nxt.get("trigger") != "cancel"
+                and not self.fresh
+            ):
+                answer: Any = t + self.s.started
+            else:
+                answer = self._answer(final)
+                if answer is _WAIT:
+                    return
             # (The answer sent here, not by a call of _send: once per request.)
             try:
                 if type(answer) is Cancelled:
@@ -697,25 +709,22 @@ class Replay:
             line, recorded = item = popleft()
             mine = produced[matched]
             matched += 1
-            kind = recorded.get("type")
+            if recorded == mine:
+                kind = mine["type"]  # (every event the engine writes has one)
+            else:
+                kind = recorded.get("type")
+                edge = kind == "transition"  # taken off ``pending`` with the others
+                self._mismatch(line, matched, taken + edge, recorded, mine)
+                taken = -edge  # (the count starts again after it; it is added below)
+                if self.dead:
+                    return False
             if kind == "transition":
                 taken += 1
                 last = recorded
-                if recorded != mine:
-                    self._mismatch(line, matched, taken, recorded, mine)
-                    taken = 0
-                    if self.dead:
-                        return False
-            else:
-                if recorded != mine:
-                    self._mismatch(line, matched, taken, recorded, mine)
-                    taken = 0
-                    if self.dead:
-                        return False
-                if kind in noted:
-                    if last is not None:  # (what an observation's note reads)
-                        self.last_trigger = last.get("trigger") or ""
-                    self._note(line, recorded)
+            elif kind in noted:
+                if last is not None:  # (what an observation's note reads)
+                    self.last_trigger = last.get("trigger") or ""
+                self._note(line, recorded)
             if saving and len(since) < MAX_AHEAD:
                 since.append(item)
         self.line = line
