@@ -65,6 +65,12 @@ _DECODER = json.JSONDecoder(
 )
 
 
+#: ``_DECODER.decode`` in two calls of its parts (whitespace, then one value, then
+#: whitespace to the end), with the same errors: no two Python frames per call parsed.
+_SPACE = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+_VALUE = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
 def parse_arguments(text: str) -> dict[str, Any]:
     """Parse a call's ``arguments`` string under the rules of the module docstring."""
     if not isinstance(text, str):
@@ -72,7 +78,14 @@ def parse_arguments(text: str) -> dict[str, Any]:
     try:
         if text.startswith("\ufeff"):  # what json.loads refuses before decoding
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        value = _DECODER.decode(text)
+        start = _SPACE(text, 0).end()
+        try:
+            value, end = _VALUE(text, start)
+        except StopIteration as stop:
+            raise json.JSONDecodeError("Expecting value", text, stop.value) from None
+        end = _SPACE(text, end).end()
+        if end != len(text):
+            raise json.JSONDecodeError("Extra data", text, end)
     except ArgumentsError:
         raise
     except RecursionError:

@@ -604,39 +604,44 @@ class Replay:
 
     # ── driving the loop ──────────────────────────────────────────────────────────
 
-    def _run(self, *, final: bool) -> None:
+    def _run(self, *, final: bool) -> None:  # noqa: C901 - the per-request loop, kept flat
         pending = self.pending
         while not self.dead:
-            if self.s.events and not self._compare():
+            s = self.s
+            if s.events and not self._compare():
                 return
             if self.finished:
                 if not self._after_end(final):
                     return
                 continue
-            if pending and pending[0][0] > self.loud_until:
-                self.s.config, ready = self.quiet, _LOOK
+            head = pending[0] if pending else None
+            if head is not None and head[0] > self.loud_until:
+                s.config, ready = self.quiet, _LOOK
             else:
-                self.s.config, ready = self.config, _READY
+                s.config, ready = self.config, _READY
             if not final and self.transitions < ready:
                 # An input a pure step takes (an approval use) may be further on; woken
                 # again some events later, not at every one.
                 self.wake = ready + _SLACK
                 return
-            nxt = pending[0][1] if pending else None
-            if (  # the clock read before a plain transition: half the requests, inline
-                self.request is READ_CLOCK
-                and type(nxt) is dict
-                and type(t := nxt.get("t")) is float
-                and nxt.get("type") == "transition"
+            request = self.request
+            if (
+                head is not None
+                and (nxt := head[1]).get("type") == "transition"
                 and "inputs" not in nxt
                 and nxt.get("trigger") != "cancel"
-                and not self.fresh
-            ):
-                answer: Any = t + self.s.started
+            ):  # a plain transition next: the clock read before it, or the call it
+                # reports (most requests), answered here as _answer answers them
+                if request is READ_CLOCK and type(t := nxt.get("t")) is float and not self.fresh:
+                    answer: Any = t + s.started
+                elif type(request) is CallTool:
+                    answer = self._outcome(0, nxt, final)
+                else:
+                    answer = self._answer(final)
             else:
                 answer = self._answer(final)
-                if answer is _WAIT:
-                    return
+            if answer is _WAIT:
+                return
             # (The answer sent here, not by a call of _send: once per request.)
             try:
                 if type(answer) is Cancelled:
@@ -686,7 +691,7 @@ class Replay:
         guards = e.get("guards")
         return not (isinstance(guards, dict) and guards.get("write_in_flight") is True)
 
-    def _compare(self) -> bool:  # noqa: C901 - the per-event loop, kept in one method
+    def _compare(self) -> bool:
         """Compare what the engine wrote with what the trace records, as far as both
         go; False when the engine's events wait for recorded ones not read yet."""
         produced = self.s.events
