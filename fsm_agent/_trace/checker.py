@@ -383,7 +383,9 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
                 except (ValueError, RecursionError, StopIteration):
                     own = False
                 else:
-                    if end != len(text) or type(event) is not dict or not event:
+                    # (A value that ends at the "}" put there is an object; ``{}`` is
+                    # a line that was ``{,"run":...``, no JSON.)
+                    if end != len(text) or not event:
                         own = False
                     elif "run" in event or "chain" in event:  # twice: the last counts
                         event.pop("run", None)
