@@ -134,13 +134,19 @@ def test_a_v2_trace_still_checks_with_a_note(tmp_path: Path) -> None:
     assert check_events(events) != []  # the walker still catches a forged guard
 
 
-def test_a_replay_runs_in_bounded_memory_on_a_trace_the_engine_never_reaches() -> None:
+def test_a_replay_runs_in_bounded_memory_on_a_trace_the_engine_never_reaches(
+    tmp_path: Path,
+) -> None:
+    """Read from a file the events reach the replay in chunks, and the bound is tested
+    once a chunk: the same stop, at the same line, as one event at a time."""
     events = make_runtime([say("ok")]).run("go").events
     junk = [{"type": "review", "seq": n, "call_id": "x"} for n in range(1, 10_050)]
+    message = "10000 events recorded that the engine never reaches (not replayed past here)"
     found_ = check_events([events[0], *junk])
-    assert [v.message for v in found_] == [
-        "10000 events recorded that the engine never reaches (not replayed past here)"
-    ]
+    assert [(v.line, v.message) for v in found_] == [(10_002, message)]
+    path = tmp_path / "junk.jsonl"
+    path.write_text("".join(f"{line}\n" for line in encode_events([events[0], *junk])))
+    assert [(v.line, v.message) for v in check_trace(path).violations] == [(10_002, message)]
 
 
 def test_a_resumed_write_replays_from_its_checkpoint(tmp_path: Path) -> None:

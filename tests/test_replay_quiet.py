@@ -20,7 +20,7 @@ from conftest import Backend, Budget, call, calls, make_runtime, say
 from fsm_agent._core.events import Transitioned
 from fsm_agent._runtime.interceptors import Interceptor
 from fsm_agent._trace import checker, replay
-from fsm_agent._trace.chain import encode_events, strip_links
+from fsm_agent._trace.chain import dumps_event, encode_events, link_function, strip_links
 from fsm_agent._trace.checker import check_bytes, check_trace
 from fsm_agent.testing._faults import InjectedInterrupt
 from fsm_agent.testing._suite import SUITE
@@ -166,3 +166,80 @@ def test_the_mutation_suite_reports_what_the_reference_replay_does() -> None:
             assert _found(data) == _reference(data)
             checked += 1
     assert checked > 1000
+
+
+def test_a_line_parsed_whole_reports_what_one_parsed_without_its_chain_fields_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The line loop reads a line that ends as its run's lines do (``Chain.encode``'s
+    fields, a link, ``"}``) without the chain's fields, and any other line whole; events
+    reach the replay in chunks either way. Forced to read every line whole, every
+    mutation of the suite's traces reports the same, word for word: signed (checked with
+    the key and without it: the links then go unverified) and unsigned, re-linked."""
+    cases: list[tuple[bytes, bytes | None]] = []
+    traces = [strip_links(events) for events in _suite_traces()]
+    for t, plain in enumerate(traces):
+        head = {**plain[0], "integrity": "hmac-sha256"}
+        key = mutation_suite.KEY
+        signed = [json.loads(x) for x in encode_events([head, *plain[1:]], key=key)]
+        other = strip_links(traces[(t + 1) % len(traces)])
+        for kind, mutated in mutation_suite.mutations(signed, other):
+            attacked = mutation_suite.signed_attack([], mutated, kind)
+            cases += [(attacked, key), (attacked, None)]
+        for _, mutated in mutation_suite.mutations(plain, other):
+            cases.append((mutation_suite.unsigned_attack(mutated), None))
+
+    def reports() -> list[list[str]]:
+        return [
+            [f"{v.line}: {v.message}" for v in check_bytes(data, key=key).violations]
+            for data, key in cases
+        ]
+
+    read_without_fields = reports()
+    monkeypatch.setattr(checker, "_chain_fields", lambda run: None)
+    assert reports() == read_without_fields
+    assert len(cases) > 3000
+    assert sum(map(bool, read_without_fields)) > len(cases) // 2  # most are caught
+
+
+def _linked(bodies: list[str], run: str) -> bytes:
+    """Lines of run ``run`` as ``Chain.encode`` closes them, around any ``bodies`` (an
+    event's JSON without its closing brace, or text that is none), linked with SHA-256."""
+    mac, link, out = link_function(None), "", []
+    for body in bodies:
+        head = body + ',"run":' + json.dumps(run) + ',"chain":"'
+        link = mac((link + "\n" + head).encode())
+        out.append(head + link + '"}\n')
+    return "".join(out).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("{", "not JSON"),  # {,"run":...}: the event read without the fields would be {}
+        ("[1", "not JSON"),
+        ('{"a":1} ', "not JSON"),
+        ('{"a":1}}', "not JSON"),
+        # The run id written twice: the last one counts (this run's), as in any parse.
+        ('<event>,"run":"another","chain":"0"', None),
+    ],
+)
+def test_a_line_closed_as_its_runs_lines_but_no_event_reads_as_parsed_whole(
+    monkeypatch: pytest.MonkeyPatch, body: str, expected: str | None
+) -> None:
+    """What the fields' shortcut must not accept: a line that ends as its run's lines do
+    but is no JSON object, or an empty one, once they are taken off. Reported as the
+    whole line's parse reports it, at its line."""
+    events = strip_links(_suite_traces()[0])
+    run = events[0]["run_id"]
+    bodies = [dumps_event(e)[:-1] for e in events]
+    assert check_bytes(_linked(bodies, run)).ok
+    bodies[2] = body.replace("<event>", bodies[2])
+    data = _linked(bodies, run)
+    found = _found(data)
+    if expected is None:
+        assert found == []
+    else:
+        assert any(f.startswith("3: ") and expected in f for f in found), found
+    monkeypatch.setattr(checker, "_chain_fields", lambda run: None)
+    assert _found(data) == found
