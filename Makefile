@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/durable.py
 	$(PY) benchmarks/check_speed.py
+	$(PY) benchmarks/check_vs_walker.py
 	$(PY) benchmarks/replay_frame.py
 	$(PY) benchmarks/otel.py
 	$(PY) benchmarks/rules.py

@@ -18,13 +18,17 @@ inputs replay needs), with the same number of events, and each checkout checks i
 Each check runs in a fresh interpreter that imports only its own checkout (asserted),
 best of ``--repeats``, alternating; printed: CPU seconds (``process_time``: what a busy
 shared machine disturbs least), wall seconds, and peak RSS (``ru_maxrss``) of the
-process. Run: ``python benchmarks/check_vs_walker.py --old /tmp/oldwalker [--mb 1000]``.
+process. Run: ``python benchmarks/check_vs_walker.py [--old /tmp/oldwalker] [--mb 1000]``
+(without ``--old``, a checkout is made with ``git worktree`` and removed after; ``make
+bench`` runs it so).
 The traces are deleted at the end.
 
-Measured (1 GB, 3.18 M events, best of 2 at a load of about 3): the walker 27.0 s CPU,
-replay 30.1 s (1.11x; before issue 18's replay work 1.5-1.7x), peak RSS 33 MB for both.
-In instructions (callgrind, 20,000 events of the same run, net of start-up): 2,012 M
-against 2,159 M (1.07x; was 2,960 M, 1.47x).
+Measured (1 GB, 3.18 M events, best of 3 at a load of about 1): the walker 37.8 s CPU,
+replay 35.9 s (0.95x; 1.11x before the line reader and the replay's request loop were
+trimmed, 30.1 s against 27.0 s on a less loaded day; before issue 18's replay work
+1.5-1.7x), peak RSS 33 and 34 MB. In instructions (callgrind, 20,003 events of the same
+run, the check alone): 2,017 M against 1,969 M (0.98x; was 2,133 M, 1.06x, and before
+that 2,960 M, 1.47x).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,19 +98,56 @@ def check(root: Path, module: str, path: Path, tmp: Path) -> dict[str, Any]:
     return out
 
 
+#: The last commit whose checker was the v2 walker.
+WALKER_COMMIT = "9c99780"
+
+
+@contextmanager
+def _walker_checkout(given: Path | None) -> Iterator[Path | None]:
+    """``given``, or a checkout of :data:`WALKER_COMMIT` made for this run (a detached
+    ``git worktree`` in a temporary folder, removed after), or None without the history."""
+    if given is not None:
+        yield given.resolve()
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        where = Path(folder) / "walker"
+        git = ["git", "-C", str(NEW)]
+        made = subprocess.run(
+            [*git, "worktree", "add", "--detach", str(where), WALKER_COMMIT],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            yield None
+            return
+        try:
+            yield where
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(where)], check=False)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--old", type=Path, required=True, help="a checkout of 9c99780")
+    parser.add_argument(
+        "--old", type=Path, help=f"a checkout of {WALKER_COMMIT} (default: one made with git)"
+    )
     parser.add_argument("--mb", type=int, default=1000, help="size of the /2 trace, MB")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    old = args.old.resolve()
-    if not (old / "fsm_agent" / "trace" / "walk.py").exists():
-        parser.error(f"{old} is no checkout with fsm_agent/trace/walk.py (the v2 walker)")
+    with _walker_checkout(args.old) as old:
+        if old is None:
+            print(f"check_vs_walker: skipped: commit {WALKER_COMMIT} (the v2 walker) is not "
+                  "in this checkout's git history; give a checkout of it with --old")  # fmt: skip
+            return 0
+        if not (old / "fsm_agent" / "trace" / "walk.py").exists():
+            parser.error(f"{old} is no checkout with fsm_agent/trace/walk.py (the v2 walker)")
+        return _compare(old, args.mb, args.repeats)
+
+
+def _compare(old: Path, mb: int, repeats: int) -> int:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         v2, v3 = tmp / "v2.jsonl", tmp / "v3.jsonl"
-        events = generate(old, v2, 0, args.mb * 1_000_000)
+        events = generate(old, v2, 0, mb * 1_000_000)
         assert generate(NEW, v3, events, 0) == events
         runs = {
             "walker (old checkout), /2 trace": (old, "fsm_agent.trace.checker", v2),
@@ -112,14 +155,14 @@ def main() -> int:
             "walker (this tree), /2 trace": (NEW, "fsm_agent._trace.checker", v2),
         }
         best: dict[str, dict[str, Any]] = {}
-        for _ in range(args.repeats):  # alternating, so a change of load hits each alike
+        for _ in range(repeats):  # alternating, so a change of load hits each alike
             for label, (root, module, path) in runs.items():
                 got = check(root, module, path, tmp)
                 if label not in best or got.get("cpu", 0) < best[label].get("cpu", 0):
                     best[label] = got
         sizes = {v2: v2.stat().st_size / 1e6, v3: v3.stat().st_size / 1e6}
         print(f"check_vs_walker: {events:,} events (/2: {sizes[v2]:,.0f} MB, "
-              f"/3: {sizes[v3]:,.0f} MB), best of {args.repeats}")  # fmt: skip
+              f"/3: {sizes[v3]:,.0f} MB), best of {repeats}")  # fmt: skip
         for label, (_, _, path) in runs.items():
             r = best[label]
             if "refused" in r:

@@ -26,7 +26,9 @@ the engine's own share (engine − hand-written) went from 266k to 239k per roun
 own share 243k -> 210k: the loop takes the compiled walk and builds the transition
 event itself (two calls less per edge), the round's two frozen requests set their slots
 directly, tools are looked up with the registry dict's own ``get``, and the
-repeated-calls pass over the history runs only when an id came back.
+repeated-calls pass over the history runs only when an id came back. Then 354k (2.44×)
+once ``parse_arguments`` calls the decoder's parts rather than ``decode`` (both loops
+use it, so the ratio stays).
 """
 
 from __future__ import annotations

@@ -105,7 +105,11 @@ def parse_arguments(text: str) -> dict[str, Any]:
             f"arguments hold a lone surrogate ({exc.object[exc.start : exc.end]!a}): not "
             "representable as UTF-8"
         ) from None
-    if text.count("{") + text.count("[") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
+    if (
+        len(text) > MAX_DEPTH  # (shorter, it holds too few brackets to count them)
+        and text.count("{") + text.count("[") > MAX_DEPTH
+        and _depth(value) > MAX_DEPTH
+    ):
         raise ArgumentsError(f"arguments are nested deeper than {MAX_DEPTH}")
     return value
 
