@@ -352,8 +352,8 @@ def _config(
 
 
 class Replay:
-    """Feed it the trace's events in order (:meth:`feed`), then :meth:`finish`.
-    ``fail(line, message)`` receives each violation."""
+    """Feed it the trace's events in order (:meth:`feed`, or :meth:`feed_many` in
+    chunks), then :meth:`finish`. ``fail(line, message)`` receives each violation."""
 
     # (More attributes than an instance dict shares its keys for: slots keep every
     # ``self.x`` of the per-event path a fixed offset.)
