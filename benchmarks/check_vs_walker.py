@@ -18,17 +18,18 @@ inputs replay needs), with the same number of events, and each checkout checks i
 Each check runs in a fresh interpreter that imports only its own checkout (asserted),
 best of ``--repeats``, alternating; printed: CPU seconds (``process_time``: what a busy
 shared machine disturbs least), wall seconds, and peak RSS (``ru_maxrss``) of the
-process. Run: ``python benchmarks/check_vs_walker.py [--old /tmp/oldwalker] [--mb 1000]``
+process. Then, where valgrind is installed, the check of a 20,003-event trace of the
+same run in each checkout in instructions (callgrind, net of importing the checker):
+the figure load cannot move, where CPU time moves by 0.1x between runs minutes apart. Run: ``python benchmarks/check_vs_walker.py [--old /tmp/oldwalker] [--mb 1000]``
 (without ``--old``, a checkout is made with ``git worktree`` and removed after; ``make
 bench`` runs it so).
 The traces are deleted at the end.
 
-Measured (1 GB, 3.18 M events, best of 3 at a load of about 1): the walker 37.8 s CPU,
-replay 35.9 s (0.95x; 1.11x before the line reader and the replay's request loop were
-trimmed, 30.1 s against 27.0 s on a less loaded day; before issue 18's replay work
-1.5-1.7x), peak RSS 33 and 34 MB. In instructions (callgrind, 20,003 events of the same
-run, the check alone): 2,017 M against 1,969 M (0.98x; was 2,133 M, 1.06x, and before
-that 2,960 M, 1.47x).
+Measured (1 GB, 3.18 M events, best of 3): the walker 37.8 s CPU, replay 35.9 s
+(0.95x), and in a second run 32.3 s against 32.4 s (1.00x); 1.11x before the line
+reader and the replay's request loop were trimmed (30.1 s against 27.0 s), 1.5-1.7x
+before issue 18's replay work; peak RSS 33 MB for both. In instructions: 2,017 M against
+1,966 M (0.97x; was 2,133 M, 1.06x, and before that 2,960 M, 1.47x).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -173,9 +176,58 @@ def _compare(old: Path, mb: int, repeats: int) -> int:
                   f"{sizes[path] / r['cpu']:,.1f} MB/s)")  # fmt: skip
         walker = best["walker (old checkout), /2 trace"]["cpu"]
         replay = best["replay (this tree), /3 trace"]["cpu"]
-        print(f"  replay / old walker, CPU time: {replay / walker:.2f}x "
-              f"(target <= 1.00: {'ok' if replay <= walker else 'SLOWER'})")  # fmt: skip
+        print(f"  replay / old walker, CPU time: {replay / walker:.2f}x (target <= 1.00: "
+              f"{'ok' if replay <= walker else 'SLOWER'}; moves by 0.1x with load)")  # fmt: skip
+        counted = _instructions(old, v2, tmp)
+        if counted is not None:
+            before, after = counted
+            print(f"  in instructions (callgrind, {COUNTED:,} events each, the check alone): "
+                  f"walker {before / 1e6:,.0f} M, replay {after / 1e6:,.0f} M = "
+                  f"{after / before:.3f}x (target <= 1.00: "
+                  f"{'ok' if after <= before else 'SLOWER'})")  # fmt: skip
     return 0
+
+
+#: Events of the traces whose check is counted in instructions (callgrind runs ~50x
+#: slower than the CPU: a 1 GB trace would take hours).
+COUNTED = 20_003
+
+_COUNT = """
+import sys
+module, path = sys.argv[1], sys.argv[2]
+checker = __import__(module, fromlist=["check_trace"])
+if path != "-":
+    assert checker.check_trace(path).ok
+"""
+
+
+def _instructions(old: Path, scratch: Path, tmp: Path) -> tuple[int, int] | None:
+    """Instructions of the walker's and the replay's check of a :data:`COUNTED`-event
+    trace of the same run (each recorded by its own checkout), net of importing the
+    checker; None without valgrind. A busy machine moves CPU time, never this."""
+    if shutil.which("valgrind") is None:
+        print("  (no valgrind: the check is not counted in instructions)")
+        return None
+    v2, v3 = scratch.with_name("counted-v2.jsonl"), scratch.with_name("counted-v3.jsonl")
+    generate(old, v2, COUNTED, 0)
+    generate(NEW, v3, COUNTED, 0)
+
+    def count(root: Path, module: str, path: str) -> int:
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
+             sys.executable, "-c", _COUNT, module, path],
+            capture_output=True, text=True, cwd=tmp, check=True,
+            env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"},
+        )  # fmt: skip
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        assert found, done.stderr[-2000:]
+        return int(found.group(1))
+
+    walker, replay = (old, "fsm_agent.trace.checker"), (NEW, "fsm_agent._trace.checker")
+    return (
+        count(*walker, str(v2)) - count(*walker, "-"),
+        count(*replay, str(v3)) - count(*replay, "-"),
+    )
 
 
 if __name__ == "__main__":
