@@ -20,10 +20,11 @@ best of ``--repeats``, alternating; printed: CPU seconds (``process_time``: what
 shared machine disturbs least), wall seconds, and peak RSS (``ru_maxrss``) of the
 process. Then, where valgrind is installed, the check of a 20,003-event trace of the
 same run in each checkout in instructions (callgrind, net of importing the checker):
-the figure load cannot move, where CPU time moves by 0.1x between runs minutes apart. Run: ``python benchmarks/check_vs_walker.py [--old /tmp/oldwalker] [--mb 1000]``
+the figure load cannot move, where CPU time moves by 0.1x between runs minutes apart.
+
+Run: ``python benchmarks/check_vs_walker.py [--old /tmp/oldwalker] [--mb 1000]``
 (without ``--old``, a checkout is made with ``git worktree`` and removed after; ``make
-bench`` runs it so).
-The traces are deleted at the end.
+bench`` runs it so). The traces are deleted at the end.
 
 Measured (1 GB, 3.18 M events, best of 3): the walker 37.8 s CPU, replay 35.9 s
 (0.95x), and in a second run 32.3 s against 32.4 s (1.00x); 1.11x before the line
