@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from fsm_agent._errors import TraceError
 from fsm_agent._render.replay import Replay, describe_step
-from fsm_agent._trace.chain import encode_events
+from fsm_agent._trace import checker
+from fsm_agent._trace.chain import LINK_HEX, encode_events, link_bytes
 from fsm_agent._trace.checker import check_bytes, check_events, load_trace
 
 CORRUPTIONS = 3000
@@ -146,3 +147,67 @@ def test_hypothesis_bytes_never_escape_check_replay_or_the_loader(
         describe_step(replay, n)
     replay.overlay()
     load_trace(path)
+
+
+_TOKENS = [b'"', b"}", b"{", b"[", b",", b"\\", b"\\ud800", b"\xff", b"\xed\xa0\x80", b"1e400",
+           b"NaN", b"9" * 400, b"[" * 120, b'"run":"x",', b',"run":"fuzzed-run"', b',"chain":"',
+           b" ", b"\n", b"\x00"]  # fmt: skip
+
+
+def _relinked(heads: list[bytes]) -> bytes:
+    """Lines of ``heads`` (each up to its link), linked with SHA-256 as an honest writer
+    would: the check then reads what the edit made of them, not a broken chain only."""
+    mac, link, out = link_bytes(None), b"", []
+    for head in heads:
+        link = mac(link + b"\n" + head)
+        out.append(head + link + b'"}\n')
+    return b"".join(out)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.data(),
+    st.lists(st.one_of(st.sampled_from(_TOKENS), st.binary(max_size=6)), min_size=1, max_size=4),
+    st.sampled_from(["before the fields", "anywhere", "the whole event", "the link"]),
+    st.booleans(),
+)
+def test_hostile_bytes_read_the_same_with_and_without_the_chain_fields_shortcut(
+    data: st.DataObject, inserted: list[bytes], where: str, relink: bool
+) -> None:
+    """Bytes edited into a line: next to the chain's fields the line loop reads it by,
+    anywhere, in place of the whole event, or into its link (re-linked, where the link is
+    not what was edited, or not). What check reports is what it reports reading every
+    line whole, and nothing but violations or a TraceError comes out."""
+    lines = TRACE.splitlines(keepends=True)
+    at = data.draw(st.integers(0, len(lines) - 1))
+    heads = [line[: -LINK_HEX - 3] for line in lines]
+    tails = [line[-LINK_HEX - 3 :] for line in lines]
+    head, edit = heads[at], b"".join(inserted)
+    fields = head.rfind(b',"run":')
+    cut = data.draw(st.integers(0, 3))
+    if where == "the link":
+        start = data.draw(st.integers(0, len(tails[at])))
+        tails[at] = tails[at][:start] + edit + tails[at][start + cut :]
+        relink = False
+    elif where == "the whole event":
+        heads[at] = edit + head[fields:]
+    else:
+        low = max(fields - 40, 0) if where == "before the fields" else 0
+        start = data.draw(st.integers(low, fields if where != "anywhere" else len(head)))
+        heads[at] = head[:start] + edit + head[start + cut :]
+    mutated = _relinked(heads) if relink else b"".join(
+        h + t for h, t in zip(heads, tails, strict=True))  # fmt: skip
+
+    def report() -> Any:
+        try:
+            return [f"{v.line}: {v.message}" for v in check_bytes(mutated).violations]
+        except TraceError as exc:
+            return ("refused", str(exc))
+
+    shortcut = report()
+    chain_fields = checker._chain_fields
+    checker._chain_fields = lambda run: None
+    try:
+        assert report() == shortcut
+    finally:
+        checker._chain_fields = chain_fields

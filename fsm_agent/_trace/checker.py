@@ -82,7 +82,8 @@ MAX_KEPT = 1000
 
 _LINK_FIELD = b',"chain":"'
 _TAIL = len(_LINK_FIELD) + LINK_HEX + 2
-#: Events handed to the replay (or the walker) at once by the line loop.
+#: Events handed to the replay (or the walker) at once by the line loop: a power of two
+#: (the loop hands them over at every line number whose low bits are all zero).
 _CHUNK = 32
 _BROKEN = (
     "the chain breaks here: this line, or one before it, was changed, removed, inserted or moved"
@@ -377,7 +378,7 @@ def _check_stream(  # noqa: C901 - the per-line loop, kept in one function for s
             else:
                 own = raw[link_at:-3].isalnum()
             if own:
-                try:
+                try:  # (parse_line, inlined, on the line without the fields)
                     text = (raw[:run_at] + b"}").decode("utf-8")
                     event, end = scan(text, 0)
                 except (ValueError, RecursionError, StopIteration):
